@@ -1,0 +1,432 @@
+"""Export a local Hugging Face checkpoint directory to an ONNX model directory.
+
+Three kinds (see :mod:`crossknn.ce.manifest`):
+
+- ``cls-ce``: ``AutoModelForSequenceClassification``; the graph outputs raw ``logits``
+  (batch, num_labels); the runtime applies the activation sentence-transformers would apply
+  (sigmoid for one label unless the checkpoint says otherwise), or none on request.
+- ``joint-ce``: ``AutoModel`` + a pooling spec (the [EMB]-CE of the ANNCUR paper): one joint pass
+  over ``[CLS] q [SEP] d [SEP]``; the query vector is the mean of the last hidden state over the
+  query-segment tokens, the item vector the mean over the item-segment tokens (special tokens and
+  padding excluded: the runtime passes these positions as ``pool_mask`` 1 / 2), both
+  L2-normalized (``normalize``), score = dot product. The graph outputs ``scores`` (batch,).
+- ``dual-encoder``: ``AutoModel``, mean pooling over all non-padding tokens (special tokens
+  included, as sentence-transformers does), L2-normalized; the graph outputs ``embeddings``.
+
+Graphs are traced with ``torch.onnx.export(..., dynamo=False)`` on a batch of 2 with eager
+attention, dynamic batch and sequence axes. Optional: ``optimize`` (ONNX Runtime offline graph
+optimization, level "extended", for the CPU provider) and ``quantize`` (int8 dynamic
+quantization with per-channel weight scales, written as a second variant ``model.int8.onnx``).
+
+Export needs torch, transformers and onnx (the ``export`` extra); the runtime does not. Nothing is
+downloaded: checkpoints are read from local directories only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST, file_entry, sha256_file, write_manifest
+
+__all__ = [
+    "export_cross_encoder",
+    "export_dual_encoder",
+    "checkpoint_hash",
+    "DEFAULT_JOINT_POOLING",
+]
+
+log = logging.getLogger("crossknn.ce")
+
+DEFAULT_JOINT_POOLING: dict[str, Any] = {
+    "query": "mean",
+    "item": "mean",
+    "special_tokens": "exclude",
+    "normalize": True,
+    "score": "dot",
+}
+_OPSET = 17
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _require_checkpoint(hf_dir: Path) -> list[Path]:
+    """The files that make the checkpoint; FileNotFoundError naming the first missing one."""
+    if not hf_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {hf_dir}")
+    config = hf_dir / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"missing file {config}: not a Hugging Face checkpoint directory")
+    weights = [hf_dir / w for w in _WEIGHT_FILES if (hf_dir / w).is_file()]
+    if not weights:
+        raise FileNotFoundError(
+            f"missing file {hf_dir / _WEIGHT_FILES[0]} (or {_WEIGHT_FILES[1]}): "
+            "the checkpoint has no weights"
+        )
+    return [config, weights[0]]
+
+
+def checkpoint_hash(hf_dir: str | os.PathLike) -> str:
+    """sha256 over the checkpoint's config, weights and tokenizer files (identifies the source)."""
+    import hashlib
+
+    hf_dir = Path(hf_dir)
+    files = _require_checkpoint(hf_dir)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        if (hf_dir / name).is_file():
+            files.append(hf_dir / name)
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(sha256_file(f).encode())
+    return h.hexdigest()
+
+
+def _write_tokenizer(hf_dir: Path, out_dir: Path) -> None:
+    """Copy tokenizer.json, or build it from the slow-tokenizer files with transformers."""
+    src = hf_dir / "tokenizer.json"
+    dst = out_dir / "tokenizer.json"
+    if src.is_file():
+        shutil.copyfile(src, dst)
+        return
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(hf_dir), use_fast=True, local_files_only=True)
+        backend = getattr(tok, "backend_tokenizer", None)
+    except Exception as exc:  # noqa: BLE001 - any failure means: no usable tokenizer
+        raise FileNotFoundError(
+            f"missing file {src}, and no fast tokenizer could be built from {hf_dir} ({exc})"
+        ) from None
+    if backend is None:
+        raise FileNotFoundError(f"missing file {src}: the checkpoint has no fast tokenizer")
+    backend.save(str(dst))
+
+
+def _offline_env() -> None:
+    # never touch the network: everything is loaded from local directories
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _cls_activation(config: dict[str, Any], num_labels: int, activation: str) -> str:
+    """The activation sentence-transformers' CrossEncoder applies to this checkpoint."""
+    if activation in ("sigmoid", "none"):
+        return activation
+    if activation != "auto":
+        raise ValueError(f"activation must be 'auto', 'sigmoid' or 'none'; got {activation!r}")
+    st = config.get("sentence_transformers") or {}
+    name = st.get("activation_fn") or config.get("sbert_ce_default_activation_function")
+    if name:
+        return "sigmoid" if name.endswith("Sigmoid") else "none"
+    return "sigmoid" if num_labels == 1 else "none"
+
+
+def _dummy_inputs(vocab_size: int, uses_token_types: bool, joint: bool):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    batch, seq = 2, 12
+    ids = torch.randint(1000, min(vocab_size, 5000), (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[1, 8:] = 0  # second row padded: the mask path is traced, not folded away
+    tt = torch.zeros(batch, seq, dtype=torch.int64)
+    tt[:, 5:] = 1
+    tt[1, 8:] = 0
+    args = [ids, mask]
+    names = ["input_ids", "attention_mask"]
+    if uses_token_types:
+        args.append(tt)
+        names.append("token_type_ids")
+    if joint:
+        pool = torch.zeros(batch, seq, dtype=torch.int64)
+        pool[:, 1:4] = 1
+        pool[0, 6:11] = 2
+        pool[1, 6:7] = 2
+        args.append(pool)
+        names.append("pool_mask")
+    return tuple(args), names
+
+
+def _export_graph(module, args, input_names, output_name, out_axes, path: Path) -> None:
+    import torch
+
+    axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
+    axes[output_name] = out_axes
+    module.eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        # tracer notes about shape-dependent Python branches in transformers' mask helpers: the
+        # branch taken is the same for every (batch, sequence) shape; parity tests check it
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=input_names,
+            output_names=[output_name],
+            dynamic_axes=axes,
+            opset_version=_OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+
+def _quantize(src: Path, dst: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # quantize_dynamic logs a pre-processing hint on the root logger
+    try:
+        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+
+
+def _optimize(path: Path) -> None:
+    """ONNX Runtime offline graph optimization (extended level, CPU provider), in place."""
+    import onnxruntime as ort
+
+    tmp = path.with_suffix(".opt.tmp")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(tmp)
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    os.replace(tmp, path)
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+    import torch
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def _finish(
+    hf_dir: Path,
+    out_dir: Path,
+    manifest: dict[str, Any],
+    *,
+    optimize: bool,
+    quantize: bool,
+    fp32: bool,
+) -> dict[str, Any]:
+    variants = {}
+    if quantize:
+        _quantize(out_dir / "model.onnx", out_dir / "model.int8.onnx")
+        variants["int8"] = "model.int8.onnx"
+    if fp32:
+        variants["fp32"] = "model.onnx"
+    else:
+        (out_dir / "model.onnx").unlink()
+    if optimize:
+        for name in variants.values():
+            _optimize(out_dir / name)
+    manifest["variants"] = variants
+    manifest["optimized"] = "CPUExecutionProvider" if optimize else None
+    files = ["tokenizer.json", *variants.values()]
+    manifest["files"] = {name: file_entry(out_dir / name) for name in files}
+    manifest["source"] = {"path": str(hf_dir), "sha256": checkpoint_hash(hf_dir)}
+    manifest["format"] = FORMAT_VERSION
+    manifest["exported_with"] = _versions()
+    manifest["opset"] = _OPSET
+    manifest["max_positions"] = int(_config(hf_dir).get("max_position_embeddings", 512))
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+def _prepare_out(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
+        # drop the manifest first: a half-overwritten directory is then never used
+        (out_dir / MANIFEST).unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def export_cross_encoder(
+    hf_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    kind: str = "cls",
+    max_length: int = 512,
+    activation: str = "auto",
+    pooling: dict[str, Any] | None = None,
+    model_id: str | None = None,
+    optimize: bool = False,
+    quantize: bool = False,
+    fp32: bool = True,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Export a cross-encoder checkpoint; returns the written manifest.
+
+    ``kind="cls"``: a sequence classifier (``activation`` "auto" | "sigmoid" | "none" is stored and
+    applied by the runtime). ``kind="joint"``: an encoder used as an [EMB]-CE with ``pooling``
+    (default :data:`DEFAULT_JOINT_POOLING`). ``max_length`` is the default pair length of the
+    runtime (pairs are truncated longest_first to it). ``quantize`` adds an int8 variant;
+    ``fp32=False`` keeps only that one.
+    """
+    if kind not in ("cls", "joint"):
+        raise ValueError(f"kind must be 'cls' or 'joint'; got {kind!r}")
+    if not fp32 and not quantize:
+        raise ValueError("fp32=False needs quantize=True: the export would have no model file")
+    hf_dir = Path(hf_dir)
+    out_dir = Path(out_dir)
+    _require_checkpoint(hf_dir)
+    _offline_env()
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    _check_max_length(max_length, config)
+    pooling = dict(DEFAULT_JOINT_POOLING if pooling is None else pooling)
+    if kind == "joint":
+        _check_pooling(pooling)
+    _prepare_out(out_dir, overwrite)
+    t0 = time.perf_counter()
+    _write_tokenizer(hf_dir, out_dir)
+    load = AutoModel if kind == "joint" else AutoModelForSequenceClassification
+    model = load.from_pretrained(str(hf_dir), local_files_only=True, attn_implementation="eager")
+    model.eval()
+    uses_tt = "token_type_ids" in inspect.signature(model.forward).parameters
+    vocab = int(model.config.vocab_size)
+    manifest: dict[str, Any] = {
+        "kind": "joint-ce" if kind == "joint" else "cls-ce",
+        "model_id": model_id or hf_dir.name,
+        "max_length": int(max_length),
+    }
+    if kind == "joint":
+        normalize = bool(pooling["normalize"])
+
+        class JointCE(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.encoder = model
+
+            def forward(self, input_ids, attention_mask, *rest):
+                kw = {"token_type_ids": rest[0]} if uses_tt else {}
+                pool_mask = rest[-1]
+                h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kw)[0]
+                mq = (pool_mask == 1).to(h.dtype).unsqueeze(-1)
+                md = (pool_mask == 2).to(h.dtype).unsqueeze(-1)
+                q = (h * mq).sum(1) / mq.sum(1).clamp(min=1.0)
+                d = (h * md).sum(1) / md.sum(1).clamp(min=1.0)
+                if normalize:
+                    q = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+                    d = d / d.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+                return (q * d).sum(-1)
+
+        args, names = _dummy_inputs(vocab, uses_tt, joint=True)
+        _export_graph(JointCE(), args, names, "scores", {0: "batch"}, out_dir / "model.onnx")
+        manifest.update(pooling=pooling, output="scores", inputs=names)
+    else:
+        num_labels = int(model.config.num_labels)
+
+        class ClsCE(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, attention_mask, *rest):
+                kw = {"token_type_ids": rest[0]} if uses_tt else {}
+                return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw)[0]
+
+        args, names = _dummy_inputs(vocab, uses_tt, joint=False)
+        _export_graph(ClsCE(), args, names, "logits", {0: "batch"}, out_dir / "model.onnx")
+        manifest.update(
+            num_labels=num_labels,
+            activation=_cls_activation(config, num_labels, activation),
+            output="logits",
+            inputs=names,
+        )
+    out = _finish(hf_dir, out_dir, manifest, optimize=optimize, quantize=quantize, fp32=fp32)
+    log.info("exported %s CE %s -> %s in %.1fs", kind, hf_dir, out_dir, time.perf_counter() - t0)
+    return out
+
+
+def export_dual_encoder(
+    hf_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    max_length: int = 128,
+    normalize: bool = True,
+    model_id: str | None = None,
+    optimize: bool = False,
+    quantize: bool = False,
+    fp32: bool = True,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Export an encoder as a dual encoder (mean pooling over all non-padding tokens)."""
+    if not fp32 and not quantize:
+        raise ValueError("fp32=False needs quantize=True: the export would have no model file")
+    hf_dir = Path(hf_dir)
+    out_dir = Path(out_dir)
+    _require_checkpoint(hf_dir)
+    _offline_env()
+    import torch
+    from transformers import AutoModel
+
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    _check_max_length(max_length, config)
+    _prepare_out(out_dir, overwrite)
+    _write_tokenizer(hf_dir, out_dir)
+    model = AutoModel.from_pretrained(str(hf_dir), local_files_only=True, attn_implementation="eager")
+    model.eval()
+    uses_tt = "token_type_ids" in inspect.signature(model.forward).parameters
+
+    class DualEncoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = model
+
+        def forward(self, input_ids, attention_mask, *rest):
+            kw = {"token_type_ids": rest[0]} if uses_tt else {}
+            h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kw)[0]
+            m = attention_mask.to(h.dtype).unsqueeze(-1)
+            v = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+            if normalize:
+                v = v / v.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+            return v
+
+    args, names = _dummy_inputs(int(model.config.vocab_size), uses_tt, joint=False)
+    _export_graph(DualEncoder(), args, names, "embeddings", {0: "batch"}, out_dir / "model.onnx")
+    manifest: dict[str, Any] = {
+        "kind": "dual-encoder",
+        "model_id": model_id or hf_dir.name,
+        "max_length": int(max_length),
+        "pooling": {"mode": "mean", "special_tokens": "include", "normalize": bool(normalize)},
+        "dim": int(model.config.hidden_size),
+        "output": "embeddings",
+        "inputs": names,
+    }
+    return _finish(hf_dir, out_dir, manifest, optimize=optimize, quantize=quantize, fp32=fp32)
+
+
+def _config(hf_dir: Path) -> dict[str, Any]:
+    return json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+
+
+def _check_max_length(max_length: int, config: dict[str, Any]) -> None:
+    limit = int(config.get("max_position_embeddings", 512))
+    if not isinstance(max_length, int) or not 8 <= max_length <= limit:
+        raise ValueError(f"max_length must be an int in [8, {limit}] for this model; got {max_length!r}")
+
+
+def _check_pooling(pooling: dict[str, Any]) -> None:
+    allowed = {"query": ("mean",), "item": ("mean",), "special_tokens": ("exclude",), "score": ("dot",)}
+    for key, values in allowed.items():
+        if pooling.get(key) not in values:
+            raise ValueError(f"pooling[{key!r}] must be one of {values}; got {pooling.get(key)!r}")
+    if not isinstance(pooling.get("normalize"), bool):
+        raise ValueError(f"pooling['normalize'] must be a bool; got {pooling.get('normalize')!r}")

@@ -1,0 +1,610 @@
+"""ONNX Runtime scorers: :class:`OnnxCrossEncoder` and :class:`OnnxDualEncoder`.
+
+Both load a directory written by :mod:`crossknn.ce.export` (``crossknn_model.json``,
+``tokenizer.json``, ``model.onnx`` / ``model.int8.onnx``) and need only numpy, onnxruntime and
+tokenizers at run time.
+
+How pairs are scored: every text is tokenized once without special tokens (items when they are
+set, a query when first seen: a small LRU cache), pairs are assembled from the cached ids with the
+exact Hugging Face ``longest_first`` pair truncation and the tokenizer's own special-token template,
+sorted by length (longest first), cut into batches by a token budget (``max_batch_tokens``, at most
+``batch_size`` pairs) and padded only to the longest pair of each batch; scores come back in input
+order. Sessions, caches and the item store are safe to share between threads (``InferenceSession.run``
+is thread-safe; item sets are swapped atomically under a lock).
+
+Bad input: a non-string text raises ``TypeError`` naming its position; empty lists give empty
+results; an empty text is scored like any other text (for the joint CE a segment with no tokens
+pools to the zero vector, so its score is 0.0); texts longer than ``max_length`` are truncated and a
+warning is logged once per scorer (logger ``crossknn.ce``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossknn.ce.manifest import read_manifest
+from crossknn.ce.tokenize import IdStore, TokenizerPlan, check_texts, longest_first
+
+__all__ = ["OnnxCrossEncoder", "OnnxDualEncoder", "available_providers"]
+
+log = logging.getLogger("crossknn.ce")
+
+_PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+_ENCODE_CHUNK = 8192
+
+
+def available_providers() -> list[str]:
+    """Execution providers this onnxruntime build offers (e.g. ``CPUExecutionProvider``)."""
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def _choose_provider(provider: str) -> str:
+    avail = available_providers()
+    if provider == "auto":
+        for key in ("tensorrt", "cuda", "cpu"):
+            if _PROVIDERS[key] in avail:
+                return _PROVIDERS[key]
+        raise RuntimeError(f"onnxruntime offers no usable provider (has {avail})")
+    if provider not in _PROVIDERS:
+        raise ValueError(f"provider must be 'auto', 'cpu', 'cuda' or 'tensorrt'; got {provider!r}")
+    name = _PROVIDERS[provider]
+    if name not in avail:
+        raise RuntimeError(
+            f"provider {provider!r} ({name}) was requested but this onnxruntime offers only {avail}; "
+            "install onnxruntime-gpu with a matching CUDA/TensorRT, or use provider='cpu'"
+        )
+    return name
+
+
+def _check_positive(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")
+
+
+class _Session:
+    """One ONNX Runtime session over one variant of an exported model directory."""
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        precision: str,
+        threads: int | None,
+        provider: str,
+        fp16: bool,
+    ) -> None:
+        import onnxruntime as ort
+
+        self.model_dir = Path(model_dir)
+        self.manifest = read_manifest(self.model_dir)
+        variants = self.manifest["variants"]
+        if precision not in variants:
+            raise ValueError(
+                f"{self.model_dir} has no {precision!r} variant (has {sorted(variants)}); "
+                "export with quantize=True for int8"
+            )
+        self.precision = precision
+        self.file = variants[precision]
+        self.model_hash = self.manifest["files"][self.file]["sha256"]
+        _check_positive("threads", threads, allow_none=True)
+        self.provider = _choose_provider(provider)
+        gpu = self.provider != _PROVIDERS["cpu"]
+        if fp16 and not gpu:
+            raise ValueError("fp16=True needs the CUDA or TensorRT provider; this session runs on CPU")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = int(threads or 0)  # 0: one per physical core
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        model: Any = str(self.model_dir / self.file)
+        options: dict[str, Any] = {}
+        if self.provider == _PROVIDERS["tensorrt"]:
+            options = {"trt_fp16_enable": bool(fp16)}
+        elif fp16:  # CUDA: convert the graph to fp16 once, inputs/outputs stay as they are
+            import onnx
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            proto = convert_float_to_float16(onnx.load(model), keep_io_types=True)
+            model = proto.SerializeToString()
+        self.fp16 = bool(fp16)
+        providers: list[Any] = [(self.provider, options)]
+        if gpu:
+            providers.append("CPUExecutionProvider")  # for nodes the GPU provider does not take
+        self.session = ort.InferenceSession(model, so, providers=providers)
+        running = self.session.get_providers()
+        if not running or running[0] != self.provider:
+            raise RuntimeError(f"requested {self.provider} but onnxruntime runs {running}")
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output = self.manifest["output"]
+        self._gpu = gpu
+        log.info("crossknn.ce: %s (%s) runs on %s", self.model_dir.name, precision, self.provider)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+        if not self._gpu:
+            return self.session.run([self.output], feeds)[0]
+        # GPU: bind inputs and outputs explicitly (one copy each way, no per-run allocation guess)
+        io = self.session.io_binding()
+        for name, arr in feeds.items():
+            io.bind_cpu_input(name, arr)
+        io.bind_output(self.output)
+        self.session.run_with_iobinding(io)
+        return io.copy_outputs_to_cpu()[0]
+
+
+def _batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> list[np.ndarray]:
+    """Pair positions sorted by length (longest first), cut by the token budget."""
+    order = np.argsort(-lengths, kind="stable")
+    out = []
+    i, n = 0, len(order)
+    while i < n:
+        longest = int(lengths[order[i]])
+        m = max(1, min(batch_size, max_batch_tokens // max(longest, 1)))
+        out.append(order[i : i + m])
+        i += m
+    return out
+
+
+def _progress(iterable, enabled: bool, desc: str, total: int):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit="batch")
+
+
+class _Base:
+    _kinds: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        precision: str,
+        max_length: int | None,
+        threads: int | None,
+        batch_size: int,
+        max_batch_tokens: int,
+        provider: str,
+        fp16: bool,
+        show_progress_bar: bool,
+    ) -> None:
+        _check_positive("batch_size", batch_size)
+        _check_positive("max_batch_tokens", max_batch_tokens)
+        self._s = _Session(model_dir, precision=precision, threads=threads, provider=provider, fp16=fp16)
+        m = self._s.manifest
+        if m["kind"] not in self._kinds:
+            other = "OnnxDualEncoder" if m["kind"] == "dual-encoder" else "OnnxCrossEncoder"
+            raise ValueError(f"{model_dir} holds a {m['kind']} model; load it with {other}")
+        self._plan = TokenizerPlan(Path(model_dir) / "tokenizer.json")
+        self.max_length = int(m["max_length"] if max_length is None else max_length)
+        limit = int(m.get("max_positions", 512))
+        if not isinstance(max_length, (int, type(None))) or not 8 <= self.max_length <= limit:
+            raise ValueError(f"max_length must be an int in [8, {limit}]; got {max_length!r}")
+        self.batch_size = int(batch_size)
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.show_progress_bar = bool(show_progress_bar)
+        self._lock = threading.Lock()
+        self._warned = False
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return str(self._s.manifest["model_id"])
+
+    @property
+    def model_hash(self) -> str:
+        """sha256 of the ONNX file that runs (also in the manifest)."""
+        return self._s.model_hash
+
+    @property
+    def provider(self) -> str:
+        """The execution provider that actually runs, e.g. ``CPUExecutionProvider``."""
+        return self._s.provider
+
+    @property
+    def precision(self) -> str:
+        return self._s.precision
+
+    @property
+    def kind(self) -> str:
+        return str(self._s.manifest["kind"])
+
+    def _warn_truncated(self, n: int) -> None:
+        with self._lock:
+            if self._warned:
+                return
+            self._warned = True
+        log.warning(
+            "crossknn.ce: %d input(s) longer than max_length=%d were truncated (longest_first for "
+            "pairs); this warning is shown once per scorer",
+            n,
+            self.max_length,
+        )
+
+    def _encode_store(self, texts: list[str], cap: int, progress: bool = False) -> IdStore:
+        ids: list[list[int]] = []
+        chunks = range(0, len(texts), _ENCODE_CHUNK)
+        it = _progress(chunks, progress and len(texts) > _ENCODE_CHUNK, "tokenize", len(chunks))
+        for start in it:
+            ids.extend(self._plan.encode(texts[start : start + _ENCODE_CHUNK]))
+        return IdStore(ids, cap)
+
+
+class OnnxCrossEncoder(_Base):
+    """A cross-encoder (classic [CLS]-CE or joint [EMB]-CE) on ONNX Runtime.
+
+    Parameters: ``model_dir`` an exported model directory; ``items`` texts to score against by
+    index (:meth:`score`, :meth:`score_batch`; also :meth:`set_items`); ``precision`` "fp32" or
+    "int8" (a variant in the directory); ``max_length`` of a pair in tokens (default: the
+    export's); ``threads`` intra-op threads (default: one per physical core); ``batch_size`` the
+    most pairs per batch and ``max_batch_tokens`` the most (padded) tokens per batch;
+    ``provider`` "auto" (TensorRT, then CUDA, then CPU: whichever this onnxruntime offers),
+    "cpu", "cuda" or "tensorrt" (an error if not available, never a silent fallback);
+    ``fp16`` half precision on a GPU provider.
+    """
+
+    _kinds = ("cls-ce", "joint-ce")
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        items: list[str] | None = None,
+        precision: str = "fp32",
+        max_length: int | None = None,
+        threads: int | None = None,
+        batch_size: int = 16,
+        max_batch_tokens: int = 2048,
+        provider: str = "auto",
+        fp16: bool = False,
+        show_progress_bar: bool = False,
+        query_cache_size: int = 4096,
+    ) -> None:
+        super().__init__(
+            model_dir,
+            precision=precision,
+            max_length=max_length,
+            threads=threads,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            provider=provider,
+            fp16=fp16,
+            show_progress_bar=show_progress_bar,
+        )
+        self._tpl = self._plan.pair
+        self._room = self.max_length - self._tpl.n_special
+        m = self._s.manifest
+        self._joint = m["kind"] == "joint-ce"
+        self.num_labels = 1 if self._joint else int(m["num_labels"])
+        self.activation = "none" if self._joint else str(m["activation"])
+        self._items: IdStore | None = None
+        self._qcache: OrderedDict[str, IdStore] = OrderedDict()
+        self._qcache_size = int(query_cache_size)
+        if items is not None:
+            self.set_items(items)
+
+    def __repr__(self) -> str:
+        return (
+            f"OnnxCrossEncoder(model_id={self.model_id!r}, kind={self.kind!r}, "
+            f"precision={self.precision!r}, provider={self.provider!r}, "
+            f"max_length={self.max_length}, n_items={self.n_items})"
+        )
+
+    # -- items ------------------------------------------------------------------------------
+    @property
+    def n_items(self) -> int:
+        store = self._items
+        return 0 if store is None else len(store)
+
+    def set_items(self, texts: list[str]) -> None:
+        """Tokenize the item texts once; :meth:`score` then takes item indices into this list."""
+        texts = check_texts(texts, "items")
+        store = self._encode_store(texts, self._room, self.show_progress_bar)
+        with self._lock:
+            self._items = store
+
+    # -- scoring core -----------------------------------------------------------------------
+    def _query_store(self, query: str) -> IdStore:
+        with self._lock:
+            store = self._qcache.get(query)
+            if store is not None:
+                self._qcache.move_to_end(query)
+                return store
+        store = IdStore(self._plan.encode([query]), self._room)
+        with self._lock:
+            self._qcache[query] = store
+            while len(self._qcache) > self._qcache_size:
+                self._qcache.popitem(last=False)
+        return store
+
+    def _assemble(self, A, ia, ta, B, ib, tb) -> dict[str, np.ndarray]:
+        t = self._tpl
+        lengths = ta + tb + t.n_special
+        n, width = len(ia), int(lengths.max())
+        ids = np.full((n, width), self._plan.pad_id, dtype=np.int64)
+        types = np.zeros((n, width), dtype=np.int64)
+        mask = np.zeros((n, width), dtype=np.int64)
+        pool = np.zeros((n, width), dtype=np.int64)
+        p, mid, suf = len(t.prefix), len(t.mid), len(t.suffix)
+        for r in range(n):
+            na, nb = int(ta[r]), int(tb[r])
+            row, trow, prow = ids[r], types[r], pool[r]
+            row[:p] = t.prefix
+            trow[:p] = t.type_prefix
+            s = p
+            row[s : s + na] = A.get(ia[r], na)
+            trow[s : s + na] = t.type_a
+            prow[s : s + na] = 1
+            s += na
+            row[s : s + mid] = t.mid
+            trow[s : s + mid] = t.type_mid
+            s += mid
+            row[s : s + nb] = B.get(ib[r], nb)
+            trow[s : s + nb] = t.type_b
+            prow[s : s + nb] = 2
+            s += nb
+            row[s : s + suf] = t.suffix
+            trow[s : s + suf] = t.type_suffix
+            mask[r, : s + suf] = 1
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "pool_mask": pool}
+
+    def _run_pairs(
+        self,
+        A: IdStore,
+        ia: np.ndarray,
+        B: IdStore,
+        ib: np.ndarray,
+        *,
+        batch_size: int | None = None,
+        apply_activation: bool = True,
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        n = len(ia)
+        shape = (n,) if self.num_labels == 1 else (n, self.num_labels)
+        out = np.empty(shape, dtype=np.float32)
+        if n == 0:
+            return out
+        bs = self.batch_size if batch_size is None else batch_size
+        _check_positive("batch_size", bs)
+        la, lb = A.lengths[ia], B.lengths[ib]
+        ta, tb = longest_first(la, lb, self._room)
+        n_cut = int(np.count_nonzero((ta < la) | (tb < lb)))
+        if n_cut:
+            self._warn_truncated(n_cut)
+        batches = _batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
+        progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
+        for idx in _progress(batches, progress, "CE", len(batches)):
+            res = self._s.run(self._assemble(A, ia[idx], ta[idx], B, ib[idx], tb[idx]))
+            if self._joint:
+                out[idx] = res
+            elif self.num_labels == 1:
+                out[idx] = res[:, 0]
+            else:
+                out[idx] = res
+        if apply_activation and self.activation == "sigmoid":
+            out = (1.0 / (1.0 + np.exp(-out.astype(np.float64)))).astype(np.float32)
+        return out
+
+    # -- sentence-transformers style ----------------------------------------------------------
+    def predict(
+        self,
+        pairs,
+        *,
+        batch_size: int | None = None,
+        apply_activation: bool = True,
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        """Scores of ``(query, document)`` string pairs, float32, in input order.
+
+        ``apply_activation=False`` returns raw logits of a [CLS]-CE (the joint CE has no
+        activation). An empty list gives an empty array.
+        """
+        if isinstance(pairs, (str, bytes)):
+            raise TypeError("pairs must be a list of (query, document) string pairs, got a string")
+        pairs = list(pairs)
+        qs: dict[str, int] = {}
+        ds: dict[str, int] = {}
+        ia = np.empty(len(pairs), dtype=np.int64)
+        ib = np.empty(len(pairs), dtype=np.int64)
+        for i, pair in enumerate(pairs):
+            if (
+                isinstance(pair, (str, bytes))
+                or len(pair) != 2
+                or not isinstance(pair[0], str)
+                or not isinstance(pair[1], str)
+            ):
+                raise TypeError(
+                    "pairs must be a list of (query, document) string pairs; "
+                    f"got {type(pair).__name__} {pair!r:.60} at position {i}"
+                )
+            ia[i] = qs.setdefault(pair[0], len(qs))
+            ib[i] = ds.setdefault(pair[1], len(ds))
+        A = self._encode_store(list(qs), self._room)
+        B = self._encode_store(list(ds), self._room)
+        return self._run_pairs(
+            A,
+            ia,
+            B,
+            ib,
+            batch_size=batch_size,
+            apply_activation=apply_activation,
+            show_progress_bar=show_progress_bar,
+        )
+
+    def rank(
+        self,
+        query: str,
+        documents: list[str],
+        top_k: int | None = None,
+        *,
+        return_documents: bool = False,
+        batch_size: int | None = None,
+        apply_activation: bool = True,
+        show_progress_bar: bool | None = None,
+    ) -> list[dict[str, Any]]:
+        """Documents sorted by score: ``[{"corpus_id": i, "score": s, ("text": doc)}, ...]``.
+
+        Ties keep the lower ``corpus_id`` first; ``top_k=None`` returns all.
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a string; got {type(query).__name__}")
+        documents = check_texts(documents, "documents")
+        _check_positive("top_k", top_k, allow_none=True)
+        if self.num_labels != 1:
+            raise ValueError(f"rank needs a one-score model; this one has {self.num_labels} labels")
+        B = self._encode_store(documents, self._room)
+        scores = self._run_pairs(
+            self._query_store(query),
+            np.zeros(len(documents), dtype=np.int64),
+            B,
+            np.arange(len(documents), dtype=np.int64),
+            batch_size=batch_size,
+            apply_activation=apply_activation,
+            show_progress_bar=show_progress_bar,
+        )
+        order = np.argsort(-scores, kind="stable")[:top_k]
+        out = []
+        for i in order:
+            row: dict[str, Any] = {"corpus_id": int(i), "score": float(scores[i])}
+            if return_documents:
+                row["text"] = documents[i]
+            out.append(row)
+        return out
+
+    # -- the scorer protocol of crossknn.search -------------------------------------------------
+    def _item_indices(self, items, store: IdStore) -> np.ndarray:
+        arr = np.asarray(items)
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"items must be a 1-D integer array of item indices; got {arr.dtype} {arr.shape}")
+        arr = arr.astype(np.int64, copy=False)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= len(store):
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"item index {bad} out of range for {len(store)} items")
+        return arr
+
+    def _store(self) -> IdStore:
+        store = self._items
+        if store is None:
+            raise ValueError("no items set: pass items=[...] or call set_items(texts) first")
+        return store
+
+    def score(self, query: str, items) -> np.ndarray:
+        """CE scores of one query text against item indices (into the item texts), float32."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a string (this is a text CE); got {type(query).__name__}")
+        store = self._store()
+        idx = self._item_indices(items, store)
+        return self._run_pairs(self._query_store(query), np.zeros(len(idx), dtype=np.int64), store, idx)
+
+    def score_batch(self, queries: list[str], items: list) -> list[np.ndarray]:
+        """Many queries, each against its own item indices, in one length-sorted batch run."""
+        queries = check_texts(queries, "queries")
+        items = list(items)
+        if len(queries) != len(items):
+            raise ValueError(f"queries and items differ in length: {len(queries)} vs {len(items)}")
+        store = self._store()
+        idx = [self._item_indices(x, store) for x in items]
+        A = self._encode_store(queries, self._room)
+        ia = np.repeat(np.arange(len(queries), dtype=np.int64), [len(x) for x in idx])
+        ib = np.concatenate(idx) if idx else np.zeros(0, dtype=np.int64)
+        flat = self._run_pairs(A, ia, store, ib)
+        return list(np.split(flat, np.cumsum([len(x) for x in idx])[:-1])) if idx else []
+
+
+class OnnxDualEncoder(_Base):
+    """A dual encoder on ONNX Runtime: ``encode(texts)`` -> float32 (n, d), L2-normalized."""
+
+    _kinds = ("dual-encoder",)
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        precision: str = "fp32",
+        max_length: int | None = None,
+        threads: int | None = None,
+        batch_size: int = 32,
+        max_batch_tokens: int = 4096,
+        provider: str = "auto",
+        fp16: bool = False,
+        show_progress_bar: bool = False,
+    ) -> None:
+        super().__init__(
+            model_dir,
+            precision=precision,
+            max_length=max_length,
+            threads=threads,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            provider=provider,
+            fp16=fp16,
+            show_progress_bar=show_progress_bar,
+        )
+        self._tpl = self._plan.single
+        self._room = self.max_length - self._tpl.n_special
+        self.dim = int(self._s.manifest["dim"])
+
+    def __repr__(self) -> str:
+        return (
+            f"OnnxDualEncoder(model_id={self.model_id!r}, dim={self.dim}, "
+            f"precision={self.precision!r}, provider={self.provider!r}, max_length={self.max_length})"
+        )
+
+    def encode(
+        self,
+        texts: list[str],
+        *,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        texts = check_texts(texts, "texts")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        bs = self.batch_size if batch_size is None else batch_size
+        _check_positive("batch_size", bs)
+        progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
+        store = self._encode_store(texts, self._room, progress)
+        kept = np.minimum(store.lengths, self._room)
+        n_cut = int(np.count_nonzero(kept < store.lengths))
+        if n_cut:
+            self._warn_truncated(n_cut)
+        t = self._tpl
+        p, suf = len(t.prefix), len(t.suffix)
+        lengths = kept + t.n_special
+        batches = _batches(lengths, bs, self.max_batch_tokens)
+        for idx in _progress(batches, progress, "encode", len(batches)):
+            width = int(lengths[idx].max())
+            ids = np.full((len(idx), width), self._plan.pad_id, dtype=np.int64)
+            types = np.zeros_like(ids)
+            mask = np.zeros_like(ids)
+            for r, i in enumerate(idx):
+                na = int(kept[i])
+                ids[r, :p] = t.prefix
+                types[r, :p] = t.type_prefix
+                ids[r, p : p + na] = store.get(i, na)
+                types[r, p : p + na] = t.type_a
+                ids[r, p + na : p + na + suf] = t.suffix
+                types[r, p + na : p + na + suf] = t.type_suffix
+                mask[r, : p + na + suf] = 1
+            out[idx] = self._s.run({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+        return out

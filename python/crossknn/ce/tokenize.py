@@ -1,0 +1,155 @@
+"""Pair and single-text assembly from cached token ids, with Hugging Face truncation semantics.
+
+Texts are tokenized once without special tokens (``tokenizers`` fast tokenizer from
+``tokenizer.json``; torch and transformers are not needed). The special-token template (e.g.
+BERT's ``[CLS] A [SEP] B [SEP]`` with token types 0/1, RoBERTa's ``<s> A </s></s> B </s>``) is read
+from the tokenizer's post-processor once. Pairs are then assembled from cached ids with exactly the
+``longest_first`` truncation of the Rust ``tokenizers`` library (which the fast Hugging Face
+tokenizers use): when ``len(a) + len(b)`` exceeds the room left by the special tokens, the shorter
+side is kept whole if it fits in half of the room and the longer takes the rest; otherwise the
+longer side gets ``ceil(room / 2)`` and the shorter ``floor(room / 2)`` (on a tie the second side
+gets the larger half).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["TokenizerPlan", "IdStore", "longest_first"]
+
+
+def longest_first(la: np.ndarray, lb: np.ndarray, room: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lengths kept of the two sides of each pair (vectorized over pairs)."""
+    la = np.asarray(la, dtype=np.int64)
+    lb = np.asarray(lb, dtype=np.int64)
+    if room < 0:
+        raise ValueError(f"max_length leaves no room for the text (room {room})")
+    over = la + lb > room
+    half = room // 2
+    short = np.minimum(la, lb)
+    a_shorter = la < lb  # on a tie b counts as the longer side
+    # shorter side fits in half of the room: it is kept, the longer side takes the rest
+    fits = short <= half
+    ta = np.where(a_shorter, la, room - lb)
+    tb = np.where(a_shorter, room - la, lb)
+    # both sides longer than half: the longer gets ceil(room/2), the shorter floor(room/2)
+    ta2 = np.where(a_shorter, half, room - half)
+    tb2 = room - ta2
+    ta = np.where(fits, ta, ta2)
+    tb = np.where(fits, tb, tb2)
+    return np.where(over, ta, la), np.where(over, tb, lb)
+
+
+@dataclass(frozen=True)
+class _Template:
+    prefix: np.ndarray  # special ids before A
+    mid: np.ndarray  # between A and B (empty for single)
+    suffix: np.ndarray  # after the last segment
+    type_prefix: np.ndarray
+    type_mid: np.ndarray
+    type_suffix: np.ndarray
+    type_a: int
+    type_b: int
+
+    @property
+    def n_special(self) -> int:
+        return len(self.prefix) + len(self.mid) + len(self.suffix)
+
+
+def _split_template(enc, pair: bool) -> _Template:
+    seq = enc.sequence_ids
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    types = np.asarray(enc.type_ids, dtype=np.int64)
+    pos_a = [i for i, s in enumerate(seq) if s == 0]
+    pos_b = [i for i, s in enumerate(seq) if s == 1]
+    if len(pos_a) != 1 or (pair and len(pos_b) != 1):
+        raise ValueError("unexpected tokenizer post-processor: cannot read its special-token template")
+    a = pos_a[0]
+    b = pos_b[0] if pair else a
+    empty = np.zeros(0, dtype=np.int64)
+    return _Template(
+        prefix=ids[:a],
+        mid=ids[a + 1 : b] if pair else empty,
+        suffix=ids[b + 1 :],
+        type_prefix=types[:a],
+        type_mid=types[a + 1 : b] if pair else empty,
+        type_suffix=types[b + 1 :],
+        type_a=int(types[a]),
+        type_b=int(types[b]) if pair else 0,
+    )
+
+
+class IdStore:
+    """Token ids of many texts in one flat array (CSR), kept up to ``cap`` tokens per text.
+
+    ``lengths`` are the full (untruncated) lengths: truncation of a pair depends on them.
+    """
+
+    __slots__ = ("flat", "offsets", "lengths", "cap")
+
+    def __init__(self, ids: list[list[int]], cap: int) -> None:
+        kept = [min(len(x), cap) for x in ids]
+        self.cap = cap
+        self.lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        self.offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(kept, out=self.offsets[1:])
+        self.flat = np.empty(int(self.offsets[-1]), dtype=np.int64)
+        for i, x in enumerate(ids):
+            self.flat[self.offsets[i] : self.offsets[i + 1]] = x[: kept[i]]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def get(self, i: int, n: int) -> np.ndarray:
+        """The first ``n`` ids of text ``i`` (``n`` <= cap)."""
+        start = self.offsets[i]
+        return self.flat[start : start + n]
+
+
+class TokenizerPlan:
+    """A fast tokenizer without truncation/padding plus its single and pair templates."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"missing file {path}")
+        tok = Tokenizer.from_file(str(path))
+        tok.no_truncation()
+        tok.no_padding()
+        self._tok = tok
+        probe = tok.encode("a", add_special_tokens=False)
+        if len(probe.ids) != 1:
+            raise ValueError(f"{path}: unexpected tokenizer (the probe 'a' gave {len(probe.ids)} ids)")
+        # (Tokenizer.post_process loses the sequence ids of the first segment: encode the probe)
+        self.single = _split_template(tok.encode("a", add_special_tokens=True), False)
+        self.pair = _split_template(tok.encode("a", "a", add_special_tokens=True), True)
+        pad = tok.token_to_id("[PAD]")
+        if pad is None:
+            pad = tok.token_to_id("<pad>")
+        self.pad_id = int(pad) if pad is not None else 0
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens and without truncation."""
+        if not texts:
+            return []
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def check_texts(texts, what: str) -> list[str]:
+    """A list of strings, or TypeError naming the first bad entry."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{what} must be a list of strings, got a single {type(texts).__name__}")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise TypeError(f"{what} must be a list of strings, got {type(texts).__name__}") from None
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{what} must be a list of strings; got {type(t).__name__} at position {i}")
+    return texts

@@ -1,0 +1,82 @@
+"""``crossknn rank "query" --corpus FILE.jsonl``: score every item of a corpus with the CE, print the top k."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "rank a corpus (JSONL or BEIR folder) for one query with the cross-encoder (exhaustive)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("query", help="the query text")
+    parser.add_argument(
+        "--corpus",
+        required=True,
+        metavar="FILE",
+        help="JSONL with 'id' (or '_id') and 'text' (optional 'title') per line, or a BEIR folder",
+    )
+    parser.add_argument("--top-k", type=int, default=10, help="how many items to print (default 10)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        default=None,
+        help="an exported CE directory (default: the embedded minilm-l6-joint, built on first use)",
+    )
+    parser.add_argument("--int8", action="store_true", help="use the int8-quantized model")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    parser.add_argument("--batch-size", type=int, default=16, help="pairs per batch (default 16)")
+    parser.add_argument(
+        "--provider",
+        choices=["auto", "cpu", "cuda", "tensorrt"],
+        default="auto",
+        help="execution provider (default auto: TensorRT, CUDA, then CPU, whichever is installed)",
+    )
+    parser.add_argument("--progress", action="store_true", help="show a progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from crossknn.ce import OnnxCrossEncoder, default_cross_encoder
+    from crossknn.corpus import load_corpus
+
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1; got {args.top_k}")
+    if not args.query.strip():
+        raise ValueError("the query is empty")
+    corpus = load_corpus(args.corpus)
+    precision = "int8" if args.int8 else "fp32"
+    kw = {
+        "precision": precision,
+        "threads": args.threads,
+        "batch_size": args.batch_size,
+        "provider": args.provider,
+        "show_progress_bar": args.progress,
+    }
+    ce = OnnxCrossEncoder(args.model, **kw) if args.model else default_cross_encoder(**kw)
+    hits = ce.rank(args.query, corpus.texts, top_k=min(args.top_k, len(corpus)))
+    rows = [
+        {"rank": r + 1, "id": corpus.ids[h["corpus_id"]], "score": h["score"], "text": corpus.texts[h["corpus_id"]]}
+        for r, h in enumerate(hits)
+    ]
+    if args.json:
+        out = {
+            "query": args.query,
+            "model_id": ce.model_id,
+            "model_hash": ce.model_hash,
+            "precision": ce.precision,
+            "provider": ce.provider,
+            "n_items": len(corpus),
+            "results": rows,
+        }
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print(f"# {ce.model_id} ({ce.precision}, {ce.provider}); {len(corpus)} items scored")
+    width = max(len(r["id"]) for r in rows) if rows else 2
+    for r in rows:
+        text = " ".join(r["text"].split())
+        text = text if len(text) <= 80 else text[:77] + "..."
+        print(f"{r['rank']:>3}  {r['score']:+.4f}  {r['id']:<{width}}  {text}")
+    return 0
