@@ -1,0 +1,89 @@
+"""``crossknn eval``: Top-k-Recall@B of search methods on a score-matrix folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "Top-k-Recall@B of search methods on a precomputed CE score matrix (table, JSON, curves)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from crossknn.eval import DEFAULT_AXN_MIX, FIRSTS, METHODS
+
+    p.add_argument("matrix", metavar="MATRIX_DIR", help="score-matrix folder (BENCHMARKS.md)")
+    p.add_argument("--method", action="append", required=True, choices=sorted(METHODS),
+                   metavar="NAME", help=f"method to run (repeatable): {', '.join(METHODS)}")
+    p.add_argument("--budget", action="append", type=int, required=True, metavar="B",
+                   help="CE-call budget per query (repeatable)")
+    p.add_argument("--k", action="append", type=int, required=True, metavar="K",
+                   help="top-k to recall (repeatable; only k <= B is evaluated)")
+    p.add_argument("--rounds", action="append", type=int, metavar="R",
+                   help="rounds of adaptive methods (default 5; repeatable)")
+    p.add_argument("--first", action="append", choices=FIRSTS, metavar="NAME",
+                   help="first stage: random (default), de, tfidf, bm25 (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--json", required=True, metavar="OUT.json", help="write the rows here")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="recall-vs-cost curves (default: next to --json, .png)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw curves")
+    p.add_argument("--corpus", metavar="DIR",
+                   help="BEIR folder with the texts (tfidf/bm25; default ../shared/data/<dataset>)")
+    p.add_argument("--split", type=float, metavar="F",
+                   help="fixed anchor fraction of B for anncur/adacur-split (default: chosen on "
+                        "dev train rows per B and k)")
+    p.add_argument("--paper", action="store_true",
+                   help="papers' final ranking: split methods rerank only the retrieved items")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="adacur-softmax temperature in units of a query's CE score spread")
+    p.add_argument("--ridge", type=float, help="least-squares ridge (default: method default)")
+    p.add_argument("--mix", type=float, default=DEFAULT_AXN_MIX,
+                   help=f"AXN lambda: weight of the DE query vector (default {DEFAULT_AXN_MIX})")
+    p.add_argument("--item-vectors", metavar="V.npy",
+                   help="AXN item vectors (N x d .npy; default the matrix's de_items.npy)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from crossknn.data import load_score_matrix
+    from crossknn.eval import EvalConfig, evaluate, format_table, plot_curves, write_json
+
+    m = load_score_matrix(args.matrix)
+    V = None
+    if args.item_vectors:
+        V = np.load(args.item_vectors, allow_pickle=False)
+        if V.ndim != 2 or V.shape[0] != m.n_items:
+            raise ValueError(f"--item-vectors must be ({m.n_items}, d); got {V.shape}")
+    cfg = EvalConfig(
+        methods=list(dict.fromkeys(args.method)),
+        budgets=sorted(set(args.budget)),
+        ks=sorted(set(args.k)),
+        rounds=sorted(set(args.rounds or [5])),
+        firsts=list(dict.fromkeys(args.first or ["random"])),
+        seed=args.seed,
+        split=args.split,
+        final="retrieved" if args.paper else "all",
+        temperature=args.temperature,
+        ridge=args.ridge,
+        mix=args.mix,
+        item_vectors=V,
+        corpus=args.corpus,
+    )
+    rows = evaluate(m, cfg, progress=not args.quiet)
+    print(format_table(rows))
+    meta = {
+        "matrix": str(args.matrix), "dataset": m.meta.get("dataset"),
+        "n_items": m.n_items, "n_train": int(m.train.size), "n_test": int(m.test.size),
+        "seed": args.seed, "split": "dev" if args.split is None else args.split,
+        "final": cfg.final, "temperature": args.temperature, "mix": args.mix,
+    }
+    write_json(rows, args.json, meta=meta)
+    print(f"wrote {args.json}")
+    if not args.no_plot and rows:
+        png = args.plot or str(Path(args.json).with_suffix(".png"))
+        plot_curves(rows, png, title=f"{m.meta.get('dataset', '')} ({m.n_items} items, "
+                                     f"{m.test.size} test queries)")
+        print(f"wrote {png}")
+    return 0

@@ -1,0 +1,301 @@
+"""Recall-vs-cost harness: run search methods on a score-matrix folder, Top-k-Recall@B tables, curves.
+
+Top-k-Recall@B (``shared/BENCHMARKS.md``): for a test row, the fraction of the exact top-k items
+(by ``scores.npy``) found in the final top-k returned after at most B CE calls; the mean over the
+test rows is reported. Anchor/train rows are the ``train`` rows of ``splits.json``; only ``test``
+rows are searched. Free parameters (the ANNCUR/ADACUR anchor/retrieve split) are chosen per
+(B, k) on a dev part of the train rows (``crossknn.search.tuning``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from crossknn.data import ScoreMatrix, load_beir, load_score_matrix
+from crossknn.retrievers import make_retriever
+from crossknn.scorers import MatrixScorer
+from crossknn.search import (
+    ADACUR,
+    ANNCUR,
+    AXN,
+    RNR,
+    CurIndex,
+    choose_on_dev,
+    fit_score_affine,
+    topk_recall,
+)
+
+__all__ = [
+    "METHODS",
+    "SPLIT_GRID",
+    "EvalConfig",
+    "evaluate",
+    "format_table",
+    "plot_curves",
+    "write_json",
+]
+
+#: method names of ``crossknn eval`` -> (uses rounds, has a split chosen on dev)
+METHODS: dict[str, tuple[bool, bool]] = {
+    "rnr": (False, False),
+    "anncur": (False, True),
+    "adacur": (True, False),
+    "adacur-split": (True, True),
+    "adacur-softmax": (True, False),
+    "adacur-random": (True, False),
+    "axn": (True, False),
+}
+FIRSTS = ("random", "de", "tfidf", "bm25")
+SPLIT_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+DEFAULT_AXN_MIX = 0.5  # chosen on the train rows of cisi-minilm (docs/search.md)
+
+
+@dataclass
+class EvalConfig:
+    methods: Sequence[str]
+    budgets: Sequence[int]
+    ks: Sequence[int]
+    rounds: Sequence[int] = (5,)
+    firsts: Sequence[str] = ("random",)
+    seed: int = 0
+    split: float | None = None  # None: choose on dev per (B, k); else fixed fraction
+    final: str = "all"  # 'retrieved' reproduces the papers' split variants
+    temperature: float = 1.0
+    ridge: float | None = None  # None: the methods' defaults
+    mix: float = DEFAULT_AXN_MIX
+    axn_normalize: bool = True
+    item_vectors: np.ndarray | None = None  # AXN item vectors (default: de_items.npy)
+    corpus: str | Path | None = None
+    dev_fraction: float = 0.2
+    extra: dict = field(default_factory=dict)
+
+
+class _Context:
+    """Lazily built resources shared by the runs: scorer, retrievers, CUR indexes."""
+
+    def __init__(self, matrix: ScoreMatrix, cfg: EvalConfig) -> None:
+        self.m, self.cfg = matrix, cfg
+        self.scorer = MatrixScorer(matrix.scores)
+        self._retrievers: dict[str, object] = {}
+        self._indexes: dict[tuple, CurIndex] = {}
+        self._texts: tuple[list[str], list[str]] | None = None
+
+    def texts(self):
+        if self._texts is None:
+            corpus = load_beir(self.m.corpus_dir(self.cfg.corpus))
+            self._texts = (corpus.items_in_order(self.m.item_ids),
+                           corpus.queries_in_order(self.m.query_ids))
+        return self._texts
+
+    def first(self, name: str):
+        if name == "random":
+            return "random"
+        if name not in self._retrievers:
+            if name == "de":
+                if self.m.de_items is None or self.m.de_queries is None:
+                    raise FileNotFoundError(f"{self.m.path} has no de_items.npy/de_queries.npy")
+                self._retrievers[name] = make_retriever(
+                    "de", item_vectors=self.m.de_items, query_vectors=self.m.de_queries)
+            else:
+                items, queries = self.texts()
+                self._retrievers[name] = make_retriever(name, item_texts=items, query_texts=queries)
+        return self._retrievers[name]
+
+    def index(self, rows) -> CurIndex:
+        key = tuple(np.asarray(rows).tolist())
+        if key not in self._indexes:
+            self._indexes[key] = CurIndex.from_matrix(self.m.scores, rows, test_rows=self.m.test)
+        return self._indexes[key]
+
+    def make(self, name: str, *, first: str, rounds: int, split, rows):
+        cfg = self.cfg
+        ridge = {} if cfg.ridge is None else {"ridge": cfg.ridge}
+        f = self.first(first)
+        if name == "rnr":
+            return RNR(f, n_items=self.m.n_items)
+        if name == "anncur":
+            return ANNCUR(self.index(rows), split=split, first=f, anchor_seed=cfg.seed,
+                          final=cfg.final, **ridge)
+        if name.startswith("adacur"):
+            strategy = {"adacur-softmax": "softmax", "adacur-random": "random"}.get(name, "topk")
+            return ADACUR(self.index(rows), rounds=rounds, first=f, strategy=strategy,
+                          split=split if name == "adacur-split" else None,
+                          temperature=cfg.temperature, final=cfg.final, **ridge)
+        if name == "axn":
+            V = self.m.de_items if cfg.item_vectors is None else cfg.item_vectors
+            if V is None:
+                raise FileNotFoundError(f"{self.m.path} has no de_items.npy; pass item vectors")
+            affine = None
+            if cfg.axn_normalize and self.m.de_queries is not None and V.shape[1] == self.m.de_queries.shape[1]:
+                tr = self.m.train
+                affine = fit_score_affine(self.m.scores[tr], self.m.de_queries[tr] @ V.T)
+            prior = self.m.de_queries if cfg.mix > 0 else None
+            return AXN(V, rounds=rounds, first=f, prior=prior, mix=cfg.mix if prior is not None else 0.0,
+                       score_affine=affine, **ridge)
+        raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
+
+
+def _tasks(cfg: EvalConfig, n_items: int):
+    for name in cfg.methods:
+        if name not in METHODS:
+            raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
+        uses_rounds, _ = METHODS[name]
+        for first in cfg.firsts:
+            for rounds in (cfg.rounds if uses_rounds else (1,)):
+                for budget in cfg.budgets:
+                    yield name, first, rounds, budget
+
+
+def _check_config(cfg: EvalConfig, m: ScoreMatrix) -> None:
+    if not cfg.methods or not cfg.budgets or not cfg.ks:
+        raise ValueError("give at least one --method, one --budget and one --k")
+    for f in cfg.firsts:
+        if f not in FIRSTS:
+            raise ValueError(f"--first must be one of {FIRSTS}; got {f!r}")
+    for b in cfg.budgets:
+        if not 1 <= b < m.n_items:
+            raise ValueError(f"budget B={b} must be in [1, {m.n_items}) (the number of items)")
+    for k in cfg.ks:
+        if k < 1:
+            raise ValueError(f"k must be >= 1; got {k}")
+    for r in cfg.rounds:
+        if r < 1:
+            raise ValueError(f"rounds must be >= 1; got {r}")
+    if m.test.size == 0:
+        raise ValueError(f"{m.path}/splits.json has no test rows")
+
+
+def evaluate(matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *, progress: bool = True) -> list[dict]:
+    """Runs every (method, first, rounds, budget) and returns one row per k (k <= B)."""
+    from tqdm.auto import tqdm
+
+    m = matrix if isinstance(matrix, ScoreMatrix) else load_score_matrix(matrix)
+    _check_config(cfg, m)
+    ctx = _Context(m, cfg)
+    test = m.test.tolist()
+    tasks = list(_tasks(cfg, m.n_items))
+    rows: list[dict] = []
+    bar = tqdm(tasks, desc="eval", unit="run", disable=not progress, leave=False)
+    for name, first, rounds, budget in bar:
+        bar.set_postfix_str(f"{name} first={first} R={rounds} B={budget}")
+        ks = sorted(k for k in cfg.ks if k <= budget)
+        if not ks:
+            continue
+        has_split = METHODS[name][1]
+        groups: list[tuple[list[int], object, dict | None]] = []
+        if has_split and cfg.split is None:  # choose the split per k on dev rows
+            for k in ks:
+                best, table = choose_on_dev(
+                    lambda v, idx_rows, name=name, first=first, rounds=rounds: ctx.make(
+                        name, first=first, rounds=rounds, split=v, rows=idx_rows),
+                    SPLIT_GRID, m.scores, m.train, budget=budget, k=k, seed=cfg.seed,
+                    dev_fraction=cfg.dev_fraction)
+                groups.append(([k], best, table))
+        else:
+            groups.append((ks, cfg.split if has_split else None, None))
+        for group_ks, split, table in groups:
+            method = ctx.make(name, first=first, rounds=rounds,
+                              split=split if split is not None else 0.5, rows=m.train)
+            t0 = time.perf_counter()
+            res = method.search(ctx.scorer, test, budget=budget, k=max(group_ks), seed=cfg.seed)
+            secs = time.perf_counter() - t0
+            calls_max = int(res.ce_calls.max())
+            if calls_max > budget:  # the scorer wrapper makes this impossible; keep the check
+                raise RuntimeError(f"{name} used {calls_max} CE calls with budget {budget}")
+            for k in group_ks:
+                row = {
+                    "method": name, "budget": budget, "k": k,
+                    "rounds": rounds if METHODS[name][0] else 1, "first": first,
+                    "recall": float(topk_recall(m.scores, m.test, res.indices, k).mean()),
+                    "n_test": len(test), "ce_calls_max": calls_max,
+                    "seconds": round(secs, 3),
+                }
+                if has_split:
+                    row["split"] = split if split is not None else 0.5
+                    if table is not None:
+                        row["dev_recall"] = {str(v): round(r, 4) for v, r in table.items()}
+                rows.append(row)
+    return rows
+
+
+def _label(row: dict) -> str:
+    lab = row["method"]
+    if row["method"] == "rnr" or row["first"] != "random":
+        lab += f" ({row['first']})"
+    if METHODS.get(row["method"], (False,))[0]:
+        lab += f" R={row['rounds']}"
+    return lab
+
+
+def format_table(rows: list[dict]) -> str:
+    """Recall table: one line per (method, first, rounds, budget), one column per k."""
+    ks = sorted({r["k"] for r in rows})
+    keyed: dict[tuple, dict[int, dict]] = {}
+    for r in rows:
+        keyed.setdefault((_label(r), r["budget"]), {})[r["k"]] = r
+    width = max([len("method")] + [len(lab) for lab, _ in keyed])
+    head = f"{'method':<{width}}  {'B':>4}  " + "  ".join(f"{'k=' + str(k):>6}" for k in ks)
+    head += "  calls"
+    lines = [head, "-" * len(head)]
+    for (lab, b), byk in keyed.items():
+        cells = "  ".join(f"{byk[k]['recall']:6.3f}" if k in byk else f"{'-':>6}" for k in ks)
+        calls = max(r["ce_calls_max"] for r in byk.values())
+        lines.append(f"{lab:<{width}}  {b:>4}  {cells}  {calls:>5}")
+    return "\n".join(lines)
+
+
+def write_json(rows: list[dict], path: str | Path, *, meta: dict | None = None) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"rows": rows}
+    if meta:
+        doc["meta"] = meta
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None) -> None:
+    """Top-k-Recall vs CE calls (B), one panel per k, one line per method (papers' style)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sorted({r["k"] for r in rows})
+    if not ks:
+        raise ValueError("no rows to plot")
+    labels = list(dict.fromkeys(_label(r) for r in rows))
+    fig, axes = plt.subplots(1, len(ks), figsize=(3.6 * len(ks), 3.4), squeeze=False)
+    markers = "osD^v<>p*hX"
+    for ax, k in zip(axes[0], ks):
+        for n, lab in enumerate(labels):
+            pts = sorted((r["budget"], r["recall"]) for r in rows if r["k"] == k and _label(r) == lab)
+            if pts:
+                x, y = zip(*pts)
+                ax.plot(x, y, marker=markers[n % len(markers)], ms=4, lw=1.4, label=lab)
+        ax.set_title(f"Top-{k}-Recall")
+        ax.set_xlabel("CE calls (B)")
+        ax.set_xscale("log")
+        budgets = sorted({r["budget"] for r in rows})
+        ax.set_xticks(budgets)
+        ax.set_xticklabels([str(b) for b in budgets])
+        ax.minorticks_off()
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("recall")
+    handles, labs = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labs, loc="lower center", ncol=min(len(labs), 4), fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, -0.02))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.08 + 0.04 * ((len(labs) - 1) // 4), 1, 1))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

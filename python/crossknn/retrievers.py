@@ -1,0 +1,205 @@
+"""First-stage retrievers: dual-encoder (DE) vectors, TF-IDF (scikit-learn), BM25 (bm25s).
+
+A *retriever* has ``n_items`` and ``retrieve(queries, k) -> int64 (Q, k)``: the k best items per
+query, best first, ties to the lower item index. A query is a row index into the query
+vectors/texts the retriever was built with (score-matrix experiments), a text, or (DE only) a
+vector. Retrievers are looked up by name in :data:`RETRIEVERS` (``make_retriever``); register
+another one (e.g. a CMC first stage) with :func:`register_retriever`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from crossknn.engine import ItemFeatures
+
+__all__ = [
+    "RETRIEVERS",
+    "Bm25Retriever",
+    "DenseRetriever",
+    "Retriever",
+    "TfidfRetriever",
+    "make_retriever",
+    "register_retriever",
+    "top_k_rows",
+]
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    n_items: int
+
+    def retrieve(self, queries: Sequence, k: int) -> np.ndarray: ...
+
+
+def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries of each row, best first, ties to the lower index."""
+    scores = np.atleast_2d(np.asarray(scores, np.float64))
+    n = scores.shape[1]
+    if not 0 <= k <= n:
+        raise ValueError(f"k={k} must be between 0 and the number of items ({n})")
+    out = np.empty((scores.shape[0], k), np.int64)
+    for r, s in enumerate(scores):
+        if k == 0:
+            continue
+        thr = np.partition(s, n - k)[n - k]  # k-th largest value
+        above = np.flatnonzero(s > thr)
+        tied = np.flatnonzero(s == thr)[: k - above.size]
+        cand = np.concatenate([above, tied])
+        out[r] = cand[np.lexsort((cand, -s[cand]))]
+    return out
+
+
+def _check_k(k: int, n_items: int) -> int:
+    k = int(k)
+    if not 0 <= k <= n_items:
+        raise ValueError(f"cannot retrieve k={k} items from {n_items}")
+    return k
+
+
+class DenseRetriever:
+    """Inner product of query vectors with item vectors (e.g. DE embeddings)."""
+
+    def __init__(self, item_vectors, *, query_vectors=None, encode: Callable | None = None):
+        self.features = ItemFeatures(np.asarray(item_vectors, np.float32))
+        self.n_items, self.dim = self.features.n_items, self.features.dim
+        self.query_vectors = None if query_vectors is None else np.asarray(query_vectors, np.float32)
+        if self.query_vectors is not None and self.query_vectors.shape[1:] != (self.dim,):
+            raise ValueError(
+                f"query vectors must have dim {self.dim} like the items; got {self.query_vectors.shape}"
+            )
+        self.encode = encode
+
+    def __repr__(self) -> str:
+        return f"DenseRetriever(n_items={self.n_items}, dim={self.dim})"
+
+    def query_vector(self, query) -> np.ndarray:
+        if isinstance(query, (int, np.integer)) and not isinstance(query, bool):
+            if self.query_vectors is None:
+                raise ValueError("this DenseRetriever has no query vectors; pass texts or vectors")
+            return self.query_vectors[int(query)]
+        if isinstance(query, str):
+            if self.encode is None:
+                raise ValueError("this DenseRetriever has no text encoder; pass row ids or vectors")
+            return np.asarray(self.encode([query]), np.float32).reshape(self.dim)
+        v = np.asarray(query, np.float32)
+        if v.shape != (self.dim,):
+            raise ValueError(f"query vector must have shape ({self.dim},); got {v.shape}")
+        return v
+
+    def retrieve(self, queries: Sequence, k: int) -> np.ndarray:
+        k = _check_k(k, self.n_items)
+        if len(queries) == 0:
+            return np.empty((0, k), np.int64)
+        U = np.stack([self.query_vector(q) for q in queries])
+        return self.features.top_k(U, k)[1] if k else np.empty((len(queries), 0), np.int64)
+
+
+class _TextRetriever:
+    def __init__(self, item_texts: Sequence[str], *, query_texts: Sequence[str] | None = None):
+        item_texts = list(item_texts)
+        if not item_texts:
+            raise ValueError("the retriever needs at least one item text")
+        bad = [i for i, t in enumerate(item_texts) if not isinstance(t, str)]
+        if bad:
+            raise ValueError(
+                f"items must be strings; got {type(item_texts[bad[0]]).__name__} at position {bad[0]}"
+            )
+        self.n_items = len(item_texts)
+        self.query_texts = None if query_texts is None else list(query_texts)
+
+    def query_text(self, query) -> str:
+        if isinstance(query, str):
+            return query
+        if isinstance(query, (int, np.integer)) and not isinstance(query, bool):
+            if self.query_texts is None:
+                raise ValueError(f"{type(self).__name__} has no query texts; pass texts")
+            return self.query_texts[int(query)]
+        raise ValueError(f"a query must be a text or a row index; got {type(query).__name__}")
+
+    def scores(self, texts: list[str]) -> np.ndarray:  # (Q, n_items)
+        raise NotImplementedError
+
+    def retrieve(self, queries: Sequence, k: int) -> np.ndarray:
+        k = _check_k(k, self.n_items)
+        if len(queries) == 0:
+            return np.empty((0, k), np.int64)
+        return top_k_rows(self.scores([self.query_text(q) for q in queries]), k)
+
+
+class TfidfRetriever(_TextRetriever):
+    """TF-IDF cosine similarity (scikit-learn ``TfidfVectorizer``, English stop words, sublinear tf)."""
+
+    def __init__(self, item_texts, *, query_texts=None):
+        super().__init__(item_texts, query_texts=query_texts)
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        self.vectorizer = TfidfVectorizer(stop_words="english", sublinear_tf=True)
+        self.X = self.vectorizer.fit_transform(list(item_texts))
+
+    def __repr__(self) -> str:
+        return f"TfidfRetriever(n_items={self.n_items}, vocab={len(self.vectorizer.vocabulary_)})"
+
+    def scores(self, texts):
+        return (self.vectorizer.transform(texts) @ self.X.T).toarray()
+
+
+class Bm25Retriever(_TextRetriever):
+    """BM25 (bm25s, Lucene variant, English stop words)."""
+
+    def __init__(self, item_texts, *, query_texts=None, k1: float = 1.5, b: float = 0.75):
+        super().__init__(item_texts, query_texts=query_texts)
+        import bm25s
+
+        self._bm25s = bm25s
+        tokens = bm25s.tokenize(list(item_texts), stopwords="en", show_progress=False)
+        self.model = bm25s.BM25(k1=k1, b=b)
+        self.model.index(tokens, show_progress=False)
+
+    def __repr__(self) -> str:
+        return f"Bm25Retriever(n_items={self.n_items})"
+
+    def scores(self, texts):
+        out = np.zeros((len(texts), self.n_items), np.float64)
+        for r, t in enumerate(texts):
+            toks = self._bm25s.tokenize([t], stopwords="en", return_ids=False, show_progress=False)
+            words = [w for w in toks[0] if w in self.model.vocab_dict]
+            if words:
+                out[r] = self.model.get_scores(words)
+        return out
+
+
+def _dense(*, item_vectors=None, query_vectors=None, encode=None, **_: Any) -> DenseRetriever:
+    if item_vectors is None:
+        raise ValueError("the 'de' retriever needs item vectors (e.g. de_items.npy)")
+    return DenseRetriever(item_vectors, query_vectors=query_vectors, encode=encode)
+
+
+def _tfidf(*, item_texts=None, query_texts=None, **_: Any) -> TfidfRetriever:
+    if item_texts is None:
+        raise ValueError("the 'tfidf' retriever needs item texts (a corpus folder)")
+    return TfidfRetriever(item_texts, query_texts=query_texts)
+
+
+def _bm25(*, item_texts=None, query_texts=None, **_: Any) -> Bm25Retriever:
+    if item_texts is None:
+        raise ValueError("the 'bm25' retriever needs item texts (a corpus folder)")
+    return Bm25Retriever(item_texts, query_texts=query_texts)
+
+
+#: name -> factory(**resources) -> Retriever. Resources: item_vectors, query_vectors, encode,
+#: item_texts, query_texts (each factory takes what it needs and ignores the rest).
+RETRIEVERS: dict[str, Callable[..., Retriever]] = {"de": _dense, "tfidf": _tfidf, "bm25": _bm25}
+
+
+def register_retriever(name: str, factory: Callable[..., Retriever]) -> None:
+    RETRIEVERS[name] = factory
+
+
+def make_retriever(name: str, **resources) -> Retriever:
+    if name not in RETRIEVERS:
+        raise ValueError(f"unknown retriever {name!r}; expected one of {sorted(RETRIEVERS)}")
+    return RETRIEVERS[name](**resources)

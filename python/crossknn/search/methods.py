@@ -1,0 +1,395 @@
+"""Search methods: small objects that say which items to score; the loop is ``engine.run_rounds``.
+
+- :class:`RNR` — retrieve-and-rerank: score the first stage's top-B items.
+- :class:`ANNCUR` — CUR index with ``k_i`` anchor items, then the top ``B - k_i`` approximate items.
+- :class:`ADACUR` — adaptive anchors over rounds (TopK / SoftMax / Random), Split or No-Split.
+- :class:`AXN` — rounds over item embeddings ``V`` with the least-squares query embedding, optional
+  mix with a dual-encoder query vector.
+
+Every method is used the same way::
+
+    result = method.search(scorer, queries, budget=100, k=10, seed=0)
+    scores, indices = result            # (Q, k) each; result.ce_calls <= budget
+
+Two improvements over the papers are on by default: items already scored (anchors, earlier
+rounds) take part in the final ranking (``final="all"``; ``final="retrieved"`` reproduces the
+papers' split variants, which rerank only the retrieved items), and split fractions are meant to
+be chosen on held-out train queries (:func:`crossknn.search.tuning.choose_on_dev`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crossknn.engine import ItemFeatures
+from crossknn.search.engine import SearchResult, Step, run_rounds, split_sizes
+
+__all__ = ["ADACUR", "ANNCUR", "AXN", "RNR", "CurIndex", "RoundMethod", "fit_score_affine"]
+
+DEFAULT_RCOND = 1e-6
+# Ridge of the least squares of CUR methods (ANNCUR's E, ADACUR's query weights). CE scores of one
+# model are strongly correlated across queries (R has one dominant singular value), so R[:, A] is
+# badly conditioned once |A| nears k_q; a small ridge keeps the solution stable. 0 = the papers'
+# plain pseudo-inverse.
+DEFAULT_RIDGE = 1e-2  # chosen on dev rows of the cisi-minilm train split (docs/search.md)
+
+
+@dataclass
+class CurIndex:
+    """Dense CUR index: ``R`` (k_q x N), CE scores of anchor (train) queries against all items.
+
+    ``item_features()`` is the ADACUR feature matrix ``Rᵀ`` (N x k_q). ``anncur_embedding(anchors)``
+    is ANNCUR's ``E = pinv(R[:, anchors]) R``, computed offline in float64 as the ridge solution
+    ``(CᵀC + ridge I)⁻¹ Cᵀ R`` (``C = R[:, anchors]``, default ``ridge`` = ``DEFAULT_RIDGE``), or with
+    ``ridge=0`` as ``np.linalg.pinv(C, rcond) R`` (singular values below ``rcond * s_max`` dropped).
+    """
+
+    R: np.ndarray
+    rows: np.ndarray | None = None  # the score-matrix rows R came from (for bookkeeping)
+    storage: str = "float32"
+    _features: ItemFeatures | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        R = np.asarray(self.R)
+        if R.ndim != 2 or 0 in R.shape:
+            raise ValueError(
+                f"a CUR index needs a non-empty (anchor queries x items) matrix; got shape {R.shape}"
+            )
+        if not np.all(np.isfinite(R)):
+            raise ValueError("the CUR index matrix contains NaN or inf scores")
+        self.R = np.ascontiguousarray(R, np.float32)
+
+    @classmethod
+    def from_matrix(cls, scores, rows, *, test_rows=None, storage: str = "float32") -> CurIndex:
+        """Index from the given rows of a score matrix; refuses rows that are test rows."""
+        scores = np.asarray(scores)
+        rows = np.asarray(rows, np.int64).ravel()
+        if rows.size == 0:
+            raise ValueError("a CUR index needs at least one anchor (train) query row")
+        if rows.min() < 0 or rows.max() >= scores.shape[0]:
+            raise ValueError(f"anchor query rows out of range for {scores.shape[0]} rows")
+        if test_rows is not None:
+            bad = np.intersect1d(rows, np.asarray(test_rows, np.int64))
+            if bad.size:
+                raise ValueError(
+                    f"anchor queries must come from train rows; rows {bad[:5].tolist()} are test rows"
+                )
+        return cls(scores[rows], rows=rows, storage=storage)
+
+    @property
+    def n_items(self) -> int:
+        return self.R.shape[1]
+
+    @property
+    def n_anchor_queries(self) -> int:
+        return self.R.shape[0]
+
+    @property
+    def score_scale(self) -> float:
+        """Typical spread of one query's CE scores (mean over anchor queries of the row std)."""
+        s = float(self.R.std(axis=1).mean())
+        return s if s > 0 else 1.0
+
+    def item_features(self) -> ItemFeatures:
+        if self._features is None:
+            self._features = ItemFeatures(self.R.T, storage=self.storage)
+        return self._features
+
+    def anncur_embedding(self, anchors, *, ridge: float = DEFAULT_RIDGE,
+                         rcond: float = DEFAULT_RCOND) -> np.ndarray:
+        """``E`` (k_i x N) in float64: ``(CᵀC + ridge I)⁻¹ Cᵀ R`` with ``C = R[:, anchors]``
+        when ``ridge > 0`` (computed through the smaller of the two Gram matrices), else
+        ``pinv(C, rcond) R``."""
+        anchors = np.asarray(anchors, np.int64).ravel()
+        if anchors.size == 0:
+            raise ValueError("ANNCUR needs at least one anchor item")
+        R = self.R.astype(np.float64)
+        C = R[:, anchors]  # (k_q, k_i)
+        if ridge > 0:
+            k_q, k_i = C.shape
+            if k_i <= k_q:
+                return np.linalg.solve(C.T @ C + ridge * np.eye(k_i), C.T @ R)
+            return C.T @ np.linalg.solve(C @ C.T + ridge * np.eye(k_q), R)
+        return np.linalg.pinv(C, rcond=rcond) @ R
+
+
+def fit_score_affine(ce_scores, approx_scores) -> tuple[float, float]:
+    """(alpha, beta) with ``ce ≈ alpha * approx + beta`` by least squares (AXN's CE score
+    normalization: fit on train rows, e.g. CE scores against DE inner products)."""
+    x = np.asarray(approx_scores, np.float64).ravel()
+    y = np.asarray(ce_scores, np.float64).ravel()
+    if x.shape != y.shape or x.size < 2:
+        raise ValueError(f"need matching arrays of >= 2 scores; got {x.shape} and {y.shape}")
+    alpha, beta = np.polyfit(x, y, 1)
+    if not np.isfinite(alpha) or abs(alpha) < 1e-12:
+        raise ValueError("CE scores do not depend on the approximate scores (alpha ~ 0)")
+    return float(alpha), float(beta)
+
+
+def _first_spec(first):
+    if isinstance(first, str):
+        if first != "random":
+            raise ValueError(
+                f"first must be 'random' or a retriever object (see crossknn.retrievers); got "
+                f"{first!r} — build named retrievers with crossknn.retrievers.make_retriever"
+            )
+        return first
+    if not hasattr(first, "retrieve"):
+        raise TypeError(f"first must be 'random' or a retriever; got {type(first).__name__}")
+    return first
+
+
+class RoundMethod:
+    """Base of all methods. Subclasses set the plan and the features; the loop is shared."""
+
+    name = "method"
+    strategy = "topk"  # how 'round' steps choose items: topk | softmax | random
+    ridge = 0.0
+    mix = 0.0
+    temperature = 1.0
+    final = "all"  # 'all': rank every scored item; 'retrieved': only the retrieve step (papers)
+
+    def __init__(self, *, first="random", n_items: int | None = None) -> None:
+        self.first = _first_spec(first)
+        self.n_items = n_items
+        self.features: ItemFeatures | None = None
+        self._random_features: ItemFeatures | None = None
+
+    def __repr__(self) -> str:
+        first = self.first if isinstance(self.first, str) else type(self.first).__name__
+        return f"{type(self).__name__}(first={first!r}, n_items={self.n_items})"
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def plan(self, budget: int) -> list[Step]:
+        raise NotImplementedError
+
+    def priors(self, queries: Sequence) -> list[np.ndarray | None]:
+        return [None] * len(queries)
+
+    def transform_targets(self, scores: np.ndarray) -> np.ndarray:
+        return scores
+
+    def query_embedding(self, state) -> np.ndarray:
+        """The query embedding ``u`` for the next step (default: the engine's least squares)."""
+        return state.solve()
+
+    def first_items(self, queries: Sequence, n: int, seeds: Sequence[int]) -> list[np.ndarray]:
+        if isinstance(self.first, str):  # uniform random
+            feats = self.features
+            if feats is None:
+                if self._random_features is None:
+                    self._random_features = ItemFeatures(np.zeros((self.n_items, 1), np.float32))
+                feats = self._random_features
+            return [feats.sample_random(n, seed=s) for s in seeds]
+        top = np.asarray(self.first.retrieve(list(queries), n), np.int64)
+        if top.shape != (len(queries), n):
+            raise ValueError(f"the first-stage retriever returned {top.shape}; expected "
+                             f"({len(queries)}, {n})")
+        return list(top)
+
+    # ---- public ------------------------------------------------------------------------------
+    def search(
+        self, scorer, queries: Sequence, *, budget: int, k: int, seed: int = 0,
+        query_ids: Sequence | None = None,
+    ) -> SearchResult:
+        """Top-k items per query by exact CE score, spending at most ``budget`` CE calls each."""
+        return run_rounds(self, scorer, queries, budget=budget, k=k, seed=seed, query_ids=query_ids)
+
+
+def _n_anchors(split: float, budget: int) -> int:
+    if not 0.0 < split <= 1.0:
+        raise ValueError(f"split (fraction of the budget for anchor items) must be in (0, 1]; "
+                         f"got {split}")
+    return int(min(budget, max(1, round(split * budget))))
+
+
+class RNR(RoundMethod):
+    """Retrieve-and-rerank: the first stage's top-B items, reranked by the CE."""
+
+    name = "rnr"
+
+    def __init__(self, first, *, n_items: int | None = None) -> None:
+        if n_items is None:
+            n_items = getattr(first, "n_items", None)
+        if n_items is None or n_items <= 0:
+            raise ValueError(f"RNR needs a non-empty item set; got n_items={n_items}")
+        super().__init__(first=first, n_items=n_items)
+
+    def plan(self, budget):
+        return [Step("first", budget)]
+
+
+class ANNCUR(RoundMethod):
+    """ANNCUR: ``k_i = split * B`` anchor items scored, then the top ``B - k_i`` approximate items.
+
+    With ``first="random"`` the anchors are fixed for the index (uniform random, ``anchor_seed``)
+    and the approximation uses the precomputed item embedding ``E = pinv(R[:, anchors]) R``
+    (features ``Eᵀ``; the least squares on the anchors then returns exactly the anchors' CE
+    scores, so ``approx = e_q E``). With a retriever as ``first`` the anchors are that query's top
+    retrieved items, and ``E`` is per query, which is the least squares over ``Rᵀ``.
+    """
+
+    name = "anncur"
+
+    def __init__(self, index: CurIndex, *, split: float = 0.5, first="random",
+                 anchor_seed: int = 0, ridge: float = DEFAULT_RIDGE, rcond: float = DEFAULT_RCOND,
+                 final: str = "all") -> None:
+        super().__init__(first=first, n_items=index.n_items)
+        self.index, self.split, self.anchor_seed, self.rcond = index, split, anchor_seed, rcond
+        if ridge < 0:
+            raise ValueError(f"ridge must be >= 0; got {ridge}")
+        self.ridge = float(ridge)
+        self.final = _check_final(final)
+        self._anncur_cache: dict[int, tuple[np.ndarray, ItemFeatures]] = {}
+        _n_anchors(split, 1)
+
+    def anchors(self, n: int) -> tuple[np.ndarray, ItemFeatures]:
+        """The fixed anchor items for ``n`` anchors and the features ``Eᵀ``."""
+        if n not in self._anncur_cache:
+            anchors = np.sort(self.index.item_features().sample_random(n, seed=self.anchor_seed))
+            E = self.index.anncur_embedding(anchors, ridge=self.ridge, rcond=self.rcond)
+            self._anncur_cache[n] = (anchors, ItemFeatures(E.T, storage=self.index.storage))
+        return self._anncur_cache[n]
+
+    def plan(self, budget):
+        k_i = _n_anchors(self.split, budget)
+        if isinstance(self.first, str):
+            self._anchors, self.features = self.anchors(k_i)
+        else:
+            self.features = self.index.item_features()
+        steps = [Step("first", k_i)]
+        if budget > k_i:
+            steps.append(Step("retrieve", budget - k_i))
+        return steps
+
+    def first_items(self, queries, n, seeds):
+        if isinstance(self.first, str):
+            return [self._anchors] * len(queries)
+        return super().first_items(queries, n, seeds)
+
+    def query_embedding(self, state) -> np.ndarray:
+        if isinstance(self.first, str):  # fixed anchors: u = e_q (CE scores of the anchors)
+            return state.targets
+        return state.solve()
+
+
+def _check_final(final: str) -> str:
+    if final not in ("all", "retrieved"):
+        raise ValueError(f"final must be 'all' or 'retrieved'; got {final!r}")
+    return final
+
+
+def _check_strategy(strategy: str) -> str:
+    if strategy not in ("topk", "softmax", "random"):
+        raise ValueError(f"strategy must be 'topk', 'softmax' or 'random'; got {strategy!r}")
+    return strategy
+
+
+def _round_plan(n_rounds_budget: int, rounds: int, retrieve: int) -> list[Step]:
+    sizes = split_sizes(n_rounds_budget, min(rounds, n_rounds_budget))
+    steps = [Step("first", sizes[0])] + [Step("round", s) for s in sizes[1:]]
+    if retrieve > 0:
+        steps.append(Step("retrieve", retrieve))
+    return steps
+
+
+class ADACUR(RoundMethod):
+    """ADACUR over a dense CUR index (item features ``Rᵀ``, min-norm least squares).
+
+    ``split=None`` is No-Split (all B calls in ``rounds`` rounds, top-k of the scored items);
+    ``split=f`` spends ``k_i = f * B`` calls in the rounds, then retrieves ``B - k_i`` top
+    approximate items. ``strategy``: topk | softmax | random for rounds 2.. (round 1 is
+    ``first``). SoftMax samples with probabilities ~ exp(approx / T), ``T = temperature *
+    index.score_scale`` (temperature in units of a query's CE score spread).
+    """
+
+    name = "adacur"
+
+    def __init__(self, index: CurIndex, *, rounds: int = 5, split: float | None = None,
+                 strategy: str = "topk", first="random", temperature: float = 1.0,
+                 ridge: float = DEFAULT_RIDGE, final: str = "all") -> None:
+        super().__init__(first=first, n_items=index.n_items)
+        if int(rounds) < 1:
+            raise ValueError(f"rounds must be >= 1; got {rounds}")
+        if split is not None:
+            _n_anchors(split, 1)
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0; got {temperature}")
+        self.index, self.rounds, self.split = index, int(rounds), split
+        self.strategy = _check_strategy(strategy)
+        self.temperature = float(temperature) * index.score_scale
+        if ridge < 0:
+            raise ValueError(f"ridge must be >= 0; got {ridge}")
+        self.ridge = float(ridge)
+        self.final = _check_final(final)
+        self.features = index.item_features()
+
+    def plan(self, budget):
+        if self.rounds > budget:
+            raise ValueError(f"rounds={self.rounds} exceeds the budget B={budget}")
+        if self.split is None:
+            return _round_plan(budget, self.rounds, 0)
+        k_i = _n_anchors(self.split, budget)
+        return _round_plan(k_i, self.rounds, budget - k_i)
+
+
+class AXN(RoundMethod):
+    """AXN: rounds over item embeddings ``V`` (N x d), query embedding by least squares.
+
+    ``prior``: the parametric query embedding (e.g. the DE query vector): a callable
+    ``query -> (d,) vector`` or an array indexed by query row; mixed in as
+    ``u = (1 - mix) u_lstsq + mix u_prior``. ``score_affine=(alpha, beta)`` maps CE scores to the
+    scale of ``V``'s inner products before the least squares (``(a - beta) / alpha``), AXN's CE score
+    normalization; fit it on train rows with :func:`fit_score_affine`.
+    """
+
+    name = "axn"
+
+    def __init__(self, V, *, rounds: int = 5, first="random", prior=None, mix: float = 0.0,
+                 ridge: float = 0.0, score_affine: tuple[float, float] | None = None,
+                 storage: str = "float32") -> None:
+        self.features_in = V
+        features = V if isinstance(V, ItemFeatures) else ItemFeatures(V, storage=storage)
+        super().__init__(first=first, n_items=features.n_items)
+        self.features = features
+        if int(rounds) < 1:
+            raise ValueError(f"rounds must be >= 1; got {rounds}")
+        if not 0.0 <= mix <= 1.0:
+            raise ValueError(f"mix (lambda) must be in [0, 1]; got {mix}")
+        if mix > 0 and prior is None:
+            raise ValueError("mix > 0 needs a prior (the DE query embedding)")
+        self.rounds, self.mix, self.ridge = int(rounds), float(mix), float(ridge)
+        self.prior = prior
+        self.score_affine = score_affine
+        if score_affine is not None and abs(score_affine[0]) < 1e-12:
+            raise ValueError(f"score_affine alpha must be non-zero; got {score_affine}")
+
+    def plan(self, budget):
+        if self.rounds > budget:
+            raise ValueError(f"rounds={self.rounds} exceeds the budget B={budget}")
+        return _round_plan(budget, self.rounds, 0)
+
+    def priors(self, queries):
+        if self.prior is None or self.mix == 0:
+            return [None] * len(queries)
+        out = []
+        for q in queries:
+            v = self.prior(q) if callable(self.prior) else np.asarray(self.prior)[int(q)]
+            v = np.asarray(v, np.float64).ravel()
+            if v.shape != (self.features.dim,):
+                raise ValueError(f"prior query vector must have shape ({self.features.dim},); "
+                                 f"got {v.shape}")
+            out.append(v)
+        return out
+
+    def transform_targets(self, scores):
+        if self.score_affine is None:
+            return scores
+        alpha, beta = self.score_affine
+        return (np.asarray(scores, np.float64) - beta) / alpha
+
+
+MethodFactory = Callable[..., RoundMethod]
