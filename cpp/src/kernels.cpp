@@ -1,0 +1,274 @@
+// Score kernels. The core is compiled with -ffp-contract=off, so the generic path does
+// mul-then-add exactly as written; the AVX2 path uses explicit FMAs. One path is chosen per
+// process (CPU features, CROSSKNN_NO_SIMD), never per call.
+#include "kernels.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define CROSSKNN_X86 1
+#endif
+
+namespace crossknn::detail {
+
+uint16_t float_to_half(float f) noexcept {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (ax < 0x38800000u) {  // subnormal half (or zero)
+    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25: rounds to 0
+    const uint32_t e = ax >> 23;
+    const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - e;  // 14 + (113 - e) ... value = m * 2^(e-150); half unit 2^-24
+    // half mantissa = m >> (shift - 0) with rounding; shift in [14, 24]
+    uint32_t h = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u);
+    const uint32_t halfway = 1u << (shift - 1u);
+    if (rem > halfway || (rem == halfway && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = ((ax >> 23) - 112u) << 10 | ((ax >> 13) & 0x3ffu);
+  const uint32_t rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent: fine
+  return static_cast<uint16_t>(sign | h);
+}
+
+float half_to_float(uint16_t h) noexcept {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu;
+  uint32_t m = h & 0x3ffu;
+  uint32_t x;
+  if (e == 0) {
+    if (m == 0) {
+      x = sign;
+    } else {  // subnormal: normalise
+      e = 113;
+      while (!(m & 0x400u)) { m <<= 1; --e; }
+      x = sign | (e << 23) | ((m & 0x3ffu) << 13);
+    }
+  } else if (e == 31) {
+    x = sign | 0x7f800000u | (m << 13);
+  } else {
+    x = sign | ((e + 112u) << 23) | (m << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+namespace {
+
+// ---------------- generic path: 8 lanes emulated, two lane groups, fixed reduction order -----
+template <class Load>
+inline float dot_generic(const Load& load, const float* u, int64_t d) {
+  float acc[16] = {0};
+  int64_t j = 0;
+  for (; j + 16 <= d; j += 16)
+    for (int l = 0; l < 16; ++l) acc[l] = acc[l] + load(j + l) * u[j + l];
+  float s = 0.f;
+  for (int l = 0; l < 16; ++l) s = s + acc[l];
+  for (; j < d; ++j) s = s + load(j) * u[j];
+  return s;
+}
+
+void scores_generic(const Features& f, int64_t r0, int64_t r1, const float* U, int64_t Q,
+                    float* out, int64_t ld) {
+  const int64_t d = f.dim();
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t q = 0; q < Q; ++q) {
+      const float* u = U + q * d;
+      float s;
+      switch (f.storage()) {
+        case Storage::Float32: {
+          const float* v = f.f32() + r * d;
+          s = dot_generic([v](int64_t j) { return v[j]; }, u, d);
+          break;
+        }
+        case Storage::Float16: {
+          const uint16_t* v = f.f16() + r * d;
+          s = dot_generic([v](int64_t j) { return half_to_float(v[j]); }, u, d);
+          break;
+        }
+        default: {
+          const int8_t* v = f.i8() + r * d;
+          s = dot_generic([v](int64_t j) { return static_cast<float>(v[j]); }, u, d) *
+              f.scales()[r];
+        }
+      }
+      out[q * ld + (r - r0)] = s;
+    }
+  }
+}
+
+#ifdef CROSSKNN_X86
+// ---------------- AVX2 path: per query two 8-lane accumulators (even / odd 8-chunks) ----------
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline float scalar_of(float v) { return v; }
+inline float scalar_of(uint16_t v) { return half_to_float(v); }
+inline float scalar_of(int8_t v) { return static_cast<float>(v); }
+
+__attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 a, __m256 b) {
+  __m256 s = _mm256_add_ps(a, b);
+  __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+  __m128 x = _mm_add_ps(lo, hi);                 // 4
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));        // 2
+  x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 0x55));  // 1
+  return _mm_cvtss_f32(x);
+}
+
+// NQ queries against one row; identical per-query operation order for every NQ.
+template <int NQ, class T>
+__attribute__((target("avx2,fma,f16c"))) inline void dot_rows(const T* v, const float* const* u,
+                                                               int64_t d, float* s) {
+  __m256 a0[NQ], a1[NQ];
+  for (int q = 0; q < NQ; ++q) a0[q] = a1[q] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= d; j += 16) {
+    const __m256 x0 = load8(v + j), x1 = load8(v + j + 8);
+    for (int q = 0; q < NQ; ++q) {
+      a0[q] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(u[q] + j), a0[q]);
+      a1[q] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(u[q] + j + 8), a1[q]);
+    }
+  }
+  if (j + 8 <= d) {
+    const __m256 x0 = load8(v + j);
+    for (int q = 0; q < NQ; ++q) a0[q] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(u[q] + j), a0[q]);
+    j += 8;
+  }
+  for (int q = 0; q < NQ; ++q) {
+    float t = hsum(a0[q], a1[q]);
+    for (int64_t jj = j; jj < d; ++jj) t = t + scalar_of(v[jj]) * u[q][jj];
+    s[q] = t;
+  }
+}
+
+template <class T>
+__attribute__((target("avx2,fma,f16c"))) void scores_avx2_t(const T* V, const float* scales,
+                                                             int64_t d, int64_t r0, int64_t r1,
+                                                             const float* U, int64_t Q,
+                                                             float* out, int64_t ld) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* v = V + r * d;
+    const float sc = scales ? scales[r] : 1.0f;
+    int64_t q = 0;
+    float s[4];
+    for (; q + 4 <= Q; q += 4) {
+      const float* u[4] = {U + q * d, U + (q + 1) * d, U + (q + 2) * d, U + (q + 3) * d};
+      dot_rows<4>(v, u, d, s);
+      for (int t = 0; t < 4; ++t) out[(q + t) * ld + (r - r0)] = scales ? s[t] * sc : s[t];
+    }
+    for (; q < Q; ++q) {
+      const float* u[1] = {U + q * d};
+      dot_rows<1>(v, u, d, s);
+      out[q * ld + (r - r0)] = scales ? s[0] * sc : s[0];
+    }
+  }
+}
+
+void scores_avx2(const Features& f, int64_t r0, int64_t r1, const float* U, int64_t Q,
+                 float* out, int64_t ld) {
+  switch (f.storage()) {
+    case Storage::Float32:
+      return scores_avx2_t(f.f32(), nullptr, f.dim(), r0, r1, U, Q, out, ld);
+    case Storage::Float16:
+      return scores_avx2_t(f.f16(), nullptr, f.dim(), r0, r1, U, Q, out, ld);
+    default:
+      return scores_avx2_t(f.i8(), f.scales(), f.dim(), r0, r1, U, Q, out, ld);
+  }
+}
+#endif
+
+using ScoreFn = void (*)(const Features&, int64_t, int64_t, const float*, int64_t, float*,
+                         int64_t);
+
+struct Dispatch {
+  ScoreFn fn = scores_generic;
+  const char* name = "generic";
+  Dispatch() {
+    const char* env = std::getenv("CROSSKNN_NO_SIMD");
+    const bool no_simd = env && *env && std::strcmp(env, "0") != 0;
+#ifdef CROSSKNN_X86
+    __builtin_cpu_init();
+    if (!no_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+      fn = scores_avx2;
+      name = "avx2";
+    }
+#else
+    (void)no_simd;
+#endif
+  }
+};
+
+const Dispatch& dispatch() {
+  static const Dispatch d;
+  return d;
+}
+
+}  // namespace
+
+void block_scores(const Features& f, int64_t r0, int64_t r1, const float* U, int64_t Q,
+                  float* out, int64_t ld) {
+  dispatch().fn(f, r0, r1, U, Q, out, ld);
+}
+
+const char* kernel_name() noexcept { return dispatch().name; }
+
+void parallel_for(int threads, int64_t n_tasks, const std::function<void(int, int64_t)>& body) {
+  if (n_tasks <= 0) return;
+  const int T = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n_tasks)));
+  if (T == 1) {
+    for (int64_t t = 0; t < n_tasks; ++t) body(0, t);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&](int w) {
+    try {
+      for (;;) {
+        if (failed.load(std::memory_order_relaxed)) return;
+        const int64_t t = next.fetch_add(1);
+        if (t >= n_tasks) return;
+        body(w, t);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(T - 1);
+  try {
+    for (int w = 1; w < T; ++w) pool.emplace_back(work, w);
+  } catch (...) {
+    // could not start another thread: the ones already running and worker 0 do the work
+  }
+  work(0);
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace crossknn::detail
+
+const char* crossknn::kernel_name() noexcept { return detail::kernel_name(); }

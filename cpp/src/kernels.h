@@ -1,0 +1,45 @@
+#pragma once
+// Internal: score kernels (V rows x queries) with one SIMD path chosen at run time, and a tiny
+// thread pool helper. Every query's score is computed with the same operation order whatever
+// the block, thread or batch it lands in, so results never depend on the thread count.
+#include <cstdint>
+#include <exception>
+#include <functional>
+
+#include "crossknn/engine.h"
+
+namespace crossknn::detail {
+
+// out[q * ld + (r - r0)] = dot(V[r], U[q]) (times the row scale for int8), r in [r0, r1).
+void block_scores(const Features& f, int64_t r0, int64_t r1, const float* U, int64_t Q,
+                  float* out, int64_t ld);
+
+// Name of the kernel set in use ("avx2" or "generic"); CROSSKNN_NO_SIMD=1 forces "generic".
+const char* kernel_name() noexcept;
+
+// float <-> IEEE half (round to nearest even)
+uint16_t float_to_half(float f) noexcept;
+float half_to_float(uint16_t h) noexcept;
+
+// Runs body(worker, task) for task in [0, n_tasks) on up to `threads` threads (the caller is
+// worker 0); tasks are handed out dynamically. The first exception thrown stops the hand-out and
+// is rethrown after all threads joined.
+void parallel_for(int threads, int64_t n_tasks, const std::function<void(int, int64_t)>& body);
+
+inline uint64_t mix64(uint64_t z) noexcept {  // splitmix64 finaliser
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+// counter-based stream key of (seed, query row)
+inline uint64_t stream_key(uint64_t seed, uint64_t q) noexcept {
+  return mix64(mix64(seed) ^ (q * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL));
+}
+// uniform double in (0, 1) for (stream, counter)
+inline double uniform01(uint64_t key, uint64_t i) noexcept {
+  uint64_t h = mix64(key ^ mix64(i));
+  return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+}  // namespace crossknn::detail

@@ -1,0 +1,255 @@
+// Incremental least squares for one query's scored set A (see engine.h for the math).
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "crossknn/engine.h"
+
+namespace crossknn {
+
+namespace {
+
+inline double dot(const double* a, const double* b, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    s0 += a[j] * b[j];
+    s1 += a[j + 1] * b[j + 1];
+    s2 += a[j + 2] * b[j + 2];
+    s3 += a[j + 3] * b[j + 3];
+  }
+  for (; j < n; ++j) s0 += a[j] * b[j];
+  return (s0 + s1) + (s2 + s3);
+}
+
+inline void axpy(double alpha, const double* x, double* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] += alpha * x[j];
+}
+
+}  // namespace
+
+LeastSquares::LeastSquares(const Features& features, double ridge, int refine, double jitter_rel)
+    : f_(&features), d_(features.dim()), ridge_(ridge), jitter_rel_(jitter_rel), refine_(refine) {
+  if (!(ridge >= 0.0) || !std::isfinite(ridge))
+    throw std::invalid_argument("ridge must be a finite number >= 0; got " + std::to_string(ridge));
+  if (refine < 0 || refine > 100)
+    throw std::invalid_argument("refine must be in [0, 100]; got " + std::to_string(refine));
+  if (!(jitter_rel > 0.0) || !(jitter_rel < 1.0))
+    throw std::invalid_argument("jitter_rel must be in (0, 1); got " + std::to_string(jitter_rel));
+  if (ridge_ > 0) delta_ = ridge_;
+}
+
+std::vector<int64_t> LeastSquares::items() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return items_;
+}
+
+std::vector<double> LeastSquares::targets() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return a_;
+}
+
+void LeastSquares::append(const int64_t* items, const double* targets, int64_t m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (m < 0) throw std::invalid_argument("number of rows must be >= 0");
+  if (m == 0) return;
+  const int64_t n = f_->n_items();
+  std::unordered_set<int64_t> fresh;
+  for (int64_t t = 0; t < m; ++t) {
+    const int64_t i = items[t];
+    if (i < 0 || i >= n)
+      throw std::out_of_range("item id " + std::to_string(i) + " is outside [0, " +
+                              std::to_string(n) + ")");
+    if (seen_.count(i) || !fresh.insert(i).second)
+      throw std::invalid_argument("item " + std::to_string(i) +
+                                  " was appended twice (each item is scored once per query)");
+    if (!std::isfinite(targets[t]))
+      throw std::invalid_argument("targets contain NaN or inf (position " + std::to_string(t) +
+                                  ")");
+  }
+  const int64_t m0 = m_;
+  X_.resize(static_cast<size_t>((m0 + m) * d_));
+  f_->rows(items, m, X_.data() + m0 * d_);
+  items_.insert(items_.end(), items, items + m);
+  a_.insert(a_.end(), targets, targets + m);
+  seen_.insert(fresh.begin(), fresh.end());
+  m_ = m0 + m;
+
+  bool rebuild = false;
+  if (ridge_ == 0.0) {
+    double mx = 0.0;
+    for (int64_t t = m0; t < m_; ++t) {
+      const double* x = X_.data() + t * d_;
+      mx = std::max(mx, dot(x, x, d_));
+    }
+    // delta follows the scale of the rows; a jump of more than 100x refactors with the new one
+    if (mx > 0.0 && (scale_ == 0.0 || mx > 100.0 * scale_)) {
+      scale_ = mx;
+      delta_ = jitter_rel_ * scale_;
+      rebuild = m0 > 0;
+    }
+    if (scale_ == 0.0) delta_ = 1.0;  // only zero rows so far: u = 0 whatever delta is
+  }
+  if (rebuild || (!primal_ && m_ >= d_)) {
+    refactor_();
+  } else if (!primal_) {
+    extend_dual_(m0);
+  } else {
+    extend_primal_(m0);
+  }
+}
+
+void LeastSquares::refactor_() {
+  if (m_ < d_) {
+    primal_ = false;
+    R_.clear();
+    extend_dual_(0);
+    return;
+  }
+  primal_ = true;
+  L_.clear();
+  L_.shrink_to_fit();
+  cap_ = 0;
+  // G = X^T X + delta I (upper triangle), then right-looking Cholesky G = R^T R in place
+  const int64_t d = d_;
+  R_.assign(static_cast<size_t>(d * d), 0.0);
+  for (int64_t t = 0; t < m_; ++t) {
+    const double* x = X_.data() + t * d;
+    for (int64_t i = 0; i < d; ++i)
+      if (x[i] != 0.0) axpy(x[i], x + i, R_.data() + i * d + i, d - i);
+  }
+  for (int64_t i = 0; i < d; ++i) R_[i * d + i] += delta_;
+  for (int64_t k = 0; k < d; ++k) {
+    double* rk = R_.data() + k * d;
+    const double p = std::max(rk[k], delta_);  // >= delta in exact arithmetic
+    const double r = std::sqrt(p);
+    rk[k] = r;
+    for (int64_t j = k + 1; j < d; ++j) rk[j] /= r;
+    for (int64_t i = k + 1; i < d; ++i)
+      if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
+  }
+  for (int64_t i = 1; i < d; ++i)
+    std::fill(R_.begin() + i * d, R_.begin() + i * d + i, 0.0);
+}
+
+void LeastSquares::extend_dual_(int64_t m0) {
+  if (m_ > cap_) {
+    int64_t cap = std::max<int64_t>(16, cap_);
+    while (cap < m_) cap *= 2;
+    cap = std::min(cap, std::max<int64_t>(d_, m_));
+    std::vector<double> L(static_cast<size_t>(cap * cap), 0.0);
+    for (int64_t i = 0; i < m0; ++i)
+      std::copy(L_.begin() + i * cap_, L_.begin() + i * cap_ + i + 1, L.begin() + i * cap);
+    L_.swap(L);
+    cap_ = cap;
+  }
+  // rows i >= m0 of L with L L^T = X X^T + delta I: l_i = L[:i,:i]^-1 (X[:i] x_i)
+  for (int64_t i = m0; i < m_; ++i) {
+    const double* xi = X_.data() + i * d_;
+    double* li = L_.data() + i * cap_;
+    for (int64_t j = 0; j < i; ++j) li[j] = dot(X_.data() + j * d_, xi, d_);
+    for (int64_t j = 0; j < i; ++j) {
+      const double* lj = L_.data() + j * cap_;
+      li[j] = (li[j] - dot(lj, li, j)) / lj[j];
+    }
+    const double p = dot(xi, xi, d_) + delta_ - dot(li, li, i);
+    li[i] = std::sqrt(std::max(p, delta_));  // Schur complement >= delta in exact arithmetic
+  }
+}
+
+void LeastSquares::extend_primal_(int64_t m0) {
+  // rank-1 updates R^T R + x x^T for each new row (Givens-style, as LINPACK dchud)
+  const int64_t d = d_;
+  std::vector<double> x(static_cast<size_t>(d));
+  for (int64_t t = m0; t < m_; ++t) {
+    std::copy(X_.begin() + t * d, X_.begin() + (t + 1) * d, x.begin());
+    for (int64_t k = 0; k < d; ++k) {
+      if (x[k] == 0.0) continue;
+      double* rk = R_.data() + k * d;
+      const double r = std::hypot(rk[k], x[k]);
+      const double c = r / rk[k], s = x[k] / rk[k];
+      rk[k] = r;
+      const double ic = 1.0 / c;
+      for (int64_t j = k + 1; j < d; ++j) {
+        const double rj = (rk[j] + s * x[j]) * ic;
+        rk[j] = rj;
+        x[j] = c * x[j] - s * rj;
+      }
+    }
+  }
+}
+
+void LeastSquares::apply_inv_(double* v) const {
+  if (primal_) {  // R^T y = v, then R z = y
+    const int64_t d = d_;
+    for (int64_t i = 0; i < d; ++i) {
+      v[i] /= R_[i * d + i];
+      const double vi = v[i];
+      if (vi != 0.0) axpy(-vi, R_.data() + i * d + i + 1, v + i + 1, d - i - 1);
+    }
+    for (int64_t i = d - 1; i >= 0; --i) {
+      const double* ri = R_.data() + i * d;
+      v[i] = (v[i] - dot(ri + i + 1, v + i + 1, d - i - 1)) / ri[i];
+    }
+  } else {  // L y = v, then L^T z = y
+    const int64_t m = m_;
+    for (int64_t i = 0; i < m; ++i) {
+      const double* li = L_.data() + i * cap_;
+      v[i] = (v[i] - dot(li, v, i)) / li[i];
+    }
+    for (int64_t i = m - 1; i >= 0; --i) {
+      const double* li = L_.data() + i * cap_;
+      v[i] /= li[i];
+      const double vi = v[i];
+      if (vi != 0.0) axpy(-vi, li, v, i);
+    }
+  }
+}
+
+void LeastSquares::solve(double* u) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t d = d_, m = m_;
+  std::fill(u, u + d, 0.0);
+  if (m > 0) {
+    std::vector<double> r(a_), w(static_cast<size_t>(primal_ ? d : m));
+    const int steps = ridge_ > 0.0 ? 1 : 1 + refine_;
+    for (int step = 0; step < steps; ++step) {
+      if (step > 0)  // residual r = a - X u
+        for (int64_t t = 0; t < m; ++t) r[t] = a_[t] - dot(X_.data() + t * d, u, d);
+      if (primal_) {  // du = (X^T X + delta I)^-1 X^T r
+        std::fill(w.begin(), w.end(), 0.0);
+        for (int64_t t = 0; t < m; ++t) axpy(r[t], X_.data() + t * d, w.data(), d);
+        apply_inv_(w.data());
+        for (int64_t j = 0; j < d; ++j) u[j] += w[j];
+      } else {  // du = X^T (X X^T + delta I)^-1 r
+        std::copy(r.begin(), r.end(), w.begin());
+        apply_inv_(w.data());
+        for (int64_t t = 0; t < m; ++t) axpy(w[t], X_.data() + t * d, u, d);
+      }
+    }
+  }
+  if (!prior_.empty())
+    for (int64_t j = 0; j < d; ++j) u[j] = (1.0 - mix_) * u[j] + mix_ * prior_[j];
+}
+
+void LeastSquares::set_prior(const double* prior, double mix) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!prior) {
+    prior_.clear();
+    mix_ = 0.0;
+    return;
+  }
+  if (!(mix >= 0.0 && mix <= 1.0))
+    throw std::invalid_argument("mix must be in [0, 1]; got " + std::to_string(mix));
+  for (int64_t j = 0; j < d_; ++j)
+    if (!std::isfinite(prior[j]))
+      throw std::invalid_argument("prior contains NaN or inf (position " + std::to_string(j) +
+                                  ")");
+  prior_.assign(prior, prior + d_);
+  mix_ = mix;
+}
+
+void LeastSquares::clear_prior() { set_prior(nullptr, 0.0); }
+
+}  // namespace crossknn
