@@ -38,7 +38,9 @@ __all__ = [
     "evaluate",
     "format_table",
     "plot_curves",
+    "synthetic_matrix",
     "write_json",
+    "write_synthetic_matrix",
 ]
 
 #: method names of ``crossknn eval`` -> (uses rounds, has a split chosen on dev)
@@ -299,3 +301,52 @@ def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def synthetic_matrix(n_queries: int, n_items: int, *, rank: int = 16, noise: float = 0.3,
+                     skew: float = 1.0, de_dim: int = 32, de_noise: float = 0.5,
+                     seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A synthetic CE score matrix: low rank plus skewed noise, and noisy DE vectors.
+
+    ``scores = Q Iᵀ / sqrt(rank) + noise * (lognormal(0, skew) - its mean)`` per entry: a low-rank
+    part like [EMB]-style CEs and a right-skewed residual (larger ``noise``/``skew`` is more
+    [CLS]-like, harder to factorize). DE vectors are the low-rank factors seen through a random
+    projection plus noise, L2-normalized. Returns (scores float32 (nq, ni), de_queries, de_items).
+    """
+    if n_queries < 1 or n_items < 1 or rank < 1:
+        raise ValueError("n_queries, n_items and rank must be >= 1")
+    rng = np.random.default_rng(seed)
+    Q = rng.standard_normal((n_queries, rank))
+    I = rng.standard_normal((n_items, rank))
+    S = (Q @ I.T) / np.sqrt(rank)
+    if noise > 0:
+        z = rng.lognormal(0.0, skew, size=S.shape) if skew > 0 else rng.standard_normal(S.shape)
+        S += noise * (z - z.mean())
+    P = rng.standard_normal((rank, de_dim)) / np.sqrt(rank)
+
+    def de(X):
+        Y = X @ P + de_noise * rng.standard_normal((X.shape[0], de_dim))
+        return (Y / np.linalg.norm(Y, axis=1, keepdims=True)).astype(np.float32)
+
+    return S.astype(np.float32), de(Q), de(I)
+
+
+def write_synthetic_matrix(folder: str | Path, n_queries: int, n_items: int, *,
+                           n_train: int | None = None, seed: int = 0, **kw) -> Path:
+    """Writes a synthetic score-matrix folder (BENCHMARKS.md format; no texts)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    S, dq, di = synthetic_matrix(n_queries, n_items, seed=seed, **kw)
+    n_train = n_queries // 2 if n_train is None else n_train
+    perm = np.random.default_rng(seed + 1).permutation(n_queries)
+    np.save(folder / "scores.npy", S)
+    np.save(folder / "de_queries.npy", dq)
+    np.save(folder / "de_items.npy", di)
+    (folder / "query_ids.json").write_text(json.dumps([f"q{i}" for i in range(n_queries)]))
+    (folder / "item_ids.json").write_text(json.dumps([f"d{i}" for i in range(n_items)]))
+    (folder / "splits.json").write_text(json.dumps(
+        {"train": sorted(perm[:n_train].tolist()), "test": sorted(perm[n_train:].tolist())}))
+    (folder / "meta.json").write_text(json.dumps(
+        {"dataset": None, "synthetic": True, "n_queries": n_queries, "n_items": n_items,
+         "seed": seed, **{k: v for k, v in kw.items() if np.isscalar(v)}}))
+    return folder

@@ -1,0 +1,271 @@
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ref_search as ref
+from crossknn.eval import synthetic_matrix
+from crossknn.retrievers import DenseRetriever
+from crossknn.scorers import MatrixScorer
+from crossknn.search import (
+    ADACUR,
+    ANNCUR,
+    AXN,
+    RNR,
+    CurIndex,
+    fit_score_affine,
+    query_seed,
+    split_sizes,
+)
+
+N_Q, N_I = 36, 150
+S, DQ, DI = synthetic_matrix(N_Q, N_I, rank=8, noise=0.2, de_dim=12, seed=3)
+TRAIN = np.arange(0, 24)
+TEST = np.arange(24, N_Q)
+INDEX = CurIndex.from_matrix(S, TRAIN, test_rows=TEST)
+DE = DenseRetriever(DI, query_vectors=DQ)
+
+
+class Recording:
+    """Scorer that records every (query, item) pair sent to it and counts batch calls."""
+
+    def __init__(self, scores):
+        self.inner = MatrixScorer(scores)
+        self.n_items = self.inner.n_items
+        self.pairs: list[tuple[int, int]] = []
+        self.batches = 0
+
+    def score(self, q, items):
+        return self.score_batch([q], [items])[0]
+
+    def score_batch(self, queries, items):
+        self.batches += 1
+        for q, it in zip(queries, items):
+            self.pairs += [(int(q), int(i)) for i in it]
+        return self.inner.score_batch(queries, items)
+
+
+def de_ranked(q):
+    return ref.topk(DI.astype(np.float64) @ DQ[q].astype(np.float64), N_I)
+
+
+def search(method, budget, k, queries=TEST, seed=0):
+    return method.search(MatrixScorer(S), list(queries), budget=budget, k=k, seed=seed)
+
+
+# ---- against the independent numpy references ---------------------------------------------
+
+
+@pytest.mark.parametrize("budget,k", [(10, 1), (40, 10), (150, 20)])
+def test_rnr_matches_reference(budget, k):
+    res = search(RNR(DE), budget, k)
+    for j, q in enumerate(TEST):
+        expect = ref.rnr(S[q], de_ranked(q), budget, k)
+        assert res.indices[j].tolist() == expect.tolist()
+        np.testing.assert_array_equal(res.scores[j], S[q, expect])
+    assert res.ce_calls.tolist() == [budget] * len(TEST)
+
+
+@pytest.mark.parametrize("budget,split", [(20, 0.5), (40, 0.25), (60, 0.6)])
+@pytest.mark.parametrize("final", ["all", "retrieved"])
+def test_anncur_matches_reference(budget, split, final):
+    m = ANNCUR(INDEX, split=split, ridge=1e-2, final=final)
+    res = search(m, budget, 10)
+    k_i = round(split * budget)
+    anchors, _ = m.anchors(k_i)
+    assert anchors.size == k_i and np.unique(anchors).size == k_i
+    for j, q in enumerate(TEST):
+        expect = ref.anncur(S[q], S[TRAIN], anchors, budget, 10, 1e-2, final=final)
+        assert res.indices[j].tolist() == expect.tolist()
+        assert set(anchors.tolist()) <= set(res.scored_items[j].tolist())
+
+
+@pytest.mark.parametrize("rounds", [1, 3, 5])
+@pytest.mark.parametrize("split", [None, 0.4])
+@pytest.mark.parametrize("ridge", [0.0, 1e-2])
+def test_adacur_matches_reference(rounds, split, ridge):
+    budget, k = 30, 10
+    res = search(ADACUR(INDEX, rounds=rounds, split=split, ridge=ridge), budget, k)
+    n_round = budget if split is None else round(split * budget)
+    n0 = ref.sizes(n_round, rounds)[0]
+    for j, q in enumerate(TEST):
+        first = res.scored_items[j][:n0]  # the random first round is the method's; the rest is ref
+        expect = ref.rounds_search(S[q], S[TRAIN].T, first, budget, k, rounds, split=split,
+                                   ridge=ridge)
+        assert res.indices[j].tolist() == expect.tolist()
+
+
+def test_adacur_paper_final_and_de_first_match_reference():
+    budget, k, rounds, split = 40, 10, 4, 0.5
+    m = ADACUR(INDEX, rounds=rounds, split=split, first=DE, final="retrieved")
+    res = search(m, budget, k)
+    n0 = ref.sizes(round(split * budget), rounds)[0]
+    for j, q in enumerate(TEST):
+        first = de_ranked(q)[:n0]
+        assert res.scored_items[j][:n0].tolist() == first.tolist()
+        expect = ref.rounds_search(S[q], S[TRAIN].T, first, budget, k, rounds, split=split,
+                                   ridge=m.ridge, final="retrieved")
+        assert res.indices[j].tolist() == expect.tolist()
+
+
+@pytest.mark.parametrize("mix", [0.0, 0.5])
+def test_axn_matches_reference(mix):
+    budget, k, rounds = 36, 10, 4
+    affine = fit_score_affine(S[TRAIN], DQ[TRAIN] @ DI.T)
+    m = AXN(DI, rounds=rounds, first=DE, prior=DQ, mix=mix, score_affine=affine)
+    res = search(m, budget, k)
+    for j, q in enumerate(TEST):
+        first = de_ranked(q)[: ref.sizes(budget, rounds)[0]]
+        expect = ref.rounds_search(S[q], DI, first, budget, k, rounds, prior=DQ[q], mix=mix,
+                                   affine=affine)
+        assert res.indices[j].tolist() == expect.tolist()
+
+
+def test_recall_matches_reference_on_average():
+    """Same seeds -> same recall as the reference (the aggregate the eval reports)."""
+    res = search(ADACUR(INDEX, rounds=3), 45, 10)
+    ours, theirs = [], []
+    for j, q in enumerate(TEST):
+        first = res.scored_items[j][:15]
+        expect = ref.rounds_search(S[q], S[TRAIN].T, first, 45, 10, 3, ridge=1e-2)
+        ours.append(ref.recall(S[q], res.indices[j], 10))
+        theirs.append(ref.recall(S[q], expect, 10))
+    assert np.mean(ours) == pytest.approx(np.mean(theirs))
+    assert np.mean(ours) > 0.5  # and the method actually works on a low-rank matrix
+
+
+# ---- budget, no double scoring, determinism, batching --------------------------------------
+
+
+def make(name, rounds):
+    return {
+        "rnr": lambda: RNR(DE),
+        "rnr-random": lambda: RNR("random", n_items=N_I),
+        "anncur": lambda: ANNCUR(INDEX, split=0.3),
+        "anncur-de": lambda: ANNCUR(INDEX, split=0.3, first=DE),
+        "adacur": lambda: ADACUR(INDEX, rounds=rounds),
+        "adacur-split": lambda: ADACUR(INDEX, rounds=rounds, split=0.5),
+        "adacur-softmax": lambda: ADACUR(INDEX, rounds=rounds, strategy="softmax"),
+        "adacur-random": lambda: ADACUR(INDEX, rounds=rounds, strategy="random", final="retrieved"),
+        "axn": lambda: AXN(DI, rounds=rounds, prior=DQ, mix=0.3),
+    }[name]()
+
+
+METHOD_NAMES = ["rnr", "rnr-random", "anncur", "anncur-de", "adacur", "adacur-split",
+                "adacur-softmax", "adacur-random", "axn"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(METHOD_NAMES),
+    budget=st.integers(1, N_I),
+    rounds=st.integers(1, 12),
+    kfrac=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**31),
+)
+def test_budget_never_exceeded_and_no_item_scored_twice(name, budget, rounds, kfrac, seed):
+    rounds = min(rounds, budget)
+    k = max(1, int(kfrac * budget))
+    rec = Recording(S)
+    queries = TEST[:4].tolist()
+    res = make(name, rounds).search(rec, queries, budget=budget, k=k, seed=seed)
+    assert res.ce_calls.max() <= budget
+    assert len(rec.pairs) == len(set(rec.pairs)) == res.ce_calls.sum()
+    assert res.indices.shape == res.scores.shape == (len(queries), k)
+    for j, q in enumerate(queries):
+        got = res.indices[j][res.indices[j] >= 0]
+        assert np.unique(got).size == got.size
+        assert set(got.tolist()) <= {i for qq, i in rec.pairs if qq == q}
+        np.testing.assert_array_equal(res.scores[j][: got.size], S[q, got])
+        assert np.all(np.diff(res.scores[j][: got.size]) <= 0)
+    # one scorer batch per step: all queries of a step go together
+    assert rec.batches == len(make(name, rounds).plan(budget))
+
+
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_recall_is_one_when_budget_covers_all_items(name):
+    res = search(make(name, 5), N_I, 20)
+    for j, q in enumerate(TEST):
+        assert ref.recall(S[q], res.indices[j], 20) == 1.0
+
+
+@pytest.mark.parametrize("name", ["rnr-random", "anncur", "adacur", "adacur-softmax",
+                                  "adacur-random", "axn"])
+def test_deterministic_and_batch_equals_one_at_a_time(name):
+    a = search(make(name, 4), 24, 5, seed=7)
+    b = search(make(name, 4), 24, 5, seed=7)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    for j, q in enumerate(TEST[:5]):
+        single = search(make(name, 4), 24, 5, queries=[q], seed=7)
+        np.testing.assert_array_equal(single.indices[0], a.indices[j])
+        np.testing.assert_array_equal(single.scored_items[0], a.scored_items[j])
+    # reversed batch order: the same per-query results (seeds come from the query ids)
+    rev = search(make(name, 4), 24, 5, queries=TEST[::-1], seed=7)
+    np.testing.assert_array_equal(rev.indices[::-1], a.indices)
+
+
+def test_seed_changes_random_choices():
+    a = search(ADACUR(INDEX, rounds=2), 20, 5, seed=1)
+    b = search(ADACUR(INDEX, rounds=2), 20, 5, seed=2)
+    assert any(x.tolist() != y.tolist() for x, y in zip(a.scored_items, b.scored_items))
+    assert query_seed(0, 5) != query_seed(1, 5) != query_seed(0, 6)
+    assert query_seed(0, "a text") == query_seed(0, "a text")
+
+
+def test_result_unpacks_like_faiss():
+    scores, indices = search(ADACUR(INDEX, rounds=2), 20, 5)
+    assert scores.dtype == np.float32 and indices.dtype == np.int64
+    assert scores.shape == indices.shape == (len(TEST), 5)
+
+
+def test_split_sizes():
+    assert split_sizes(10, 3) == [4, 3, 3]
+    assert split_sizes(5, 5) == [1] * 5
+    with pytest.raises(ValueError, match="rounds > budget"):
+        split_sizes(3, 4)
+
+
+# ---- bad inputs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, err, match",
+    [
+        (lambda: search(ADACUR(INDEX), 10, 11), ValueError, "k=11 exceeds the budget"),
+        (lambda: search(ADACUR(INDEX), N_I + 1, 5), ValueError, "exceeds the number of items"),
+        (lambda: search(ADACUR(INDEX, rounds=8), 6, 2), ValueError, "rounds=8 exceeds the budget"),
+        (lambda: search(AXN(DI, rounds=8), 6, 2), ValueError, "rounds=8 exceeds the budget"),
+        (lambda: search(ADACUR(INDEX), 10, 0), ValueError, "k must be >= 1"),
+        (lambda: CurIndex(np.zeros((0, 10))), ValueError, "non-empty"),
+        (lambda: CurIndex.from_matrix(S, []), ValueError, "at least one anchor"),
+        (lambda: CurIndex.from_matrix(S, [1, 2, 30], test_rows=TEST), ValueError,
+         "must come from train rows; rows \\[30\\] are test rows"),
+        (lambda: CurIndex(np.full((2, 3), np.nan)), ValueError, "NaN"),
+        (lambda: ADACUR(CurIndex(S[:5, :40])).search(MatrixScorer(S), [30], budget=10, k=2),
+         ValueError, "index has 40 items but the scorer has 150"),
+        (lambda: ADACUR(INDEX, strategy="best"), ValueError, "strategy must be"),
+        (lambda: ADACUR(INDEX, split=1.5), ValueError, "split"),
+        (lambda: ANNCUR(INDEX, split=0.0), ValueError, "split"),
+        (lambda: ADACUR(INDEX, rounds=0), ValueError, "rounds must be >= 1"),
+        (lambda: AXN(DI, mix=0.5), ValueError, "needs a prior"),
+        (lambda: AXN(DI, prior=DQ, mix=2.0), ValueError, "mix"),
+        (lambda: ADACUR(INDEX, first="bm25"), ValueError, "make_retriever"),
+        (lambda: RNR("random"), ValueError, "non-empty item set"),
+    ],
+)
+def test_bad_inputs(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+def test_nan_scores_from_scorer_are_rejected():
+    bad = S.copy()
+    bad[TEST[0], :] = np.nan
+    with pytest.raises(ValueError, match="NaN/inf score"):
+        ADACUR(INDEX).search(MatrixScorer(bad), [int(TEST[0])], budget=10, k=2)
+
+
+def test_mismatched_prior_shape():
+    m = AXN(DI, rounds=2, prior=lambda q: np.zeros(3), mix=0.5)
+    with pytest.raises(ValueError, match="prior query vector must have shape"):
+        search(m, 10, 2)
