@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 
 from crossknn.ce.manifest import read_manifest
-from crossknn.ce.tokenize import IdStore, TokenizerPlan, check_texts, longest_first
+from crossknn.ce.tokenize import (
+    IdStore,
+    TokenizerPlan,
+    assemble_pairs,
+    assemble_single,
+    check_texts,
+    longest_first,
+)
 
 __all__ = ["OnnxCrossEncoder", "OnnxDualEncoder", "available_providers"]
 
@@ -333,37 +340,6 @@ class OnnxCrossEncoder(_Base):
                 self._qcache.popitem(last=False)
         return store
 
-    def _assemble(self, A, ia, ta, B, ib, tb) -> dict[str, np.ndarray]:
-        t = self._tpl
-        lengths = ta + tb + t.n_special
-        n, width = len(ia), int(lengths.max())
-        ids = np.full((n, width), self._plan.pad_id, dtype=np.int64)
-        types = np.zeros((n, width), dtype=np.int64)
-        mask = np.zeros((n, width), dtype=np.int64)
-        pool = np.zeros((n, width), dtype=np.int64)
-        p, mid, suf = len(t.prefix), len(t.mid), len(t.suffix)
-        for r in range(n):
-            na, nb = int(ta[r]), int(tb[r])
-            row, trow, prow = ids[r], types[r], pool[r]
-            row[:p] = t.prefix
-            trow[:p] = t.type_prefix
-            s = p
-            row[s : s + na] = A.get(ia[r], na)
-            trow[s : s + na] = t.type_a
-            prow[s : s + na] = 1
-            s += na
-            row[s : s + mid] = t.mid
-            trow[s : s + mid] = t.type_mid
-            s += mid
-            row[s : s + nb] = B.get(ib[r], nb)
-            trow[s : s + nb] = t.type_b
-            prow[s : s + nb] = 2
-            s += nb
-            row[s : s + suf] = t.suffix
-            trow[s : s + suf] = t.type_suffix
-            mask[r, : s + suf] = 1
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "pool_mask": pool}
-
     def _run_pairs(
         self,
         A: IdStore,
@@ -390,7 +366,8 @@ class OnnxCrossEncoder(_Base):
         batches = _batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
         progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
         for idx in _progress(batches, progress, "CE", len(batches)):
-            res = self._s.run(self._assemble(A, ia[idx], ta[idx], B, ib[idx], tb[idx]))
+            feeds = assemble_pairs(self._tpl, self._plan.pad_id, A, ia[idx], ta[idx], B, ib[idx], tb[idx])
+            res = self._s.run(feeds)
             if self._joint:
                 out[idx] = res
             elif self.num_labels == 1:
@@ -588,23 +565,9 @@ class OnnxDualEncoder(_Base):
         n_cut = int(np.count_nonzero(kept < store.lengths))
         if n_cut:
             self._warn_truncated(n_cut)
-        t = self._tpl
-        p, suf = len(t.prefix), len(t.suffix)
-        lengths = kept + t.n_special
+        lengths = kept + self._tpl.n_special
         batches = _batches(lengths, bs, self.max_batch_tokens)
         for idx in _progress(batches, progress, "encode", len(batches)):
-            width = int(lengths[idx].max())
-            ids = np.full((len(idx), width), self._plan.pad_id, dtype=np.int64)
-            types = np.zeros_like(ids)
-            mask = np.zeros_like(ids)
-            for r, i in enumerate(idx):
-                na = int(kept[i])
-                ids[r, :p] = t.prefix
-                types[r, :p] = t.type_prefix
-                ids[r, p : p + na] = store.get(i, na)
-                types[r, p : p + na] = t.type_a
-                ids[r, p + na : p + na + suf] = t.suffix
-                types[r, p + na : p + na + suf] = t.type_suffix
-                mask[r, : p + na + suf] = 1
-            out[idx] = self._s.run({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+            feeds = assemble_single(self._tpl, self._plan.pad_id, store, idx, kept[idx])
+            out[idx] = self._s.run(feeds)
         return out

