@@ -27,7 +27,7 @@ import numpy as np
 from crossknn.jobs import atomic_save_npy, atomic_write_bytes
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Index", "IndexFormatError", "ModelMismatchError",
-           "model_identity", "save_index", "load_index"]
+           "model_identity", "matrix_identity", "save_index", "load_index"]
 
 FORMAT = "crossknn-index"
 FORMAT_VERSION = 1
@@ -198,3 +198,35 @@ def load_index(path: str | os.PathLike, *, kind: str | None = None, ce: Any = No
                 ce_calls=int(doc["ce_calls"]), info=doc["info"], path=path)
     idx.check_models(ce=ce, de=de)
     return idx
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def matrix_identity(matrix_dir: str | os.PathLike) -> tuple[dict, dict | None]:
+    """(CE identity, DE identity) of a score-matrix folder, for indexes built from it.
+
+    A matrix written by ``crossknn score-matrix`` records the real models (``meta.json`` keys
+    ``ce`` and ``de_model``); for other matrices (e.g. ``shared/matrices/cisi-minilm``) the CE is
+    the matrix itself: ``model_id`` is meta's ``model`` and ``model_hash`` the sha256 of
+    ``scores.npy`` (resp. ``de_items.npy`` for the DE).
+    """
+    d = Path(matrix_dir)
+    meta_path = d / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    ce = meta.get("ce")
+    if not (isinstance(ce, dict) and ce.get("model_hash")):
+        ce = {"model_id": str(meta.get("model", d.name)),
+              "model_hash": "scores.npy:" + _file_sha256(d / "scores.npy")}
+    de = meta.get("de_model")
+    if not (isinstance(de, dict) and de.get("model_hash")):
+        de = None
+        if (d / "de_items.npy").is_file():
+            de = {"model_id": str(meta.get("de", "de")),
+                  "model_hash": "de_items.npy:" + _file_sha256(d / "de_items.npy")}
+    return ce, de
