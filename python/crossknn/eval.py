@@ -3,8 +3,8 @@
 Top-k-Recall@B (``shared/BENCHMARKS.md``): for a test row, the fraction of the exact top-k items
 (by ``scores.npy``) found in the final top-k returned after at most B CE calls; the mean over the
 test rows is reported. Anchor/train rows are the ``train`` rows of ``splits.json``; only ``test``
-rows are searched. Free parameters (the ANNCUR/ADACUR anchor/retrieve split) are chosen per
-(B, k) on a dev part of the train rows (``crossknn.search.tuning``).
+rows are searched. Free parameters (the ANNCUR/ADACUR anchor/retrieve split, the SoftMax
+temperature) are chosen per (B, k) on a dev part of the train rows (``crossknn.search.tuning``).
 """
 
 from __future__ import annotations
@@ -43,18 +43,21 @@ __all__ = [
     "write_synthetic_matrix",
 ]
 
-#: method names of ``crossknn eval`` -> (uses rounds, has a split chosen on dev)
-METHODS: dict[str, tuple[bool, bool]] = {
-    "rnr": (False, False),
-    "anncur": (False, True),
-    "adacur": (True, False),
-    "adacur-split": (True, True),
-    "adacur-softmax": (True, False),
-    "adacur-random": (True, False),
-    "axn": (True, False),
+#: method names of ``crossknn eval`` -> (uses rounds, parameter chosen on dev rows or None)
+METHODS: dict[str, tuple[bool, str | None]] = {
+    "rnr": (False, None),
+    "anncur": (False, "split"),
+    "adacur": (True, None),
+    "adacur-split": (True, "split"),
+    "adacur-softmax": (True, "temperature"),
+    "adacur-random": (True, None),
+    "axn": (True, None),
 }
 FIRSTS = ("random", "de", "tfidf", "bm25")
 SPLIT_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+# SoftMax temperatures, in units of a query's CE score spread (CurIndex.score_scale)
+TEMPERATURE_GRID = (1.0, 0.3, 0.1, 0.03)
+GRIDS = {"split": SPLIT_GRID, "temperature": TEMPERATURE_GRID}
 DEFAULT_AXN_MIX = 0.5  # chosen on the train rows of cisi-minilm (docs/search.md)
 
 
@@ -68,7 +71,7 @@ class EvalConfig:
     seed: int = 0
     split: float | None = None  # None: choose on dev per (B, k); else fixed fraction
     final: str = "all"  # 'retrieved' reproduces the papers' split variants
-    temperature: float = 1.0
+    temperature: float | None = None  # None: choose on dev per (B, k)
     ridge: float | None = None  # None: the methods' defaults
     mix: float = DEFAULT_AXN_MIX
     axn_normalize: bool = True
@@ -115,7 +118,7 @@ class _Context:
             self._indexes[key] = CurIndex.from_matrix(self.m.scores, rows, test_rows=self.m.test)
         return self._indexes[key]
 
-    def make(self, name: str, *, first: str, rounds: int, split, rows):
+    def make(self, name: str, *, first: str, rounds: int, rows, split=0.5, temperature=1.0):
         cfg = self.cfg
         ridge = {} if cfg.ridge is None else {"ridge": cfg.ridge}
         f = self.first(first)
@@ -128,7 +131,7 @@ class _Context:
             strategy = {"adacur-softmax": "softmax", "adacur-random": "random"}.get(name, "topk")
             return ADACUR(self.index(rows), rounds=rounds, first=f, strategy=strategy,
                           split=split if name == "adacur-split" else None,
-                          temperature=cfg.temperature, final=cfg.final, **ridge)
+                          temperature=temperature, final=cfg.final, **ridge)
         if name == "axn":
             V = self.m.de_items if cfg.item_vectors is None else cfg.item_vectors
             if V is None:
@@ -189,21 +192,22 @@ def evaluate(matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *, progress: boo
         ks = sorted(k for k in cfg.ks if k <= budget)
         if not ks:
             continue
-        has_split = METHODS[name][1]
+        param = METHODS[name][1]
+        fixed = {"split": cfg.split, "temperature": cfg.temperature}.get(param)
         groups: list[tuple[list[int], object, dict | None]] = []
-        if has_split and cfg.split is None:  # choose the split per k on dev rows
+        if param is not None and fixed is None:  # choose the parameter per k on dev rows
             for k in ks:
                 best, table = choose_on_dev(
-                    lambda v, idx_rows, name=name, first=first, rounds=rounds: ctx.make(
-                        name, first=first, rounds=rounds, split=v, rows=idx_rows),
-                    SPLIT_GRID, m.scores, m.train, budget=budget, k=k, seed=cfg.seed,
+                    lambda v, idx_rows, name=name, first=first, rounds=rounds, param=param:
+                        ctx.make(name, first=first, rounds=rounds, rows=idx_rows, **{param: v}),
+                    GRIDS[param], m.scores, m.train, budget=budget, k=k, seed=cfg.seed,
                     dev_fraction=cfg.dev_fraction)
                 groups.append(([k], best, table))
         else:
-            groups.append((ks, cfg.split if has_split else None, None))
-        for group_ks, split, table in groups:
-            method = ctx.make(name, first=first, rounds=rounds,
-                              split=split if split is not None else 0.5, rows=m.train)
+            groups.append((ks, fixed, None))
+        for group_ks, value, table in groups:
+            kw = {param: value} if param is not None else {}
+            method = ctx.make(name, first=first, rounds=rounds, rows=m.train, **kw)
             t0 = time.perf_counter()
             res = method.search(ctx.scorer, test, budget=budget, k=max(group_ks), seed=cfg.seed)
             secs = time.perf_counter() - t0
@@ -218,8 +222,8 @@ def evaluate(matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *, progress: boo
                     "n_test": len(test), "ce_calls_max": calls_max,
                     "seconds": round(secs, 3),
                 }
-                if has_split:
-                    row["split"] = split if split is not None else 0.5
+                if param is not None:
+                    row[param] = value
                     if table is not None:
                         row["dev_recall"] = {str(v): round(r, 4) for v, r in table.items()}
                 rows.append(row)

@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "dev train rows per B and k)")
     p.add_argument("--paper", action="store_true",
                    help="papers' final ranking: split methods rerank only the retrieved items")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="adacur-softmax temperature in units of a query's CE score spread")
+    p.add_argument("--temperature", type=float,
+                   help="fixed adacur-softmax temperature in units of a query's CE score spread "
+                        "(default: chosen on dev train rows per B and k)")
     p.add_argument("--ridge", type=float, help="least-squares ridge (default: method default)")
     p.add_argument("--mix", type=float, default=DEFAULT_AXN_MIX,
                    help=f"AXN lambda: weight of the DE query vector (default {DEFAULT_AXN_MIX})")
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         "matrix": str(args.matrix), "dataset": m.meta.get("dataset"),
         "n_items": m.n_items, "n_train": int(m.train.size), "n_test": int(m.test.size),
         "seed": args.seed, "split": "dev" if args.split is None else args.split,
-        "final": cfg.final, "temperature": args.temperature, "mix": args.mix,
+        "final": cfg.final, "temperature": "dev" if args.temperature is None else args.temperature, "mix": args.mix,
     }
     write_json(rows, args.json, meta=meta)
     print(f"wrote {args.json}")
