@@ -155,7 +155,7 @@ METHOD_NAMES = ["rnr", "rnr-random", "anncur", "anncur-de", "adacur", "adacur-sp
                 "adacur-softmax", "adacur-random", "axn"]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(METHOD_NAMES),
     budget=st.integers(1, N_I),

@@ -278,9 +278,15 @@ def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None)
     if not ks:
         raise ValueError("no rows to plot")
     labels = list(dict.fromkeys(_label(r) for r in rows))
-    fig, axes = plt.subplots(1, len(ks), figsize=(3.6 * len(ks), 3.4), squeeze=False)
+    ncols = len(ks) if len(ks) <= 3 else 2
+    nrows = -(-len(ks) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows + 0.8),
+                             squeeze=False)
+    flat = axes.ravel()
+    for ax in flat[len(ks):]:
+        ax.set_visible(False)
     markers = "osD^v<>p*hX"
-    for ax, k in zip(axes[0], ks):
+    for ax, k in zip(flat, ks):
         for n, lab in enumerate(labels):
             pts = sorted((r["budget"], r["recall"]) for r in rows if r["k"] == k and _label(r) == lab)
             if pts:
@@ -295,13 +301,15 @@ def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None)
         ax.minorticks_off()
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("recall")
-    handles, labs = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labs, loc="lower center", ncol=min(len(labs), 4), fontsize=8,
-               frameon=False, bbox_to_anchor=(0.5, -0.02))
+    for row in axes:
+        row[0].set_ylabel("recall")
+    handles, labs = flat[0].get_legend_handles_labels()
+    legend_rows = -(-len(labs) // 3)
+    fig.legend(handles, labs, loc="lower center", ncol=min(len(labs), 3), fontsize=8,
+               frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.08 + 0.04 * ((len(labs) - 1) // 4), 1, 1))
+    fig.tight_layout(rect=(0, 0.035 * legend_rows / nrows + 0.02, 1, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     plt.close(fig)
