@@ -39,6 +39,8 @@ RUNS = {
     "eval_cisi_de": methods("anncur", "adacur", "adacur-split", "axn") + ["--first", "de"],
     # the papers' final ranking (split methods rerank only the retrieved items)
     "eval_cisi_paper": methods("anncur", "adacur-split") + ["--paper"],
+    # the papers as published: plain pseudo-inverse (no ridge) and their final ranking
+    "eval_cisi_pinv": methods("anncur", "adacur", "adacur-split") + ["--ridge", "0", "--paper"],
     # SoftMax at fixed temperatures (in units of a query's CE score spread) instead of dev-chosen
     "eval_cisi_softmax_t1": methods("adacur-softmax") + ["--temperature", "1"],
     "eval_cisi_softmax_t0.1": methods("adacur-softmax") + ["--temperature", "0.1"],
