@@ -134,27 +134,36 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 a, __m256 b) {
   return _mm_cvtss_f32(x);
 }
 
-// NQ queries against one row; identical per-query operation order for every NQ.
+// One row against NQ queries; per (row, query) four 8-lane accumulators (8-chunk c goes to
+// accumulator c mod 4), so the operation order of one score is the same for every NQ: batch and
+// single-query calls agree bit for bit. Four chains per query hide the FMA latency (int8 and
+// float16 are compute-bound, float32 memory-bound).
 template <int NQ, class T>
-__attribute__((target("avx2,fma,f16c"))) inline void dot_rows(const T* v, const float* const* u,
+__attribute__((target("avx2,fma,f16c"))) inline void dot_tile(const T* v, const float* const* u,
                                                                int64_t d, float* s) {
-  __m256 a0[NQ], a1[NQ];
-  for (int q = 0; q < NQ; ++q) a0[q] = a1[q] = _mm256_setzero_ps();
+  __m256 acc[NQ][4];
+  _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {
+    acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = _mm256_setzero_ps();
+  }
   int64_t j = 0;
-  for (; j + 16 <= d; j += 16) {
-    const __m256 x0 = load8(v + j), x1 = load8(v + j + 8);
-    for (int q = 0; q < NQ; ++q) {
-      a0[q] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(u[q] + j), a0[q]);
-      a1[q] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(u[q] + j + 8), a1[q]);
+  for (; j + 32 <= d; j += 32) {
+    const __m256 x0 = load8(v + j), x1 = load8(v + j + 8), x2 = load8(v + j + 16),
+                 x3 = load8(v + j + 24);
+    _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {
+      acc[q][0] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(u[q] + j), acc[q][0]);
+      acc[q][1] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(u[q] + j + 8), acc[q][1]);
+      acc[q][2] = _mm256_fmadd_ps(x2, _mm256_loadu_ps(u[q] + j + 16), acc[q][2]);
+      acc[q][3] = _mm256_fmadd_ps(x3, _mm256_loadu_ps(u[q] + j + 24), acc[q][3]);
     }
   }
-  if (j + 8 <= d) {
-    const __m256 x0 = load8(v + j);
-    for (int q = 0; q < NQ; ++q) a0[q] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(u[q] + j), a0[q]);
-    j += 8;
+  for (int c = 0; j + 8 <= d; j += 8, ++c) {
+    const __m256 x = load8(v + j);
+    _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {
+      acc[q][c] = _mm256_fmadd_ps(x, _mm256_loadu_ps(u[q] + j), acc[q][c]);
+    }
   }
-  for (int q = 0; q < NQ; ++q) {
-    float t = hsum(a0[q], a1[q]);
+  _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {
+    float t = hsum(_mm256_add_ps(acc[q][0], acc[q][1]), _mm256_add_ps(acc[q][2], acc[q][3]));
     for (int64_t jj = j; jj < d; ++jj) t = t + scalar_of(v[jj]) * u[q][jj];
     s[q] = t;
   }
@@ -165,19 +174,21 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_t(const T* V, const fl
                                                              int64_t d, int64_t r0, int64_t r1,
                                                              const float* U, int64_t Q,
                                                              float* out, int64_t ld) {
+  // row by row (each row is read from memory once for all Q queries), queries in pairs
+  float s[2];
   for (int64_t r = r0; r < r1; ++r) {
     const T* v = V + r * d;
     const float sc = scales ? scales[r] : 1.0f;
     int64_t q = 0;
-    float s[4];
-    for (; q + 4 <= Q; q += 4) {
-      const float* u[4] = {U + q * d, U + (q + 1) * d, U + (q + 2) * d, U + (q + 3) * d};
-      dot_rows<4>(v, u, d, s);
-      for (int t = 0; t < 4; ++t) out[(q + t) * ld + (r - r0)] = scales ? s[t] * sc : s[t];
+    for (; q + 2 <= Q; q += 2) {
+      const float* u[2] = {U + q * d, U + (q + 1) * d};
+      dot_tile<2>(v, u, d, s);
+      out[q * ld + (r - r0)] = scales ? s[0] * sc : s[0];
+      out[(q + 1) * ld + (r - r0)] = scales ? s[1] * sc : s[1];
     }
-    for (; q < Q; ++q) {
+    if (q < Q) {
       const float* u[1] = {U + q * d};
-      dot_rows<1>(v, u, d, s);
+      dot_tile<1>(v, u, d, s);
       out[q * ld + (r - r0)] = scales ? s[0] * sc : s[0];
     }
   }
