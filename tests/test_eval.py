@@ -5,7 +5,13 @@ import pytest
 
 from crossknn.cli import main
 from crossknn.data import item_text, load_beir, load_score_matrix
-from crossknn.eval import EvalConfig, evaluate, format_table, synthetic_matrix, write_synthetic_matrix
+from crossknn.eval import (
+    EvalConfig,
+    evaluate,
+    format_table,
+    synthetic_matrix,
+    write_synthetic_matrix,
+)
 from crossknn.retrievers import (
     RETRIEVERS,
     Bm25Retriever,
@@ -109,7 +115,8 @@ def test_eval_cli_writes_json_and_png(synth_dir, tmp_path, capsys):
     [
         (["--method", "adacur", "--budget", "300", "--k", "1"], "budget B=300 must be in"),
         (["--method", "adacur", "--budget", "30", "--k", "1", "--rounds", "0"], "rounds must be"),
-        (["--method", "rnr", "--first", "tfidf", "--budget", "30", "--k", "1"], "names no 'dataset'"),
+        (["--method", "rnr", "--first", "tfidf", "--budget", "30", "--k", "1"],
+         "names no 'dataset'"),
     ],
 )
 def test_eval_cli_errors(synth_dir, tmp_path, capsys, argv, match):

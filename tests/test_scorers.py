@@ -18,7 +18,7 @@ class Recording:
 
     def score_batch(self, queries, items):
         self.batch_calls += 1
-        for q, it in zip(queries, items):
+        for q, it in zip(queries, items, strict=True):
             self.pairs += [(q, int(i)) for i in it]
         return self.inner.score_batch(queries, items)
 

@@ -40,7 +40,7 @@ class Recording:
 
     def score_batch(self, queries, items):
         self.batches += 1
-        for q, it in zip(queries, items):
+        for q, it in zip(queries, items, strict=True):
             self.pairs += [(int(q), int(i)) for i in it]
         return self.inner.score_batch(queries, items)
 
@@ -207,7 +207,8 @@ def test_deterministic_and_batch_equals_one_at_a_time(name):
 def test_seed_changes_random_choices():
     a = search(ADACUR(INDEX, rounds=2), 20, 5, seed=1)
     b = search(ADACUR(INDEX, rounds=2), 20, 5, seed=2)
-    assert any(x.tolist() != y.tolist() for x, y in zip(a.scored_items, b.scored_items))
+    pairs = zip(a.scored_items, b.scored_items, strict=True)
+    assert any(x.tolist() != y.tolist() for x, y in pairs)
     assert query_seed(0, 5) != query_seed(1, 5) != query_seed(0, 6)
     assert query_seed(0, "a text") == query_seed(0, "a text")
 

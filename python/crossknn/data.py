@@ -182,6 +182,7 @@ def load_score_matrix(folder: str | Path, *, mmap: bool = False) -> ScoreMatrix:
             de[name] = np.ascontiguousarray(a, np.float32)
     if len(de) == 2 and de["de_queries"].shape[1] != de["de_items"].shape[1]:
         raise ValueError(
-            f"{folder}: DE query dim {de['de_queries'].shape[1]} != item dim {de['de_items'].shape[1]}"
+            f"{folder}: DE query dim {de['de_queries'].shape[1]} != "
+            f"item dim {de['de_items'].shape[1]}"
         )
     return ScoreMatrix(folder, scores, qids, iids, rows["train"], rows["test"], meta, **de)

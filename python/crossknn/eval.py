@@ -1,4 +1,4 @@
-"""Recall-vs-cost harness: run search methods on a score-matrix folder, Top-k-Recall@B tables, curves.
+"""Recall-vs-cost harness: search methods on a score-matrix folder, Top-k-Recall@B tables, curves.
 
 Top-k-Recall@B (``shared/BENCHMARKS.md``): for a test row, the fraction of the exact top-k items
 (by ``scores.npy``) found in the final top-k returned after at most B CE calls; the mean over the
@@ -137,12 +137,13 @@ class _Context:
             if V is None:
                 raise FileNotFoundError(f"{self.m.path} has no de_items.npy; pass item vectors")
             affine = None
-            if cfg.axn_normalize and self.m.de_queries is not None and V.shape[1] == self.m.de_queries.shape[1]:
+            dq = self.m.de_queries
+            if cfg.axn_normalize and dq is not None and V.shape[1] == dq.shape[1]:
                 tr = self.m.train
                 affine = fit_score_affine(self.m.scores[tr], self.m.de_queries[tr] @ V.T)
             prior = self.m.de_queries if cfg.mix > 0 else None
-            return AXN(V, rounds=rounds, first=f, prior=prior, mix=cfg.mix if prior is not None else 0.0,
-                       score_affine=affine, **ridge)
+            return AXN(V, rounds=rounds, first=f, prior=prior,
+                       mix=cfg.mix if prior is not None else 0.0, score_affine=affine, **ridge)
         raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
 
 
@@ -176,7 +177,8 @@ def _check_config(cfg: EvalConfig, m: ScoreMatrix) -> None:
         raise ValueError(f"{m.path}/splits.json has no test rows")
 
 
-def evaluate(matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *, progress: bool = True) -> list[dict]:
+def evaluate(matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *,
+             progress: bool = True) -> list[dict]:
     """Runs every (method, first, rounds, budget) and returns one row per k (k <= B)."""
     from tqdm.auto import tqdm
 
@@ -286,11 +288,12 @@ def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None)
     for ax in flat[len(ks):]:
         ax.set_visible(False)
     markers = "osD^v<>p*hX"
-    for ax, k in zip(flat, ks):
+    for ax, k in zip(flat, ks, strict=False):
         for n, lab in enumerate(labels):
-            pts = sorted((r["budget"], r["recall"]) for r in rows if r["k"] == k and _label(r) == lab)
+            pts = sorted((r["budget"], r["recall"]) for r in rows
+                         if r["k"] == k and _label(r) == lab)
             if pts:
-                x, y = zip(*pts)
+                x, y = zip(*pts, strict=True)
                 ax.plot(x, y, marker=markers[n % len(markers)], ms=4, lw=1.4, label=lab)
         ax.set_title(f"Top-{k}-Recall")
         ax.set_xlabel("CE calls (B)")
@@ -329,8 +332,8 @@ def synthetic_matrix(n_queries: int, n_items: int, *, rank: int = 16, noise: flo
         raise ValueError("n_queries, n_items and rank must be >= 1")
     rng = np.random.default_rng(seed)
     Q = rng.standard_normal((n_queries, rank))
-    I = rng.standard_normal((n_items, rank))
-    S = (Q @ I.T) / np.sqrt(rank)
+    It = rng.standard_normal((n_items, rank))
+    S = (Q @ It.T) / np.sqrt(rank)
     if noise > 0:
         z = rng.lognormal(0.0, skew, size=S.shape) if skew > 0 else rng.standard_normal(S.shape)
         S += noise * (z - z.mean())
@@ -340,7 +343,7 @@ def synthetic_matrix(n_queries: int, n_items: int, *, rank: int = 16, noise: flo
         Y = X @ P + de_noise * rng.standard_normal((X.shape[0], de_dim))
         return (Y / np.linalg.norm(Y, axis=1, keepdims=True)).astype(np.float32)
 
-    return S.astype(np.float32), de(Q), de(I)
+    return S.astype(np.float32), de(Q), de(It)
 
 
 def write_synthetic_matrix(folder: str | Path, n_queries: int, n_items: int, *,

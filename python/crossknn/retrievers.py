@@ -66,10 +66,12 @@ class DenseRetriever:
     def __init__(self, item_vectors, *, query_vectors=None, encode: Callable | None = None):
         self.features = ItemFeatures(np.asarray(item_vectors, np.float32))
         self.n_items, self.dim = self.features.n_items, self.features.dim
-        self.query_vectors = None if query_vectors is None else np.asarray(query_vectors, np.float32)
+        self.query_vectors = (
+            None if query_vectors is None else np.asarray(query_vectors, np.float32))
         if self.query_vectors is not None and self.query_vectors.shape[1:] != (self.dim,):
             raise ValueError(
-                f"query vectors must have dim {self.dim} like the items; got {self.query_vectors.shape}"
+                f"query vectors must have dim {self.dim} like the items; "
+                f"got {self.query_vectors.shape}"
             )
         self.encode = encode
 
@@ -106,7 +108,8 @@ class _TextRetriever:
         bad = [i for i, t in enumerate(item_texts) if not isinstance(t, str)]
         if bad:
             raise ValueError(
-                f"items must be strings; got {type(item_texts[bad[0]]).__name__} at position {bad[0]}"
+                f"items must be strings; got {type(item_texts[bad[0]]).__name__} "
+                f"at position {bad[0]}"
             )
         self.n_items = len(item_texts)
         self.query_texts = None if query_texts is None else list(query_texts)
@@ -131,7 +134,7 @@ class _TextRetriever:
 
 
 class TfidfRetriever(_TextRetriever):
-    """TF-IDF cosine similarity (scikit-learn ``TfidfVectorizer``, English stop words, sublinear tf)."""
+    """TF-IDF cosine (scikit-learn ``TfidfVectorizer``, English stop words, sublinear tf)."""
 
     def __init__(self, item_texts, *, query_texts=None):
         super().__init__(item_texts, query_texts=query_texts)

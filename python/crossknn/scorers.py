@@ -83,7 +83,8 @@ class MatrixScorer:
 
     def _row(self, query) -> int:
         if isinstance(query, bool) or not isinstance(query, (int, np.integer)):
-            raise TypeError(f"MatrixScorer queries are row indices (int); got {type(query).__name__}")
+            raise TypeError(
+                f"MatrixScorer queries are row indices (int); got {type(query).__name__}")
         if not 0 <= int(query) < self.n_queries:
             raise IndexError(f"query row {query} is out of range for {self.n_queries} rows")
         return int(query)
@@ -94,7 +95,7 @@ class MatrixScorer:
     def score_batch(self, queries: list, items: list) -> list[np.ndarray]:
         if len(queries) != len(items):
             raise ValueError(f"score_batch: {len(queries)} queries but {len(items)} item lists")
-        return [self.score(q, it) for q, it in zip(queries, items)]
+        return [self.score(q, it) for q, it in zip(queries, items, strict=True)]
 
 
 class BudgetedScorer:
@@ -150,7 +151,7 @@ class BudgetedScorer:
             raise ValueError(f"score_batch: {len(slots)} query slots but {len(items)} item lists")
         items = [as_items(it, self.n_items) for it in items]
         new: dict[int, list[int]] = {}
-        for i, it in zip(slots, items):
+        for i, it in zip(slots, items, strict=True):
             if not 0 <= i < len(self.queries):
                 raise IndexError(f"query slot {i} is out of range for {len(self.queries)} queries")
             cache = self._cache[i]
@@ -173,7 +174,7 @@ class BudgetedScorer:
             self.batches += 1
             if len(out) != len(todo):
                 raise ValueError(f"scorer returned {len(out)} score arrays for {len(todo)} queries")
-            for (i, p), s in zip(todo, out):
+            for (i, p), s in zip(todo, out, strict=True):
                 s = np.asarray(s, np.float32).ravel()
                 if s.shape != p.shape:
                     raise ValueError(
@@ -182,8 +183,8 @@ class BudgetedScorer:
                 if not np.all(np.isfinite(s)):
                     bad = int(p[~np.isfinite(s)][0])
                     raise ValueError(f"scorer returned a NaN/inf score for query {i}, item {bad}")
-                self._cache[i].update(zip(p.tolist(), s.tolist()))
+                self._cache[i].update(zip(p.tolist(), s.tolist(), strict=True))
         return [
             np.array([self._cache[i][x] for x in it.tolist()], np.float32)
-            for i, it in zip(slots, items)
+            for i, it in zip(slots, items, strict=True)
         ]

@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         "matrix": str(args.matrix), "dataset": m.meta.get("dataset"),
         "n_items": m.n_items, "n_train": int(m.train.size), "n_test": int(m.test.size),
         "seed": args.seed, "split": "dev" if args.split is None else args.split,
-        "final": cfg.final, "temperature": "dev" if args.temperature is None else args.temperature, "mix": args.mix,
+        "final": cfg.final, "mix": args.mix,
+        "temperature": "dev" if args.temperature is None else args.temperature,
     }
     write_json(rows, args.json, meta=meta)
     print(f"wrote {args.json}")

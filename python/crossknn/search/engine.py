@@ -123,7 +123,8 @@ def run_rounds(
             f"the method's index has {method.n_items} items but the scorer has {n_items}"
         )
     if query_ids is None:
-        query_ids = [q if isinstance(q, (int, np.integer, str)) else i for i, q in enumerate(queries)]
+        query_ids = [q if isinstance(q, (int, np.integer, str)) else i
+                     for i, q in enumerate(queries)]
     query_ids = list(query_ids)
     if len(query_ids) != nq:
         raise ValueError(f"{nq} queries but {len(query_ids)} query ids")
@@ -191,7 +192,7 @@ def run_rounds(
 
     # final ranking by exact CE scores among the candidates
     S = np.full((nq, k), -np.inf, np.float32)
-    I = np.full((nq, k), -1, np.int64)
+    idx = np.full((nq, k), -1, np.int64)
     all_items, all_scores = [], []
     for i in range(nq):
         items, scores = ce.scored(i)
@@ -202,5 +203,5 @@ def run_rounds(
             items, scores = items[keep], scores[keep]
         order = np.lexsort((items, -scores))[:k]
         S[i, : order.size] = scores[order]
-        I[i, : order.size] = items[order]
-    return SearchResult(S, I, ce.calls, all_items, all_scores)
+        idx[i, : order.size] = items[order]
+    return SearchResult(S, idx, ce.calls, all_items, all_scores)

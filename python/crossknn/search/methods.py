@@ -43,8 +43,9 @@ class CurIndex:
 
     ``item_features()`` is the ADACUR feature matrix ``Rᵀ`` (N x k_q). ``anncur_embedding(anchors)``
     is ANNCUR's ``E = pinv(R[:, anchors]) R``, computed offline in float64 as the ridge solution
-    ``(CᵀC + ridge I)⁻¹ Cᵀ R`` (``C = R[:, anchors]``, default ``ridge`` = ``DEFAULT_RIDGE``), or with
-    ``ridge=0`` as ``np.linalg.pinv(C, rcond) R`` (singular values below ``rcond * s_max`` dropped).
+    ``(CᵀC + ridge I)⁻¹ Cᵀ R`` (``C = R[:, anchors]``, default ``ridge`` = ``DEFAULT_RIDGE``), or
+    with ``ridge=0`` as ``np.linalg.pinv(C, rcond) R`` (singular values below ``rcond * s_max``
+    dropped).
     """
 
     R: np.ndarray
@@ -56,7 +57,8 @@ class CurIndex:
         R = np.asarray(self.R)
         if R.ndim != 2 or 0 in R.shape:
             raise ValueError(
-                f"a CUR index needs a non-empty (anchor queries x items) matrix; got shape {R.shape}"
+                "a CUR index needs a non-empty (anchor queries x items) matrix; "
+                f"got shape {R.shape}"
             )
         if not np.all(np.isfinite(R)):
             raise ValueError("the CUR index matrix contains NaN or inf scores")
@@ -75,7 +77,8 @@ class CurIndex:
             bad = np.intersect1d(rows, np.asarray(test_rows, np.int64))
             if bad.size:
                 raise ValueError(
-                    f"anchor queries must come from train rows; rows {bad[:5].tolist()} are test rows"
+                    f"anchor queries must come from train rows; rows {bad[:5].tolist()} "
+                    "are test rows"
                 )
         return cls(scores[rows], rows=rows, storage=storage)
 
@@ -342,8 +345,8 @@ class AXN(RoundMethod):
     ``prior``: the parametric query embedding (e.g. the DE query vector): a callable
     ``query -> (d,) vector`` or an array indexed by query row; mixed in as
     ``u = (1 - mix) u_lstsq + mix u_prior``. ``score_affine=(alpha, beta)`` maps CE scores to the
-    scale of ``V``'s inner products before the least squares (``(a - beta) / alpha``), AXN's CE score
-    normalization; fit it on train rows with :func:`fit_score_affine`.
+    scale of ``V``'s inner products before the least squares (``(a - beta) / alpha``), AXN's CE
+    score normalization; fit it on train rows with :func:`fit_score_affine`.
     """
 
     name = "axn"
