@@ -199,3 +199,23 @@ def test_cisi_eval_reproduces_adacur_over_rnr(shared_dir, tmp_path):
     rows = evaluate(shared_dir / "matrices" / "cisi-minilm", cfg, progress=False)
     by = {r["method"]: r["recall"] for r in rows}
     assert by["adacur"] > by["rnr"]
+
+
+def test_eval_cli_axn_over_an_mf_index(synth_dir, tmp_path, capsys):
+    from crossknn.index import save_index
+
+    m = load_score_matrix(synth_dir)
+    # a transductive MF index whose item embeddings are the DE vectors: same as the default axn
+    save_index(tmp_path / "mf", "mf", {"items": m.de_items}, ce={"model_hash": "x"},
+               params={"mode": "transductive", "normalize": False})
+    argv = ["--method", "axn", "--budget", "40", "--k", "10", "--quiet", "--no-plot"]
+    assert main(["eval", str(synth_dir), *argv, "--json", str(tmp_path / "a.json")]) == 0
+    assert main(["eval", str(synth_dir), *argv, "--index", str(tmp_path / "mf"),
+                 "--json", str(tmp_path / "b.json")]) == 0
+    a = json.loads((tmp_path / "a.json").read_text())["rows"]
+    b = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert [r["recall"] for r in a] == [r["recall"] for r in b]
+    save_index(tmp_path / "cur", "cur", {"R": m.scores[m.train]}, ce={"model_hash": "x"})
+    rc = main(["eval", str(synth_dir), *argv, "--index", str(tmp_path / "cur"),
+               "--json", str(tmp_path / "c.json")])
+    assert rc == 2 and "kind 'mf'" in capsys.readouterr().err

@@ -76,6 +76,8 @@ class EvalConfig:
     mix: float = DEFAULT_AXN_MIX
     axn_normalize: bool = True
     item_vectors: np.ndarray | None = None  # AXN item vectors (default: de_items.npy)
+    query_vectors: np.ndarray | None = None  # AXN prior query embeddings (default: de_queries)
+    score_affine: tuple[float, float] | None = None  # AXN (alpha, beta); None: fit on train rows
     corpus: str | Path | None = None
     dev_fraction: float = 0.2
     extra: dict = field(default_factory=dict)
@@ -136,12 +138,15 @@ class _Context:
             V = self.m.de_items if cfg.item_vectors is None else cfg.item_vectors
             if V is None:
                 raise FileNotFoundError(f"{self.m.path} has no de_items.npy; pass item vectors")
-            affine = None
-            dq = self.m.de_queries
-            if cfg.axn_normalize and dq is not None and V.shape[1] == dq.shape[1]:
-                tr = self.m.train
-                affine = fit_score_affine(self.m.scores[tr], self.m.de_queries[tr] @ V.T)
-            prior = self.m.de_queries if cfg.mix > 0 else None
+            P = cfg.query_vectors  # query embeddings in V's space (the λ prior)
+            if P is None and self.m.de_queries is not None:
+                if V.shape[1] == self.m.de_queries.shape[1]:
+                    P = self.m.de_queries
+            affine = cfg.score_affine
+            if affine is None and cfg.axn_normalize and P is not None:
+                tr = self.m.train  # fit CE ~ alpha * <p_q, v_i> + beta on the train rows only
+                affine = fit_score_affine(self.m.scores[tr], P[tr] @ V.T)
+            prior = P if cfg.mix > 0 else None
             return AXN(V, rounds=rounds, first=f, prior=prior,
                        mix=cfg.mix if prior is not None else 0.0, score_affine=affine, **ridge)
         raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
@@ -327,23 +332,34 @@ def synthetic_matrix(n_queries: int, n_items: int, *, rank: int = 16, noise: flo
     part like [EMB]-style CEs and a right-skewed residual (larger ``noise``/``skew`` is more
     [CLS]-like, harder to factorize). DE vectors are the low-rank factors seen through a random
     projection plus noise, L2-normalized. Returns (scores float32 (nq, ni), de_queries, de_items).
+    Built in blocks of items (float32 output), so 10^6 items fit in a few hundred MB.
     """
     if n_queries < 1 or n_items < 1 or rank < 1:
         raise ValueError("n_queries, n_items and rank must be >= 1")
     rng = np.random.default_rng(seed)
     Q = rng.standard_normal((n_queries, rank))
-    It = rng.standard_normal((n_items, rank))
-    S = (Q @ It.T) / np.sqrt(rank)
-    if noise > 0:
-        z = rng.lognormal(0.0, skew, size=S.shape) if skew > 0 else rng.standard_normal(S.shape)
-        S += noise * (z - z.mean())
     P = rng.standard_normal((rank, de_dim)) / np.sqrt(rank)
+    # mean of lognormal(0, skew) is exp(skew^2 / 2): centre the noise analytically (block-free)
+    z_mean = float(np.exp(skew**2 / 2)) if skew > 0 else 0.0
 
     def de(X):
         Y = X @ P + de_noise * rng.standard_normal((X.shape[0], de_dim))
         return (Y / np.linalg.norm(Y, axis=1, keepdims=True)).astype(np.float32)
 
-    return S.astype(np.float32), de(Q), de(It)
+    S = np.empty((n_queries, n_items), np.float32)
+    de_items = np.empty((n_items, de_dim), np.float32)
+    block = max(1, 2**22 // max(n_queries, 1))
+    for lo in range(0, n_items, block):
+        hi = min(n_items, lo + block)
+        It = rng.standard_normal((hi - lo, rank))
+        Sb = (Q @ It.T) / np.sqrt(rank)
+        if noise > 0:
+            shape = Sb.shape
+            z = rng.lognormal(0.0, skew, size=shape) if skew > 0 else rng.standard_normal(shape)
+            Sb += noise * (z - z_mean)
+        S[:, lo:hi] = Sb
+        de_items[lo:hi] = de(It)
+    return S, de(Q), de_items
 
 
 def write_synthetic_matrix(folder: str | Path, n_queries: int, n_items: int, *,

@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"AXN lambda: weight of the DE query vector (default {DEFAULT_AXN_MIX})")
     p.add_argument("--item-vectors", metavar="V.npy",
                    help="AXN item vectors (N x d .npy; default the matrix's de_items.npy)")
+    p.add_argument("--index", metavar="MF_DIR",
+                   help="AXN over a sparse-MF index directory (its item embeddings, query "
+                        "embeddings of the DE vectors and CE score normalization); it must be "
+                        "built from train rows only")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -52,11 +56,25 @@ def run(args: argparse.Namespace) -> int:
     from crossknn.eval import EvalConfig, evaluate, format_table, plot_curves, write_json
 
     m = load_score_matrix(args.matrix)
-    V = None
+    V = P = affine = None
+    if args.item_vectors and args.index:
+        raise ValueError("give either --item-vectors or --index, not both")
     if args.item_vectors:
         V = np.load(args.item_vectors, allow_pickle=False)
-        if V.ndim != 2 or V.shape[0] != m.n_items:
-            raise ValueError(f"--item-vectors must be ({m.n_items}, d); got {V.shape}")
+    if args.index:
+        from crossknn.index import load_index
+        from crossknn.index.mf import axn_score_affine, query_embeddings
+
+        index = load_index(args.index)
+        if index.kind != "mf":
+            raise ValueError(f"--index must be a sparse-MF index (kind 'mf') for axn; "
+                             f"{args.index} is kind {index.kind!r}")
+        V = np.asarray(index["items"], np.float32)
+        if m.de_queries is not None:
+            P = np.asarray(query_embeddings(index, m.de_queries), np.float32)
+        affine = axn_score_affine(index)
+    if V is not None and (V.ndim != 2 or V.shape[0] != m.n_items):
+        raise ValueError(f"AXN item vectors must be ({m.n_items}, d); got {V.shape}")
     cfg = EvalConfig(
         methods=list(dict.fromkeys(args.method)),
         budgets=sorted(set(args.budget)),
@@ -70,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         ridge=args.ridge,
         mix=args.mix,
         item_vectors=V,
+        query_vectors=P,
+        score_affine=affine,
         corpus=args.corpus,
     )
     rows = evaluate(m, cfg, progress=not args.quiet)
