@@ -270,3 +270,27 @@ def test_mismatched_prior_shape():
     m = AXN(DI, rounds=2, prior=lambda q: np.zeros(3), mix=0.5)
     with pytest.raises(ValueError, match="prior query vector must have shape"):
         search(m, 10, 2)
+
+
+def test_fit_score_affine_matches_polyfit():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 40))
+    y = 0.4 * x + 0.6 + 0.05 * rng.standard_normal((6, 40))
+    np.testing.assert_allclose(fit_score_affine(y, x), np.polyfit(x.ravel(), y.ravel(), 1))
+    with pytest.raises(ValueError, match="do not depend"):
+        fit_score_affine(y, np.ones_like(x))
+
+
+@pytest.mark.parametrize("ridge", [0.0, 1e-2])
+def test_anncur_embedding_matches_pinv(ridge):
+    anchors = np.array([3, 17, 40, 41, 99])
+    E = INDEX.anncur_embedding(anchors, ridge=ridge)
+    R = S[TRAIN].astype(np.float64)
+    C = R[:, anchors]
+    W = np.linalg.pinv(C) if ridge == 0 else np.linalg.solve(C.T @ C + ridge * np.eye(5), C.T)
+    np.testing.assert_allclose(E, W @ R, rtol=1e-9, atol=1e-9)
+    # more anchors than anchor queries: the other Gram matrix, same solution
+    many = np.arange(0, 60)
+    C = R[:, many]
+    W = np.linalg.solve(C.T @ C + 1e-2 * np.eye(60), C.T)
+    np.testing.assert_allclose(INDEX.anncur_embedding(many, ridge=1e-2), W @ R, atol=1e-8)

@@ -109,27 +109,48 @@ class CurIndex:
         anchors = np.asarray(anchors, np.int64).ravel()
         if anchors.size == 0:
             raise ValueError("ANNCUR needs at least one anchor item")
-        R = self.R.astype(np.float64)
-        C = R[:, anchors]  # (k_q, k_i)
-        if ridge > 0:
-            k_q, k_i = C.shape
+        C = self.R[:, anchors].astype(np.float64)  # (k_q, k_i)
+        k_q, k_i = C.shape
+        if ridge > 0:  # W = (CᵀC + ridge I)⁻¹ Cᵀ = Cᵀ (CCᵀ + ridge I)⁻¹, the smaller solve
             if k_i <= k_q:
-                return np.linalg.solve(C.T @ C + ridge * np.eye(k_i), C.T @ R)
-            return C.T @ np.linalg.solve(C @ C.T + ridge * np.eye(k_q), R)
-        return np.linalg.pinv(C, rcond=rcond) @ R
+                W = np.linalg.solve(C.T @ C + ridge * np.eye(k_i), C.T)
+            else:
+                W = C.T @ np.linalg.inv(C @ C.T + ridge * np.eye(k_q))
+        else:
+            W = np.linalg.pinv(C, rcond=rcond)
+        E = np.empty((k_i, self.n_items), np.float64)
+        block = 1 << 16  # columns at a time: R is never copied whole to float64
+        for lo in range(0, self.n_items, block):
+            E[:, lo:lo + block] = W @ self.R[:, lo:lo + block].astype(np.float64)
+        return E
 
 
 def fit_score_affine(ce_scores, approx_scores) -> tuple[float, float]:
     """(alpha, beta) with ``ce ≈ alpha * approx + beta`` by least squares (AXN's CE score
-    normalization: fit on train rows, e.g. CE scores against DE inner products)."""
-    x = np.asarray(approx_scores, np.float64).ravel()
-    y = np.asarray(ce_scores, np.float64).ravel()
-    if x.shape != y.shape or x.size < 2:
-        raise ValueError(f"need matching arrays of >= 2 scores; got {x.shape} and {y.shape}")
-    alpha, beta = np.polyfit(x, y, 1)
-    if not np.isfinite(alpha) or abs(alpha) < 1e-12:
+    normalization: fit on train rows, e.g. CE scores against DE inner products). Accumulates
+    row by row in float64, so (train queries x 10^6 items) inputs need no big temporaries."""
+    x_all = np.asarray(approx_scores)
+    y_all = np.asarray(ce_scores)
+    if x_all.shape != y_all.shape or x_all.size < 2:
+        raise ValueError(f"need matching arrays of >= 2 scores; got {x_all.shape} and "
+                         f"{y_all.shape}")
+    x_rows = x_all.reshape(-1, x_all.shape[-1]) if x_all.ndim > 1 else x_all[None]
+    y_rows = y_all.reshape(-1, y_all.shape[-1]) if y_all.ndim > 1 else y_all[None]
+    n = sx = sy = 0.0
+    for x, y in zip(x_rows, y_rows, strict=True):
+        n += x.size
+        sx += float(x.sum(dtype=np.float64))
+        sy += float(y.sum(dtype=np.float64))
+    mx, my = sx / n, sy / n
+    sxx = sxy = 0.0
+    for x, y in zip(x_rows, y_rows, strict=True):
+        dx = x.astype(np.float64) - mx
+        sxx += float(dx @ dx)
+        sxy += float(dx @ (y.astype(np.float64) - my))
+    if not np.isfinite(sxx) or sxx <= 1e-300 or abs(sxy / sxx) < 1e-12:
         raise ValueError("CE scores do not depend on the approximate scores (alpha ~ 0)")
-    return float(alpha), float(beta)
+    alpha = sxy / sxx
+    return float(alpha), float(my - alpha * mx)
 
 
 def _first_spec(first):
