@@ -498,3 +498,49 @@ def test_concurrent_calls_from_python_threads():
         t.join()
     for q in range(4):
         np.testing.assert_array_equal(got[q], expect[q])
+
+
+def test_generic_and_simd_kernels_agree():
+    """CROSSKNN_NO_SIMD=1 (portable path) picks the same items; int8 scores are exact integers."""
+    import json
+    import os
+    import subprocess
+
+    code = (
+        "import json, numpy as np\n"
+        "from crossknn.engine import ItemFeatures, kernel_name\n"
+        "rng = np.random.default_rng(0)\n"
+        "V = rng.standard_normal((3000, 77)).astype(np.float32)\n"
+        "U = rng.standard_normal((3, 77)).astype(np.float32)\n"
+        "out = {'kernel': kernel_name()}\n"
+        "for st in ('float32', 'float16', 'int8'):\n"
+        "    s, i = ItemFeatures(V, storage=st).top_k(U, 20)\n"
+        "    out[st] = (s.tolist(), i.tolist())\n"
+        "print(json.dumps(out))\n"
+    )
+    runs = []
+    for no_simd in ("1", "0"):
+        env = dict(os.environ, CROSSKNN_NO_SIMD=no_simd)
+        res = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        runs.append(json.loads(res.stdout))
+    generic, native = runs
+    assert generic["kernel"] == "generic"
+    np.testing.assert_array_equal(generic["int8"][0], native["int8"][0])
+    np.testing.assert_array_equal(generic["int8"][1], native["int8"][1])
+    for st in ("float32", "float16"):
+        np.testing.assert_allclose(generic[st][0], native[st][0], rtol=1e-5, atol=1e-5)
+        for a, b in zip(generic[st][1], native[st][1]):
+            assert len(set(a) ^ set(b)) <= 2  # near-ties at the k-th place may swap
+
+
+def test_int8_scores_within_documented_error():
+    rng = _rng(18)
+    V = rng.standard_normal((2000, 300)).astype(np.float32)
+    u = rng.standard_normal(300) * np.logspace(-3, 0, 300)  # entries of very different sizes
+    f = ItemFeatures(V, storage="int8")
+    s, idx = f.top_k(u, 50)
+    exact = f.rows(idx) @ u.astype(np.float32).astype(np.float64)
+    bound = np.abs(f.rows(idx)).sum(axis=1) * np.abs(u).max() / 65534
+    assert np.all(np.abs(s - exact) <= bound + 1e-5 * np.abs(exact))

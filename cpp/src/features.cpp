@@ -213,13 +213,14 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
   std::vector<uint64_t> keys(Q);
   for (int64_t q = 0; q < Q; ++q) keys[q] = detail::stream_key(seed, static_cast<uint64_t>(q));
   const double inv_t = 1.0 / temperature;
+  const detail::Queries qs = detail::prepare_queries(*this, U, Q);
   const float NEG_INF = -std::numeric_limits<float>::infinity();
 
   parallel_for(T, n_blocks, [&](int w, int64_t b) {
     const int64_t r0 = b * bs, r1 = std::min(n_, r0 + bs), nb = r1 - r0;
     auto& buf = bufs[w];
     if (buf.size() < static_cast<size_t>(bs * Q)) buf.resize(bs * Q);
-    detail::block_scores(*this, r0, r1, U, Q, buf.data(), bs);
+    detail::block_scores(*this, r0, r1, qs, buf.data(), bs);
     for (int64_t q = 0; q < Q; ++q) {
       const auto& e = excl[q];
       auto it = std::lower_bound(e.begin(), e.end(), r0);

@@ -3,7 +3,9 @@
 // process (CPU features, CROSSKNN_NO_SIMD), never per call.
 #include "kernels.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -80,9 +82,14 @@ inline float dot_generic(const Load& load, const float* u, int64_t d) {
   return s;
 }
 
-void scores_generic(const Features& f, int64_t r0, int64_t r1, const float* U, int64_t Q,
-                    float* out, int64_t ld) {
-  const int64_t d = f.dim();
+inline float int8_score(int64_t total, double su, float scale) {
+  return static_cast<float>(static_cast<double>(total) * su * static_cast<double>(scale));
+}
+
+void scores_generic(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+                    int64_t ld) {
+  const int64_t d = f.dim(), Q = qs.Q;
+  const float* U = qs.U;
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t q = 0; q < Q; ++q) {
       const float* u = U + q * d;
@@ -100,8 +107,10 @@ void scores_generic(const Features& f, int64_t r0, int64_t r1, const float* U, i
         }
         default: {
           const int8_t* v = f.i8() + r * d;
-          s = dot_generic([v](int64_t j) { return static_cast<float>(v[j]); }, u, d) *
-              f.scales()[r];
+          const int16_t* uq = qs.uq.data() + q * d;
+          int64_t total = 0;
+          for (int64_t j = 0; j < d; ++j) total += static_cast<int64_t>(v[j]) * uq[j];
+          s = int8_score(total, qs.su[q], f.scales()[r]);
         }
       }
       out[q * ld + (r - r0)] = s;
@@ -194,21 +203,76 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_t(const T* V, const fl
   }
 }
 
-void scores_avx2(const Features& f, int64_t r0, int64_t r1, const float* U, int64_t Q,
-                 float* out, int64_t ld) {
+// int8 rows against int16 queries, exact integer sums (so any order gives the same result).
+template <int NQ>
+__attribute__((target("avx2,fma,f16c"))) inline void dot_i8(const int8_t* v,
+                                                             const int16_t* const* u, int64_t d,
+                                                             int64_t* total) {
+  for (int q = 0; q < NQ; ++q) total[q] = 0;
+  int64_t j = 0;
+  while (j + 16 <= d) {
+    // at most 2048 elements per int32 chunk: 128 madds of <= 2 * 127 * 32767 per lane
+    const int64_t end = std::min(d, j + 2048);
+    __m256i acc[NQ];
+    for (int q = 0; q < NQ; ++q) acc[q] = _mm256_setzero_si256();
+    for (; j + 16 <= end; j += 16) {
+      const __m256i x =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + j)));
+      _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {
+        acc[q] = _mm256_add_epi32(
+            acc[q], _mm256_madd_epi16(
+                        x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u[q] + j))));
+      }
+    }
+    _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {  // 8 int32 lanes -> int64
+      const __m256i w = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(acc[q])),
+                                         _mm256_cvtepi32_epi64(_mm256_extracti128_si256(acc[q], 1)));
+      const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+      total[q] += _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1);
+    }
+  }
+  for (; j < d; ++j)
+    for (int q = 0; q < NQ; ++q) total[q] += static_cast<int64_t>(v[j]) * u[q][j];
+}
+
+__attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const Features& f, int64_t r0,
+                                                             int64_t r1, const Queries& qs,
+                                                             float* out, int64_t ld) {
+  const int64_t d = f.dim(), Q = qs.Q;
+  const int8_t* V = f.i8();
+  const float* scales = f.scales();
+  int64_t t[2];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int8_t* v = V + r * d;
+    int64_t q = 0;
+    for (; q + 2 <= Q; q += 2) {
+      const int16_t* u[2] = {qs.uq.data() + q * d, qs.uq.data() + (q + 1) * d};
+      dot_i8<2>(v, u, d, t);
+      out[q * ld + (r - r0)] = int8_score(t[0], qs.su[q], scales[r]);
+      out[(q + 1) * ld + (r - r0)] = int8_score(t[1], qs.su[q + 1], scales[r]);
+    }
+    if (q < Q) {
+      const int16_t* u[1] = {qs.uq.data() + q * d};
+      dot_i8<1>(v, u, d, t);
+      out[q * ld + (r - r0)] = int8_score(t[0], qs.su[q], scales[r]);
+    }
+  }
+}
+
+void scores_avx2(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+                 int64_t ld) {
   switch (f.storage()) {
     case Storage::Float32:
-      return scores_avx2_t(f.f32(), nullptr, f.dim(), r0, r1, U, Q, out, ld);
+      return scores_avx2_t(f.f32(), nullptr, f.dim(), r0, r1, qs.U, qs.Q, out, ld);
     case Storage::Float16:
-      return scores_avx2_t(f.f16(), nullptr, f.dim(), r0, r1, U, Q, out, ld);
+      return scores_avx2_t(f.f16(), nullptr, f.dim(), r0, r1, qs.U, qs.Q, out, ld);
     default:
-      return scores_avx2_t(f.i8(), f.scales(), f.dim(), r0, r1, U, Q, out, ld);
+      return scores_avx2_i8(f, r0, r1, qs, out, ld);
   }
 }
 #endif
 
-using ScoreFn = void (*)(const Features&, int64_t, int64_t, const float*, int64_t, float*,
-                         int64_t);
+using ScoreFn = void (*)(const Features&, int64_t, int64_t, const Queries&, float*, int64_t);
 
 struct Dispatch {
   ScoreFn fn = scores_generic;
@@ -236,9 +300,33 @@ const Dispatch& dispatch() {
 
 }  // namespace
 
-void block_scores(const Features& f, int64_t r0, int64_t r1, const float* U, int64_t Q,
-                  float* out, int64_t ld) {
-  dispatch().fn(f, r0, r1, U, Q, out, ld);
+Queries prepare_queries(const Features& f, const float* U, int64_t Q) {
+  Queries qs;
+  qs.U = U;
+  qs.Q = Q;
+  qs.d = f.dim();
+  if (f.storage() == Storage::Int8) {
+    const int64_t d = f.dim();
+    qs.uq.resize(static_cast<size_t>(Q * d));
+    qs.su.resize(static_cast<size_t>(Q));
+    for (int64_t q = 0; q < Q; ++q) {
+      const float* u = U + q * d;
+      double mx = 0.0;
+      for (int64_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(static_cast<double>(u[j])));
+      const double su = mx > 0.0 ? mx / 32767.0 : 1.0;
+      qs.su[q] = su;
+      for (int64_t j = 0; j < d; ++j) {
+        const double x = std::nearbyint(static_cast<double>(u[j]) / su);
+        qs.uq[q * d + j] = static_cast<int16_t>(std::min(32767.0, std::max(-32767.0, x)));
+      }
+    }
+  }
+  return qs;
+}
+
+void block_scores(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+                  int64_t ld) {
+  dispatch().fn(f, r0, r1, qs, out, ld);
 }
 
 const char* kernel_name() noexcept { return dispatch().name; }

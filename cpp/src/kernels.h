@@ -5,14 +5,27 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <vector>
 
 #include "crossknn/engine.h"
 
 namespace crossknn::detail {
 
-// out[q * ld + (r - r0)] = dot(V[r], U[q]) (times the row scale for int8), r in [r0, r1).
-void block_scores(const Features& f, int64_t r0, int64_t r1, const float* U, int64_t Q,
-                  float* out, int64_t ld);
+// The queries of one call, prepared once. For int8 storage the scores are computed in exact
+// integer arithmetic against u rounded to int16 with a per-query scale su = max|u| / 32767:
+// score = (sum_j q_rj * uq_j) * su * scale_r. The added error is below
+// sum_j |v_rj| * max|u| / 65534, far under the int8 rounding of V itself.
+struct Queries {
+  const float* U = nullptr;
+  int64_t Q = 0, d = 0;
+  std::vector<int16_t> uq;  // int8 storage only: Q x d
+  std::vector<double> su;
+};
+Queries prepare_queries(const Features& f, const float* U, int64_t Q);
+
+// out[q * ld + (r - r0)] = score of row r for query q, r in [r0, r1).
+void block_scores(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+                  int64_t ld);
 
 // Name of the kernel set in use ("avx2" or "generic"); CROSSKNN_NO_SIMD=1 forces "generic".
 const char* kernel_name() noexcept;
