@@ -418,6 +418,8 @@ def test_bad_queries_and_k():
         f.top_k(np.ones(3), 2, exclude=[1.5])
     with pytest.raises(ValueError, match="one per query"):
         f.top_k(np.ones((2, 3)), 2, exclude=[[1]])
+    with pytest.raises(TypeError, match="one per query"):
+        f.top_k(np.ones((2, 3)), 2, exclude=np.array([1, 2]))
     with pytest.raises(ValueError, match="temperature"):
         f.sample_softmax(np.ones(3), 2, temperature=0)
     with pytest.raises(IndexError, match="outside"):

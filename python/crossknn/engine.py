@@ -4,7 +4,11 @@ CONTRACT (stable API shared by all search methods; implemented by the C++ core `
 
 - ``ItemFeatures(V, *, storage="float32"|"float16"|"int8", threads=0)``
   V is N x d (any real array; converted to float32, then to the storage type; float16 rounds to
-  nearest even; int8 uses per-row scales max|v|/127). V must be finite.
+  nearest even; int8 uses per-row scales max|v|/127). V must be finite. The approximate scores
+  only select candidates; exact CE scores decide the final ranking. float32/float16 scores are
+  float32 dot products (AVX2 when the CPU has it); int8 scores are exact integer dot products
+  against u rounded to int16 (scale max|u|/32767), off from rows(i) @ u by at most
+  sum_j |V_ij| * max|u| / 65534, far below the int8 rounding of V itself.
   Attributes ``n_items``, ``dim``, ``storage``, ``threads`` (settable), ``nbytes``.
   ``threads=0`` means all cores. Results never depend on the thread count.
   * ``rows(items) -> float64[m, d]``: dequantized rows V[items].
@@ -88,7 +92,7 @@ def _is_batch_exclude(exclude) -> bool:
     if isinstance(exclude, np.ndarray):
         return exclude.ndim == 2
     if isinstance(exclude, Sequence) and not isinstance(exclude, (str, bytes)):
-        return len(exclude) > 0 and not isinstance(exclude[0], numbers.Integral | np.integer)
+        return len(exclude) > 0 and np.ndim(exclude[0]) >= 1
     return False
 
 
@@ -110,6 +114,12 @@ def _exclude_csr(exclude, n_queries: int):
         )
     if len(rows) != n_queries:
         raise ValueError(f"exclude: expected {n_queries} arrays (one per query), got {len(rows)}")
+    for q, r in enumerate(rows):
+        if np.ndim(r) != 1:
+            raise TypeError(
+                f"exclude[{q}] must be a 1-D array of item ids (the batch form takes one array "
+                f"per query); got {type(r).__name__} with {np.ndim(r)} dimensions"
+            )
     parts = [_int_array(r, f"exclude[{q}]") for q, r in enumerate(rows)]
     offsets = np.zeros(n_queries + 1, np.int64)
     np.cumsum([p.size for p in parts], out=offsets[1:])
