@@ -15,3 +15,9 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.fail(f"../shared not found at {SHARED}: tests read data and matrices from there")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> Path:
+    """One cache directory for the embedded models, exported once per test session."""
+    return tmp_path_factory.mktemp("crossknn-models")

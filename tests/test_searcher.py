@@ -1,0 +1,189 @@
+"""The main job end to end: build an index over a corpus, search it with the real embedded CE."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from crossknn.ce import default_cross_encoder, default_dual_encoder
+from crossknn.cli import main
+from crossknn.corpus import Corpus, load_corpus
+from crossknn.index.files import ModelMismatchError
+from crossknn.searcher import Searcher, _encode_resumable, build_corpus_index, open_index
+
+pytestmark = [pytest.mark.shared, pytest.mark.slow]
+
+N_ITEMS = 40
+QUERIES = ["the use of computers in libraries", "indexing and classification of documents"]
+
+
+@pytest.fixture(scope="module")
+def env(model_cache, shared_dir, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CROSSKNN_CACHE", str(model_cache))
+    full = load_corpus(shared_dir / "data" / "cisi")
+    corpus = Corpus(full.ids[:N_ITEMS], full.texts[:N_ITEMS], "cisi[:40]")
+    root = tmp_path_factory.mktemp("searcher")
+    path = root / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                            for i, t in zip(corpus.ids, corpus.texts)), encoding="utf-8")
+    ce = default_cross_encoder()
+    de = default_dual_encoder()
+    yield {"corpus": corpus, "path": path, "root": root, "ce": ce, "de": de}
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def index_dir(env):
+    out = env["root"] / "idx"
+    rc = main(["build", str(env["path"]), str(out), "--calibration-queries", "4",
+               "--calibration-items", "8", "--quiet"])
+    assert rc == 0
+    return out
+
+
+def test_build_writes_a_complete_index(env, index_dir):
+    idx = open_index(index_dir)
+    assert len(idx) == N_ITEMS
+    assert idx.corpus.ids == env["corpus"].ids
+    assert idx["de_items"].shape == (N_ITEMS, env["de"].dim)
+    np.testing.assert_allclose(idx["de_items"], env["de"].encode(env["corpus"].texts), atol=1e-5)
+    assert idx.ce_calls == 4 * 8
+    alpha, beta = idx.params["score_affine"]
+    assert np.isfinite(alpha) and np.isfinite(beta) and alpha != 0
+    assert idx.index.models["ce"]["model_hash"] == env["ce"].model_hash
+    assert not (index_dir / ".build").exists()
+
+
+@pytest.mark.parametrize("method", ["axn", "rnr"])
+def test_full_budget_finds_the_exact_top_k(env, index_dir, method):
+    s = Searcher(index_dir, method=method)
+    hits = s.search(QUERIES, k=5, budget=N_ITEMS, exact=True)
+    for h in hits:
+        assert h.ce_calls == N_ITEMS
+        assert h.recall == 1.0
+        assert h.ids == h.exact_ids
+
+
+def test_small_budget_returns_exact_ce_scores_and_honours_budget(env, index_dir):
+    s = Searcher(index_dir)
+    hits = s.search(QUERIES, k=5, budget=12, rounds=3)
+    ce = env["ce"]
+    ce.set_items(env["corpus"].texts)
+    for h in hits:
+        assert h.ce_calls <= 12
+        assert len(h.ids) == 5
+        assert np.all(np.diff(h.scores) <= 0)
+        np.testing.assert_allclose(h.scores, ce.score(h.query, h.indices), atol=1e-5)
+        assert h.seconds_ce > 0
+    # the same query alone gives the same result as inside the batch
+    alone = s.search(QUERIES[1], k=5, budget=12, rounds=3)[0]
+    assert alone.ids == hits[1].ids
+
+
+def test_search_errors(env, index_dir):
+    s = Searcher(index_dir)
+    with pytest.raises(ValueError, match="exceeds the number of items"):
+        s.search("q", k=5, budget=N_ITEMS + 1)
+    with pytest.raises(ValueError, match="exceeds the budget"):
+        s.search("q", k=20, budget=10)
+    with pytest.raises(ValueError, match="non-empty strings"):
+        s.search(["ok", "  "], k=2, budget=5)
+    with pytest.raises(ValueError, match="needs a CUR index"):
+        s.search("q", k=2, budget=5, method="adacur")
+    int8 = default_cross_encoder(precision="int8")
+    with pytest.raises(ModelMismatchError, match="rebuild the index"):
+        Searcher(index_dir, ce=int8)
+
+
+def test_tampered_items_file_is_refused(env, index_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "idx"
+    shutil.copytree(index_dir, copy)
+    (copy / "items.jsonl").write_text('{"id": "x", "text": "y"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="does not match the recorded hash"):
+        open_index(copy)
+
+
+def test_cli_search_json_and_stdin(env, index_dir, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(QUERIES[0] + "\n\n" + QUERIES[1] + "\n"))
+    rc = main(["search", str(index_dir), "--queries", "-", "-k", "3", "--budget", "10", "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [h["query"] for h in doc["hits"]] == QUERIES
+    for h in doc["hits"]:
+        assert len(h["results"]) == 3 and h["ce_calls"] <= 10
+    rc = main(["search", str(index_dir), "a query", "-k", "20", "--budget", "10"])
+    assert rc == 2
+    assert "exceeds the budget" in capsys.readouterr().err
+
+
+def test_cur_index_enables_adacur(env, tmp_path):
+    train = tmp_path / "train.txt"
+    train.write_text("library catalogs\ninformation retrieval systems\ncitation analysis\n")
+    out = tmp_path / "cur"
+    assert main(["build", str(env["path"]), str(out), "--train-queries", str(train), "--cur",
+                 "--calibration-items", "8", "--quiet"]) == 0
+    idx = open_index(out)
+    assert idx["R"].shape == (3, N_ITEMS)
+    ce = env["ce"]
+    ce.set_items(env["corpus"].texts)
+    np.testing.assert_allclose(idx["R"][1], ce.score("information retrieval systems",
+                                                     np.arange(N_ITEMS)), atol=1e-5)
+    assert idx.ce_calls == 3 * 8 + 3 * N_ITEMS
+    s = Searcher(idx, method="adacur")
+    for method in ("adacur", "anncur"):
+        h = s.search(QUERIES[0], k=3, budget=N_ITEMS, method=method, exact=True)[0]
+        assert h.recall == 1.0
+
+
+def test_build_errors(env, tmp_path):
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n")
+    assert main(["build", str(empty), str(tmp_path / "x")]) == 2
+    assert main(["build", str(env["path"]), str(tmp_path / "y"), "--cur"]) == 2
+    with pytest.raises(FileNotFoundError, match="index.json is missing"):
+        open_index(tmp_path)
+
+
+class _CountingDE:
+    def __init__(self, de):
+        self.de, self.dim, self.calls = de, de.dim, 0
+
+    def encode(self, texts):
+        self.calls += 1
+        return self.de.encode(texts)
+
+
+def test_item_encoding_resumes_after_interruption(env, tmp_path):
+    texts = env["corpus"].texts
+    de = _CountingDE(env["de"])
+    full = _encode_resumable(de, texts, tmp_path, chunk=16, progress=False)
+    assert de.calls == 3
+    chunks = sorted(tmp_path.glob("de_*.npy"))
+    chunks[1].unlink()  # as if killed while encoding the second chunk
+    (tmp_path / f".{chunks[1].name}.x.tmp").write_bytes(b"half-written")
+    de.calls = 0
+    again = _encode_resumable(de, texts, tmp_path, chunk=16, progress=False)
+    assert de.calls == 1
+    np.testing.assert_array_equal(full, again)
+
+
+def test_demo_runs_and_caches(env, tmp_path):
+    cmd = [sys.executable, "-m", "crossknn.cli", "demo", "--max-items", "60", "--budget", "20",
+           "-k", "5", "--exact", "--quiet", "--cache-dir", str(tmp_path),
+           "--query", "read a file line by line"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "index: building" in first.stdout
+    assert "mean Top-5-Recall@20" in first.stdout
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "(cached)" in second.stdout
+    recall = [ln for ln in first.stdout.splitlines() if ln.startswith("mean Top-5")]
+    assert recall == [ln for ln in second.stdout.splitlines() if ln.startswith("mean Top-5")]
