@@ -119,20 +119,15 @@ void scores_generic(const Features& f, int64_t r0, int64_t r1, const Queries& qs
 }
 
 #ifdef CROSSKNN_X86
-// ---------------- AVX2 path: per query two 8-lane accumulators (even / odd 8-chunks) ----------
+// ---------------- AVX2 path (float32 / float16 via FMA; int8 via integer madd) --------------
 __attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
 }
 __attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(
-      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
 inline float scalar_of(float v) { return v; }
 inline float scalar_of(uint16_t v) { return half_to_float(v); }
-inline float scalar_of(int8_t v) { return static_cast<float>(v); }
 
 __attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 a, __m256 b) {
   __m256 s = _mm256_add_ps(a, b);
@@ -178,27 +173,36 @@ __attribute__((target("avx2,fma,f16c"))) inline void dot_tile(const T* v, const 
   }
 }
 
+// Rows in L1-sized groups (about 16 KiB); for each pair of queries the group is swept once, so
+// a pair's u vectors come from L2 once per group instead of once per row. Each row is read
+// from memory once for all Q queries. Per-score operation order is that of dot_tile.
+inline int64_t row_group(int64_t row_bytes) {
+  return std::max<int64_t>(1, (16 << 10) / std::max<int64_t>(1, row_bytes));
+}
+
 template <class T>
-__attribute__((target("avx2,fma,f16c"))) void scores_avx2_t(const T* V, const float* scales,
-                                                             int64_t d, int64_t r0, int64_t r1,
-                                                             const float* U, int64_t Q,
-                                                             float* out, int64_t ld) {
-  // row by row (each row is read from memory once for all Q queries), queries in pairs
+__attribute__((target("avx2,fma,f16c"))) void scores_avx2_t(const T* V, int64_t d, int64_t r0,
+                                                             int64_t r1, const float* U,
+                                                             int64_t Q, float* out, int64_t ld) {
   float s[2];
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* v = V + r * d;
-    const float sc = scales ? scales[r] : 1.0f;
+  const int64_t G = Q > 1 ? row_group(d * static_cast<int64_t>(sizeof(T))) : 1;
+  for (int64_t g0 = r0; g0 < r1; g0 += G) {
+    const int64_t g1 = std::min(r1, g0 + G);
     int64_t q = 0;
     for (; q + 2 <= Q; q += 2) {
       const float* u[2] = {U + q * d, U + (q + 1) * d};
-      dot_tile<2>(v, u, d, s);
-      out[q * ld + (r - r0)] = scales ? s[0] * sc : s[0];
-      out[(q + 1) * ld + (r - r0)] = scales ? s[1] * sc : s[1];
+      for (int64_t r = g0; r < g1; ++r) {
+        dot_tile<2>(V + r * d, u, d, s);
+        out[q * ld + (r - r0)] = s[0];
+        out[(q + 1) * ld + (r - r0)] = s[1];
+      }
     }
     if (q < Q) {
       const float* u[1] = {U + q * d};
-      dot_tile<1>(v, u, d, s);
-      out[q * ld + (r - r0)] = scales ? s[0] * sc : s[0];
+      for (int64_t r = g0; r < g1; ++r) {
+        dot_tile<1>(V + r * d, u, d, s);
+        out[q * ld + (r - r0)] = s[0];
+      }
     }
   }
 }
@@ -242,19 +246,24 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const Features& f, 
   const int8_t* V = f.i8();
   const float* scales = f.scales();
   int64_t t[2];
-  for (int64_t r = r0; r < r1; ++r) {
-    const int8_t* v = V + r * d;
+  const int64_t G = Q > 1 ? row_group(d) : 1;
+  for (int64_t g0 = r0; g0 < r1; g0 += G) {
+    const int64_t g1 = std::min(r1, g0 + G);
     int64_t q = 0;
     for (; q + 2 <= Q; q += 2) {
       const int16_t* u[2] = {qs.uq.data() + q * d, qs.uq.data() + (q + 1) * d};
-      dot_i8<2>(v, u, d, t);
-      out[q * ld + (r - r0)] = int8_score(t[0], qs.su[q], scales[r]);
-      out[(q + 1) * ld + (r - r0)] = int8_score(t[1], qs.su[q + 1], scales[r]);
+      for (int64_t r = g0; r < g1; ++r) {
+        dot_i8<2>(V + r * d, u, d, t);
+        out[q * ld + (r - r0)] = int8_score(t[0], qs.su[q], scales[r]);
+        out[(q + 1) * ld + (r - r0)] = int8_score(t[1], qs.su[q + 1], scales[r]);
+      }
     }
     if (q < Q) {
       const int16_t* u[1] = {qs.uq.data() + q * d};
-      dot_i8<1>(v, u, d, t);
-      out[q * ld + (r - r0)] = int8_score(t[0], qs.su[q], scales[r]);
+      for (int64_t r = g0; r < g1; ++r) {
+        dot_i8<1>(V + r * d, u, d, t);
+        out[q * ld + (r - r0)] = int8_score(t[0], qs.su[q], scales[r]);
+      }
     }
   }
 }
@@ -263,9 +272,9 @@ void scores_avx2(const Features& f, int64_t r0, int64_t r1, const Queries& qs, f
                  int64_t ld) {
   switch (f.storage()) {
     case Storage::Float32:
-      return scores_avx2_t(f.f32(), nullptr, f.dim(), r0, r1, qs.U, qs.Q, out, ld);
+      return scores_avx2_t(f.f32(), f.dim(), r0, r1, qs.U, qs.Q, out, ld);
     case Storage::Float16:
-      return scores_avx2_t(f.f16(), nullptr, f.dim(), r0, r1, qs.U, qs.Q, out, ld);
+      return scores_avx2_t(f.f16(), f.dim(), r0, r1, qs.U, qs.Q, out, ld);
     default:
       return scores_avx2_i8(f, r0, r1, qs, out, ld);
   }
