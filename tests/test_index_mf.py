@@ -8,6 +8,7 @@ from test_jobs_scorer import LookupScorer
 
 from crossknn.index import build_cur_index, build_mf_index, fit_mf, load_index, sample_g
 from crossknn.index.mf import (
+    axn_score_affine,
     gated_mlp_numpy,
     query_embeddings,
     score_normalization,
@@ -131,6 +132,9 @@ def test_build_mf_index_end_to_end(tmp_path, mode):
     assert idx.params["mode"] == mode and idx.params["alpha"] == res.alpha
     assert len(idx.info["loss_curve"]) == 4
     loaded = load_index(tmp_path / "mf", kind="mf", ce=scorer)
+    a, b = axn_score_affine(loaded)
+    ce = np.array([0.3, 0.7])
+    np.testing.assert_allclose((ce - b) / a, res.beta * (ce - res.alpha))
     q = query_embeddings(loaded, DQ[train])
     np.testing.assert_allclose(q, res.query_embeddings if mode == "inductive" else DQ[train], atol=1e-5)
 

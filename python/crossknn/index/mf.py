@@ -8,7 +8,9 @@ The factorization minimizes the squared error on the observed entries,
 ``sum_(q,i) in G (u_q . v_i - G_qi)^2``, with AdamW in PyTorch:
 
 - ``mode="transductive"``: U (train queries) and V (all items) are free parameters initialized
-  from the DE vectors. Items with no entry in G keep (a weight-decayed copy of) their DE vector.
+  from the DE vectors, trained with a row-sparse ("lazy") AdamW that updates only the rows in
+  each batch (a step costs O(batch x d) however many items there are). Items with no entry in G
+  keep their DE vector.
 - ``mode="inductive"``: U = f_q(DE queries), V = f_i(DE items) with two separate 2-layer MLPs with
   the paper's gated skip connection on frozen DE vectors:
   ``h = b2 + W2 gelu(b1 + W1 x)``, ``out = s h + (1 - s) x``, ``s = sigmoid(w_skip)``, ``w_skip``
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["sample_g", "topk_by_vectors", "tfidf_vectors", "score_normalization", "MFResult",
-           "fit_mf", "gated_mlp_numpy", "build_mf_index", "query_embeddings"]
+           "fit_mf", "gated_mlp_numpy", "build_mf_index", "query_embeddings", "axn_score_affine"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,15 +181,49 @@ def _make_mlp(d: int):
     return GatedSkipMLP()
 
 
+class _LazyAdamW:
+    """AdamW on row subsets (like TF's LazyAdam): each step updates only the given rows of each
+    parameter matrix, with their first/second moments; bias correction uses the global step.
+    Rows not in a batch are left untouched (no weight decay, no stale momentum)."""
+
+    def __init__(self, params, *, lr: float, weight_decay: float, betas=(0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        import torch
+
+        self.params = params
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.lr, self.wd, self.b1, self.b2, self.eps = lr, weight_decay, *betas, eps
+        self.t = 0
+
+    def step(self, row_grads) -> None:
+        import torch
+
+        self.t += 1
+        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        with torch.no_grad():
+            for p, m, v, (rows, g) in zip(self.params, self.m, self.v, row_grads):
+                mr = m[rows].mul_(self.b1).add_(g, alpha=1 - self.b1)
+                vr = v[rows].mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+                m[rows], v[rows] = mr, vr
+                pr = p[rows]
+                if self.wd:
+                    pr.mul_(1 - self.lr * self.wd)
+                pr.sub_(self.lr * (mr / c1) / ((vr / c2).sqrt() + self.eps))
+                p[rows] = pr
+
+
 def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.ndarray,
            mode: str = "transductive", epochs: int = 20, lr: float = 0.005,
            batch_size: int = 1024, weight_decay: float = 0.0, normalize: bool = False,
-           seed: int = 0, threads: int | None = None, progress: bool = False) -> MFResult:
+           seed: int = 0, threads: int | None = 1, progress: bool = False) -> MFResult:
     """Fit U, V on the observed entries ``values[p] = CE(query_pos[p], items[p])`` of G.
 
     ``de_queries`` (n_train, d) and ``de_items`` (N, d): DE vectors (init for transductive, frozen
     inputs for inductive). Returns an :class:`MFResult` with the loss curve (MSE on G, in the
-    normalized scale when ``normalize``; entry 0 is before training).
+    normalized scale when ``normalize``; entry 0 is before training). ``threads``: torch intra-op
+    threads during the fit (default 1: the per-batch ops are small, and on a shared machine more
+    threads slow them down by up to 10x; ``None`` keeps torch's setting).
     """
     import torch
 
@@ -229,26 +265,44 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
         tq, ti, ty = torch.from_numpy(qp), torch.from_numpy(it), torch.from_numpy(y)
         dq, di = torch.from_numpy(DQ), torch.from_numpy(DI)
         if mode == "transductive":
-            U = torch.nn.Parameter(dq.clone())
-            V = torch.nn.Parameter(di.clone())
-            params = [U, V]
+            # U, V are free; a row-sparse ("lazy") AdamW touches only the rows of the batch, so a
+            # step costs O(batch * d), not O(N * d): V may hold millions of items.
+            U, V = dq.clone(), di.clone()
+            opt = _LazyAdamW([U, V], lr=lr, weight_decay=weight_decay)
 
             def predict(bq, bi):
                 return (U[bq] * V[bi]).sum(1)
+
+            def step(bq, bi, by):
+                rq, iq = torch.unique(bq, return_inverse=True)
+                ri, ii = torch.unique(bi, return_inverse=True)
+                uq = U[rq].requires_grad_(True)
+                vi = V[ri].requires_grad_(True)
+                loss = (((uq[iq] * vi[ii]).sum(1) - by) ** 2).mean()
+                loss.backward()
+                opt.step([(rq, uq.grad), (ri, vi.grad)])
         else:
             fq, fi = _make_mlp(DQ.shape[1]), _make_mlp(DQ.shape[1])
             params = list(fq.parameters()) + list(fi.parameters())
+            adamw = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
             def predict(bq, bi):
-                return (fq(dq[bq]) * fi(di[bi])).sum(1)
+                # each distinct query/item goes through its MLP once (a batch repeats them)
+                rq, iq = torch.unique(bq, return_inverse=True)
+                ri, ii = torch.unique(bi, return_inverse=True)
+                return (fq(dq[rq])[iq] * fi(di[ri])[ii]).sum(1)
 
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+            def step(bq, bi, by):
+                adamw.zero_grad(set_to_none=True)
+                loss = ((predict(bq, bi) - by) ** 2).mean()
+                loss.backward()
+                adamw.step()
 
         def full_loss() -> float:
             with torch.no_grad():
                 tot = 0.0
-                for s in range(0, len(ty), 65536):
-                    d = predict(tq[s:s + 65536], ti[s:s + 65536]) - ty[s:s + 65536]
+                for s in range(0, len(ty), 1 << 20):
+                    d = predict(tq[s:s + (1 << 20)], ti[s:s + (1 << 20)]) - ty[s:s + (1 << 20)]
                     tot += float((d * d).sum())
                 return tot / len(ty)
 
@@ -262,10 +316,7 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
             perm = torch.randperm(n, generator=gen)
             for s in range(0, n, batch_size):
                 b = perm[s:s + batch_size]
-                opt.zero_grad(set_to_none=True)
-                loss = ((predict(tq[b], ti[b]) - ty[b]) ** 2).mean()
-                loss.backward()
-                opt.step()
+                step(tq[b], ti[b], ty[b])
                 bar.update(1)
             curve.append(full_loss())
             bar.set_postfix(loss=f"{curve[-1]:.4g}")
@@ -274,7 +325,7 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
         mlp: dict[str, np.ndarray] = {}
         with torch.no_grad():
             if mode == "transductive":
-                Uo, Vo = U.detach().numpy().copy(), V.detach().numpy().copy()
+                Uo, Vo = U.numpy(), V.numpy()
             else:
                 Uo = fq(dq).numpy()
                 Vo = np.empty_like(DI)
@@ -361,3 +412,13 @@ def query_embeddings(index, de_queries: np.ndarray) -> np.ndarray:
         a = index.arrays
         return gated_mlp_numpy(de_queries, a["q_W1"], a["q_b1"], a["q_W2"], a["q_b2"], a["q_w_skip"])
     return np.asarray(de_queries, np.float32)
+
+
+def axn_score_affine(index) -> tuple[float, float] | None:
+    """The MF index's CE score normalization in the form ``crossknn.search.AXN(score_affine=...)``
+    takes (``(a - beta') / alpha'`` with ``alpha' = 1 / beta``, ``beta' = alpha``), or ``None`` when
+    the index was fit without normalization."""
+    p = index.params
+    if not p.get("normalize"):
+        return None
+    return 1.0 / float(p["beta"]), float(p["alpha"])
