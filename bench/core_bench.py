@@ -8,9 +8,11 @@ Measured in one run, for N in {1e4, 1e5, 1e6} and d in {128, 500}:
   random): the engine (incremental least squares + streaming top-k, float32) vs a reference round
   written the way the paper code does it (numpy pinv of V[A] + full V @ u + argpartition), timed
   with OpenBLAS's default threads and with 1 BLAS thread; the faster of the two is the reference;
-  The same loop with int8 storage is timed too (column "int8 x").
+  The same loop with int8 storage is timed too (column "int8 x"), and the solver alone
+  (incremental least squares vs pinv, column "solver x");
 - streaming top-k time and achieved read bandwidth per storage type, vs the memory-copy bandwidth
-  measured in the same run (numpy copy of a 1 GiB array; read + write bytes per second);
+  measured right before it (numpy copy of an array as large as V, at most 1 GiB; read + write
+  bytes per second);
 - the batch form: Q=64 queries in one call vs 64 single-query calls.
 Timings are the minimum over repeats (the machine is shared); compare ratios within one run.
 """
@@ -52,13 +54,19 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> float:
     return 2 * nbytes / t / 1e9
 
 
-def reference_query(V: np.ndarray, u_true: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """One query, the paper way: each round pinv(V[A]) @ a, full V @ u, argpartition."""
+def reference_query(V: np.ndarray, u_true: np.ndarray, first: np.ndarray, times=None):
+    """One query, the paper way: each round pinv(V[A]) @ a, full V @ u, argpartition.
+
+    With a dict ``times``, adds the seconds spent in pinv (the solver) to times["pinv"].
+    """
     per = B // ROUNDS
     A = first.copy()
     a = V[A] @ u_true
     for _ in range(ROUNDS - 1):
+        t0 = time.perf_counter()
         u = np.linalg.pinv(V[A]) @ a
+        if times is not None:
+            times["pinv"] = times.get("pinv", 0.0) + time.perf_counter() - t0
         s = V @ u
         s[A] = -np.inf
         new = np.argpartition(-s, per)[:per]
@@ -115,7 +123,11 @@ def bench_case(N: int, d: int, rng: np.random.Generator, reps: int) -> dict:
     )
     row["speedup_int8_vs_ref"] = row["ref_query_s"] / row["engine_int8_query_s"]
     del g8
-    ref_items = reference_query(V, u_true, first)
+    with threadpool_limits(limits=1, user_api="blas"):
+        tp: dict = {}
+        ref_items = reference_query(V, u_true, first, tp)
+    row["ref_pinv_1blas_s"] = tp["pinv"]
+    row["solver_speedup"] = row["ref_pinv_1blas_s"] / row["engine_solve_s"]
     row["same_items_as_ref"] = float(np.isin(times[i][0], ref_items).mean())
 
     # streaming top-k per storage (k=10, 100 excluded)
@@ -124,10 +136,14 @@ def bench_case(N: int, d: int, rng: np.random.Generator, reps: int) -> dict:
     for storage in ("float32", "float16", "int8"):
         g = f if storage == "float32" else ItemFeatures(V, storage=storage)
         g.top_k(u, 10, exclude=ex)
+        if storage == "float32":
+            # memory-copy bandwidth measured right before, side by side (the machine is shared)
+            row["copy_GBps_local"] = copy_bandwidth(min(1 << 30, max(1 << 26, g.nbytes)), 3)
         t = best_of(lambda g=g: g.top_k(u, 10, exclude=ex), reps + 2)
         row[f"topk_{storage}_s"] = t
         row[f"topk_{storage}_GBps"] = g.nbytes / t / 1e9
         if storage == "float32":
+            row["topk_float32_vs_copy"] = row["topk_float32_GBps"] / row["copy_GBps_local"]
             g.threads = 1
             row["topk_float32_1thread_s"] = best_of(lambda g=g: g.top_k(u, 10, exclude=ex), reps)
             g.threads = 0
@@ -164,22 +180,23 @@ def main() -> int:
         rows.append(bench_case(N, d, rng, args.reps))
     copy_after = copy_bandwidth()
     copy_gbps = max(copy_gbps, copy_after)
-    for row in rows:
-        row["topk_float32_vs_copy"] = row["topk_float32_GBps"] / copy_gbps
 
     hdr = (
-        f"{'N':>8} {'d':>4} | {'ref/query':>9} {'eng/query':>9} {'speedup':>7} {'int8 x':>6} | "
+        f"{'N':>8} {'d':>4} | {'ref/query':>9} {'eng/query':>9} {'speedup':>7} {'int8 x':>6} "
+        f"{'solver x':>8} | "
         f"{'f32 top-k':>9} {'GB/s':>5} {'%copy':>5} | {'f16':>7} {'int8':>7} {'i8 x':>5} | "
         f"{'Q64 batch':>9} {'64 single':>9} {'x':>5}"
     )
     print(f"\nkernels={kernel_name()} cores={os.cpu_count()} copy bandwidth={copy_gbps:.1f} GB/s "
-          f"(read+write); B={B} over {ROUNDS} rounds, k=10 per round")
+          f"(read+write, best of the run; %copy uses the one measured next to each case); "
+          f"B={B} over {ROUNDS} rounds, k=10 per round")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(
             f"{r['N']:>8} {r['d']:>4} | {r['ref_query_s'] * 1e3:>7.1f}ms {r['engine_query_s'] * 1e3:>7.1f}ms "
-            f"{r['speedup_vs_ref']:>6.1f}x {r['speedup_int8_vs_ref']:>5.1f}x | "
+            f"{r['speedup_vs_ref']:>6.1f}x {r['speedup_int8_vs_ref']:>5.1f}x "
+            f"{r['solver_speedup']:>7.0f}x | "
             f"{r['topk_float32_s'] * 1e3:>7.2f}ms "
             f"{r['topk_float32_GBps']:>5.1f} {100 * r['topk_float32_vs_copy']:>4.0f}% | "
             f"{r['topk_float16_s'] * 1e3:>5.2f}ms {r['topk_int8_s'] * 1e3:>5.2f}ms "
