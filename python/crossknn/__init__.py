@@ -1,7 +1,41 @@
-"""crossknn: k-nearest-neighbor search with cross-encoders on a small budget of CE calls."""
+"""crossknn: k-nearest-neighbor search with cross-encoders on a small budget of CE calls.
+
+Three lines for the main job (an index from ``crossknn build``)::
+
+    index = crossknn.open_index("INDEX_DIR")
+    searcher = crossknn.Searcher(index)
+    hits = searcher.search("how do I parse a date?", k=10, budget=100)
+
+The pieces: :mod:`crossknn.engine` (the C++ round engine), :mod:`crossknn.search` (RNR, ANNCUR,
+ADACUR, AXN on one round loop), :mod:`crossknn.scorers` (budgeted CE scoring),
+:mod:`crossknn.ce` (ONNX Runtime cross-encoders), :mod:`crossknn.index` (offline indexes),
+:mod:`crossknn.cmc` (the CMC reranker), :mod:`crossknn.eval` (Top-k-Recall@B).
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from crossknn.engine import ItemFeatures, RoundState
+from crossknn.scorers import BudgetedScorer, BudgetExceededError, MatrixScorer
+from crossknn.search import ADACUR, ANNCUR, AXN, RNR, CurIndex, SearchResult
+from crossknn.searcher import Hits, Searcher, build_corpus_index, open_index
+
+__all__ = [
+    "ADACUR",
+    "ANNCUR",
+    "AXN",
+    "RNR",
+    "BudgetExceededError",
+    "BudgetedScorer",
+    "CurIndex",
+    "Hits",
+    "ItemFeatures",
+    "MatrixScorer",
+    "RoundState",
+    "SearchResult",
+    "Searcher",
+    "__version__",
+    "build_corpus_index",
+    "open_index",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from crossknn.searcher import METHODS
 
@@ -56,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no query given: pass query text(s) or --queries FILE ('-' = stdin)")
     searcher = Searcher(args.index_dir, method=args.method, rounds=args.rounds,
                         precision=args.precision)
+    # exact CE rows are kept under INDEX_DIR/exact (keyed by query, items and CE hash)
     hits = searcher.search(queries, k=args.k, budget=args.budget, seed=args.seed,
-                           exact=args.exact, progress=args.exact and not args.json)
+                           exact=args.exact, exact_cache=Path(args.index_dir) / "exact",
+                           progress=args.exact and not args.json)
     if args.json:
         json.dump({"method": args.method, "k": args.k, "budget": args.budget,
                    "hits": [h.to_dict() for h in hits]}, sys.stdout, indent=2)
