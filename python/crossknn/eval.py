@@ -53,7 +53,7 @@ METHODS: dict[str, tuple[bool, str | None]] = {
     "adacur-random": (True, None),
     "axn": (True, None),
 }
-FIRSTS = ("random", "de", "tfidf", "bm25")
+FIRSTS = ("random", "de", "tfidf", "bm25", "cmc")
 SPLIT_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # SoftMax temperatures, in units of a query's CE score spread (CurIndex.score_scale)
 TEMPERATURE_GRID = (1.0, 0.3, 0.1, 0.03)
@@ -109,6 +109,15 @@ class _Context:
                     raise FileNotFoundError(f"{self.m.path} has no de_items.npy/de_queries.npy")
                 self._retrievers[name] = make_retriever(
                     "de", item_vectors=self.m.de_items, query_vectors=self.m.de_queries)
+            elif name == "cmc":  # BE -> CMC; cfg.extra: cmc_model (dir), cmc_candidates (K)
+                from crossknn.cmc import CmcRetriever  # noqa: F401  (registers "cmc")
+                from crossknn.cmc.data import matrix_encoder_id
+
+                if self.m.de_items is None or self.m.de_queries is None:
+                    raise FileNotFoundError(f"{self.m.path} has no de_items.npy/de_queries.npy")
+                self._retrievers[name] = make_retriever(
+                    "cmc", item_vectors=self.m.de_items, query_vectors=self.m.de_queries,
+                    encoder_id=matrix_encoder_id(self.m.meta), **self.cfg.extra)
             else:
                 items, queries = self.texts()
                 self._retrievers[name] = make_retriever(name, item_texts=items, query_texts=queries)

@@ -21,7 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", action="append", type=int, metavar="R",
                    help="rounds of adaptive methods (default 5; repeatable)")
     p.add_argument("--first", action="append", choices=FIRSTS, metavar="NAME",
-                   help="first stage: random (default), de, tfidf, bm25 (repeatable)")
+                   help="first stage: random (default), de, tfidf, bm25, cmc (repeatable)")
+    p.add_argument("--cmc-model", metavar="DIR",
+                   help="trained CMC model directory for --first cmc (crossknn cmc train)")
+    p.add_argument("--cmc-candidates", type=int, metavar="K",
+                   help="DE candidates CMC reranks for --first cmc (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("--json", required=True, metavar="OUT.json", help="write the rows here")
     p.add_argument("--plot", metavar="OUT.png",
@@ -91,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         query_vectors=P,
         score_affine=affine,
         corpus=args.corpus,
+        extra={"cmc_model": args.cmc_model, "cmc_candidates": args.cmc_candidates}
+        if "cmc" in (args.first or []) else {},
     )
     rows = evaluate(m, cfg, progress=not args.quiet)
     print(format_table(rows))
