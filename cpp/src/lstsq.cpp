@@ -10,21 +10,35 @@ namespace crossknn {
 
 namespace {
 
-inline double dot(const double* a, const double* b, int64_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+// Hot loops of the solver, compiled for AVX2 and for the baseline; the loader picks one per
+// process (GCC target_clones), so results stay the same from call to call.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CROSSKNN_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CROSSKNN_CLONES
+#endif
+
+CROSSKNN_CLONES double dot(const double* a, const double* b, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    s0 += a[j] * b[j];
-    s1 += a[j + 1] * b[j + 1];
-    s2 += a[j + 2] * b[j + 2];
-    s3 += a[j + 3] * b[j + 3];
-  }
-  for (; j < n; ++j) s0 += a[j] * b[j];
-  return (s0 + s1) + (s2 + s3);
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) s[l] += a[j + l] * b[j + l];
+  for (; j < n; ++j) s[0] += a[j] * b[j];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
-inline void axpy(double alpha, const double* x, double* y, int64_t n) {
+CROSSKNN_CLONES void axpy(double alpha, const double* x, double* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] += alpha * x[j];
+}
+
+// one Givens step of a rank-1 Cholesky update on row k of R (entries j > k)
+CROSSKNN_CLONES void givens_row(double* rk, double* x, int64_t n, double c, double s) {
+  const double ic = 1.0 / c;
+  for (int64_t j = 0; j < n; ++j) {
+    const double rj = (rk[j] + s * x[j]) * ic;
+    rk[j] = rj;
+    x[j] = c * x[j] - s * rj;
+  }
 }
 
 }  // namespace
@@ -170,12 +184,7 @@ void LeastSquares::extend_primal_(int64_t m0) {
       const double r = std::hypot(rk[k], x[k]);
       const double c = r / rk[k], s = x[k] / rk[k];
       rk[k] = r;
-      const double ic = 1.0 / c;
-      for (int64_t j = k + 1; j < d; ++j) {
-        const double rj = (rk[j] + s * x[j]) * ic;
-        rk[j] = rj;
-        x[j] = c * x[j] - s * rj;
-      }
+      givens_row(rk + k + 1, x.data() + k + 1, d - k - 1, c, s);
     }
   }
 }
