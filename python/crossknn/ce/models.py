@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from crossknn.ce.export import EXPORT_RECIPE  # export.py imports torch only inside functions
 from crossknn.ce.manifest import FORMAT_VERSION, read_manifest
 
 __all__ = [
@@ -79,7 +80,7 @@ def _source_key(src: Path) -> str:
     except PackageNotFoundError:  # pragma: no cover - imported from a source tree
         ver = "src"
     size = (src / "model.safetensors").stat().st_size
-    return f"{ver}-{size}-f{FORMAT_VERSION}"
+    return f"{ver}-{size}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
 
 
 def _build(name: str, precision: str, src: Path, out: Path) -> None:
