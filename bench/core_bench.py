@@ -159,7 +159,6 @@ def bench_case(N: int, d: int, rng: np.random.Generator, reps: int) -> dict:
         lambda: [f.top_k(U[q], 10, exclude=exs[q]) for q in range(Q_BATCH)], max(1, reps // 2)
     )
     row["batch_speedup"] = row["single64_s"] / row["batch64_s"]
-    del f, V
     return row
 
 
@@ -187,14 +186,17 @@ def main() -> int:
         f"{'f32 top-k':>9} {'GB/s':>5} {'%copy':>5} | {'f16':>7} {'int8':>7} {'i8 x':>5} | "
         f"{'Q64 batch':>9} {'64 single':>9} {'x':>5}"
     )
-    print(f"\nkernels={kernel_name()} cores={os.cpu_count()} copy bandwidth={copy_gbps:.1f} GB/s "
-          f"(read+write, best of the run; %copy uses the one measured next to each case); "
-          f"B={B} over {ROUNDS} rounds, k=10 per round")
+    print(
+        f"\nkernels={kernel_name()} cores={os.cpu_count()} copy bandwidth={copy_gbps:.1f} GB/s "
+        f"(read+write, best of the run; %copy uses the one measured next to each case); "
+        f"B={B} over {ROUNDS} rounds, k=10 per round"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(
-            f"{r['N']:>8} {r['d']:>4} | {r['ref_query_s'] * 1e3:>7.1f}ms {r['engine_query_s'] * 1e3:>7.1f}ms "
+            f"{r['N']:>8} {r['d']:>4} | {r['ref_query_s'] * 1e3:>7.1f}ms "
+            f"{r['engine_query_s'] * 1e3:>7.1f}ms "
             f"{r['speedup_vs_ref']:>6.1f}x {r['speedup_int8_vs_ref']:>5.1f}x "
             f"{r['solver_speedup']:>7.0f}x | "
             f"{r['topk_float32_s'] * 1e3:>7.2f}ms "
@@ -212,8 +214,14 @@ def main() -> int:
             "processor": platform.processor() or platform.machine(),
             "kernels": kernel_name(),
         },
-        "config": {"B": B, "rounds": ROUNDS, "k_per_round": B // ROUNDS, "Q_batch": Q_BATCH,
-                   "reps": args.reps, "seed": args.seed},
+        "config": {
+            "B": B,
+            "rounds": ROUNDS,
+            "k_per_round": B // ROUNDS,
+            "Q_batch": Q_BATCH,
+            "reps": args.reps,
+            "seed": args.seed,
+        },
         "copy_GBps_read_plus_write": copy_gbps,
         "rows": rows,
     }

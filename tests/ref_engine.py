@@ -23,7 +23,9 @@ def _as_exclude(exclude, n_queries: int | None) -> list[np.ndarray]:
     if exclude is None:
         return [np.empty(0, np.int64)] * n_queries
     if len(exclude) != n_queries:
-        raise ValueError(f"exclude: expected {n_queries} arrays (one per query), got {len(exclude)}")
+        raise ValueError(
+            f"exclude: expected {n_queries} arrays (one per query), got {len(exclude)}"
+        )
     return [np.asarray(e, np.int64).ravel() for e in exclude]
 
 
@@ -60,8 +62,8 @@ class ItemFeatures:
         if U.ndim != 2 or U.shape[1] != self.dim:
             raise ValueError(f"u must have shape (d,) or (Q, d) with d={self.dim}; got {u.shape}")
         exs = _as_exclude(exclude, None if single else U.shape[0])
-        S, I = [], []
-        for q, (row, ex) in enumerate(zip(U, exs)):
+        S, idx = [], []
+        for q, (row, ex) in enumerate(zip(U, exs, strict=True)):
             s = keyfn(q, (self._V @ row).astype(np.float32))
             avail = self.n_items - len(np.unique(ex))
             if k > avail:
@@ -70,9 +72,9 @@ class ItemFeatures:
             s[ex] = -np.inf
             order = np.lexsort((np.arange(self.n_items), -s))[:k]
             S.append(s[order])
-            I.append(order.astype(np.int64))
-        S, I = np.array(S, np.float32), np.array(I, np.int64)
-        return (S[0], I[0]) if single else (S, I)
+            idx.append(order.astype(np.int64))
+        S, idx = np.array(S, np.float32), np.array(idx, np.int64)
+        return (S[0], idx[0]) if single else (S, idx)
 
     def top_k(self, u, k: int, *, exclude=None):
         return self._select(u, k, exclude, lambda q, s: s)
@@ -85,9 +87,12 @@ class ItemFeatures:
         return self._select(u, k, exclude, key)
 
     def sample_random(self, k: int, *, exclude=None, seed: int = 0):
-        single = exclude is None or (
-            isinstance(exclude, np.ndarray) and exclude.ndim == 1
-        ) or not isinstance(exclude, Sequence) or (len(exclude) > 0 and np.isscalar(exclude[0]))
+        single = (
+            exclude is None
+            or (isinstance(exclude, np.ndarray) and exclude.ndim == 1)
+            or not isinstance(exclude, Sequence)
+            or (len(exclude) > 0 and np.isscalar(exclude[0]))
+        )
         exs = _as_exclude(exclude, None if single else len(exclude))
         out = []
         for q, ex in enumerate(exs):

@@ -1,4 +1,4 @@
-"""The C++ round engine (crossknn.engine) against the independent numpy reference tests/ref_engine.py."""
+"""The C++ round engine (crossknn.engine) vs the independent numpy reference tests/ref_engine.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ref_engine  # noqa: E402
 
 STORAGES = ["float32", "float16", "int8"]
-HSET = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+HSET = settings(
+    max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def _rng(seed=0):
@@ -283,7 +285,7 @@ def test_thread_count_and_batch_independence(storage):
             )
         )
     for other in res[1:]:
-        for a, b in zip(res[0], other):
+        for a, b in zip(res[0], other, strict=True):
             np.testing.assert_array_equal(a[0], b[0])
             np.testing.assert_array_equal(a[1], b[1])
     # batch rows equal single-query top-k calls
@@ -531,9 +533,11 @@ def test_generic_and_simd_kernels_agree():
     assert generic["kernel"] == "generic"
     np.testing.assert_array_equal(generic["int8"][0], native["int8"][0])
     np.testing.assert_array_equal(generic["int8"][1], native["int8"][1])
-    for st in ("float32", "float16"):
-        np.testing.assert_allclose(generic[st][0], native[st][0], rtol=1e-5, atol=1e-5)
-        for a, b in zip(generic[st][1], native[st][1]):
+    for storage in ("float32", "float16"):
+        g_s, g_i = generic[storage]
+        n_s, n_i = native[storage]
+        np.testing.assert_allclose(g_s, n_s, rtol=1e-5, atol=1e-5)
+        for a, b in zip(g_i, n_i, strict=True):
             assert len(set(a) ^ set(b)) <= 2  # near-ties at the k-th place may swap
 
 

@@ -202,9 +202,9 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
   const int64_t row_bytes = nbytes() / n_;
   const int64_t bs = std::max<int64_t>(64, std::min<int64_t>(4096, (256 << 10) / row_bytes));
   const int64_t n_blocks = (n_ + bs - 1) / bs;
-  // small jobs on one thread: starting threads costs more than it saves
+  // small jobs (under ~1 ms of work) on one thread: starting threads costs more than it saves
   const double work = static_cast<double>(n_) * d_ * Q;
-  const int T = work < 2e6 ? 1 : static_cast<int>(std::min<int64_t>(threads_, n_blocks));
+  const int T = work < 4e6 ? 1 : static_cast<int>(std::min<int64_t>(threads_, n_blocks));
 
   std::vector<std::vector<TopK>> heaps(T, std::vector<TopK>(Q));
   for (auto& hs : heaps)
