@@ -81,15 +81,28 @@ def _torch_logits(ckpt: Path, pairs, max_length: int) -> np.ndarray:
         return model(**enc).logits.numpy()
 
 
-def test_cls_ce_parity_with_pytorch(tiny, tiny_export):
-    ref = _torch_logits(tiny, PAIRS, 128)[:, 0]
-    ce = OnnxCrossEncoder(tiny_export, batch_size=2)
-    raw = ce.predict(PAIRS, apply_activation=False)
-    assert raw.dtype == np.float32 and raw.shape == (len(PAIRS),)
+def _random_real_pairs(shared_dir: Path, n: int, seed: int) -> list[tuple[str, str]]:
+    data = shared_dir / "data" / "nfcorpus"
+    with (data / "queries.jsonl").open(encoding="utf-8") as fh:
+        queries = [json.loads(line)["text"] for line in fh]
+    with (data / "corpus.jsonl").open(encoding="utf-8") as fh:
+        docs = [json.loads(line)["text"] for _, line in zip(range(500), fh)]
+    rng = np.random.default_rng(seed)
+    return [(queries[rng.integers(len(queries))], docs[rng.integers(len(docs))]) for _ in range(n)]
+
+
+@pytest.mark.shared
+def test_cls_ce_parity_with_pytorch(tiny, tiny_export, shared_dir):
+    pairs = PAIRS + _random_real_pairs(shared_dir, 24, seed=3)
+    ref = _torch_logits(tiny, pairs, 128)[:, 0]
+    ce = OnnxCrossEncoder(tiny_export, batch_size=4)
+    raw = ce.predict(pairs, apply_activation=False)
+    assert raw.dtype == np.float32 and raw.shape == (len(pairs),)
     np.testing.assert_allclose(raw, ref, atol=1e-4, rtol=0)
+    ref, pairs = ref[: len(PAIRS)], PAIRS
     # sentence-transformers' default for one label: sigmoid
     assert ce.activation == "sigmoid"
-    np.testing.assert_allclose(ce.predict(PAIRS), 1 / (1 + np.exp(-ref)), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ce.predict(pairs), 1 / (1 + np.exp(-ref)), atol=1e-4, rtol=0)
 
 
 def test_cls_ce_longer_max_length_than_traced(tiny, tiny_export):
