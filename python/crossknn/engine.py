@@ -154,9 +154,7 @@ class ItemFeatures:
         V = np.asarray(V)
         if V.ndim != 2 or V.shape[0] == 0 or V.shape[1] == 0:
             raise ValueError(f"V must be a non-empty 2-D array (N x d); got shape {V.shape}")
-        V = _real_array(V, "V", np.float32)
-        if not np.isfinite(V).all():
-            raise ValueError("V contains NaN or inf (after conversion to float32)")
+        V = _real_array(V, "V", np.float32)  # NaN/inf (also float32 overflow): the core says where
         self._f = _core.Features(V, storage=storage, threads=int(threads))
         self.storage = storage
         self.n_items, self.dim = int(V.shape[0]), int(V.shape[1])
