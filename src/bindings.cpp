@@ -88,6 +88,9 @@ py::tuple select(const Features& f, const py::handle& U, int64_t k, const py::ob
   auto u = expect_queries(U, f);
   const int64_t Q = u.shape(0);
   if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
+  if (k > f.n_items())  // before allocating Q x k outputs
+    throw py::value_error("k=" + std::to_string(k) + " exceeds the " +
+                          std::to_string(f.n_items()) + " items");
   Exclude ex = make_exclude(ex_ids, ex_off, Q);
   py::array_t<float> s({Q, k});
   py::array_t<int64_t> idx({Q, k});
@@ -174,6 +177,9 @@ PYBIND11_MODULE(_core, m) {
              const py::object& off, uint64_t seed) {
             if (Q < 0) throw py::value_error("number of queries must be >= 0");
             if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
+            if (k > f.n_items())
+              throw py::value_error("k=" + std::to_string(k) + " exceeds the " +
+                                    std::to_string(f.n_items()) + " items");
             Exclude ex = make_exclude(ids, off, Q);
             py::array_t<int64_t> idx({Q, k});
             int64_t* pi = idx.mutable_data();

@@ -394,6 +394,11 @@ def test_bad_features():
         ItemFeatures(np.array([["a", "b"]]))
     with pytest.raises(ValueError, match="threads"):
         ItemFeatures(np.ones((2, 2)), threads=-1)
+    with pytest.raises(ValueError, match="threads"):
+        ItemFeatures(np.ones((2, 2)), threads=10**6)
+    f = ItemFeatures(np.ones((2, 2)))
+    with pytest.raises(ValueError, match="threads"):
+        f.threads = -3
 
 
 def test_bad_queries_and_k():
@@ -410,6 +415,10 @@ def test_bad_queries_and_k():
         f.sample_random(10, exclude=[3])
     with pytest.raises(ValueError, match="k must be >= 0"):
         f.top_k(np.ones(3), -1)
+    with pytest.raises(ValueError, match="exceeds"):  # refused before allocating the output
+        f.top_k(np.ones((2, 3)), 10**15)
+    with pytest.raises(ValueError, match="exceeds"):
+        f.sample_random(10**15, n_queries=3)
     with pytest.raises(TypeError, match="k must be an int"):
         f.top_k(np.ones(3), 2.0)
     with pytest.raises(IndexError, match="outside"):

@@ -31,8 +31,8 @@ const char* storage_name(Storage s) noexcept {
 }
 
 static int resolve_threads(int threads) {
-  if (threads < 0)
-    throw std::invalid_argument("threads must be >= 0 (0 = all cores); got " +
+  if (threads < 0 || threads > 1024)
+    throw std::invalid_argument("threads must be in [0, 1024] (0 = all cores); got " +
                                 std::to_string(threads));
   if (threads == 0) {
     const unsigned hc = std::thread::hardware_concurrency();

@@ -149,8 +149,8 @@ class ItemFeatures:
             raise ValueError(f"storage must be one of {_STORAGES}; got {storage!r}")
         if isinstance(threads, bool) or not isinstance(threads, numbers.Integral | np.integer):
             raise TypeError(f"threads must be an int (0 = all cores); got {type(threads).__name__}")
-        if threads < 0:
-            raise ValueError(f"threads must be >= 0 (0 = all cores); got {threads}")
+        if not 0 <= threads <= 1024:
+            raise ValueError(f"threads must be in [0, 1024] (0 = all cores); got {threads}")
         V = np.asarray(V)
         if V.ndim != 2 or V.shape[0] == 0 or V.shape[1] == 0:
             raise ValueError(f"V must be a non-empty 2-D array (N x d); got shape {V.shape}")
