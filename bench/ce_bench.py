@@ -101,7 +101,9 @@ def torch_runner(threads: int):
     from crossknn.ce.models import minilm_checkpoint_dir
 
     torch.set_num_threads(threads)
-    model = transformers.AutoModel.from_pretrained(str(minilm_checkpoint_dir()), local_files_only=True)
+    model = transformers.AutoModel.from_pretrained(
+        str(minilm_checkpoint_dir()), local_files_only=True
+    )
     model.eval()
 
     def run(feeds_list):
@@ -172,7 +174,9 @@ def main() -> int:
 
                 from crossknn.ce.models import minilm_checkpoint_dir
 
-                st_model = CrossEncoder(str(minilm_checkpoint_dir()), local_files_only=True, num_labels=1)
+                st_model = CrossEncoder(
+                    str(minilm_checkpoint_dir()), local_files_only=True, num_labels=1
+                )
             st_note = (
                 "loads the encoder with a randomly initialised [CLS] head (no joint [EMB]-CE head "
                 "exists in sentence-transformers): speed only, scores meaningless"
@@ -181,15 +185,25 @@ def main() -> int:
             st_note = f"cannot load: {exc}"
 
     rows = []
-    header = f"{'max_len':>7} {'batch':>5} {'backend':<16} {'pairs/s':>8} {'x torch':>8} {'mean len':>8}"
+    header = (
+        f"{'max_len':>7} {'batch':>5} {'backend':<16} {'pairs/s':>8} {'x torch':>8} {'mean len':>8}"
+    )
     print(f"load average {os.getloadavg()[0]:.1f}; best of {args.rounds} interleaved rounds")
-    print(f"{len(pairs)} SciFact pairs per setting, {args.threads} threads, {platform.processor() or platform.machine()}")
+    print(
+        f"{len(pairs)} SciFact pairs per setting, {args.threads} threads, "
+        f"{platform.processor() or platform.machine()}"
+    )
     print(header)
     print("-" * len(header))
     for max_len in (128, 256):
         for bs in (16, 64):
             budget = bs * max_len  # the batch size is the binding limit in every setting
-            kw = {"threads": args.threads, "batch_size": bs, "max_batch_tokens": budget, "max_length": max_len}
+            kw = {
+                "threads": args.threads,
+                "batch_size": bs,
+                "max_batch_tokens": budget,
+                "max_length": max_len,
+            }
             fp32 = default_cross_encoder(precision="fp32", **kw)
             int8 = default_cross_encoder(precision="int8", **kw)
             feeds, order, mean_len = batches_of(fp32, pairs, bs)
@@ -237,8 +251,12 @@ def main() -> int:
                         "mean_tokens": round(mean_len, 1),
                     }
                 )
-                print(f"{max_len:>7} {bs:>5} {name:<16} {pps:>8.1f} {speedup:>8.2f} {mean_len:>8.1f}")
-            next(r for r in rows[::-1] if r["backend"] == "ort-fp32")["max_abs_diff_vs_torch"] = parity
+                print(
+                    f"{max_len:>7} {bs:>5} {name:<16} {pps:>8.1f} {speedup:>8.2f} {mean_len:>8.1f}"
+                )
+            next(r for r in rows[::-1] if r["backend"] == "ort-fp32")["max_abs_diff_vs_torch"] = (
+                parity
+            )
             sys.stdout.flush()
 
     # int8 quality on 2 x 1,000 real pairs
@@ -251,7 +269,11 @@ def main() -> int:
         a = fp32.predict(qpairs).reshape(n_q, -1)
         b = int8.predict(qpairs).reshape(n_q, -1)
         overlap = [
-            len(set(np.argsort(-a[r], kind="stable")[:10]) & set(np.argsort(-b[r], kind="stable")[:10])) / 10
+            len(
+                set(np.argsort(-a[r], kind="stable")[:10])
+                & set(np.argsort(-b[r], kind="stable")[:10])
+            )
+            / 10
             for r in range(n_q)
         ]
         q = {
@@ -262,12 +284,15 @@ def main() -> int:
             else "top-100 items per CISI test query by the exact matrix",
             "top10_agreement": float(np.mean(overlap)),
             "spearman_all": float(spearmanr(a.ravel(), b.ravel()).statistic),
-            "spearman_per_query_mean": float(np.mean([spearmanr(a[r], b[r]).statistic for r in range(n_q)])),
+            "spearman_per_query_mean": float(
+                np.mean([spearmanr(a[r], b[r]).statistic for r in range(n_q)])
+            ),
             "max_abs_diff": float(np.max(np.abs(a - b))),
         }
         quality[name] = q
         print(
-            f"int8 vs fp32, {name} set ({len(qpairs)} pairs): top-10 agreement {q['top10_agreement']:.3f}, "
+            f"int8 vs fp32, {name} set ({len(qpairs)} pairs): "
+            f"top-10 agreement {q['top10_agreement']:.3f}, "
             f"Spearman {q['spearman_all']:.4f} (per query {q['spearman_per_query_mean']:.4f}), "
             f"max |diff| {q['max_abs_diff']:.4f}"
         )

@@ -72,13 +72,19 @@ def test_default_ce_reproduces_the_shared_matrix(ce, cisi):
     n_q, n_i = cisi["scores"].shape
     q = rng.integers(0, n_q, size=40)
     i = rng.integers(0, n_i, size=40)
-    got = np.concatenate([ce.score(cisi["queries"][a], np.array([b])) for a, b in zip(q, i, strict=True)])
+    got = np.concatenate(
+        [ce.score(cisi["queries"][a], np.array([b])) for a, b in zip(q, i, strict=True)]
+    )
     np.testing.assert_allclose(got, cisi["scores"][q, i], atol=1e-4, rtol=0)
     # the same pairs through score_batch (one sorted run over several queries) and predict
     rows = [ce.score_batch([cisi["queries"][a] for a in q[:8]], [np.array([b]) for b in i[:8]])]
-    np.testing.assert_allclose(np.concatenate(rows[0]), cisi["scores"][q[:8], i[:8]], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        np.concatenate(rows[0]), cisi["scores"][q[:8], i[:8]], atol=1e-4, rtol=0
+    )
     pairs = [(cisi["queries"][a], cisi["items"][b]) for a, b in zip(q[8:16], i[8:16], strict=True)]
-    np.testing.assert_allclose(ce.predict(pairs), cisi["scores"][q[8:16], i[8:16]], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        ce.predict(pairs), cisi["scores"][q[8:16], i[8:16]], atol=1e-4, rtol=0
+    )
 
 
 def test_default_ce_identity(ce, cisi):
@@ -117,8 +123,15 @@ def test_joint_ce_parity_with_pytorch_at_256(cache, cisi):
     rng = np.random.default_rng(7)
     qs = [cisi["queries"][k] for k in rng.integers(0, len(cisi["queries"]), 12)]
     ds = [cisi["items"][k] for k in rng.integers(0, len(cisi["items"]), 12)]
-    enc = tok(qs, ds, truncation="longest_first", max_length=256, padding=True,
-              return_tensors="pt", return_special_tokens_mask=True)
+    enc = tok(
+        qs,
+        ds,
+        truncation="longest_first",
+        max_length=256,
+        padding=True,
+        return_tensors="pt",
+        return_special_tokens_mask=True,
+    )
     special = enc.pop("special_tokens_mask").bool()
     with torch.no_grad():
         h = model(**enc).last_hidden_state
@@ -129,7 +142,9 @@ def test_joint_ce_parity_with_pytorch_at_256(cache, cisi):
     d = torch.nn.functional.normalize((h * dm).sum(1) / dm.sum(1), dim=-1)
     ref = (q * d).sum(-1).numpy()
     ce256 = OnnxCrossEncoder(ensure_model(cache_dir=cache), max_length=256, threads=2)
-    np.testing.assert_allclose(ce256.predict(list(zip(qs, ds, strict=True))), ref, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        ce256.predict(list(zip(qs, ds, strict=True))), ref, atol=1e-4, rtol=0
+    )
 
 
 @pytest.mark.parametrize("batch_size", [1, 5, 64])

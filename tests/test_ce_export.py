@@ -23,13 +23,27 @@ from crossknn.ce.export import export_cross_encoder, export_dual_encoder  # noqa
 from crossknn.ce.manifest import MANIFEST, read_manifest  # noqa: E402
 
 MINILM = Path(minilm.__file__).resolve().parent / "model"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
 
 PAIRS = [
-    ("what is information retrieval", "Information retrieval is finding material of an unstructured nature."),
-    ("library classification", "The Dewey Decimal Classification is used by many public libraries."),
+    (
+        "what is information retrieval",
+        "Information retrieval is finding material of an unstructured nature.",
+    ),
+    (
+        "library classification",
+        "The Dewey Decimal Classification is used by many public libraries.",
+    ),
     ("a", ""),
-    ("citation indexing of scientific literature " * 6, "Citation indexes list papers that cite a paper. " * 20),
+    (
+        "citation indexing of scientific literature " * 6,
+        "Citation indexes list papers that cite a paper. " * 20,
+    ),
     ("short", "A document about automatic abstracting and the evaluation of abstracts by readers."),
 ]
 
@@ -86,7 +100,7 @@ def _random_real_pairs(shared_dir: Path, n: int, seed: int) -> list[tuple[str, s
     with (data / "queries.jsonl").open(encoding="utf-8") as fh:
         queries = [json.loads(line)["text"] for line in fh]
     with (data / "corpus.jsonl").open(encoding="utf-8") as fh:
-        docs = [json.loads(line)["text"] for _, line in zip(range(500), fh)]
+        docs = [json.loads(line)["text"] for _, line in zip(range(500), fh, strict=False)]
     rng = np.random.default_rng(seed)
     return [(queries[rng.integers(len(queries))], docs[rng.integers(len(docs))]) for _ in range(n)]
 
@@ -145,8 +159,15 @@ def test_joint_and_dual_encoder_export_parity(tiny, tmp_path):
         str(tiny), local_files_only=True, attn_implementation="eager"
     ).eval()
     pairs = [p for p in PAIRS if p[0] and p[1]]
-    enc = tok([p[0] for p in pairs], [p[1] for p in pairs], truncation="longest_first",
-              max_length=64, padding=True, return_tensors="pt", return_special_tokens_mask=True)
+    enc = tok(
+        [p[0] for p in pairs],
+        [p[1] for p in pairs],
+        truncation="longest_first",
+        max_length=64,
+        padding=True,
+        return_tensors="pt",
+        return_special_tokens_mask=True,
+    )
     special = enc.pop("special_tokens_mask").bool()
     with torch.no_grad():
         h = enc_model(**enc).last_hidden_state

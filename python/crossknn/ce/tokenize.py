@@ -74,7 +74,9 @@ def _split_template(enc, pair: bool) -> _Template:
     pos_a = [i for i, s in enumerate(seq) if s == 0]
     pos_b = [i for i, s in enumerate(seq) if s == 1]
     if len(pos_a) != 1 or (pair and len(pos_b) != 1):
-        raise ValueError("unexpected tokenizer post-processor: cannot read its special-token template")
+        raise ValueError(
+            "unexpected tokenizer post-processor: cannot read its special-token template"
+        )
     a = pos_a[0]
     b = pos_b[0] if pair else a
     empty = np.zeros(0, dtype=np.int64)
@@ -132,7 +134,9 @@ class TokenizerPlan:
         self._tok = tok
         probe = tok.encode("a", add_special_tokens=False)
         if len(probe.ids) != 1:
-            raise ValueError(f"{path}: unexpected tokenizer (the probe 'a' gave {len(probe.ids)} ids)")
+            raise ValueError(
+                f"{path}: unexpected tokenizer (the probe 'a' gave {len(probe.ids)} ids)"
+            )
         # (Tokenizer.post_process loses the sequence ids of the first segment: encode the probe)
         self.single = _split_template(tok.encode("a", add_special_tokens=True), False)
         self.pair = _split_template(tok.encode("a", "a", add_special_tokens=True), True)
@@ -148,7 +152,9 @@ class TokenizerPlan:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
 
-def assemble_pairs(t: _Template, pad_id: int, A: IdStore, ia, ta, B: IdStore, ib, tb) -> dict[str, np.ndarray]:
+def assemble_pairs(
+    t: _Template, pad_id: int, A: IdStore, ia, ta, B: IdStore, ib, tb
+) -> dict[str, np.ndarray]:
     """Model inputs of one batch of pairs (A[ia[r]] kept to ta[r] tokens, B[ib[r]] to tb[r]).
 
     Padded to the longest pair of the batch. ``pool_mask`` is 1 on the first segment's tokens,
@@ -214,5 +220,7 @@ def check_texts(texts, what: str) -> list[str]:
         raise TypeError(f"{what} must be a list of strings, got {type(texts).__name__}") from None
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise TypeError(f"{what} must be a list of strings; got {type(t).__name__} at position {i}")
+            raise TypeError(
+                f"{what} must be a list of strings; got {type(t).__name__} at position {i}"
+            )
     return texts

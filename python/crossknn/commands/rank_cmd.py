@@ -1,4 +1,4 @@
-"""``crossknn rank "query" --corpus FILE.jsonl``: score every item of a corpus with the CE, print the top k."""
+"""``crossknn rank "query" --corpus FILE.jsonl``: CE-score a whole corpus, print the top k."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="JSONL with 'id' (or '_id') and 'text' (optional 'title') per line, or a BEIR folder",
     )
-    parser.add_argument("--top-k", type=int, default=10, help="how many items to print (default 10)")
+    parser.add_argument(
+        "--top-k", type=int, default=10, help="how many items to print (default 10)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--model",
@@ -26,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an exported CE directory (default: the embedded minilm-l6-joint, built on first use)",
     )
     parser.add_argument("--int8", action="store_true", help="use the int8-quantized model")
-    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads (default: all cores)"
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="pairs per batch (default 16)")
     parser.add_argument(
         "--provider",
@@ -57,7 +61,12 @@ def run(args: argparse.Namespace) -> int:
     ce = OnnxCrossEncoder(args.model, **kw) if args.model else default_cross_encoder(**kw)
     hits = ce.rank(args.query, corpus.texts, top_k=min(args.top_k, len(corpus)))
     rows = [
-        {"rank": r + 1, "id": corpus.ids[h["corpus_id"]], "score": h["score"], "text": corpus.texts[h["corpus_id"]]}
+        {
+            "rank": r + 1,
+            "id": corpus.ids[h["corpus_id"]],
+            "score": h["score"],
+            "text": corpus.texts[h["corpus_id"]],
+        }
         for r, h in enumerate(hits)
     ]
     if args.json:
