@@ -16,6 +16,7 @@ Nothing is downloaded.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -87,6 +88,14 @@ def _source_key(src: Path) -> str:
 
 def _build(name: str, precision: str, src: Path, out: Path) -> None:
     from crossknn.ce.export import export_cross_encoder, export_dual_encoder
+
+    for module in ("torch", "transformers", "onnx"):
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(
+                f"building the embedded {name} model on first use needs torch, transformers and "
+                f"onnx ({module} is missing): install the 'export' extra (torch pinned as in "
+                "constraints.txt), or load an already exported directory with OnnxCrossEncoder(DIR)"
+            )
 
     int8 = precision == "int8"
     common: dict[str, Any] = {

@@ -58,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
         "provider": args.provider,
         "show_progress_bar": args.progress,
     }
-    ce = OnnxCrossEncoder(args.model, **kw) if args.model else default_cross_encoder(**kw)
+    try:
+        ce = OnnxCrossEncoder(args.model, **kw) if args.model else default_cross_encoder(**kw)
+    except ImportError as exc:  # the embedded model cannot be built without the export extra
+        print(f"crossknn rank: error: {exc}", file=sys.stderr)
+        return 2
     hits = ce.rank(args.query, corpus.texts, top_k=min(args.top_k, len(corpus)))
     rows = [
         {
