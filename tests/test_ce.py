@@ -216,6 +216,11 @@ def test_bad_input(ce, cache):
     assert fresh.n_items == 0
     with pytest.raises(ValueError, match="fp16"):
         OnnxCrossEncoder(ensure_model(cache_dir=cache), fp16=True, provider="cpu")
+    for bad in (4, 513, "128", 128.0):
+        with pytest.raises(ValueError, match="max_length must be an int in"):
+            OnnxCrossEncoder(ensure_model(cache_dir=cache), max_length=bad)
+    with pytest.raises(ValueError, match="batch_size"):
+        OnnxCrossEncoder(ensure_model(cache_dir=cache), batch_size=0)
     with pytest.raises(ValueError, match="provider"):
         OnnxCrossEncoder(ensure_model(cache_dir=cache), provider="gpu")
     if "CUDAExecutionProvider" not in available_providers():

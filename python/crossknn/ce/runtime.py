@@ -204,10 +204,14 @@ class _Base:
             other = "OnnxDualEncoder" if m["kind"] == "dual-encoder" else "OnnxCrossEncoder"
             raise ValueError(f"{model_dir} holds a {m['kind']} model; load it with {other}")
         self._plan = TokenizerPlan(Path(model_dir) / "tokenizer.json")
-        self.max_length = int(m["max_length"] if max_length is None else max_length)
         limit = int(m.get("max_positions", 512))
-        if not isinstance(max_length, (int, type(None))) or not 8 <= self.max_length <= limit:
+        if max_length is not None and (
+            isinstance(max_length, bool)
+            or not isinstance(max_length, (int, np.integer))
+            or not 8 <= max_length <= limit
+        ):
             raise ValueError(f"max_length must be an int in [8, {limit}]; got {max_length!r}")
+        self.max_length = int(m["max_length"] if max_length is None else max_length)
         self.batch_size = int(batch_size)
         self.max_batch_tokens = int(max_batch_tokens)
         self.show_progress_bar = bool(show_progress_bar)
