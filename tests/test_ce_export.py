@@ -241,3 +241,19 @@ def test_load_errors_name_the_missing_file(tiny, tiny_export, tmp_path):
 def test_export_refuses_to_overwrite(tiny, tiny_export):
     with pytest.raises(FileExistsError, match="overwrite"):
         export_cross_encoder(tiny, tiny_export)
+
+
+def test_provider_choice_is_explicit(monkeypatch):
+    from crossknn.ce import runtime
+
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CPUExecutionProvider"])
+    assert runtime._choose_provider("auto") == "CPUExecutionProvider"
+    with pytest.raises(RuntimeError, match="TensorrtExecutionProvider.*only"):
+        runtime._choose_provider("tensorrt")
+    gpu = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(runtime, "available_providers", lambda: gpu)
+    assert runtime._choose_provider("auto") == "TensorrtExecutionProvider"
+    assert runtime._choose_provider("cuda") == "CUDAExecutionProvider"
+    assert runtime._choose_provider("cpu") == "CPUExecutionProvider"
+    monkeypatch.setattr(runtime, "available_providers", lambda: gpu[1:])
+    assert runtime._choose_provider("auto") == "CUDAExecutionProvider"

@@ -133,8 +133,10 @@ class _Session:
             model = proto.SerializeToString()
         self.fp16 = bool(fp16)
         providers: list[Any] = [(self.provider, options)]
+        if self.provider == _PROVIDERS["tensorrt"] and _PROVIDERS["cuda"] in available_providers():
+            providers.append(_PROVIDERS["cuda"])  # for subgraphs TensorRT does not take
         if gpu:
-            providers.append("CPUExecutionProvider")  # for nodes the GPU provider does not take
+            providers.append("CPUExecutionProvider")  # for nodes the GPU providers do not take
         self.session = ort.InferenceSession(model, so, providers=providers)
         running = self.session.get_providers()
         if not running or running[0] != self.provider:
@@ -152,7 +154,7 @@ class _Session:
         io = self.session.io_binding()
         for name, arr in feeds.items():
             io.bind_cpu_input(name, arr)
-        io.bind_output(self.output)
+        io.bind_output(self.output, "cuda")  # allocated on the device, copied back once
         self.session.run_with_iobinding(io)
         return io.copy_outputs_to_cpu()[0]
 
