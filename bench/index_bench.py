@@ -168,14 +168,15 @@ def bench_cisi(budgets: list[int], ks: list[int], seeds: list[int], k_qs: list[i
 
     def evaluate(method_name, make, index_calls, extra):
         for B in budgets:
-            rec = {k: [] for k in ks}
+            kb = [k for k in ks if k <= B]  # Top-k-Recall@B is defined for k <= B
+            rec = {k: [] for k in kb}
             for seed in seeds:
                 method = make(seed)
-                res = method.search(scorer, list(test), budget=B, k=max(ks), seed=seed)
+                res = method.search(scorer, list(test), budget=B, k=max(kb), seed=seed)
                 assert int(res.ce_calls.max()) <= B
-                for k in ks:
+                for k in kb:
                     rec[k].append(float(topk_recall(S, test, res.indices, k).mean()))
-            for k in ks:
+            for k in kb:
                 rows.append({"method": method_name, "index CE calls": index_calls, "B": B, "k": k,
                              "recall": float(np.mean(rec[k])), **extra})
 
@@ -208,6 +209,8 @@ def bench_cisi(budgets: list[int], ks: list[int], seeds: list[int], k_qs: list[i
     for k in ks:
         for B in budgets:
             sub = [r for r in rows if r["k"] == k and r["B"] == B]
+            if not sub:
+                continue
             print(f"\nk={k}, B={B}")
             print(table(sub, ["method", "param", "index CE calls", "recall"]))
     return rows
@@ -225,13 +228,19 @@ def main(argv=None) -> int:
     out["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(),
                       "cpus": __import__("os").cpu_count()}
     out["command"] = "python bench/index_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    def save():
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+
     if "throughput" in sections:
         out["throughput"] = bench_throughput(2 if args.quick else 2, 64 if args.quick else 200,
                                              2 if args.quick else 8)
+        save()
     if "mf-scaling" in sections:
         sizes = [n for n in (1_000, 10_000, 100_000, 1_000_000) if n <= args.max_n]
         out["mf_scaling"] = bench_mf_scaling(sizes[:2] if args.quick else sizes, dim=128,
                                              n_train=200, k_d=100, epochs=2 if args.quick else 5)
+        save()
     if "cisi" in sections:
         if args.quick:
             out["cisi"] = bench_cisi([50], [10], [0], [5], [50], ["inductive"], steps=50)
@@ -239,8 +248,7 @@ def main(argv=None) -> int:
             out["cisi"] = bench_cisi([50, 100, 200], [1, 10, 100], [0, 1, 2], [2, 5, 10, 20, 40, 62],
                                      [10, 25, 50, 100, 200, 400, 800],
                                      ["inductive", "transductive"], steps=400)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    save()
     print(f"\nwrote {args.out}")
     return 0
 

@@ -119,7 +119,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if len(list((killed / "shards").glob("0*.npy"))) >= 4 if (killed / "shards").exists() else False:
+            shards = killed / "shards"
+            if shards.exists() and len(list(shards.glob("0*.npy"))) >= 4:
                 break
             time.sleep(0.01)
         else:
