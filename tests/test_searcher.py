@@ -11,7 +11,7 @@ from crossknn.ce import default_cross_encoder, default_dual_encoder
 from crossknn.cli import main
 from crossknn.corpus import Corpus, load_corpus
 from crossknn.index.files import ModelMismatchError
-from crossknn.searcher import Searcher, _encode_resumable, build_corpus_index, open_index
+from crossknn.searcher import Searcher, _encode_resumable, open_index
 
 pytestmark = [pytest.mark.shared, pytest.mark.slow]
 
@@ -27,8 +27,13 @@ def env(model_cache, shared_dir, tmp_path_factory):
     corpus = Corpus(full.ids[:N_ITEMS], full.texts[:N_ITEMS], "cisi[:40]")
     root = tmp_path_factory.mktemp("searcher")
     path = root / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
-                            for i, t in zip(corpus.ids, corpus.texts)), encoding="utf-8")
+    path.write_text(
+        "".join(
+            json.dumps({"id": i, "text": t}) + "\n"
+            for i, t in zip(corpus.ids, corpus.texts, strict=False)
+        ),
+        encoding="utf-8",
+    )
     ce = default_cross_encoder()
     de = default_dual_encoder()
     yield {"corpus": corpus, "path": path, "root": root, "ce": ce, "de": de}
@@ -38,8 +43,18 @@ def env(model_cache, shared_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def index_dir(env):
     out = env["root"] / "idx"
-    rc = main(["build", str(env["path"]), str(out), "--calibration-queries", "4",
-               "--calibration-items", "8", "--quiet"])
+    rc = main(
+        [
+            "build",
+            str(env["path"]),
+            str(out),
+            "--calibration-queries",
+            "4",
+            "--calibration-items",
+            "8",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -127,14 +142,29 @@ def test_cur_index_enables_adacur(env, tmp_path):
     train = tmp_path / "train.txt"
     train.write_text("library catalogs\ninformation retrieval systems\ncitation analysis\n")
     out = tmp_path / "cur"
-    assert main(["build", str(env["path"]), str(out), "--train-queries", str(train), "--cur",
-                 "--calibration-items", "8", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "build",
+                str(env["path"]),
+                str(out),
+                "--train-queries",
+                str(train),
+                "--cur",
+                "--calibration-items",
+                "8",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     idx = open_index(out)
     assert idx["R"].shape == (3, N_ITEMS)
     ce = env["ce"]
     ce.set_items(env["corpus"].texts)
-    np.testing.assert_allclose(idx["R"][1], ce.score("information retrieval systems",
-                                                     np.arange(N_ITEMS)), atol=1e-5)
+    np.testing.assert_allclose(
+        idx["R"][1], ce.score("information retrieval systems", np.arange(N_ITEMS)), atol=1e-5
+    )
     assert idx.ce_calls == 3 * 8 + 3 * N_ITEMS
     s = Searcher(idx, method="adacur")
     for method in ("adacur", "anncur"):
@@ -175,9 +205,24 @@ def test_item_encoding_resumes_after_interruption(env, tmp_path):
 
 
 def test_demo_runs_and_caches(env, tmp_path):
-    cmd = [sys.executable, "-m", "crossknn.cli", "demo", "--max-items", "60", "--budget", "20",
-           "-k", "5", "--exact", "--quiet", "--cache-dir", str(tmp_path),
-           "--query", "read a file line by line"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "crossknn.cli",
+        "demo",
+        "--max-items",
+        "60",
+        "--budget",
+        "20",
+        "-k",
+        "5",
+        "--exact",
+        "--quiet",
+        "--cache-dir",
+        str(tmp_path),
+        "--query",
+        "read a file line by line",
+    ]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr
     assert "index: building" in first.stdout

@@ -25,7 +25,9 @@ class Corpus:
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.texts):
-            raise ValueError(f"ids ({len(self.ids)}) and texts ({len(self.texts)}) differ in length")
+            raise ValueError(
+                f"ids ({len(self.ids)}) and texts ({len(self.texts)}) differ in length"
+            )
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -56,7 +58,9 @@ def _read_jsonl(path: Path) -> Corpus:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+                raise ValueError(
+                    f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}"
+                )
             rid = rec.get("id", rec.get("_id"))
             if rid is None or (isinstance(rid, str) and not rid):
                 raise ValueError(f"{path}:{lineno}: missing 'id' (or '_id')")
@@ -83,7 +87,9 @@ def load_corpus(path: str | os.PathLike) -> Corpus:
     p = Path(path)
     if p.is_dir():
         if not (p / "corpus.jsonl").is_file():
-            raise FileNotFoundError(f"{p} is a folder but has no corpus.jsonl (BEIR layout expected)")
+            raise FileNotFoundError(
+                f"{p} is a folder but has no corpus.jsonl (BEIR layout expected)"
+            )
         p = p / "corpus.jsonl"
     elif not p.is_file():
         raise FileNotFoundError(f"corpus not found: {p}")
@@ -91,8 +97,17 @@ def load_corpus(path: str | os.PathLike) -> Corpus:
 
 
 _SKIP_DIRS = {
-    "site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo",
-    "__pycache__", "ensurepip", "tkinter", "pydoc_data",
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "turtledemo",
+    "__pycache__",
+    "ensurepip",
+    "tkinter",
+    "pydoc_data",
 }
 
 

@@ -57,8 +57,10 @@ def _sha256_bytes(data: bytes) -> str:
 
 
 def _items_jsonl(corpus: Corpus) -> bytes:
-    lines = [json.dumps({"id": i, "text": t}, ensure_ascii=False) for i, t in zip(corpus.ids,
-                                                                                 corpus.texts)]
+    lines = [
+        json.dumps({"id": i, "text": t}, ensure_ascii=False)
+        for i, t in zip(corpus.ids, corpus.texts, strict=False)
+    ]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
@@ -72,8 +74,9 @@ def pseudo_queries(corpus: Corpus, n: int, *, seed: int = 0, words: int = 10) ->
     return [" ".join(corpus.texts[i].split()[:words]) for i in sorted(picks.tolist())]
 
 
-def _encode_resumable(de, texts: list[str], work: Path, *, chunk: int = 1024,
-                      progress: bool = True) -> np.ndarray:
+def _encode_resumable(
+    de, texts: list[str], work: Path, *, chunk: int = 1024, progress: bool = True
+) -> np.ndarray:
     """DE vectors of ``texts``, encoded in chunks saved atomically under ``work`` (resumable)."""
     from tqdm.auto import tqdm
 
@@ -100,8 +103,9 @@ def _encode_resumable(de, texts: list[str], work: Path, *, chunk: int = 1024,
     return np.concatenate(parts) if parts else np.empty((0, de.dim), np.float32)
 
 
-def _calibrate(ce, de, V: np.ndarray, queries: list[str], *, items_per_query: int,
-               seed: int) -> tuple[tuple[float, float], int]:
+def _calibrate(
+    ce, de, V: np.ndarray, queries: list[str], *, items_per_query: int, seed: int
+) -> tuple[tuple[float, float], int]:
     """(alpha, beta) with CE ~ alpha * DE + beta, fitted on ``queries`` against their DE-top
     half and a random half of ``items_per_query`` items; returns it and the CE calls spent."""
     from crossknn.search import fit_score_affine
@@ -165,10 +169,14 @@ def build_corpus_index(
     V = _encode_resumable(de, list(corpus.texts), work, progress=progress)
     ce.set_items(list(corpus.texts))
 
-    cal = list(train_queries) if train_queries else pseudo_queries(corpus, calibration_queries,
-                                                                   seed=seed)
-    (alpha, beta), ce_calls = _calibrate(ce, de, V, cal, items_per_query=calibration_items,
-                                         seed=seed)
+    cal = (
+        list(train_queries)
+        if train_queries
+        else pseudo_queries(corpus, calibration_queries, seed=seed)
+    )
+    (alpha, beta), ce_calls = _calibrate(
+        ce, de, V, cal, items_per_query=calibration_items, seed=seed
+    )
     arrays: dict[str, np.ndarray] = {"de_items": V}
     if cur:
         from crossknn.index.cur import score_dense
@@ -186,8 +194,11 @@ def build_corpus_index(
         "n_train_queries": len(train_queries) if train_queries else 0,
         "seed": int(seed),
     }
-    info = {"items_file": ITEMS_FILE, "items_sha256": _sha256_bytes(items_bytes),
-            "source": corpus.source}
+    info = {
+        "items_file": ITEMS_FILE,
+        "items_sha256": _sha256_bytes(items_bytes),
+        "source": corpus.source,
+    }
     save_index(out, CORPUS_KIND, arrays, ce=ce, de=de, params=params, ce_calls=ce_calls, info=info)
     import shutil
 
@@ -229,8 +240,10 @@ class CorpusIndex:
         return len(self.corpus)
 
     def __repr__(self) -> str:
-        return (f"CorpusIndex(path={str(self.path)!r}, n_items={len(self)}, "
-                f"arrays={sorted(self.arrays)}, ce_calls={self.ce_calls})")
+        return (
+            f"CorpusIndex(path={str(self.path)!r}, n_items={len(self)}, "
+            f"arrays={sorted(self.arrays)}, ce_calls={self.ce_calls})"
+        )
 
     def check_models(self, *, ce: Any = None, de: Any = None) -> None:
         self.index.check_models(ce=ce, de=de)
@@ -244,8 +257,10 @@ def open_index(path: str | os.PathLike, *, verify: bool = True) -> CorpusIndex:
         raise FileNotFoundError(f"index {path}: {items_path.name} (the item texts) is missing")
     data = items_path.read_bytes()
     if verify and _sha256_bytes(data) != idx.info.get("items_sha256"):
-        raise ValueError(f"index {path}: {items_path.name} does not match the recorded hash "
-                         "(changed or corrupt); rebuild the index")
+        raise ValueError(
+            f"index {path}: {items_path.name} does not match the recorded hash "
+            "(changed or corrupt); rebuild the index"
+        )
     ids, texts = [], []
     for line in data.decode("utf-8").splitlines():
         rec = json.loads(line)
@@ -278,7 +293,9 @@ class Hits:
     def to_dict(self) -> dict[str, Any]:
         out = {
             "query": self.query,
-            "results": [{"id": i, "score": float(s)} for i, s in zip(self.ids, self.scores)],
+            "results": [
+                {"id": i, "score": float(s)} for i, s in zip(self.ids, self.scores, strict=False)
+            ],
             "ce_calls": int(self.ce_calls),
             "seconds_ce": round(self.seconds_ce, 4),
             "seconds_other": round(self.seconds_other, 4),
@@ -318,7 +335,7 @@ class _QueryVectors:
     def prefetch(self, texts: Sequence[str]) -> None:
         todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
         if todo:
-            for t, v in zip(todo, np.asarray(self.de.encode(todo), np.float32)):
+            for t, v in zip(todo, np.asarray(self.de.encode(todo), np.float32), strict=False):
                 self.cache[t] = v
 
     def __call__(self, text: str) -> np.ndarray:
@@ -339,19 +356,30 @@ class Searcher:
     an index built with train queries and ``cur=True``).
     """
 
-    def __init__(self, index: CorpusIndex | str | os.PathLike, *, ce=None, de=None,
-                 method: str = "axn", rounds: int = 5, mix: float = DEFAULT_MIX,
-                 precision: str = "fp32", threads: int | None = None) -> None:
+    def __init__(
+        self,
+        index: CorpusIndex | str | os.PathLike,
+        *,
+        ce=None,
+        de=None,
+        method: str = "axn",
+        rounds: int = 5,
+        mix: float = DEFAULT_MIX,
+        precision: str = "fp32",
+        threads: int | None = None,
+    ) -> None:
         from crossknn.ce import default_cross_encoder, default_dual_encoder
 
         if not isinstance(index, CorpusIndex):
             index = open_index(index)
         self.index = index
         self.corpus = index.corpus
-        self.de = de if de is not None else default_dual_encoder(precision=precision,
-                                                                 threads=threads)
-        self.ce = ce if ce is not None else default_cross_encoder(precision=precision,
-                                                                  threads=threads)
+        self.de = (
+            de if de is not None else default_dual_encoder(precision=precision, threads=threads)
+        )
+        self.ce = (
+            ce if ce is not None else default_cross_encoder(precision=precision, threads=threads)
+        )
         index.check_models(ce=self.ce, de=self.de)
         self._check_method(method)
         self.method, self.rounds, self.mix = method, int(rounds), float(mix)
@@ -361,8 +389,10 @@ class Searcher:
         self._methods: dict[tuple, Any] = {}
 
     def __repr__(self) -> str:
-        return (f"Searcher(n_items={len(self.corpus)}, method={self.method!r}, "
-                f"rounds={self.rounds}, ce={getattr(self.ce, 'model_id', '?')!r})")
+        return (
+            f"Searcher(n_items={len(self.corpus)}, method={self.method!r}, "
+            f"rounds={self.rounds}, ce={getattr(self.ce, 'model_id', '?')!r})"
+        )
 
     @property
     def n_items(self) -> int:
@@ -387,21 +417,39 @@ class Searcher:
         first = DenseRetriever(self.V, encode=self.qvec.encode)
         if method == "axn":
             alpha, beta = self.index.params["score_affine"]
-            m = AXN(self.V, rounds=rounds, first=first, prior=self.qvec, mix=self.mix,
-                    score_affine=(float(alpha), float(beta)))
+            m = AXN(
+                self.V,
+                rounds=rounds,
+                first=first,
+                prior=self.qvec,
+                mix=self.mix,
+                score_affine=(float(alpha), float(beta)),
+            )
         elif method == "rnr":
             m = RNR(first)
         else:
             cur = CurIndex(np.asarray(self.index["R"], np.float32))
-            m = (ADACUR(cur, rounds=rounds, first=first) if method == "adacur"
-                 else ANNCUR(cur, first=first))
+            m = (
+                ADACUR(cur, rounds=rounds, first=first)
+                if method == "adacur"
+                else ANNCUR(cur, first=first)
+            )
         self._methods[key] = m
         return m
 
-    def search(self, queries: str | Sequence[str], *, k: int = 10, budget: int = 100,
-               method: str | None = None, rounds: int | None = None, seed: int = 0,
-               exact: bool = False, exact_cache: str | os.PathLike | None = None,
-               progress: bool = False) -> list[Hits]:
+    def search(
+        self,
+        queries: str | Sequence[str],
+        *,
+        k: int = 10,
+        budget: int = 100,
+        method: str | None = None,
+        rounds: int | None = None,
+        seed: int = 0,
+        exact: bool = False,
+        exact_cache: str | os.PathLike | None = None,
+        progress: bool = False,
+    ) -> list[Hits]:
         """Top-k items by exact CE score for each query, spending at most ``budget`` CE calls
         each. All queries are searched together (one CE batch per round). ``exact=True`` also
         scores every item for each query (N CE calls each, not counted in ``ce_calls``) and
@@ -425,25 +473,40 @@ class Searcher:
         for i, q in enumerate(qs):
             keep = res.indices[i] >= 0
             idx = res.indices[i][keep]
-            hits.append(Hits(
-                query=q, ids=[self.corpus.ids[j] for j in idx], indices=idx,
-                scores=res.scores[i][keep], ce_calls=int(res.ce_calls[i]), seconds_ce=ce_share,
-                seconds_other=other_share, texts=[self.corpus.texts[j] for j in idx],
-            ))
+            hits.append(
+                Hits(
+                    query=q,
+                    ids=[self.corpus.ids[j] for j in idx],
+                    indices=idx,
+                    scores=res.scores[i][keep],
+                    ce_calls=int(res.ce_calls[i]),
+                    seconds_ce=ce_share,
+                    seconds_other=other_share,
+                    texts=[self.corpus.texts[j] for j in idx],
+                )
+            )
         if exact:
-            for h, top in zip(hits, self.exact_top_k(qs, k=k, progress=progress,
-                                                         cache_dir=exact_cache)):
+            for h, top in zip(
+                hits,
+                self.exact_top_k(qs, k=k, progress=progress, cache_dir=exact_cache),
+                strict=False,
+            ):
                 h.exact_ids = [self.corpus.ids[j] for j in top]
                 h.recall = len(set(h.indices.tolist()) & set(top.tolist())) / len(top)
         return hits
 
     def exact_scores(self, query: str) -> np.ndarray:
         """CE scores of ``query`` against every item (N CE calls)."""
-        return np.asarray(self.ce.score(query, np.arange(self.n_items, dtype=np.int64)),
-                          np.float32)
+        return np.asarray(self.ce.score(query, np.arange(self.n_items, dtype=np.int64)), np.float32)
 
-    def exact_top_k(self, queries: Sequence[str], *, k: int, progress: bool = False,
-                    cache_dir: str | os.PathLike | None = None) -> list[np.ndarray]:
+    def exact_top_k(
+        self,
+        queries: Sequence[str],
+        *,
+        k: int,
+        progress: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> list[np.ndarray]:
         """The exact CE top-k of each query (ties to the lower index); with ``cache_dir`` the
         full score rows are kept there as ``.npy`` files keyed by the query and index hash."""
         from tqdm.auto import tqdm
@@ -453,9 +516,15 @@ class Searcher:
             s = None
             path = None
             if cache_dir is not None:
-                key = hashlib.sha256((self.index.info.get("items_sha256", "") + "\0" +
-                                      str(getattr(self.ce, "model_hash", "")) + "\0" +
-                                      q).encode()).hexdigest()[:24]
+                key = hashlib.sha256(
+                    (
+                        self.index.info.get("items_sha256", "")
+                        + "\0"
+                        + str(getattr(self.ce, "model_hash", ""))
+                        + "\0"
+                        + q
+                    ).encode()
+                ).hexdigest()[:24]
                 path = Path(cache_dir) / f"exact-{key}.npy"
                 if path.is_file():
                     s = np.load(path, allow_pickle=False)

@@ -27,21 +27,40 @@ EXAMPLE_QUERIES = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--query", action="append", metavar="TEXT",
-                   help="a query of your own (repeatable); default: four example queries")
+    p.add_argument(
+        "--query",
+        action="append",
+        metavar="TEXT",
+        help="a query of your own (repeatable); default: four example queries",
+    )
     p.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
     p.add_argument("--budget", type=int, default=100, help="CE calls per query (default 100)")
-    p.add_argument("--method", choices=("axn", "rnr"), default="axn",
-                   help="axn (default) or rnr (DE top-B reranked)")
+    p.add_argument(
+        "--method",
+        choices=("axn", "rnr"),
+        default="axn",
+        help="axn (default) or rnr (DE top-B reranked)",
+    )
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--max-items", type=int, default=None, metavar="N",
-                   help="use an evenly spaced subset of N docstrings (default: all)")
-    p.add_argument("--exact", action="store_true",
-                   help="also compute the exact CE top-k (one CE call per item and query) and "
-                        "print the recall achieved")
-    p.add_argument("--cache-dir", metavar="DIR",
-                   help="where the demo index lives (default: $CROSSKNN_CACHE or "
-                        "~/.cache/crossknn, under demo/)")
+    p.add_argument(
+        "--max-items",
+        type=int,
+        default=None,
+        metavar="N",
+        help="use an evenly spaced subset of N docstrings (default: all)",
+    )
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="also compute the exact CE top-k (one CE call per item and query) and "
+        "print the recall achieved",
+    )
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where the demo index lives (default: $CROSSKNN_CACHE or "
+        "~/.cache/crossknn, under demo/)",
+    )
     p.add_argument("--rebuild", action="store_true", help="rebuild the cached index")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -56,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     corpus = stdlib_docstrings(max_items=args.max_items)
     key = hashlib.sha256("\0".join(corpus.ids).encode()).hexdigest()[:12]
-    root = (Path(args.cache_dir) if args.cache_dir else cache_root() / "demo")
+    root = Path(args.cache_dir) if args.cache_dir else cache_root() / "demo"
     index_dir = root / f"stdlib-py{sys.version_info[0]}{sys.version_info[1]}-{len(corpus)}-{key}"
-    print(f"corpus: {len(corpus)} docstrings of the Python {sys.version.split()[0]} standard "
-          f"library")
+    print(
+        f"corpus: {len(corpus)} docstrings of the Python {sys.version.split()[0]} standard library"
+    )
     index = None
     if (index_dir / "index.json").is_file() and not args.rebuild:
         try:
@@ -81,17 +101,22 @@ def run(args: argparse.Namespace) -> int:
     queries = args.query or EXAMPLE_QUERIES
     hits = searcher.search(queries, k=args.k, budget=args.budget)
     if args.exact:
-        tops = searcher.exact_top_k(queries, k=args.k, progress=not args.quiet,
-                                    cache_dir=index_dir / "exact")
-        for h, top in zip(hits, tops):
+        tops = searcher.exact_top_k(
+            queries, k=args.k, progress=not args.quiet, cache_dir=index_dir / "exact"
+        )
+        for h, top in zip(hits, tops, strict=False):
             h.exact_ids = [searcher.corpus.ids[j] for j in top]
             h.recall = len(set(h.indices.tolist()) & set(top.tolist())) / len(top)
-    print(f"\nmethod {args.method}, budget {args.budget} CE calls per query "
-          f"({args.budget / len(corpus):.1%} of the corpus), top-{args.k}")
+    print(
+        f"\nmethod {args.method}, budget {args.budget} CE calls per query "
+        f"({args.budget / len(corpus):.1%} of the corpus), top-{args.k}"
+    )
     print_hits(hits)
     if args.exact:
         mean = sum(h.recall for h in hits) / len(hits)
-        print(f"\nmean Top-{args.k}-Recall@{args.budget} vs the exact CE top-{args.k}: {mean:.3f} "
-              f"over {len(hits)} queries (exact search costs {len(corpus)} CE calls per query)")
+        print(
+            f"\nmean Top-{args.k}-Recall@{args.budget} vs the exact CE top-{args.k}: {mean:.3f} "
+            f"over {len(hits)} queries (exact search costs {len(corpus)} CE calls per query)"
+        )
     print(f"\ntotal time {time.perf_counter() - t0:.1f} s")
     return 0

@@ -15,31 +15,42 @@ HELP = "search an index built by 'crossknn build' with the cross-encoder on a bu
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("index_dir", help="index directory from 'crossknn build'")
     p.add_argument("query", nargs="*", help="query text(s); or use --queries")
-    p.add_argument("--queries", metavar="FILE",
-                   help="read queries from FILE (text lines or JSONL with 'text'); '-' = stdin")
+    p.add_argument(
+        "--queries",
+        metavar="FILE",
+        help="read queries from FILE (text lines or JSONL with 'text'); '-' = stdin",
+    )
     p.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
     p.add_argument("--budget", type=int, default=100, help="CE calls per query (default 100)")
     p.add_argument("--method", choices=METHODS, default="axn", help="search method (default axn)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of adaptive methods (default 5)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--exact", action="store_true",
-                   help="also score every item with the CE and report Top-k-Recall@budget")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
-                   help="CE/DE precision (an index is tied to the model it was built with)")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="also score every item with the CE and report Top-k-Recall@budget",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "int8"),
+        default="fp32",
+        help="CE/DE precision (an index is tied to the model it was built with)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def print_hits(hits, *, texts: bool = True, file=sys.stdout) -> None:
     for h in hits:
         print(f"\nquery: {h.query}", file=file)
-        for r, (i, s, t) in enumerate(zip(h.ids, h.scores, h.texts), start=1):
+        for r, (i, s, t) in enumerate(zip(h.ids, h.scores, h.texts, strict=False), start=1):
             mark = ""
             if h.exact_ids is not None:
                 mark = " " if i in h.exact_ids else "*"
             snippet = (" " + t[:70].replace("\n", " ")) if texts else ""
             print(f"  {r:>3}{mark} {s:8.4f}  {i}{'  |' + snippet if texts else ''}", file=file)
-        line = (f"  CE calls {h.ce_calls}; time CE {h.seconds_ce:.2f} s, "
-                f"other {h.seconds_other:.2f} s")
+        line = (
+            f"  CE calls {h.ce_calls}; time CE {h.seconds_ce:.2f} s, other {h.seconds_other:.2f} s"
+        )
         if h.recall is not None:
             line += f"; Top-{len(h.exact_ids)}-Recall vs exact CE: {h.recall:.2f}"
             line += " (* = not in the exact top-k)"
@@ -55,15 +66,30 @@ def run(args: argparse.Namespace) -> int:
         queries += read_queries(args.queries)
     if not queries:
         raise ValueError("no query given: pass query text(s) or --queries FILE ('-' = stdin)")
-    searcher = Searcher(args.index_dir, method=args.method, rounds=args.rounds,
-                        precision=args.precision)
+    searcher = Searcher(
+        args.index_dir, method=args.method, rounds=args.rounds, precision=args.precision
+    )
     # exact CE rows are kept under INDEX_DIR/exact (keyed by query, items and CE hash)
-    hits = searcher.search(queries, k=args.k, budget=args.budget, seed=args.seed,
-                           exact=args.exact, exact_cache=Path(args.index_dir) / "exact",
-                           progress=args.exact and not args.json)
+    hits = searcher.search(
+        queries,
+        k=args.k,
+        budget=args.budget,
+        seed=args.seed,
+        exact=args.exact,
+        exact_cache=Path(args.index_dir) / "exact",
+        progress=args.exact and not args.json,
+    )
     if args.json:
-        json.dump({"method": args.method, "k": args.k, "budget": args.budget,
-                   "hits": [h.to_dict() for h in hits]}, sys.stdout, indent=2)
+        json.dump(
+            {
+                "method": args.method,
+                "k": args.k,
+                "budget": args.budget,
+                "hits": [h.to_dict() for h in hits],
+            },
+            sys.stdout,
+            indent=2,
+        )
         print()
     else:
         print_hits(hits)
