@@ -16,7 +16,8 @@ Parts (``--part``, repeatable; default all), each prints a table and writes
 
 Models are written under ``--work`` (outside the repository). Example::
 
-    CROSSKNN_CACHE=/work/cache/crossknn .venv/bin/python bench/cmc_bench.py --work /work/cache/cmc-bench
+    CROSSKNN_CACHE=/work/cache/crossknn .venv/bin/python bench/cmc_bench.py \
+        --work /work/cache/cmc-bench
 """
 
 from __future__ import annotations

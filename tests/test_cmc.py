@@ -234,3 +234,23 @@ def test_cli_train_then_eval_first_cmc(synth, tmp_path, capsys):
                  str(out), "--cmc-candidates", "999", "--budget", "20", "--k", "5", "--json",
                  str(js), "--no-plot", "--quiet"]) == 2
     assert "between 1 and the number of items (60)" in capsys.readouterr().err
+
+
+def test_gold_label_training_and_qrels_metrics(synth, tmp_path):
+    from crossknn.cmc.evaluate import qrels_metrics, rank_cmc, rank_de
+
+    m = matrix_data(synth)
+    top3 = np.argsort(-m.scores, axis=1)[:, :3]  # "relevant" = the CE's top 3
+    rel = {q: {int(i): 1 for i in top3[q]} for q in range(m.scores.shape[0])}
+    gold = CmcData(m.item_vectors, m.query_vectors, m.encoder_id, m.train, m.test, "gold",
+                   relevant=rel)
+    info = train(gold, tmp_path, model_cfg=CmcConfig(dim=DIM, layers=1, heads=2),
+                 cfg=TrainConfig(**TINY), progress=False, threads=1)
+    assert info["data"]["target"] == "gold" and info["finished"]
+    export_onnx(tmp_path)
+    test = gold.test.tolist()
+    ranked = rank_cmc(gold, test, 20, CmcReranker(tmp_path), 30)
+    assert ranked.shape == (len(test), 20)
+    for name, r in (("cmc", ranked), ("de", rank_de(gold, test, 20))):
+        got = qrels_metrics(r, test, gold)
+        assert 0.0 <= got["ndcg@10"] <= 1.0 and got["n_queries"] == len(test), name

@@ -45,6 +45,7 @@ class CmcData:
     scores: np.ndarray | None = None  # (Q, N) CE scores when target == "ce"
     relevant: dict[int, dict[int, int]] = field(default_factory=dict)  # row -> {item: grade}
     name: str = ""
+    query_ids: list[str] | None = None  # dataset ids of the query rows (BEIR)
 
     def __post_init__(self) -> None:
         self.item_vectors = np.ascontiguousarray(self.item_vectors, np.float32)
@@ -177,7 +178,7 @@ def beir_data(folder, cache_dir=None, *, train_split: str = "train", test_split:
         rows[s] = np.asarray(sorted(rs), np.int64)
     return CmcData(np.load(vec / "items.npy"), np.load(vec / "queries.npy"), meta["encoder_id"],
                    rows[train_split], rows[test_split], "gold", relevant=relevant,
-                   name=folder.name)
+                   name=folder.name, query_ids=query_ids)
 
 
 def sample_candidates(de_scores: np.ndarray, k: int, *, n_top: int, pool: int,

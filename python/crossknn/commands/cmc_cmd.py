@@ -84,7 +84,16 @@ def _data(args):
                      test_split=args.test_split, progress=not args.quiet)
 
 
+def _require_torch(what: str) -> None:
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError:
+        raise ValueError(f"crossknn cmc {what} needs torch and onnx (the 'export' extra; install "
+                         "a pinned CPU torch first, see constraints.txt)") from None
+
+
 def _train(args) -> int:
+    _require_torch("train")
     from crossknn.cmc.export import export_onnx
     from crossknn.cmc.model import CmcConfig
     from crossknn.cmc.train import TrainConfig, train
@@ -154,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cmc_command == "train":
         return _train(args)
     if args.cmc_command == "export":
+        _require_torch("export")
         from crossknn.cmc.export import export_onnx
 
         print(f"wrote {export_onnx(args.model)}")
