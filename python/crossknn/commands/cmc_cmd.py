@@ -130,6 +130,7 @@ def _eval(args) -> int:
         ks = sorted(set(args.k or [1, 10, 50, 100]))
         rows += evaluate(args.matrix, EvalConfig(methods=methods, budgets=budgets, ks=ks,
                                                  firsts=["de"]), progress=not args.quiet)
+        print(format_table(rows))
         for kc in ks_cand:
             got = evaluate(args.matrix, EvalConfig(
                 methods=methods, budgets=budgets, ks=ks, firsts=["cmc"],
@@ -137,7 +138,8 @@ def _eval(args) -> int:
             for r in got:
                 r["cmc_candidates"] = kc
             rows += got
-        print(format_table(rows))
+            print(f"\nBE -> CMC over K={kc} DE candidates:")
+            print(format_table(got))
     else:
         data = _data(args)
         test = data.test.tolist()
