@@ -339,8 +339,12 @@ class ScoreJob:
 
     # -- running ------------------------------------------------------------------------------
     def run(self, *, backend: str = "local", progress: bool = True, max_shards: int | None = None,
-            ray_workers: int | None = None, desc: str = "scoring") -> dict:
-        """Score the pending shards. Returns stats: pairs scored now, seconds, pairs/s."""
+            ray_workers: int | None = None, ray_gpus_per_worker: float = 0.0,
+            desc: str = "scoring") -> dict:
+        """Score the pending shards. Returns stats: pairs scored now, seconds, pairs/s.
+
+        ``backend="ray"``: one actor per worker (default: the cluster's CPUs), each reserving
+        1 CPU and ``ray_gpus_per_worker`` GPUs; ``max_shards`` stops after that many shards."""
         if backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray'; got {backend!r}")
         self._prepare()
@@ -354,7 +358,8 @@ class ScoreJob:
         t0 = time.perf_counter()
         n_new = 0
         try:
-            it = self._run_local(todo) if backend == "local" else self._run_ray(todo, ray_workers)
+            it = (self._run_local(todo) if backend == "local"
+                  else self._run_ray(todo, ray_workers, ray_gpus_per_worker))
             for i, scores in it:
                 atomic_save_npy(self.shard_path(i), scores)
                 n_new += scores.size
@@ -373,7 +378,8 @@ class ScoreJob:
             qpos, items = self._shard_pairs(i)
             yield i, _score_pairs(self.scorer, self.queries, qpos, items)
 
-    def _run_ray(self, todo: list[int], n_workers: int | None) -> Iterator[tuple[int, np.ndarray]]:
+    def _run_ray(self, todo: list[int], n_workers: int | None,
+                 gpus: float = 0.0) -> Iterator[tuple[int, np.ndarray]]:
         try:
             import ray
         except ImportError as exc:  # pragma: no cover - ray is installed in the dev env
@@ -383,9 +389,10 @@ class ScoreJob:
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False)
         if n_workers is None:
-            n_workers = max(1, int(ray.available_resources().get("CPU", 1)))
+            res = ray.available_resources()
+            n_workers = max(1, int(res.get("GPU", 0) / gpus) if gpus > 0 else int(res.get("CPU", 1)))
         n_workers = max(1, min(n_workers, len(todo)))
-        Worker = ray.remote(num_cpus=1)(_ShardWorker)
+        Worker = ray.remote(num_cpus=1, num_gpus=gpus)(_ShardWorker)
         scorer_ref = ray.put(self.scorer)
         queries_ref = ray.put(self.queries)
         workers = [Worker.remote(scorer_ref, queries_ref) for _ in range(n_workers)]
@@ -411,10 +418,12 @@ class ScoreJob:
                     submit(w)
                 yield i, scores
         finally:
-            for ref in inflight:
-                ray.cancel(ref, force=True)
+            # killing the actors also drops their queued shards (on an error or Ctrl-C)
             for w in workers:
-                ray.kill(w)
+                try:
+                    ray.kill(w)
+                except Exception:  # noqa: BLE001 - best effort clean-up, keep the first error
+                    pass
 
     # -- results ------------------------------------------------------------------------------
     def result(self) -> np.ndarray:

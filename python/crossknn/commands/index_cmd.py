@@ -33,6 +33,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size-ce", type=int, default=16, help="CE batch size (BEIR source)")
     p.add_argument("--ray", action="store_true", help="score the shards as Ray actors")
     p.add_argument("--ray-workers", type=int, help="Ray actors (default: the cluster's CPUs)")
+    p.add_argument("--ray-gpus", type=float, default=0.0,
+                   help="GPUs each Ray actor reserves (e.g. 1 on a GPU cluster; default 0)")
     p.add_argument("--keep-job", action="store_true", help="keep OUT_DIR/.job after finishing")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -122,7 +124,7 @@ def open_source(args: argparse.Namespace) -> Source:
         texts = [corpus.query_texts[i] for i in qpos]
         if args.ray:
             probe = default_cross_encoder()
-            scorer = LazyScorer(_ce_factory, corpus.item_texts, args.threads, args.batch_size_ce,
+            scorer = LazyScorer(_ce_factory, corpus.item_texts, args.threads or 1, args.batch_size_ce,
                                 model_id=probe.model_id, model_hash=probe.model_hash,
                                 n_items=len(corpus.item_texts))
         else:
@@ -154,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     s = open_source(args)
     common = dict(query_ids=s.query_ids, ce=s.ce, de=s.de, shard_pairs=args.shard_pairs,
                   backend="ray" if args.ray else "local", progress=not args.quiet,
-                  ray_workers=args.ray_workers, info=s.info, keep_job=args.keep_job)
+                  ray_workers=args.ray_workers, ray_gpus_per_worker=args.ray_gpus, info=s.info,
+                  keep_job=args.keep_job)
     if args.index_kind == "cur":
         idx = build_cur_index(args.out_dir, s.scorer, s.queries, **common)
         print(f"wrote CUR index {args.out_dir}: R {idx['R'].shape[0]} x {idx['R'].shape[1]}, "

@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", action="store_true", help="score the shards as Ray actors (ray.init())")
     p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
     p.add_argument("--ray-workers", type=int, help="Ray actors (default: the cluster's CPUs)")
+    p.add_argument("--ray-gpus", type=float, default=0.0,
+                   help="GPUs each Ray actor reserves (e.g. 1 on a GPU cluster; default 0)")
     p.add_argument("--no-de", action="store_true", help="skip the DE vectors")
     p.add_argument("--keep-job", action="store_true", help="keep OUT_DIR/.job after finishing")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -107,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ray:
         probe = default_cross_encoder()  # identity only; the workers open their own sessions
-        scorer = LazyScorer(_ce_factory, item_texts, args.threads, args.batch_size,
+        # each actor reserves one CPU: one intra-op thread unless told otherwise
+        scorer = LazyScorer(_ce_factory, item_texts, args.threads or 1, args.batch_size,
                             model_id=probe.model_id, model_hash=probe.model_hash,
                             n_items=len(item_texts))
         if args.ray_address:
@@ -122,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
                    extra={"dataset": ds.resolve().name, "query_ids": query_ids,
                           "n_items": len(item_ids)})
     stats = job.run(backend="ray" if args.ray else "local", progress=not args.quiet,
-                    ray_workers=args.ray_workers, desc="CE scores")
+                    ray_workers=args.ray_workers, ray_gpus_per_worker=args.ray_gpus,
+                    desc="CE scores")
     scores = job.result().reshape(len(query_texts), len(item_texts))
     ce_ident = {"model_id": scorer.model_id, "model_hash": scorer.model_hash}
 

@@ -18,13 +18,15 @@ __all__ = ["build_cur_index", "score_dense"]
 
 def score_dense(scorer: Any, queries: Sequence, job_dir: str | os.PathLike, *,
                 shard_pairs: int = 4096, backend: str = "local", progress: bool = True,
-                ray_workers: int | None = None, extra: dict | None = None) -> tuple[np.ndarray, dict]:
+                ray_workers: int | None = None, ray_gpus_per_worker: float = 0.0,
+                extra: dict | None = None) -> tuple[np.ndarray, dict]:
     """Exact scores of ``queries`` x all ``scorer.n_items`` items via a resumable sharded job
     -> (float32 (len(queries), n_items), run stats)."""
     n_items = int(scorer.n_items)
     job = ScoreJob(job_dir, scorer, queries, DensePairs(len(queries), n_items),
                    shard_pairs=shard_pairs, extra=extra)
-    stats = job.run(backend=backend, progress=progress, ray_workers=ray_workers)
+    stats = job.run(backend=backend, progress=progress, ray_workers=ray_workers,
+                    ray_gpus_per_worker=ray_gpus_per_worker)
     return job.result().reshape(len(queries), n_items), stats
 
 
@@ -32,7 +34,8 @@ def build_cur_index(out_dir: str | os.PathLike, scorer: Any, queries: Sequence, 
                     query_ids: Sequence[str] | None = None, ce: Any = None, de: Any = None,
                     job_dir: str | os.PathLike | None = None, shard_pairs: int = 4096,
                     backend: str = "local", progress: bool = True, ray_workers: int | None = None,
-                    info: dict | None = None, keep_job: bool = False) -> Index:
+                    ray_gpus_per_worker: float = 0.0, info: dict | None = None,
+                    keep_job: bool = False) -> Index:
     """Score R = CE(anchor queries, all items) and save a ``kind="cur"`` index with array ``R``.
 
     ``ce`` (model identity; defaults to the scorer's own ``model_id``/``model_hash``) and ``de``
@@ -46,7 +49,8 @@ def build_cur_index(out_dir: str | os.PathLike, scorer: Any, queries: Sequence, 
     own_job = job_dir is None
     job_dir = Path(job_dir) if job_dir is not None else out_dir / ".job"
     R, _ = score_dense(scorer, queries, job_dir, shard_pairs=shard_pairs, backend=backend,
-                       progress=progress, ray_workers=ray_workers)
+                       progress=progress, ray_workers=ray_workers,
+                       ray_gpus_per_worker=ray_gpus_per_worker)
     ids = [str(q) for q in (query_ids if query_ids is not None else queries)]
     params = {"n_anchor_queries": int(R.shape[0]), "n_items": int(R.shape[1])}
     doc_info = {"anchor_query_ids": ids, **(info or {})}

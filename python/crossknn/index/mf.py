@@ -225,7 +225,13 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
     threads during the fit (default 1: the per-batch ops are small, and on a shared machine more
     threads slow them down by up to 10x; ``None`` keeps torch's setting).
     """
-    import torch
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is in the dev environment
+        raise ImportError(
+            "fitting an MF index needs PyTorch: install the CPU build pinned in constraints.txt, "
+            "e.g. pip install -c constraints.txt 'crossknn[export]'"
+        ) from exc
 
     if mode not in ("transductive", "inductive"):
         raise ValueError(f"mode must be 'transductive' or 'inductive'; got {mode!r}")
@@ -359,7 +365,8 @@ def build_mf_index(out_dir, scorer, queries: Sequence, *, de_queries: np.ndarray
                    seed: int = 0, ce=None, de=None, query_ids: Sequence[str] | None = None,
                    job_dir=None, shard_pairs: int = 4096, backend: str = "local",
                    progress: bool = True, ray_workers: int | None = None,
-                   info: dict | None = None, keep_job: bool = False):
+                   ray_gpus_per_worker: float = 0.0, info: dict | None = None,
+                   keep_job: bool = False):
     """Choose G, score it with ``scorer`` (resumable sharded job), fit MF, save a ``kind="mf"``
     index. ``queries`` are the train queries (scorer query objects) aligned with ``de_queries``;
     ``vectors`` ranks for ``strategy="topk"`` (default: the DE vectors).
@@ -383,7 +390,8 @@ def build_mf_index(out_dir, scorer, queries: Sequence, *, de_queries: np.ndarray
     own_job = job_dir is None
     job_dir = Path(job_dir) if job_dir is not None else out_dir / ".job"
     job = ScoreJob(job_dir, scorer, queries, SparsePairs(qpos, items), shard_pairs=shard_pairs)
-    job.run(backend=backend, progress=progress, ray_workers=ray_workers, desc="scoring G")
+    job.run(backend=backend, progress=progress, ray_workers=ray_workers,
+            ray_gpus_per_worker=ray_gpus_per_worker, desc="scoring G")
     g = job.result()
     res = fit_mf(qpos, items, g, de_queries=de_queries, de_items=de_items, mode=mode,
                  epochs=epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
