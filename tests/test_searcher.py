@@ -232,3 +232,32 @@ def test_demo_runs_and_caches(env, tmp_path):
     assert "(cached)" in second.stdout
     recall = [ln for ln in first.stdout.splitlines() if ln.startswith("mean Top-5")]
     assert recall == [ln for ln in second.stdout.splitlines() if ln.startswith("mean Top-5")]
+
+
+def _untrained_cmc(path, encoder_id):
+    """A CMC model whose gate is 0: it ranks exactly like the dual encoder."""
+    import torch
+
+    from crossknn.cmc.export import export_onnx
+    from crossknn.cmc.model import CmcConfig, CmcModel
+    from crossknn.cmc.runtime import FORMAT
+
+    path.mkdir()
+    torch.manual_seed(0)
+    cfg = CmcConfig(dim=384, width=32, layers=1, heads=2)
+    torch.save(CmcModel(cfg).state_dict(), path / "model.pt")
+    info = {"format": FORMAT, "encoder_id": encoder_id, "model": cfg.to_dict()}
+    (path / "cmc.json").write_text(json.dumps(info))
+    export_onnx(path)
+    return path
+
+
+def test_cmc_first_stage(env, index_dir, tmp_path):
+    cmc = _untrained_cmc(tmp_path / "cmc", env["de"].model_id)
+    plain = Searcher(index_dir).search(QUERIES, k=5, budget=15)
+    with_cmc = Searcher(index_dir, cmc_model=cmc, cmc_candidates=20).search(QUERIES, k=5, budget=15)
+    for a, b in zip(plain, with_cmc, strict=True):
+        assert a.ids == b.ids  # an untrained (gate 0) CMC keeps the DE order
+    other = _untrained_cmc(tmp_path / "other", "another-encoder")
+    with pytest.raises(ValueError, match="trained on vectors of encoder"):
+        Searcher(index_dir, cmc_model=other)

@@ -353,7 +353,9 @@ class Searcher:
     ``ce``/``de`` default to the embedded models; an index built with other models is refused.
     ``method``: ``axn`` (default: rounds over the DE item vectors, DE first round, least squares
     mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
-    an index built with train queries and ``cur=True``).
+    an index built with train queries and ``cur=True``). ``cmc_model``: a CMC model directory
+    (``crossknn cmc export``) trained on this DE; the first round then takes the DE's top
+    ``cmc_candidates`` reranked by CMC instead of the DE's top items.
     """
 
     def __init__(
@@ -367,6 +369,8 @@ class Searcher:
         mix: float = DEFAULT_MIX,
         precision: str = "fp32",
         threads: int | None = None,
+        cmc_model: str | os.PathLike | None = None,
+        cmc_candidates: int = 512,
     ) -> None:
         from crossknn.ce import default_cross_encoder, default_dual_encoder
 
@@ -387,6 +391,23 @@ class Searcher:
         self.V = np.ascontiguousarray(index["de_items"], np.float32)
         self.qvec = _QueryVectors(self.de)
         self._methods: dict[tuple, Any] = {}
+        self.first = self._first_stage(cmc_model, cmc_candidates)
+
+    def _first_stage(self, cmc_model, cmc_candidates: int):
+        from crossknn.retrievers import DenseRetriever
+
+        if cmc_model is None:
+            return DenseRetriever(self.V, encode=self.qvec.encode)
+        from crossknn.cmc import CmcRetriever
+
+        de_id = (self.index.index.models.get("de") or {}).get("model_id")
+        return CmcRetriever(
+            cmc_model,
+            self.V,
+            encode=self.qvec.encode,
+            candidates=min(int(cmc_candidates), self.n_items),
+            encoder_id=de_id,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -411,10 +432,9 @@ class Searcher:
         key = (method, rounds)
         if key in self._methods:
             return self._methods[key]
-        from crossknn.retrievers import DenseRetriever
         from crossknn.search import ADACUR, ANNCUR, AXN, RNR, CurIndex
 
-        first = DenseRetriever(self.V, encode=self.qvec.encode)
+        first = self.first
         if method == "axn":
             alpha, beta = self.index.params["score_affine"]
             m = AXN(

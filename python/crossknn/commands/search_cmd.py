@@ -36,6 +36,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="fp32",
         help="CE/DE precision (an index is tied to the model it was built with)",
     )
+    p.add_argument(
+        "--cmc-model",
+        metavar="DIR",
+        help="a CMC model (crossknn cmc export) to rerank the DE candidates of the first round",
+    )
+    p.add_argument(
+        "--cmc-candidates",
+        type=int,
+        default=512,
+        metavar="K",
+        help="DE candidates CMC reranks (default 512)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -67,7 +79,12 @@ def run(args: argparse.Namespace) -> int:
     if not queries:
         raise ValueError("no query given: pass query text(s) or --queries FILE ('-' = stdin)")
     searcher = Searcher(
-        args.index_dir, method=args.method, rounds=args.rounds, precision=args.precision
+        args.index_dir,
+        method=args.method,
+        rounds=args.rounds,
+        precision=args.precision,
+        cmc_model=args.cmc_model,
+        cmc_candidates=args.cmc_candidates,
     )
     # exact CE rows are kept under INDEX_DIR/exact (keyed by query, items and CE hash)
     hits = searcher.search(
