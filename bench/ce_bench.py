@@ -7,6 +7,8 @@ query x abstract pairs, seed 0), same run, at max length 128 and 256 and batch 1
   (SDPA) + the joint pooling, under ``torch.inference_mode``, run on exactly the batches the ONNX
   runtime builds (length-sorted, padded per batch); its time excludes tokenization, so the
   speedups below are, if anything, understated.
+- ``torch-eager-attn``: the same with transformers' plain "eager" attention implementation (the
+  un-fused softmax(QK^T)V that the ONNX graph is traced from); speedups stay relative to SDPA.
 - ``st-crossencoder``: sentence-transformers ``CrossEncoder`` on the same checkpoint. It cannot load
   the joint [EMB]-CE (there is no such head in sentence-transformers); it loads the encoder with a
   randomly initialised [CLS] head, so its scores are meaningless and only its speed (same
@@ -94,15 +96,16 @@ def keep(store: dict, key: str, fn, arg) -> None:
     store[key] = fn(arg)
 
 
-def torch_runner(threads: int):
+def torch_runner(threads: int, attn: str | None = None):
     import torch
     import transformers
 
     from crossknn.ce.models import minilm_checkpoint_dir
 
     torch.set_num_threads(threads)
+    kw = {} if attn is None else {"attn_implementation": attn}
     model = transformers.AutoModel.from_pretrained(
-        str(minilm_checkpoint_dir()), local_files_only=True
+        str(minilm_checkpoint_dir()), local_files_only=True, **kw
     )
     model.eval()
 
@@ -164,6 +167,7 @@ def main() -> int:
     ensure_model(precision="fp32")
     ensure_model(precision="int8")
     torch_run = torch_runner(args.threads)
+    torch_eager_attn = torch_runner(args.threads, attn="eager")
     st_model = None
     st_note = None
     if not args.no_st:
@@ -210,6 +214,7 @@ def main() -> int:
             res = {}
             backends = {
                 "torch-eager": partial(keep, res, "torch", torch_run, feeds),
+                "torch-eager-attn": partial(keep, res, "torch-eager-attn", torch_eager_attn, feeds),
                 "ort-fp32": partial(keep, res, "fp32", fp32.predict, pairs),
                 "ort-int8": partial(keep, res, "int8", int8.predict, pairs),
             }
@@ -222,6 +227,7 @@ def main() -> int:
             fp32.predict(pairs[:bs])
             int8.predict(pairs[:bs])
             torch_run(feeds[:1])
+            torch_eager_attn(feeds[:1])
             if st_model is not None:
                 st_model.predict(pairs[:bs], batch_size=bs, show_progress_bar=False)
             # interleaved rounds (A B C D, then D C B A), best time of each: the machine is shared
@@ -234,7 +240,13 @@ def main() -> int:
             torch_scores = np.empty(len(pairs), dtype=np.float32)
             torch_scores[order] = res["torch"]
             parity = float(np.max(np.abs(torch_scores - res["fp32"])))
-            order_names = ["torch-eager", "st-crossencoder", "ort-fp32", "ort-int8"]
+            order_names = [
+                "torch-eager",
+                "torch-eager-attn",
+                "st-crossencoder",
+                "ort-fp32",
+                "ort-int8",
+            ]
             measured = [(name, best[name]) for name in order_names if name in best]
             for name, t in measured:
                 pps = len(pairs) / t
