@@ -341,3 +341,22 @@ def test_first_use_without_export_deps_says_what_to_install(tmp_path, monkeypatc
     monkeypatch.setenv("CROSSKNN_CACHE", str(tmp_path))
     assert main(["rank", "q", "--corpus", str(corpus)]) == 2
     assert "export" in capsys.readouterr().err
+
+
+def test_runtime_needs_neither_torch_nor_transformers(cache):
+    import subprocess
+    import sys
+
+    model = ensure_model(cache_dir=cache)
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'transformers', 'onnx', 'sentence_transformers'):\n"
+        "    sys.modules[m] = None  # importing any of them now fails\n"
+        "from crossknn.ce import OnnxCrossEncoder\n"
+        f"ce = OnnxCrossEncoder({str(model)!r}, items=['cats are pets', 'stock prices'])\n"
+        "print(ce.rank('pet cats', ['stock prices', 'cats are pets'])[0]['corpus_id'])\n"
+        "print(ce.score('pet cats', [0, 1]).shape)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "(2,)"]
