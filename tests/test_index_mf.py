@@ -159,3 +159,12 @@ def test_cur_build_resumes_from_kept_job(tmp_path):
     assert again.pairs == 0  # every shard was already done
     assert not (tmp_path / "cur" / ".job").exists()
     np.testing.assert_array_equal(idx["R"], S[:3])
+
+
+def test_cur_job_of_another_model_is_not_reused(tmp_path):
+    S = np.random.default_rng(4).standard_normal((3, 12)).astype(np.float32)
+    a = {"model_id": "m", "model_hash": "a" * 64}
+    build_cur_index(tmp_path / "cur", LookupScorer(S), [0, 1], ce=a, progress=False, keep_job=True)
+    with pytest.raises(ValueError, match="different job"):
+        build_cur_index(tmp_path / "cur", LookupScorer(S), [0, 1], progress=False,
+                        ce={"model_id": "m", "model_hash": "b" * 64})

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from crossknn.index.files import Index, save_index
+from crossknn.index.files import Index, model_identity, save_index
 from crossknn.jobs import DensePairs, ScoreJob
 
 __all__ = ["build_cur_index", "score_dense"]
@@ -48,9 +48,11 @@ def build_cur_index(out_dir: str | os.PathLike, scorer: Any, queries: Sequence, 
         raise ValueError("build_cur_index needs at least one anchor query")
     own_job = job_dir is None
     job_dir = Path(job_dir) if job_dir is not None else out_dir / ".job"
+    # the CE identity is part of the job, so a rerun with another model never reuses its shards
     R, _ = score_dense(scorer, queries, job_dir, shard_pairs=shard_pairs, backend=backend,
                        progress=progress, ray_workers=ray_workers,
-                       ray_gpus_per_worker=ray_gpus_per_worker)
+                       ray_gpus_per_worker=ray_gpus_per_worker,
+                       extra={"ce": model_identity(ce if ce is not None else scorer)})
     ids = [str(q) for q in (query_ids if query_ids is not None else queries)]
     params = {"n_anchor_queries": int(R.shape[0]), "n_items": int(R.shape[1])}
     doc_info = {"anchor_query_ids": ids, **(info or {})}

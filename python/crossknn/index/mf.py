@@ -373,7 +373,7 @@ def build_mf_index(out_dir, scorer, queries: Sequence, *, de_queries: np.ndarray
     Returns ``(Index, MFResult)``."""
     from pathlib import Path
 
-    from crossknn.index.files import load_index, save_index
+    from crossknn.index.files import load_index, model_identity, save_index
     from crossknn.jobs import ScoreJob, SparsePairs
 
     out_dir = Path(out_dir)
@@ -389,7 +389,8 @@ def build_mf_index(out_dir, scorer, queries: Sequence, *, de_queries: np.ndarray
                            seed=seed)
     own_job = job_dir is None
     job_dir = Path(job_dir) if job_dir is not None else out_dir / ".job"
-    job = ScoreJob(job_dir, scorer, queries, SparsePairs(qpos, items), shard_pairs=shard_pairs)
+    job = ScoreJob(job_dir, scorer, queries, SparsePairs(qpos, items), shard_pairs=shard_pairs,
+                   extra={"ce": model_identity(ce if ce is not None else scorer)})
     job.run(backend=backend, progress=progress, ray_workers=ray_workers,
             ray_gpus_per_worker=ray_gpus_per_worker, desc="scoring G")
     g = job.result()
