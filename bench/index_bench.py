@@ -43,8 +43,7 @@ def _fmt(x) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-def bench_throughput(n_queries: int, n_items: int, repeats: int,
-                     shard_pairs: int = 256) -> dict:
+def bench_throughput(n_queries: int, n_items: int, repeats: int, shard_pairs: int = 256) -> dict:
     from crossknn.ce import default_cross_encoder
     from crossknn.data import load_beir
     from crossknn.jobs import DensePairs, ScoreJob
@@ -85,8 +84,13 @@ def bench_throughput(n_queries: int, n_items: int, repeats: int,
     def run_job():
         nonlocal scores
         with tempfile.TemporaryDirectory() as tmp:
-            job = ScoreJob(Path(tmp) / "job", ce, queries, DensePairs(n_queries, n_items),
-                           shard_pairs=shard_pairs)
+            job = ScoreJob(
+                Path(tmp) / "job",
+                ce,
+                queries,
+                DensePairs(n_queries, n_items),
+                shard_pairs=shard_pairs,
+            )
             t, c = time.perf_counter(), time.process_time()
             job.run(progress=False)
             scores = job.result()
@@ -95,29 +99,54 @@ def bench_throughput(n_queries: int, n_items: int, repeats: int,
 
     scores = None
     for r in range(repeats):
-        for f in ((run_bare, run_job) if r % 2 == 0 else (run_job, run_bare)):
+        for f in (run_bare, run_job) if r % 2 == 0 else (run_job, run_bare):
             f()
     bare_med, job_med = statistics.median(bare_runs), statistics.median(job_runs)
     res = {
-        "pairs": n_pairs, "queries": n_queries, "items": n_items, "repeats": repeats,
-        "bare_pairs_per_s_by_batch_size": per_bs, "best_batch_size": best,
-        "bare_pairs_per_s": bare_runs, "job_pairs_per_s": job_runs,
-        "bare_pairs_per_cpu_s": bare_cpu, "job_pairs_per_cpu_s": job_cpu,
-        "bare_median": bare_med, "job_median": job_med,
-        "ratio": statistics.median(j / b for j, b in zip(job_runs, bare_runs)),
-        "ratio_cpu": statistics.median(j / b for j, b in zip(job_cpu, bare_cpu)),
-        "shard_pairs": shard_pairs, "scores_checksum": float(np.asarray(scores, np.float64).sum()),
+        "pairs": n_pairs,
+        "queries": n_queries,
+        "items": n_items,
+        "repeats": repeats,
+        "bare_pairs_per_s_by_batch_size": per_bs,
+        "best_batch_size": best,
+        "bare_pairs_per_s": bare_runs,
+        "job_pairs_per_s": job_runs,
+        "bare_pairs_per_cpu_s": bare_cpu,
+        "job_pairs_per_cpu_s": job_cpu,
+        "bare_median": bare_med,
+        "job_median": job_med,
+        "ratio": statistics.median(j / b for j, b in zip(job_runs, bare_runs, strict=True)),
+        "ratio_cpu": statistics.median(j / b for j, b in zip(job_cpu, bare_cpu, strict=True)),
+        "shard_pairs": shard_pairs,
+        "scores_checksum": float(np.asarray(scores, np.float64).sum()),
     }
-    print(f"\n[throughput] {n_queries} queries x {n_items} cisi items = {n_pairs} pairs, "
-          f"CE batch size {best} (by batch size: "
-          + ", ".join(f"{b}: {v:.0f}" for b, v in per_bs.items()) + " pairs/s)")
-    print(table([{"run": "bare CE score_batch", "pairs/s (median)": bare_med,
-                  "runs": " ".join(f"{x:.0f}" for x in bare_runs)},
-                 {"run": "ScoreJob (shards, files)", "pairs/s (median)": job_med,
-                  "runs": " ".join(f"{x:.0f}" for x in job_runs)}],
-                ["run", "pairs/s (median)", "runs"]))
-    print(f"job / bare, median of paired runs: wall {res['ratio']:.3f}, CPU time "
-          f"{res['ratio_cpu']:.3f} (target >= 0.90)")
+    print(
+        f"\n[throughput] {n_queries} queries x {n_items} cisi items = {n_pairs} pairs, "
+        f"CE batch size {best} (by batch size: "
+        + ", ".join(f"{b}: {v:.0f}" for b, v in per_bs.items())
+        + " pairs/s)"
+    )
+    print(
+        table(
+            [
+                {
+                    "run": "bare CE score_batch",
+                    "pairs/s (median)": bare_med,
+                    "runs": " ".join(f"{x:.0f}" for x in bare_runs),
+                },
+                {
+                    "run": "ScoreJob (shards, files)",
+                    "pairs/s (median)": job_med,
+                    "runs": " ".join(f"{x:.0f}" for x in job_runs),
+                },
+            ],
+            ["run", "pairs/s (median)", "runs"],
+        )
+    )
+    print(
+        f"job / bare, median of paired runs: wall {res['ratio']:.3f}, CPU time "
+        f"{res['ratio_cpu']:.3f} (target >= 0.90)"
+    )
     return res
 
 
@@ -141,20 +170,48 @@ def bench_mf_scaling(sizes: list[int], dim: int, n_train: int, k_d: int, epochs:
         y = np.einsum("ij,ij->i", DQ[qp] @ W, DI[it]) + 0.01 * rng.standard_normal(len(qp))
         for mode in ("transductive", "inductive"):
             t = time.perf_counter()
-            r = fit_mf(qp, it, y, de_queries=DQ, de_items=DI, mode=mode, epochs=epochs, lr=0.005,
-                       batch_size=1024, seed=0)
-            rows.append({"N": n, "mode": mode, "dim": dim, "G entries": len(qp), "epochs": epochs,
-                         "fit s": time.perf_counter() - t, "loss first": r.loss_curve[0],
-                         "loss last": r.loss_curve[-1]})
+            r = fit_mf(
+                qp,
+                it,
+                y,
+                de_queries=DQ,
+                de_items=DI,
+                mode=mode,
+                epochs=epochs,
+                lr=0.005,
+                batch_size=1024,
+                seed=0,
+            )
+            rows.append(
+                {
+                    "N": n,
+                    "mode": mode,
+                    "dim": dim,
+                    "G entries": len(qp),
+                    "epochs": epochs,
+                    "fit s": time.perf_counter() - t,
+                    "loss first": r.loss_curve[0],
+                    "loss last": r.loss_curve[-1],
+                }
+            )
             print(f"  N={n} {mode}: {rows[-1]['fit s']:.1f} s", flush=True)
     print("\n[mf-scaling] MF fit time vs N (synthetic, uniform G, AdamW, CPU)")
-    print(table(rows, ["N", "mode", "dim", "G entries", "epochs", "fit s", "loss first", "loss last"]))
+    print(
+        table(rows, ["N", "mode", "dim", "G entries", "epochs", "fit s", "loss first", "loss last"])
+    )
     return rows
 
 
 # ----------------------------------------------------------------------------------------------
-def bench_cisi(budgets: list[int], ks: list[int], seeds: list[int], k_qs: list[int],
-               k_ds: list[int], modes: list[str], steps: int) -> list[dict]:
+def bench_cisi(
+    budgets: list[int],
+    ks: list[int],
+    seeds: list[int],
+    k_qs: list[int],
+    k_ds: list[int],
+    modes: list[str],
+    steps: int,
+) -> list[dict]:
     from crossknn.data import load_score_matrix
     from crossknn.index.mf import fit_mf, sample_g
     from crossknn.scorers import MatrixScorer
@@ -177,15 +234,25 @@ def bench_cisi(budgets: list[int], ks: list[int], seeds: list[int], k_qs: list[i
                 for k in kb:
                     rec[k].append(float(topk_recall(S, test, res.indices, k).mean()))
             for k in kb:
-                rows.append({"method": method_name, "index CE calls": index_calls, "B": B, "k": k,
-                             "recall": float(np.mean(rec[k])), **extra})
+                rows.append(
+                    {
+                        "method": method_name,
+                        "index CE calls": index_calls,
+                        "B": B,
+                        "k": k,
+                        "recall": float(np.mean(rec[k])),
+                        **extra,
+                    }
+                )
 
     # AXN on the plain DE vectors: an index that costs no CE call
     evaluate("axn-de", lambda s: AXN(DI, rounds=5), 0, {"param": "-"})
     for k_q in k_qs:
+
         def make(seed, k_q=k_q):
             rows_ = np.sort(np.random.default_rng(seed).choice(train, k_q, replace=False))
             return ADACUR(CurIndex.from_matrix(S, rows_), rounds=5)
+
         evaluate("adacur-dense", make, k_q * S.shape[1], {"param": f"k_q={k_q}"})
         print(f"  adacur k_q={k_q} done", flush=True)
     for mode in modes:
@@ -194,18 +261,37 @@ def bench_cisi(budgets: list[int], ks: list[int], seeds: list[int], k_qs: list[i
             g = S[train][qp, it]
             epochs = max(5, min(300, math.ceil(steps * 256 / len(g))))
             t = time.perf_counter()
-            r = fit_mf(qp, it, g, de_queries=DQ[train], de_items=DI, mode=mode, epochs=epochs,
-                       lr=0.005 if mode == "inductive" else 0.001, batch_size=256,
-                       normalize=True, seed=0)
+            r = fit_mf(
+                qp,
+                it,
+                g,
+                de_queries=DQ[train],
+                de_items=DI,
+                mode=mode,
+                epochs=epochs,
+                lr=0.005 if mode == "inductive" else 0.001,
+                batch_size=256,
+                normalize=True,
+                seed=0,
+            )
             fit_s = time.perf_counter() - t
             affine = (1.0 / r.beta, r.alpha)  # search's (a - beta') / alpha' == beta (a - alpha)
-            evaluate(f"axn-mf-{mode[:5]}", lambda s: AXN(r.item_embeddings, rounds=5,
-                                                          score_affine=affine),
-                     len(g), {"param": f"k_d={k_d}", "fit s": fit_s, "epochs": epochs,
-                              "loss last": r.loss_curve[-1]})
+            evaluate(
+                f"axn-mf-{mode[:5]}",
+                lambda s, V=r.item_embeddings, aff=affine: AXN(V, rounds=5, score_affine=aff),
+                len(g),
+                {
+                    "param": f"k_d={k_d}",
+                    "fit s": fit_s,
+                    "epochs": epochs,
+                    "loss last": r.loss_curve[-1],
+                },
+            )
             print(f"  mf {mode} k_d={k_d} fit {fit_s:.1f} s", flush=True)
-    print(f"\n[cisi] Top-k-Recall@B on {len(test)} test rows (mean over search seeds {seeds}), "
-          "rounds=5, first round random")
+    print(
+        f"\n[cisi] Top-k-Recall@B on {len(test)} test rows (mean over search seeds {seeds}), "
+        "rounds=5, first round random"
+    )
     for k in ks:
         for B in budgets:
             sub = [r for r in rows if r["k"] == k and r["B"] == B]
@@ -217,7 +303,9 @@ def bench_cisi(budgets: list[int], ks: list[int], seeds: list[int], k_qs: list[i
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sections", default="throughput,mf-scaling,cisi")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--max-n", type=int, default=1_000_000, help="largest N of mf-scaling")
@@ -225,29 +313,47 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     out = json.loads(args.out.read_text()) if args.out.exists() else {}
-    out["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                      "cpus": __import__("os").cpu_count()}
-    out["command"] = "python bench/index_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    out["machine"] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": __import__("os").cpu_count(),
+    }
+    out["command"] = "python bench/index_bench.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+
     def save():
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1) + "\n")
 
     if "throughput" in sections:
-        out["throughput"] = bench_throughput(2 if args.quick else 2, 64 if args.quick else 200,
-                                             2 if args.quick else 8)
+        out["throughput"] = bench_throughput(
+            2 if args.quick else 2, 64 if args.quick else 200, 2 if args.quick else 8
+        )
         save()
     if "mf-scaling" in sections:
         sizes = [n for n in (1_000, 10_000, 100_000, 1_000_000) if n <= args.max_n]
-        out["mf_scaling"] = bench_mf_scaling(sizes[:2] if args.quick else sizes, dim=128,
-                                             n_train=200, k_d=100, epochs=2 if args.quick else 5)
+        out["mf_scaling"] = bench_mf_scaling(
+            sizes[:2] if args.quick else sizes,
+            dim=128,
+            n_train=200,
+            k_d=100,
+            epochs=2 if args.quick else 5,
+        )
         save()
     if "cisi" in sections:
         if args.quick:
             out["cisi"] = bench_cisi([50], [10], [0], [5], [50], ["inductive"], steps=50)
         else:
-            out["cisi"] = bench_cisi([50, 100, 200], [1, 10, 100], [0, 1, 2], [2, 5, 10, 20, 40, 62],
-                                     [10, 25, 50, 100, 200, 400, 800],
-                                     ["inductive", "transductive"], steps=400)
+            out["cisi"] = bench_cisi(
+                [50, 100, 200],
+                [1, 10, 100],
+                [0, 1, 2],
+                [2, 5, 10, 20, 40, 62],
+                [10, 25, 50, 100, 200, 400, 800],
+                ["inductive", "transductive"],
+                steps=400,
+            )
     save()
     print(f"\nwrote {args.out}")
     return 0

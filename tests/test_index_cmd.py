@@ -24,19 +24,40 @@ def test_splits_reproduce_the_shared_matrix(shared_dir):
 def test_score_matrix_reproduces_cisi_subset(shared_dir, tmp_path):
     ref = shared_dir / "matrices/cisi-minilm"
     out = tmp_path / "m"
-    rc = main(["score-matrix", str(shared_dir / "data/cisi"), str(out), "--query-ids", "1,8",
-               "--n-items", "40", "--shard-pairs", "32", "--quiet"])
+    rc = main(
+        [
+            "score-matrix",
+            str(shared_dir / "data/cisi"),
+            str(out),
+            "--query-ids",
+            "1,8",
+            "--n-items",
+            "40",
+            "--shard-pairs",
+            "32",
+            "--quiet",
+        ]
+    )
     assert rc == 0
-    names = {"scores.npy", "query_ids.json", "item_ids.json", "splits.json", "de_queries.npy",
-             "de_items.npy", "meta.json"}
+    names = {
+        "scores.npy",
+        "query_ids.json",
+        "item_ids.json",
+        "splits.json",
+        "de_queries.npy",
+        "de_items.npy",
+        "meta.json",
+    }
     assert {p.name for p in out.iterdir()} == names  # the job folder is gone
     S = np.load(out / "scores.npy")
     assert S.dtype == np.float32 and S.shape == (2, 40)
     np.testing.assert_allclose(S, np.load(ref / "scores.npy")[[0, 7], :40], atol=1e-4, rtol=0)
-    np.testing.assert_allclose(np.load(out / "de_queries.npy"),
-                               np.load(ref / "de_queries.npy")[[0, 7]], atol=1e-4, rtol=0)
-    np.testing.assert_allclose(np.load(out / "de_items.npy"),
-                               np.load(ref / "de_items.npy")[:40], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        np.load(out / "de_queries.npy"), np.load(ref / "de_queries.npy")[[0, 7]], atol=1e-4, rtol=0
+    )
+    np.testing.assert_allclose(
+        np.load(out / "de_items.npy"), np.load(ref / "de_items.npy")[:40], atol=1e-4, rtol=0
+    )
     assert json.loads((out / "query_ids.json").read_text()) == ["1", "8"]
     assert json.loads((out / "item_ids.json").read_text()) == [str(i) for i in range(1, 41)]
     meta = json.loads((out / "meta.json").read_text())
@@ -60,8 +81,23 @@ def test_index_commands_on_the_shared_matrix(shared_dir, tmp_path, capsys):
     with pytest.raises(ModelMismatchError):
         load_index(tmp_path / "cur", ce={"model_id": "minilm-l6-joint", "model_hash": "0" * 64})
 
-    assert main(["index", "mf", str(m), str(tmp_path / "mf"), "--k-d", "10", "--epochs", "2",
-                 "--normalize", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                "mf",
+                str(m),
+                str(tmp_path / "mf"),
+                "--k-d",
+                "10",
+                "--epochs",
+                "2",
+                "--normalize",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "620 CE calls" in out and "loss (MSE on G) by epoch:" in out
     mf = load_index(tmp_path / "mf", kind="mf", ce=ce, de=de)
@@ -74,15 +110,44 @@ def test_index_commands_on_the_shared_matrix(shared_dir, tmp_path, capsys):
 def test_index_mf_on_a_beir_folder_with_the_embedded_models(tmp_path):
     d = tmp_path / "beir"
     d.mkdir()
-    items = ["Cats purr when content.", "The stock market fell today.", "Dogs bark at strangers.",
-             "Interest rates rose again.", "Kittens sleep a lot."]
-    (d / "corpus.jsonl").write_text("".join(
-        json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(items)))
-    (d / "queries.jsonl").write_text("".join(
-        json.dumps({"_id": f"q{i}", "text": t}) + "\n"
-        for i, t in enumerate(["feline behaviour", "finance news", "pets"])))
-    assert main(["index", "mf", str(d), str(tmp_path / "mf"), "--k-d", "2", "--epochs", "3",
-                 "--mode", "transductive", "--quiet", "--shard-pairs", "4"]) == 0
+    items = [
+        "Cats purr when content.",
+        "The stock market fell today.",
+        "Dogs bark at strangers.",
+        "Interest rates rose again.",
+        "Kittens sleep a lot.",
+    ]
+    (d / "corpus.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(items)
+        )
+    )
+    (d / "queries.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": f"q{i}", "text": t}) + "\n"
+            for i, t in enumerate(["feline behaviour", "finance news", "pets"])
+        )
+    )
+    assert (
+        main(
+            [
+                "index",
+                "mf",
+                str(d),
+                str(tmp_path / "mf"),
+                "--k-d",
+                "2",
+                "--epochs",
+                "3",
+                "--mode",
+                "transductive",
+                "--quiet",
+                "--shard-pairs",
+                "4",
+            ]
+        )
+        == 0
+    )
     idx = load_index(tmp_path / "mf", kind="mf")
     assert idx.models["ce"]["model_id"] == "minilm-l6-joint"
     assert idx.models["de"]["model_id"] == "minilm-l6-de" and idx.ce_calls == 6

@@ -21,11 +21,18 @@ DE = {"model_id": "de-a", "model_hash": "d" * 64}
 
 def _save(path, **kw):
     rng = np.random.default_rng(0)
-    arrays = {"items": rng.standard_normal((7, 3)).astype(np.float32),
-              "g_items": np.arange(5, dtype=np.int64),
-              "scale": np.float16([0.5, 2.0])}
-    args = dict(ce=CE, de=DE, params={"k_d": 3, "lr": 0.005, "mode": "inductive"}, ce_calls=21,
-                info={"loss_curve": [0.1, 0.01]})
+    arrays = {
+        "items": rng.standard_normal((7, 3)).astype(np.float32),
+        "g_items": np.arange(5, dtype=np.int64),
+        "scale": np.float16([0.5, 2.0]),
+    }
+    args = dict(
+        ce=CE,
+        de=DE,
+        params={"k_d": 3, "lr": 0.005, "mode": "inductive"},
+        ce_calls=21,
+        info={"loss_curve": [0.1, 0.01]},
+    )
     args.update(kw)
     return save_index(path, "mf", arrays, **args), arrays
 
@@ -41,7 +48,9 @@ def test_save_load_save_is_byte_identical(tmp_path):
     for k, v in arrays.items():
         assert idx[k].dtype == v.dtype
         np.testing.assert_array_equal(idx[k], v)
-    assert idx.ce_calls == 21 and idx.params["lr"] == 0.005 and idx.info["loss_curve"] == [0.1, 0.01]
+    assert (
+        idx.ce_calls == 21 and idx.params["lr"] == 0.005 and idx.info["loss_curve"] == [0.1, 0.01]
+    )
     idx.save(tmp_path / "b")
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
     # saving over the directory it was memory-mapped from is safe too
@@ -77,7 +86,9 @@ def test_wrong_version_and_shape(tmp_path):
         load_index(p)
     p, _ = _save(tmp_path / "b")
     _edit_json(p, lambda d: d["arrays"]["items"].update(shape=[7, 4]))
-    with pytest.raises(IndexFormatError, match=r"items.npy has dtype <f4 shape \[7, 3\].*shape \[7, 4\]"):
+    with pytest.raises(
+        IndexFormatError, match=r"items.npy has dtype <f4 shape \[7, 3\].*shape \[7, 4\]"
+    ):
         load_index(p)
     p, _ = _save(tmp_path / "c")
     np.save(p / "items.npy", np.zeros((7, 3), np.float64))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_jobs_scorer import LookupScorer
 
 from crossknn.index import build_cur_index, build_mf_index, fit_mf, load_index, sample_g
 from crossknn.index.mf import (
@@ -14,6 +13,7 @@ from crossknn.index.mf import (
     score_normalization,
     topk_by_vectors,
 )
+from test_jobs_scorer import LookupScorer
 
 
 def _synthetic(n_q=12, n_i=60, d=8, seed=0):
@@ -40,21 +40,21 @@ def test_topk_by_vectors_matches_brute_force(block):
 
 def test_sample_g_strategies():
     rng = np.random.default_rng(0)
-    Q, I = rng.standard_normal((4, 3)), rng.standard_normal((20, 3))
-    qp, it = sample_g(4, 20, 5, vectors=(Q, I))
+    Q, It = rng.standard_normal((4, 3)), rng.standard_normal((20, 3))
+    qp, it = sample_g(4, 20, 5, vectors=(Q, It))
     assert len(qp) == 20 and np.all(np.bincount(qp) == 5)
     for q in range(4):
-        assert set(it[qp == q]) == set(np.argsort(-(Q[q] @ I.T))[:5])
+        assert set(it[qp == q]) == set(np.argsort(-(Q[q] @ It.T))[:5])
     qp, it = sample_g(4, 20, 2, per="item", strategy="uniform", seed=3)
     assert np.all(np.bincount(it, minlength=20) == 2)
-    pairs = set(zip(qp.tolist(), it.tolist()))
+    pairs = set(zip(qp.tolist(), it.tolist(), strict=True))
     assert len(pairs) == 40  # distinct queries per item
     again = sample_g(4, 20, 2, per="item", strategy="uniform", seed=3)
     np.testing.assert_array_equal(again[0], qp)
     assert np.all(np.diff(qp) >= 0)  # sorted by query: one CE batch per query in a shard
-    qp, it = sample_g(4, 20, 2, per="item", vectors=(Q, I))
+    qp, it = sample_g(4, 20, 2, per="item", vectors=(Q, It))
     for i in range(20):
-        assert set(qp[it == i]) == set(np.argsort(-(I[i] @ Q.T))[:2])
+        assert set(qp[it == i]) == set(np.argsort(-(It[i] @ Q.T))[:2])
     with pytest.raises(ValueError, match=r"k_d must be in \[1, 20\]"):
         sample_g(4, 20, 21, strategy="uniform")
     with pytest.raises(ValueError, match="needs vectors"):
@@ -89,7 +89,9 @@ def test_fit_lowers_loss_and_is_seeded(mode):
         m = r.mlp
         np.testing.assert_allclose(
             gated_mlp_numpy(DI, m["i_W1"], m["i_b1"], m["i_W2"], m["i_b2"], m["i_w_skip"]),
-            r.item_embeddings, atol=1e-5)
+            r.item_embeddings,
+            atol=1e-5,
+        )
     else:
         assert not r.mlp
 
@@ -122,12 +124,25 @@ def test_build_mf_index_end_to_end(tmp_path, mode):
     S, DQ, DI = _synthetic(n_q=10, n_i=40)
     train = [1, 3, 5, 7]
     scorer = LookupScorer(S)
-    idx, res = build_mf_index(tmp_path / "mf", scorer, train, de_queries=DQ[train], de_items=DI,
-                              k_d=6, mode=mode, epochs=3, normalize=True, progress=False,
-                              shard_pairs=5, de={"model_id": "de", "model_hash": "x"})
+    idx, res = build_mf_index(
+        tmp_path / "mf",
+        scorer,
+        train,
+        de_queries=DQ[train],
+        de_items=DI,
+        k_d=6,
+        mode=mode,
+        epochs=3,
+        normalize=True,
+        progress=False,
+        shard_pairs=5,
+        de={"model_id": "de", "model_hash": "x"},
+    )
     assert idx.kind == "mf" and idx.ce_calls == 24 == scorer.pairs
     assert idx.models["ce"] == {"model_id": "lookup", "model_hash": scorer.model_hash}
-    np.testing.assert_array_equal(idx["g_scores"], S[np.array(train)[idx["g_query_pos"]], idx["g_items"]])
+    np.testing.assert_array_equal(
+        idx["g_scores"], S[np.array(train)[idx["g_query_pos"]], idx["g_items"]]
+    )
     np.testing.assert_array_equal(idx["items"], res.item_embeddings)
     assert idx.params["mode"] == mode and idx.params["alpha"] == res.alpha
     assert len(idx.info["loss_curve"]) == 4
@@ -136,14 +151,22 @@ def test_build_mf_index_end_to_end(tmp_path, mode):
     ce = np.array([0.3, 0.7])
     np.testing.assert_allclose((ce - b) / a, res.beta * (ce - res.alpha))
     q = query_embeddings(loaded, DQ[train])
-    np.testing.assert_allclose(q, res.query_embeddings if mode == "inductive" else DQ[train], atol=1e-5)
+    np.testing.assert_allclose(
+        q, res.query_embeddings if mode == "inductive" else DQ[train], atol=1e-5
+    )
 
 
 def test_build_cur_index(tmp_path):
     S = np.random.default_rng(2).standard_normal((9, 25)).astype(np.float32)
     scorer = LookupScorer(S)
-    idx = build_cur_index(tmp_path / "cur", scorer, [8, 0, 4], query_ids=["q8", "q0", "q4"],
-                          shard_pairs=10, progress=False)
+    idx = build_cur_index(
+        tmp_path / "cur",
+        scorer,
+        [8, 0, 4],
+        query_ids=["q8", "q0", "q4"],
+        shard_pairs=10,
+        progress=False,
+    )
     np.testing.assert_array_equal(idx["R"], S[[8, 0, 4]])
     assert idx.ce_calls == 75 and idx.info["anchor_query_ids"] == ["q8", "q0", "q4"]
     assert isinstance(idx["R"], np.memmap)
@@ -152,7 +175,9 @@ def test_build_cur_index(tmp_path):
 def test_cur_build_resumes_from_kept_job(tmp_path):
     S = np.random.default_rng(3).standard_normal((4, 30)).astype(np.float32)
     first = LookupScorer(S)
-    build_cur_index(tmp_path / "cur", first, [0, 1, 2], shard_pairs=8, progress=False, keep_job=True)
+    build_cur_index(
+        tmp_path / "cur", first, [0, 1, 2], shard_pairs=8, progress=False, keep_job=True
+    )
     assert (tmp_path / "cur" / ".job" / "manifest.json").exists()
     again = LookupScorer(S)
     idx = build_cur_index(tmp_path / "cur", again, [0, 1, 2], shard_pairs=8, progress=False)
@@ -166,5 +191,10 @@ def test_cur_job_of_another_model_is_not_reused(tmp_path):
     a = {"model_id": "m", "model_hash": "a" * 64}
     build_cur_index(tmp_path / "cur", LookupScorer(S), [0, 1], ce=a, progress=False, keep_job=True)
     with pytest.raises(ValueError, match="different job"):
-        build_cur_index(tmp_path / "cur", LookupScorer(S), [0, 1], progress=False,
-                        ce={"model_id": "m", "model_hash": "b" * 64})
+        build_cur_index(
+            tmp_path / "cur",
+            LookupScorer(S),
+            [0, 1],
+            progress=False,
+            ce={"model_id": "m", "model_hash": "b" * 64},
+        )

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_jobs_scorer import LookupScorer, lookup_matrix, make_lookup_scorer
 
 from crossknn.jobs import DensePairs, LazyScorer, ScoreJob, SparsePairs, atomic_save_npy
+from test_jobs_scorer import LookupScorer, lookup_matrix, make_lookup_scorer
 
 TESTS = Path(__file__).resolve().parent
 
@@ -68,15 +68,21 @@ def test_resume_scores_each_pair_once(tmp_path):
 
 def test_different_job_in_same_dir_is_refused(tmp_path):
     M = lookup_matrix(3, 10)
-    ScoreJob(tmp_path, LookupScorer(M), range(3), DensePairs(3, 10), shard_pairs=4).run(progress=False)
+    ScoreJob(tmp_path, LookupScorer(M), range(3), DensePairs(3, 10), shard_pairs=4).run(
+        progress=False
+    )
     with pytest.raises(ValueError, match="different job.*shard_pairs"):
-        ScoreJob(tmp_path, LookupScorer(M), range(3), DensePairs(3, 10), shard_pairs=5).run(progress=False)
+        ScoreJob(tmp_path, LookupScorer(M), range(3), DensePairs(3, 10), shard_pairs=5).run(
+            progress=False
+        )
     with pytest.raises(ValueError, match="different job.*scorer"):
         ScoreJob(tmp_path, LookupScorer(M + 1), range(3), DensePairs(3, 10), shard_pairs=4).run(
-            progress=False)
+            progress=False
+        )
     with pytest.raises(ValueError, match="different job.*queries"):
         ScoreJob(tmp_path, LookupScorer(M), [0, 2, 1], DensePairs(3, 10), shard_pairs=4).run(
-            progress=False)
+            progress=False
+        )
 
 
 def test_bad_arguments():
@@ -113,7 +119,10 @@ _KILL_SCRIPT = textwrap.dedent("""
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(_KILL_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, str(script), str(killed), "0.05"], env=env)
     try:
@@ -136,10 +145,15 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     subprocess.run([sys.executable, str(script), str(killed), "0"], env=env, check=True)
     clean = tmp_path / "clean"
     subprocess.run([sys.executable, str(script), str(clean), "0"], env=env, check=True)
-    job = ScoreJob(killed, make_lookup_scorer(7, 50, seed=5), range(7), DensePairs(7, 50), shard_pairs=11)
-    ref = ScoreJob(clean, make_lookup_scorer(7, 50, seed=5), range(7), DensePairs(7, 50), shard_pairs=11)
+    job = ScoreJob(
+        killed, make_lookup_scorer(7, 50, seed=5), range(7), DensePairs(7, 50), shard_pairs=11
+    )
+    ref = ScoreJob(
+        clean, make_lookup_scorer(7, 50, seed=5), range(7), DensePairs(7, 50), shard_pairs=11
+    )
     a, b = job.result(), ref.result()
     assert a.tobytes() == b.tobytes()
     np.testing.assert_array_equal(a.reshape(7, 50), lookup_matrix(7, 50, seed=5))
-    assert sorted(p.name for p in (killed / "shards").iterdir()) == \
-        sorted(p.name for p in (clean / "shards").iterdir())
+    assert sorted(p.name for p in (killed / "shards").iterdir()) == sorted(
+        p.name for p in (clean / "shards").iterdir()
+    )

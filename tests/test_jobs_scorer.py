@@ -33,7 +33,7 @@ class LookupScorer:
     def score_batch(self, queries, items):
         if self.sleep:
             time.sleep(self.sleep)
-        return [self.score(q, it) for q, it in zip(queries, items)]
+        return [self.score(q, it) for q, it in zip(queries, items, strict=True)]
 
 
 def make_lookup_scorer(n_queries: int, n_items: int, seed: int = 0, sleep: float = 0.0):

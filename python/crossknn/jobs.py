@@ -89,7 +89,7 @@ def _json_bytes(obj: Any) -> bytes:
 
 @dataclass(frozen=True)
 class DensePairs:
-    """All ``n_queries x n_items`` pairs in row-major order (pair p = (p // n_items, p % n_items))."""
+    """All ``n_queries x n_items`` pairs, row-major: pair p = (p // n_items, p % n_items)."""
 
     n_queries: int
     n_items: int
@@ -97,7 +97,8 @@ class DensePairs:
     def __post_init__(self) -> None:
         if self.n_queries < 1 or self.n_items < 1:
             raise ValueError(
-                f"DensePairs needs n_queries >= 1 and n_items >= 1; got {self.n_queries}, {self.n_items}"
+                f"DensePairs needs n_queries >= 1 and n_items >= 1; "
+                f"got {self.n_queries}, {self.n_items}"
             )
 
     @property
@@ -113,7 +114,7 @@ class DensePairs:
 
 
 class SparsePairs:
-    """An explicit list of pairs: ``query_pos[p]`` (index into the job's queries) and ``items[p]``."""
+    """Explicit pairs: ``query_pos[p]`` (index into the job's queries) and ``items[p]``."""
 
     def __init__(self, query_pos, items) -> None:
         qp = np.ascontiguousarray(query_pos, dtype=np.int64)
@@ -151,8 +152,10 @@ def scorer_identity(scorer: Any) -> dict:
         return scorer.identity()
     mid = getattr(scorer, "model_id", None)
     mhash = getattr(scorer, "model_hash", None)
-    return {"model_id": None if mid is None else str(mid),
-            "model_hash": None if mhash is None else str(mhash)}
+    return {
+        "model_id": None if mid is None else str(mid),
+        "model_hash": None if mhash is None else str(mhash),
+    }
 
 
 class LazyScorer:
@@ -164,8 +167,15 @@ class LazyScorer:
     opening the model itself.
     """
 
-    def __init__(self, factory: Callable[..., Any], *args: Any, model_id: str | None = None,
-                 model_hash: str | None = None, n_items: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        factory: Callable[..., Any],
+        *args: Any,
+        model_id: str | None = None,
+        model_hash: str | None = None,
+        n_items: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not callable(factory):
             raise TypeError(f"LazyScorer: factory must be callable; got {type(factory).__name__}")
         self.factory, self.args, self.kwargs = factory, args, kwargs
@@ -220,12 +230,12 @@ def _score_pairs(scorer: Any, queries: Sequence, qpos: np.ndarray, items: np.nda
     starts = np.concatenate([[0], cuts])
     stops = np.concatenate([cuts, [qpos.size]])
     qs = [queries[int(qpos[s])] for s in starts]
-    groups = [items[s:e] for s, e in zip(starts, stops)]
+    groups = [items[s:e] for s, e in zip(starts, stops, strict=True)]
     out = scorer.score_batch(qs, groups)
     if len(out) != len(groups):
         raise ValueError(f"scorer.score_batch returned {len(out)} arrays for {len(groups)} queries")
     res = np.empty(qpos.size, np.float32)
-    for s, e, o in zip(starts, stops, out):
+    for s, e, o in zip(starts, stops, out, strict=True):
         o = np.asarray(o, dtype=np.float32).ravel()
         if o.size != e - s:
             raise ValueError(f"scorer returned {o.size} scores for {e - s} items")
@@ -241,7 +251,9 @@ def _queries_fingerprint(queries: Sequence) -> str:
         elif isinstance(q, str):
             h.update(b"s" + q.encode() + b"\0")
         else:
-            raise TypeError(f"queries must be ints (matrix rows) or strings (texts); got {type(q).__name__}")
+            raise TypeError(
+                f"queries must be ints (matrix rows) or strings (texts); got {type(q).__name__}"
+            )
     return h.hexdigest()[:32]
 
 
@@ -258,9 +270,16 @@ class ScoreJob:
     fingerprint so a different job in the same directory is refused.
     """
 
-    def __init__(self, job_dir: str | os.PathLike, scorer: Any, queries: Sequence,
-                 pairs: DensePairs | SparsePairs, *, shard_pairs: int = 4096,
-                 extra: dict | None = None) -> None:
+    def __init__(
+        self,
+        job_dir: str | os.PathLike,
+        scorer: Any,
+        queries: Sequence,
+        pairs: DensePairs | SparsePairs,
+        *,
+        shard_pairs: int = 4096,
+        extra: dict | None = None,
+    ) -> None:
         if shard_pairs < 1:
             raise ValueError(f"shard_pairs must be >= 1; got {shard_pairs}")
         if pairs.n_queries > len(queries):
@@ -303,9 +322,13 @@ class ScoreJob:
             try:
                 old = json.loads(mpath.read_text())
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{mpath} is not valid JSON ({exc}); delete {self.job_dir} to restart") from exc
+                raise ValueError(
+                    f"{mpath} is not valid JSON ({exc}); delete {self.job_dir} to restart"
+                ) from exc
             if old != self.manifest:
-                diff = sorted(k for k in set(old) | set(self.manifest) if old.get(k) != self.manifest.get(k))
+                diff = sorted(
+                    k for k in set(old) | set(self.manifest) if old.get(k) != self.manifest.get(k)
+                )
                 raise ValueError(
                     f"{self.job_dir} holds a different job (differs in: {', '.join(diff)}); "
                     "use another output directory or delete it to start over"
@@ -338,9 +361,16 @@ class ScoreJob:
         return self.job_dir.exists() and not self.pending()
 
     # -- running ------------------------------------------------------------------------------
-    def run(self, *, backend: str = "local", progress: bool = True, max_shards: int | None = None,
-            ray_workers: int | None = None, ray_gpus_per_worker: float = 0.0,
-            desc: str = "scoring") -> dict:
+    def run(
+        self,
+        *,
+        backend: str = "local",
+        progress: bool = True,
+        max_shards: int | None = None,
+        ray_workers: int | None = None,
+        ray_gpus_per_worker: float = 0.0,
+        desc: str = "scoring",
+    ) -> dict:
         """Score the pending shards. Returns stats: pairs scored now, seconds, pairs/s.
 
         ``backend="ray"``: one actor per worker (default: the cluster's CPUs), each reserving
@@ -353,13 +383,24 @@ class ScoreJob:
         done_pairs = self.pairs.n_pairs - sum(e - s for s, e in map(self.shard_range, pend))
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=self.pairs.n_pairs, initial=done_pairs, unit="pair", unit_scale=True,
-                   desc=desc, disable=not progress, smoothing=0.1, dynamic_ncols=True)
+        bar = tqdm(
+            total=self.pairs.n_pairs,
+            initial=done_pairs,
+            unit="pair",
+            unit_scale=True,
+            desc=desc,
+            disable=not progress,
+            smoothing=0.1,
+            dynamic_ncols=True,
+        )
         t0 = time.perf_counter()
         n_new = 0
         try:
-            it = (self._run_local(todo) if backend == "local"
-                  else self._run_ray(todo, ray_workers, ray_gpus_per_worker))
+            it = (
+                self._run_local(todo)
+                if backend == "local"
+                else self._run_ray(todo, ray_workers, ray_gpus_per_worker)
+            )
             for i, scores in it:
                 atomic_save_npy(self.shard_path(i), scores)
                 n_new += scores.size
@@ -367,8 +408,12 @@ class ScoreJob:
         finally:
             bar.close()
         dt = time.perf_counter() - t0
-        return {"pairs": n_new, "seconds": dt, "pairs_per_s": n_new / dt if dt > 0 else 0.0,
-                "shards": len(todo)}
+        return {
+            "pairs": n_new,
+            "seconds": dt,
+            "pairs_per_s": n_new / dt if dt > 0 else 0.0,
+            "shards": len(todo),
+        }
 
     def _shard_pairs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self.pairs.slice(*self.shard_range(i))
@@ -378,8 +423,9 @@ class ScoreJob:
             qpos, items = self._shard_pairs(i)
             yield i, _score_pairs(self.scorer, self.queries, qpos, items)
 
-    def _run_ray(self, todo: list[int], n_workers: int | None,
-                 gpus: float = 0.0) -> Iterator[tuple[int, np.ndarray]]:
+    def _run_ray(
+        self, todo: list[int], n_workers: int | None, gpus: float = 0.0
+    ) -> Iterator[tuple[int, np.ndarray]]:
         try:
             import ray
         except ImportError as exc:  # pragma: no cover - ray is installed in the dev env
@@ -390,7 +436,9 @@ class ScoreJob:
             ray.init(include_dashboard=False, log_to_driver=False)
         if n_workers is None:
             res = ray.available_resources()
-            n_workers = max(1, int(res.get("GPU", 0) / gpus) if gpus > 0 else int(res.get("CPU", 1)))
+            n_workers = max(
+                1, int(res.get("GPU", 0) / gpus) if gpus > 0 else int(res.get("CPU", 1))
+            )
         n_workers = max(1, min(n_workers, len(todo)))
         Worker = ray.remote(num_cpus=1, num_gpus=gpus)(_ShardWorker)
         scorer_ref = ray.put(self.scorer)
@@ -431,7 +479,8 @@ class ScoreJob:
         missing = self.pending() if self.job_dir.exists() else list(range(self.n_shards))
         if missing:
             raise ValueError(
-                f"job in {self.job_dir} is not finished: {len(missing)} of {self.n_shards} shards missing"
+                f"job in {self.job_dir} is not finished: "
+                f"{len(missing)} of {self.n_shards} shards missing"
             )
         out = np.empty(self.pairs.n_pairs, np.float32)
         for i in range(self.n_shards):

@@ -17,50 +17,82 @@ from typing import Any
 
 import numpy as np
 
-HELP = "build a CUR (dense anchor rows) or sparse-MF (AXN) index from a score matrix or a BEIR folder"
+HELP = (
+    "build a CUR (dense anchor rows) or sparse-MF (AXN) index from a score matrix or a BEIR folder"
+)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SOURCE", help="score-matrix folder or BEIR folder")
     p.add_argument("out_dir", metavar="OUT_DIR", help="index directory to write")
-    p.add_argument("--n-train", type=int,
-                   help="train (anchor) queries: a seeded sample of this many (default: all train "
-                        "rows of a matrix; 100 queries of a BEIR folder)")
+    p.add_argument(
+        "--n-train",
+        type=int,
+        help="train (anchor) queries: a seeded sample of this many (default: all train "
+        "rows of a matrix; 100 queries of a BEIR folder)",
+    )
     p.add_argument("--split", help="BEIR source: draw train queries from qrels/SPLIT.tsv only")
     p.add_argument("--seed", type=int, default=0, help="seed of every sample (default 0)")
-    p.add_argument("--shard-pairs", type=int, default=2048, help="pairs per shard file (default 2048)")
+    p.add_argument(
+        "--shard-pairs", type=int, default=2048, help="pairs per shard file (default 2048)"
+    )
     p.add_argument("--threads", type=int, help="CE intra-op threads (BEIR source)")
     p.add_argument("--batch-size-ce", type=int, default=16, help="CE batch size (BEIR source)")
     p.add_argument("--ray", action="store_true", help="score the shards as Ray actors")
     p.add_argument("--ray-workers", type=int, help="Ray actors (default: the cluster's CPUs)")
-    p.add_argument("--ray-gpus", type=float, default=0.0,
-                   help="GPUs each Ray actor reserves (e.g. 1 on a GPU cluster; default 0)")
+    p.add_argument(
+        "--ray-gpus",
+        type=float,
+        default=0.0,
+        help="GPUs each Ray actor reserves (e.g. 1 on a GPU cluster; default 0)",
+    )
     p.add_argument("--keep-job", action="store_true", help="keep OUT_DIR/.job after finishing")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="index_kind", metavar="KIND", required=True)
-    cur = sub.add_parser("cur", help="dense anchor rows R (train queries x all items)",
-                         description="dense anchor rows R (train queries x all items) for ANNCUR/ADACUR")
+    cur = sub.add_parser(
+        "cur",
+        help="dense anchor rows R (train queries x all items)",
+        description="dense anchor rows R (train queries x all items) for ANNCUR/ADACUR",
+    )
     _common(cur)
-    mf = sub.add_parser("mf", help="AXN sparse matrix G + matrix factorization",
-                        description="AXN sparse matrix G + matrix factorization (item embeddings)")
+    mf = sub.add_parser(
+        "mf",
+        help="AXN sparse matrix G + matrix factorization",
+        description="AXN sparse matrix G + matrix factorization (item embeddings)",
+    )
     _common(mf)
-    mf.add_argument("--k-d", type=int, required=True,
-                    help="items per train query (--per query) or train queries per item (--per item)")
+    mf.add_argument(
+        "--k-d",
+        type=int,
+        required=True,
+        help="items per train query (--per query) or train queries per item (--per item)",
+    )
     mf.add_argument("--per", choices=("query", "item"), default="query")
-    mf.add_argument("--strategy", choices=("topk", "uniform"), default="topk",
-                    help="observed entries: top-k_d by --retriever, or uniform (default topk)")
-    mf.add_argument("--retriever", choices=("de", "tfidf"), default="de",
-                    help="ranking for --strategy topk (default de)")
+    mf.add_argument(
+        "--strategy",
+        choices=("topk", "uniform"),
+        default="topk",
+        help="observed entries: top-k_d by --retriever, or uniform (default topk)",
+    )
+    mf.add_argument(
+        "--retriever",
+        choices=("de", "tfidf"),
+        default="de",
+        help="ranking for --strategy topk (default de)",
+    )
     mf.add_argument("--mode", choices=("transductive", "inductive"), default="inductive")
     mf.add_argument("--epochs", type=int, default=20)
     mf.add_argument("--lr", type=float, default=0.005)
     mf.add_argument("--batch-size", type=int, default=256, help="MF training batch (pairs)")
     mf.add_argument("--weight-decay", type=float, default=0.0)
-    mf.add_argument("--normalize", action="store_true",
-                    help="map CE scores to the DE score range (alpha, beta) before fitting")
+    mf.add_argument(
+        "--normalize",
+        action="store_true",
+        help="map CE scores to the DE score range (alpha, beta) before fitting",
+    )
 
 
 @dataclass
@@ -94,16 +126,22 @@ def open_source(args: argparse.Namespace) -> Source:
         from crossknn.scorers import MatrixScorer
 
         m = load_score_matrix(src, mmap=True)
-        rows = _sample([int(r) for r in m.train], args.n_train, args.seed, "train rows of the matrix")
+        rows = _sample(
+            [int(r) for r in m.train], args.n_train, args.seed, "train rows of the matrix"
+        )
         if m.de_items is None or m.de_queries is None:
             raise FileNotFoundError(f"{src} has no de_queries.npy/de_items.npy (needed for MF)")
         ce_id, de_id = matrix_identity(src)
         return Source(
-            scorer=MatrixScorer(np.asarray(m.scores)), queries=rows,
-            query_ids=[m.query_ids[r] for r in rows], query_texts=None,
+            scorer=MatrixScorer(np.asarray(m.scores)),
+            queries=rows,
+            query_ids=[m.query_ids[r] for r in rows],
+            query_texts=None,
             item_texts=lambda: load_beir(m.corpus_dir()).items_in_order(m.item_ids),
-            de_queries=np.asarray(m.de_queries)[rows], de_items=lambda: np.asarray(m.de_items),
-            ce=ce_id, de=de_id,
+            de_queries=np.asarray(m.de_queries)[rows],
+            de_items=lambda: np.asarray(m.de_items),
+            ce=ce_id,
+            de=de_id,
             info={"source": "matrix", "matrix": src.resolve().name, "train_rows": rows},
         )
     if (src / "corpus.jsonl").is_file():
@@ -124,9 +162,15 @@ def open_source(args: argparse.Namespace) -> Source:
         texts = [corpus.query_texts[i] for i in qpos]
         if args.ray:
             probe = default_cross_encoder()
-            scorer = LazyScorer(_ce_factory, corpus.item_texts, args.threads or 1, args.batch_size_ce,
-                                model_id=probe.model_id, model_hash=probe.model_hash,
-                                n_items=len(corpus.item_texts))
+            scorer = LazyScorer(
+                _ce_factory,
+                corpus.item_texts,
+                args.threads or 1,
+                args.batch_size_ce,
+                model_id=probe.model_id,
+                model_hash=probe.model_hash,
+                n_items=len(corpus.item_texts),
+            )
         else:
             scorer = _ce_factory(corpus.item_texts, args.threads, args.batch_size_ce)
         de = default_dual_encoder(threads=args.threads)
@@ -138,9 +182,13 @@ def open_source(args: argparse.Namespace) -> Source:
             return cache["v"]
 
         return Source(
-            scorer=scorer, queries=texts, query_ids=[corpus.query_ids[i] for i in qpos],
-            query_texts=texts, item_texts=lambda: corpus.item_texts,
-            de_queries=de.encode(texts) if args.index_kind == "mf" else None, de_items=de_items,
+            scorer=scorer,
+            queries=texts,
+            query_ids=[corpus.query_ids[i] for i in qpos],
+            query_texts=texts,
+            item_texts=lambda: corpus.item_texts,
+            de_queries=de.encode(texts) if args.index_kind == "mf" else None,
+            de_items=de_items,
             ce={"model_id": scorer.model_id, "model_hash": scorer.model_hash},
             de={"model_id": de.model_id, "model_hash": de.model_hash},
             info={"source": "beir", "dataset": src.resolve().name},
@@ -154,14 +202,24 @@ def run(args: argparse.Namespace) -> int:
     from crossknn.index import build_cur_index, build_mf_index
 
     s = open_source(args)
-    common = dict(query_ids=s.query_ids, ce=s.ce, de=s.de, shard_pairs=args.shard_pairs,
-                  backend="ray" if args.ray else "local", progress=not args.quiet,
-                  ray_workers=args.ray_workers, ray_gpus_per_worker=args.ray_gpus, info=s.info,
-                  keep_job=args.keep_job)
+    common = dict(
+        query_ids=s.query_ids,
+        ce=s.ce,
+        de=s.de,
+        shard_pairs=args.shard_pairs,
+        backend="ray" if args.ray else "local",
+        progress=not args.quiet,
+        ray_workers=args.ray_workers,
+        ray_gpus_per_worker=args.ray_gpus,
+        info=s.info,
+        keep_job=args.keep_job,
+    )
     if args.index_kind == "cur":
         idx = build_cur_index(args.out_dir, s.scorer, s.queries, **common)
-        print(f"wrote CUR index {args.out_dir}: R {idx['R'].shape[0]} x {idx['R'].shape[1]}, "
-              f"{idx.ce_calls} CE calls")
+        print(
+            f"wrote CUR index {args.out_dir}: R {idx['R'].shape[0]} x {idx['R'].shape[1]}, "
+            f"{idx.ce_calls} CE calls"
+        )
         return 0
     vectors = None
     if args.strategy == "topk" and args.retriever == "tfidf":
@@ -175,12 +233,28 @@ def run(args: argparse.Namespace) -> int:
             s.query_texts = corpus.queries_in_order(s.query_ids)
         vectors = tfidf_vectors(s.query_texts, s.item_texts())
     idx, res = build_mf_index(
-        args.out_dir, s.scorer, s.queries, de_queries=s.de_queries, de_items=s.de_items(),
-        k_d=args.k_d, per=args.per, strategy=args.strategy, vectors=vectors, mode=args.mode,
-        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-        weight_decay=args.weight_decay, normalize=args.normalize, seed=args.seed, **common)
+        args.out_dir,
+        s.scorer,
+        s.queries,
+        de_queries=s.de_queries,
+        de_items=s.de_items(),
+        k_d=args.k_d,
+        per=args.per,
+        strategy=args.strategy,
+        vectors=vectors,
+        mode=args.mode,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        weight_decay=args.weight_decay,
+        normalize=args.normalize,
+        seed=args.seed,
+        **common,
+    )
     curve = res.loss_curve
-    print(f"wrote MF index {args.out_dir} ({args.mode}): items {idx['items'].shape}, "
-          f"{idx.ce_calls} CE calls, fit {res.seconds:.1f} s")
+    print(
+        f"wrote MF index {args.out_dir} ({args.mode}): items {idx['items'].shape}, "
+        f"{idx.ce_calls} CE calls, fit {res.seconds:.1f} s"
+    )
     print("loss (MSE on G) by epoch: " + " ".join(f"{x:.4g}" for x in curve))
     return 0

@@ -26,8 +26,17 @@ import numpy as np
 
 from crossknn.jobs import atomic_save_npy, atomic_write_bytes
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Index", "IndexFormatError", "ModelMismatchError",
-           "model_identity", "matrix_identity", "save_index", "load_index"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "Index",
+    "IndexFormatError",
+    "ModelMismatchError",
+    "model_identity",
+    "matrix_identity",
+    "save_index",
+    "load_index",
+]
 
 FORMAT = "crossknn-index"
 FORMAT_VERSION = 1
@@ -52,7 +61,8 @@ def model_identity(model: Any) -> dict | None:
         mid, mhash = getattr(model, "model_id", None), getattr(model, "model_hash", None)
     if mhash is None:
         raise ValueError(
-            f"a model identity needs a content hash (model_hash); got {type(model).__name__} without one"
+            f"a model identity needs a content hash (model_hash); "
+            f"got {type(model).__name__} without one"
         )
     return {"model_id": None if mid is None else str(mid), "model_hash": str(mhash)}
 
@@ -61,7 +71,7 @@ def _sha256_array(arr: np.ndarray, chunk: int = 1 << 24) -> str:
     h = hashlib.sha256()
     flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
     for s in range(0, flat.size, chunk):
-        h.update(flat[s:s + chunk])
+        h.update(flat[s : s + chunk])
     return h.hexdigest()
 
 
@@ -105,14 +115,29 @@ class Index:
                 )
 
     def save(self, path: str | os.PathLike) -> Path:
-        return save_index(path, self.kind, self.arrays, ce=self.models.get("ce"),
-                          de=self.models.get("de"), params=self.params, ce_calls=self.ce_calls,
-                          info=self.info)
+        return save_index(
+            path,
+            self.kind,
+            self.arrays,
+            ce=self.models.get("ce"),
+            de=self.models.get("de"),
+            params=self.params,
+            ce_calls=self.ce_calls,
+            info=self.info,
+        )
 
 
-def save_index(path: str | os.PathLike, kind: str, arrays: Mapping[str, np.ndarray], *,
-               ce: Any, de: Any = None, params: Mapping | None = None, ce_calls: int = 0,
-               info: Mapping | None = None) -> Path:
+def save_index(
+    path: str | os.PathLike,
+    kind: str,
+    arrays: Mapping[str, np.ndarray],
+    *,
+    ce: Any,
+    de: Any = None,
+    params: Mapping | None = None,
+    ce_calls: int = 0,
+    info: Mapping | None = None,
+) -> Path:
     """Write an index directory. Arrays first, ``index.json`` last (it marks the index complete)."""
     path = Path(path)
     if not kind or not isinstance(kind, str):
@@ -129,8 +154,12 @@ def save_index(path: str | os.PathLike, kind: str, arrays: Mapping[str, np.ndarr
             raise ValueError(f"array {name!r}: only numeric dtypes are stored; got {arr.dtype}")
         arr = np.ascontiguousarray(arr)
         atomic_save_npy(path / f"{name}.npy", arr)
-        entries[name] = {"file": f"{name}.npy", "dtype": arr.dtype.str, "shape": list(arr.shape),
-                         "sha256": _sha256_array(arr)}
+        entries[name] = {
+            "file": f"{name}.npy",
+            "dtype": arr.dtype.str,
+            "shape": list(arr.shape),
+            "sha256": _sha256_array(arr),
+        }
     doc = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -145,8 +174,15 @@ def save_index(path: str | os.PathLike, kind: str, arrays: Mapping[str, np.ndarr
     return path
 
 
-def load_index(path: str | os.PathLike, *, kind: str | None = None, ce: Any = None,
-               de: Any = None, mmap: bool = True, verify: bool = True) -> Index:
+def load_index(
+    path: str | os.PathLike,
+    *,
+    kind: str | None = None,
+    ce: Any = None,
+    de: Any = None,
+    mmap: bool = True,
+    verify: bool = True,
+) -> Index:
     """Load and validate an index directory (arrays memory-mapped unless ``mmap=False``).
 
     ``verify`` checks every array's sha256 (reads each file once); ``ce``/``de`` (a model or
@@ -163,8 +199,11 @@ def load_index(path: str | os.PathLike, *, kind: str | None = None, ce: Any = No
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise IndexFormatError(f"{meta_path} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise IndexFormatError(f"{meta_path}: expected format {FORMAT!r}, got {doc.get('format')!r}"
-                               if isinstance(doc, dict) else f"{meta_path}: expected a JSON object")
+        raise IndexFormatError(
+            f"{meta_path}: expected format {FORMAT!r}, got {doc.get('format')!r}"
+            if isinstance(doc, dict)
+            else f"{meta_path}: expected a JSON object"
+        )
     if doc.get("format_version") != FORMAT_VERSION:
         raise IndexFormatError(
             f"{meta_path}: format_version {doc.get('format_version')!r} is not supported "
@@ -179,23 +218,36 @@ def load_index(path: str | os.PathLike, *, kind: str | None = None, ce: Any = No
     for name, ent in doc["arrays"].items():
         f = path / ent["file"]
         if Path(ent["file"]).name != ent["file"]:
-            raise IndexFormatError(f"{meta_path}: array file {ent['file']!r} must be a plain file name")
+            raise IndexFormatError(
+                f"{meta_path}: array file {ent['file']!r} must be a plain file name"
+            )
         if not f.is_file():
             raise FileNotFoundError(f"index {path}: array file {ent['file']} is missing")
         try:
             arr = np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
-            raise IndexFormatError(f"index {path}: {ent['file']} is corrupt or truncated ({exc})") from exc
+            raise IndexFormatError(
+                f"index {path}: {ent['file']} is corrupt or truncated ({exc})"
+            ) from exc
         if arr.dtype.str != ent["dtype"] or list(arr.shape) != list(ent["shape"]):
             raise IndexFormatError(
                 f"index {path}: {ent['file']} has dtype {arr.dtype.str} shape {list(arr.shape)}, "
                 f"index.json expects dtype {ent['dtype']} shape {ent['shape']}"
             )
         if verify and _sha256_array(arr) != ent["sha256"]:
-            raise IndexFormatError(f"index {path}: {ent['file']} is corrupt (content hash mismatch)")
+            raise IndexFormatError(
+                f"index {path}: {ent['file']} is corrupt (content hash mismatch)"
+            )
         arrays[name] = arr
-    idx = Index(kind=doc["kind"], arrays=arrays, models=doc["models"], params=doc["params"],
-                ce_calls=int(doc["ce_calls"]), info=doc["info"], path=path)
+    idx = Index(
+        kind=doc["kind"],
+        arrays=arrays,
+        models=doc["models"],
+        params=doc["params"],
+        ce_calls=int(doc["ce_calls"]),
+        info=doc["info"],
+        path=path,
+    )
     idx.check_models(ce=ce, de=de)
     return idx
 
@@ -221,12 +273,16 @@ def matrix_identity(matrix_dir: str | os.PathLike) -> tuple[dict, dict | None]:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     ce = meta.get("ce")
     if not (isinstance(ce, dict) and ce.get("model_hash")):
-        ce = {"model_id": str(meta.get("model", d.name)),
-              "model_hash": "scores.npy:" + _file_sha256(d / "scores.npy")}
+        ce = {
+            "model_id": str(meta.get("model", d.name)),
+            "model_hash": "scores.npy:" + _file_sha256(d / "scores.npy"),
+        }
     de = meta.get("de_model")
     if not (isinstance(de, dict) and de.get("model_hash")):
         de = None
         if (d / "de_items.npy").is_file():
-            de = {"model_id": str(meta.get("de", "de")),
-                  "model_hash": "de_items.npy:" + _file_sha256(d / "de_items.npy")}
+            de = {
+                "model_id": str(meta.get("de", "de")),
+                "model_hash": "de_items.npy:" + _file_sha256(d / "de_items.npy"),
+            }
     return ce, de

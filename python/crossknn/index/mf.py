@@ -31,8 +31,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["sample_g", "topk_by_vectors", "tfidf_vectors", "score_normalization", "MFResult",
-           "fit_mf", "gated_mlp_numpy", "build_mf_index", "query_embeddings", "axn_score_affine"]
+__all__ = [
+    "sample_g",
+    "topk_by_vectors",
+    "tfidf_vectors",
+    "score_normalization",
+    "MFResult",
+    "fit_mf",
+    "gated_mlp_numpy",
+    "build_mf_index",
+    "query_embeddings",
+    "axn_score_affine",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -59,7 +69,9 @@ def topk_by_vectors(A, B, k: int, *, block: int = 65536) -> np.ndarray:
     for s in range(0, n_b, block):
         e = min(s + block, n_b)
         sc = np.concatenate([best_s, _dense_block(A, B[s:e])], axis=1)
-        ix = np.concatenate([best_i, np.broadcast_to(np.arange(s, e, dtype=np.int64), (n_a, e - s))], axis=1)
+        ix = np.concatenate(
+            [best_i, np.broadcast_to(np.arange(s, e, dtype=np.int64), (n_a, e - s))], axis=1
+        )
         if sc.shape[1] > k:
             part = np.argpartition(-sc, k - 1, axis=1)[:, :k]
             # argpartition breaks ties arbitrarily: redo the boundary with a stable sort
@@ -81,8 +93,16 @@ def tfidf_vectors(query_texts: Sequence[str], item_texts: Sequence[str]):
     return vec.transform(list(query_texts)), items
 
 
-def sample_g(n_train: int, n_items: int, k_d: int, *, per: str = "query", strategy: str = "topk",
-             vectors=None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def sample_g(
+    n_train: int,
+    n_items: int,
+    k_d: int,
+    *,
+    per: str = "query",
+    strategy: str = "topk",
+    vectors=None,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """The observed entries of G as ``(query_pos, items)`` int64 arrays, sorted by query then item.
 
     ``per="query"``: k_d items per train query; ``per="item"``: k_d train queries per item.
@@ -103,7 +123,8 @@ def sample_g(n_train: int, n_items: int, k_d: int, *, per: str = "query", strate
         qv, iv = vectors
         if qv.shape[0] != n_train or iv.shape[0] != n_items or qv.shape[1] != iv.shape[1]:
             raise ValueError(
-                f"vectors: expected shapes ({n_train}, d) and ({n_items}, d); got {qv.shape} and {iv.shape}"
+                f"vectors: expected shapes ({n_train}, d) and ({n_items}, d); "
+                f"got {qv.shape} and {iv.shape}"
             )
         A, B = (qv, iv) if per == "query" else (iv, qv)
         chosen = topk_by_vectors(A, B, k_d)
@@ -186,8 +207,9 @@ class _LazyAdamW:
     parameter matrix, with their first/second moments; bias correction uses the global step.
     Rows not in a batch are left untouched (no weight decay, no stale momentum)."""
 
-    def __init__(self, params, *, lr: float, weight_decay: float, betas=(0.9, 0.999),
-                 eps: float = 1e-8) -> None:
+    def __init__(
+        self, params, *, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-8
+    ) -> None:
         import torch
 
         self.params = params
@@ -200,9 +222,9 @@ class _LazyAdamW:
         import torch
 
         self.t += 1
-        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        c1, c2 = 1 - self.b1**self.t, 1 - self.b2**self.t
         with torch.no_grad():
-            for p, m, v, (rows, g) in zip(self.params, self.m, self.v, row_grads):
+            for p, m, v, (rows, g) in zip(self.params, self.m, self.v, row_grads, strict=True):
                 mr = m[rows].mul_(self.b1).add_(g, alpha=1 - self.b1)
                 vr = v[rows].mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
                 m[rows], v[rows] = mr, vr
@@ -213,10 +235,23 @@ class _LazyAdamW:
                 p[rows] = pr
 
 
-def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.ndarray,
-           mode: str = "transductive", epochs: int = 20, lr: float = 0.005,
-           batch_size: int = 1024, weight_decay: float = 0.0, normalize: bool = False,
-           seed: int = 0, threads: int | None = 1, progress: bool = False) -> MFResult:
+def fit_mf(
+    query_pos,
+    items,
+    values,
+    *,
+    de_queries: np.ndarray,
+    de_items: np.ndarray,
+    mode: str = "transductive",
+    epochs: int = 20,
+    lr: float = 0.005,
+    batch_size: int = 1024,
+    weight_decay: float = 0.0,
+    normalize: bool = False,
+    seed: int = 0,
+    threads: int | None = 1,
+    progress: bool = False,
+) -> MFResult:
     """Fit U, V on the observed entries ``values[p] = CE(query_pos[p], items[p])`` of G.
 
     ``de_queries`` (n_train, d) and ``de_items`` (N, d): DE vectors (init for transductive, frozen
@@ -240,21 +275,26 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
     y = np.asarray(values, np.float32).ravel()
     if not (qp.shape == it.shape == y.shape) or qp.size == 0:
         raise ValueError(
-            f"query_pos, items, values must be non-empty and equally long; got {qp.shape}, {it.shape}, {y.shape}"
+            f"query_pos, items, values must be non-empty and equally long; "
+            f"got {qp.shape}, {it.shape}, {y.shape}"
         )
     if not np.all(np.isfinite(y)):
         raise ValueError("values (CE scores of G) contain NaN or inf")
     DQ = np.ascontiguousarray(de_queries, np.float32)
     DI = np.ascontiguousarray(de_items, np.float32)
     if DQ.ndim != 2 or DI.ndim != 2 or DQ.shape[1] != DI.shape[1]:
-        raise ValueError(f"de_queries (n_train, d) and de_items (N, d) must share d; got {DQ.shape}, {DI.shape}")
+        raise ValueError(
+            f"de_queries (n_train, d) and de_items (N, d) must share d; got {DQ.shape}, {DI.shape}"
+        )
     if qp.min() < 0 or qp.max() >= DQ.shape[0] or it.min() < 0 or it.max() >= DI.shape[0]:
         raise ValueError(
             f"G refers to query rows up to {qp.max()} and items up to {it.max()}; "
             f"de_queries has {DQ.shape[0]} rows, de_items {DI.shape[0]}"
         )
     if epochs < 0 or lr <= 0 or batch_size < 1:
-        raise ValueError(f"need epochs >= 0, lr > 0, batch_size >= 1; got {epochs}, {lr}, {batch_size}")
+        raise ValueError(
+            f"need epochs >= 0, lr > 0, batch_size >= 1; got {epochs}, {lr}, {batch_size}"
+        )
 
     alpha, beta = 0.0, 1.0
     if normalize:
@@ -308,7 +348,10 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
             with torch.no_grad():
                 tot = 0.0
                 for s in range(0, len(ty), 1 << 20):
-                    d = predict(tq[s:s + (1 << 20)], ti[s:s + (1 << 20)]) - ty[s:s + (1 << 20)]
+                    d = (
+                        predict(tq[s : s + (1 << 20)], ti[s : s + (1 << 20)])
+                        - ty[s : s + (1 << 20)]
+                    )
                     tot += float((d * d).sum())
                 return tot / len(ty)
 
@@ -321,7 +364,7 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
         for _ in range(epochs):
             perm = torch.randperm(n, generator=gen)
             for s in range(0, n, batch_size):
-                b = perm[s:s + batch_size]
+                b = perm[s : s + batch_size]
                 step(tq[b], ti[b], ty[b])
                 bar.update(1)
             curve.append(full_loss())
@@ -336,7 +379,7 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
                 Uo = fq(dq).numpy()
                 Vo = np.empty_like(DI)
                 for s in range(0, DI.shape[0], 65536):
-                    Vo[s:s + 65536] = fi(di[s:s + 65536]).numpy()
+                    Vo[s : s + 65536] = fi(di[s : s + 65536]).numpy()
                 for tag, f in (("q", fq), ("i", fi)):
                     mlp[f"{tag}_W1"] = f.l1.weight.detach().numpy().copy()
                     mlp[f"{tag}_b1"] = f.l1.bias.detach().numpy().copy()
@@ -346,11 +389,23 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
     finally:
         torch.set_num_threads(old_threads)
     return MFResult(
-        mode=mode, item_embeddings=np.ascontiguousarray(Vo, np.float32),
-        query_embeddings=np.ascontiguousarray(Uo, np.float32), loss_curve=curve,
-        alpha=alpha, beta=beta, mlp=mlp, seconds=time.perf_counter() - t0,
-        params={"mode": mode, "epochs": epochs, "lr": lr, "batch_size": batch_size,
-                "weight_decay": weight_decay, "normalize": normalize, "seed": seed},
+        mode=mode,
+        item_embeddings=np.ascontiguousarray(Vo, np.float32),
+        query_embeddings=np.ascontiguousarray(Uo, np.float32),
+        loss_curve=curve,
+        alpha=alpha,
+        beta=beta,
+        mlp=mlp,
+        seconds=time.perf_counter() - t0,
+        params={
+            "mode": mode,
+            "epochs": epochs,
+            "lr": lr,
+            "batch_size": batch_size,
+            "weight_decay": weight_decay,
+            "normalize": normalize,
+            "seed": seed,
+        },
     )
 
 
@@ -358,15 +413,36 @@ def fit_mf(query_pos, items, values, *, de_queries: np.ndarray, de_items: np.nda
 # scoring G and saving the index
 
 
-def build_mf_index(out_dir, scorer, queries: Sequence, *, de_queries: np.ndarray,
-                   de_items: np.ndarray, k_d: int, per: str = "query", strategy: str = "topk",
-                   vectors=None, mode: str = "transductive", epochs: int = 20, lr: float = 0.005,
-                   batch_size: int = 1024, weight_decay: float = 0.0, normalize: bool = False,
-                   seed: int = 0, ce=None, de=None, query_ids: Sequence[str] | None = None,
-                   job_dir=None, shard_pairs: int = 4096, backend: str = "local",
-                   progress: bool = True, ray_workers: int | None = None,
-                   ray_gpus_per_worker: float = 0.0, info: dict | None = None,
-                   keep_job: bool = False):
+def build_mf_index(
+    out_dir,
+    scorer,
+    queries: Sequence,
+    *,
+    de_queries: np.ndarray,
+    de_items: np.ndarray,
+    k_d: int,
+    per: str = "query",
+    strategy: str = "topk",
+    vectors=None,
+    mode: str = "transductive",
+    epochs: int = 20,
+    lr: float = 0.005,
+    batch_size: int = 1024,
+    weight_decay: float = 0.0,
+    normalize: bool = False,
+    seed: int = 0,
+    ce=None,
+    de=None,
+    query_ids: Sequence[str] | None = None,
+    job_dir=None,
+    shard_pairs: int = 4096,
+    backend: str = "local",
+    progress: bool = True,
+    ray_workers: int | None = None,
+    ray_gpus_per_worker: float = 0.0,
+    info: dict | None = None,
+    keep_job: bool = False,
+):
     """Choose G, score it with ``scorer`` (resumable sharded job), fit MF, save a ``kind="mf"``
     index. ``queries`` are the train queries (scorer query objects) aligned with ``de_queries``;
     ``vectors`` ranks for ``strategy="topk"`` (default: the DE vectors).
@@ -385,28 +461,78 @@ def build_mf_index(out_dir, scorer, queries: Sequence, *, de_queries: np.ndarray
         )
     if strategy == "topk" and vectors is None:
         vectors = (de_queries, de_items)
-    qpos, items = sample_g(n_train, n_items, k_d, per=per, strategy=strategy, vectors=vectors,
-                           seed=seed)
+    qpos, items = sample_g(
+        n_train, n_items, k_d, per=per, strategy=strategy, vectors=vectors, seed=seed
+    )
     own_job = job_dir is None
     job_dir = Path(job_dir) if job_dir is not None else out_dir / ".job"
-    job = ScoreJob(job_dir, scorer, queries, SparsePairs(qpos, items), shard_pairs=shard_pairs,
-                   extra={"ce": model_identity(ce if ce is not None else scorer)})
-    job.run(backend=backend, progress=progress, ray_workers=ray_workers,
-            ray_gpus_per_worker=ray_gpus_per_worker, desc="scoring G")
+    job = ScoreJob(
+        job_dir,
+        scorer,
+        queries,
+        SparsePairs(qpos, items),
+        shard_pairs=shard_pairs,
+        extra={"ce": model_identity(ce if ce is not None else scorer)},
+    )
+    job.run(
+        backend=backend,
+        progress=progress,
+        ray_workers=ray_workers,
+        ray_gpus_per_worker=ray_gpus_per_worker,
+        desc="scoring G",
+    )
     g = job.result()
-    res = fit_mf(qpos, items, g, de_queries=de_queries, de_items=de_items, mode=mode,
-                 epochs=epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
-                 normalize=normalize, seed=seed, progress=progress)
-    arrays = {"items": res.item_embeddings, "train_queries": res.query_embeddings,
-              "g_query_pos": qpos, "g_items": items, "g_scores": g, **res.mlp}
-    params = {**res.params, "k_d": int(k_d), "per": per, "strategy": strategy,
-              "n_train": n_train, "n_items": n_items, "dim": int(res.item_embeddings.shape[1]),
-              "alpha": res.alpha, "beta": res.beta}
+    res = fit_mf(
+        qpos,
+        items,
+        g,
+        de_queries=de_queries,
+        de_items=de_items,
+        mode=mode,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        weight_decay=weight_decay,
+        normalize=normalize,
+        seed=seed,
+        progress=progress,
+    )
+    arrays = {
+        "items": res.item_embeddings,
+        "train_queries": res.query_embeddings,
+        "g_query_pos": qpos,
+        "g_items": items,
+        "g_scores": g,
+        **res.mlp,
+    }
+    params = {
+        **res.params,
+        "k_d": int(k_d),
+        "per": per,
+        "strategy": strategy,
+        "n_train": n_train,
+        "n_items": n_items,
+        "dim": int(res.item_embeddings.shape[1]),
+        "alpha": res.alpha,
+        "beta": res.beta,
+    }
     ids = [str(q) for q in (query_ids if query_ids is not None else queries)]
-    doc_info = {"loss_curve": [float(x) for x in res.loss_curve],
-                "fit_seconds": round(res.seconds, 3), "train_query_ids": ids, **(info or {})}
-    save_index(out_dir, "mf", arrays, ce=ce if ce is not None else scorer, de=de, params=params,
-               ce_calls=int(g.size), info=doc_info)
+    doc_info = {
+        "loss_curve": [float(x) for x in res.loss_curve],
+        "fit_seconds": round(res.seconds, 3),
+        "train_query_ids": ids,
+        **(info or {}),
+    }
+    save_index(
+        out_dir,
+        "mf",
+        arrays,
+        ce=ce if ce is not None else scorer,
+        de=de,
+        params=params,
+        ce_calls=int(g.size),
+        info=doc_info,
+    )
     if own_job and not keep_job:
         import shutil
 
@@ -419,7 +545,9 @@ def query_embeddings(index, de_queries: np.ndarray) -> np.ndarray:
     MF index, or the DE vectors themselves for a transductive one (its embedding space)."""
     if index.params.get("mode") == "inductive":
         a = index.arrays
-        return gated_mlp_numpy(de_queries, a["q_W1"], a["q_b1"], a["q_W2"], a["q_b2"], a["q_w_skip"])
+        return gated_mlp_numpy(
+            de_queries, a["q_W1"], a["q_b1"], a["q_W2"], a["q_b2"], a["q_w_skip"]
+        )
     return np.asarray(de_queries, np.float32)
 
 
