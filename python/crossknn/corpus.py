@@ -14,6 +14,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from crossknn.data import item_text  # the benchmark convention for title + text
+
 __all__ = ["Corpus", "item_text", "load_corpus", "stdlib_docstrings"]
 
 
@@ -34,15 +36,6 @@ class Corpus:
 
     def __repr__(self) -> str:
         return f"Corpus(n_items={len(self)}, source={self.source!r})"
-
-
-def item_text(title: str | None, text: str | None) -> str:
-    """The benchmark convention for joining a title and a text."""
-    title = (title or "").strip()
-    text = text or ""
-    if not title or text.startswith(title):
-        return text
-    return f"{title} {text}"
 
 
 def _read_jsonl(path: Path) -> Corpus:
