@@ -29,7 +29,7 @@ install: $(DEPS)
 	$(PIPI) --no-build-isolation --no-deps -e .
 
 demo: install
-	$(BIN)/crossknn demo
+	$(BIN)/crossknn demo --exact
 
 ctest: $(DEPS)
 	PATH=$(CURDIR)/$(BIN):$$PATH cmake -S . -B build/ctest -G Ninja \
