@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from crossknn.commands._job_args import add_job_arguments, init_ray
+
 HELP = (
     "build a CUR (dense anchor rows) or sparse-MF (AXN) index from a score matrix or a BEIR folder"
 )
@@ -33,21 +35,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--split", help="BEIR source: draw train queries from qrels/SPLIT.tsv only")
     p.add_argument("--seed", type=int, default=0, help="seed of every sample (default 0)")
-    p.add_argument(
-        "--shard-pairs", type=int, default=2048, help="pairs per shard file (default 2048)"
-    )
     p.add_argument("--threads", type=int, help="CE intra-op threads (BEIR source)")
     p.add_argument("--batch-size-ce", type=int, default=16, help="CE batch size (BEIR source)")
-    p.add_argument("--ray", action="store_true", help="score the shards as Ray actors")
-    p.add_argument("--ray-workers", type=int, help="Ray actors (default: the cluster's CPUs)")
-    p.add_argument(
-        "--ray-gpus",
-        type=float,
-        default=0.0,
-        help="GPUs each Ray actor reserves (e.g. 1 on a GPU cluster; default 0)",
-    )
-    p.add_argument("--keep-job", action="store_true", help="keep OUT_DIR/.job after finishing")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_job_arguments(p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -202,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     from crossknn.index import build_cur_index, build_mf_index
 
     s = open_source(args)
+    init_ray(args)
     common = dict(
         query_ids=s.query_ids,
         ce=s.ce,

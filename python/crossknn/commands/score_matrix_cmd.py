@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from crossknn.commands._job_args import add_job_arguments, init_ray
+
 HELP = "exact CE score matrix of a BEIR folder's queries x items (BENCHMARKS.md format), resumable"
 
 SCORER_DEF = (
@@ -52,23 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the query sample and the split (default 0)"
     )
-    p.add_argument(
-        "--shard-pairs", type=int, default=2048, help="pairs per shard file (default 2048)"
-    )
     p.add_argument("--threads", type=int, help="CE intra-op threads (default: one per core)")
     p.add_argument("--batch-size", type=int, default=16, help="CE batch size (default 16)")
-    p.add_argument("--ray", action="store_true", help="score the shards as Ray actors (ray.init())")
-    p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
-    p.add_argument("--ray-workers", type=int, help="Ray actors (default: the cluster's CPUs)")
-    p.add_argument(
-        "--ray-gpus",
-        type=float,
-        default=0.0,
-        help="GPUs each Ray actor reserves (e.g. 1 on a GPU cluster; default 0)",
-    )
     p.add_argument("--no-de", action="store_true", help="skip the DE vectors")
-    p.add_argument("--keep-job", action="store_true", help="keep OUT_DIR/.job after finishing")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_job_arguments(p)
 
 
 def select_queries(
@@ -161,10 +150,7 @@ def run(args: argparse.Namespace) -> int:
             model_hash=probe.model_hash,
             n_items=len(item_texts),
         )
-        if args.ray_address:
-            import ray
-
-            ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+        init_ray(args)
     else:
         scorer = _ce_factory(item_texts, args.threads, args.batch_size)
     out.mkdir(parents=True, exist_ok=True)
