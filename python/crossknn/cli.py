@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "search": "search_cmd",
     "demo": "demo_cmd",
     "cmc": "cmc_cmd",
+    "serve": "serve_cmd",
 }
 
 

@@ -1,0 +1,165 @@
+"""``crossknn serve INDEX_DIR``: the search service over HTTP (FastAPI + uvicorn).
+
+One process: uvicorn on ``--host:--port`` (loopback by default), the models and index loaded in
+the background (``/readyz`` says when), one CE worker merging the CE calls of concurrent
+requests. ``--ray --replicas R`` deploys the same app on Ray Serve instead. See docs/serve.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("index_dir", help="index directory from 'crossknn build' (opened read-only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="an exported CE model directory (default: the embedded CE the index was built with)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "int8"),
+        default="fp32",
+        help="CE/DE precision, as the index was built (default fp32)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CE/DE threads, fixed once (default: one per physical core)",
+    )
+    p.add_argument(
+        "--max-batch-pairs",
+        type=int,
+        default=256,
+        metavar="P",
+        help="most CE pairs merged into one batch across requests; "
+        "0 = no cross-request batching (default 256)",
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        metavar="W",
+        help="longest wait to fill a CE batch (default 2 ms)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        metavar="Q",
+        help="requests in flight at most; more get 429 (default 64)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=30.0,
+        metavar="T",
+        help="per-request limit; over it: 504, CE work dropped (default 30)",
+    )
+    p.add_argument(
+        "--max-body-kb",
+        type=int,
+        default=1024,
+        metavar="KB",
+        help="largest request body; more gets 413 (default 1024 KiB)",
+    )
+    p.add_argument(
+        "--method",
+        choices=("axn", "rnr", "adacur", "anncur"),
+        default="axn",
+        help="default method of requests that name none (default axn)",
+    )
+    p.add_argument("--rounds", type=int, default=5, help="default rounds (default 5)")
+    p.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
+    p.add_argument("--ray", action="store_true", help="deploy on Ray Serve (needs ray[serve])")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="R",
+        help="Ray Serve replicas, each with its own CE batcher (default 1)",
+    )
+    p.add_argument(
+        "--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)"
+    )
+
+
+def config_from_args(args: argparse.Namespace):
+    from crossknn.serve.service import ServeConfig
+
+    return ServeConfig(
+        index=args.index_dir,
+        model=args.model,
+        precision=args.precision,
+        threads=args.threads,
+        max_batch_pairs=args.max_batch_pairs,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        timeout_s=args.timeout_s,
+        max_body_bytes=args.max_body_kb * 1024,
+        method=args.method,
+        rounds=args.rounds,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from crossknn.serve.app import create_app
+        from crossknn.serve.service import SearchService
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            f"crossknn serve needs the 'serve' extra ({exc.name} is missing): "
+            "pip install 'crossknn[serve]'"
+        ) from None
+    import crossknn
+
+    config = config_from_args(args)
+    if args.ray:
+        from crossknn.serve.ray_app import run_ray
+
+        return run_ray(
+            config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address
+        )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    # a wrong path or a corrupt index is one clear line now, not a failed /readyz later
+    index = crossknn.open_index(args.index_dir)
+    service = SearchService(config, index=index)
+    server: uvicorn.Server | None = None
+    failed = []
+
+    def on_load_error(exc: BaseException) -> None:
+        failed.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, service=service, on_load_error=on_load_error)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=args.log_level == "debug",
+            # SIGTERM: stop accepting, let in-flight requests finish (they end by --timeout-s)
+            timeout_graceful_shutdown=int(config.timeout_s) + 5,
+            timeout_keep_alive=30,
+        )
+    )
+    server.run()
+    if failed:
+        print(f"crossknn serve: error: loading failed: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0

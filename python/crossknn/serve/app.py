@@ -1,0 +1,226 @@
+"""The FastAPI app of ``crossknn serve``: ``/search``, ``/healthz``, ``/readyz``, ``/metrics``,
+``/info`` (and FastAPI's ``/docs`` and ``/openapi.json``).
+
+Status codes of ``POST /search``: 200 the answer of ``crossknn search --json``; 413 a body over
+``max_body_bytes``; 422 malformed JSON or a field out of range (``detail`` names it); 429 the
+queue is full (``Retry-After``); 503 still loading; 504 over ``timeout_s`` (its pending CE work
+is dropped); 500 anything unexpected (logged; the server keeps running). A client that goes away
+mid-request gets its CE work dropped too (logged as 499).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from crossknn.serve.batcher import Cancelled
+from crossknn.serve.metrics import CONTENT_TYPE_LATEST, Metrics
+from crossknn.serve.schema import RequestError, SearchRequest, parse_search_request
+from crossknn.serve.service import SearchService, ServeConfig
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("crossknn.serve")
+
+_PATHS = ("/search", "/healthz", "/readyz", "/metrics", "/info", "/docs", "/openapi.json")
+CLIENT_GONE = 499  # nginx's code for "client closed request"; never reaches the client
+
+
+class _StatusMetrics:
+    """Pure ASGI middleware: counts every response by path and status code."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        label = path if path in _PATHS else "other"
+        status = {"code": 500}
+
+        async def send_wrapper(message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.requests.labels(label, str(status["code"])).inc()
+
+
+def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise RequestError(
+            [{"loc": ["body"], "msg": f"body over {limit} bytes", "type": "too_large"}], 413
+        )
+    parts, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise RequestError(
+                [{"loc": ["body"], "msg": f"body over {limit} bytes", "type": "too_large"}], 413
+            )
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _client_gone(receive) -> None:
+    """Returns when the client disconnects (the body has been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _openapi_body() -> dict[str, Any]:
+    schema = SearchRequest.model_json_schema()
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schema}},
+        }
+    }
+
+
+def create_app(
+    config: ServeConfig,
+    *,
+    service: SearchService | None = None,
+    load: str = "background",
+    on_load_error=None,
+) -> FastAPI:
+    """The app. ``load``: ``"background"`` (start loading at startup; ``/readyz`` says when
+    done), ``"now"`` (load before returning: Ray Serve replicas) or ``"none"`` (the caller
+    does it)."""
+    service = service or SearchService(config)
+    metrics = service.metrics
+    if load == "now":
+        service.load()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if load == "background" and not service.ready.is_set() and service._loader is None:
+            service.start_loading(on_error=on_load_error)
+        yield
+        # uvicorn has drained the in-flight requests by now (SIGTERM: graceful shutdown)
+        await asyncio.get_running_loop().run_in_executor(None, service.close)
+
+    import crossknn
+
+    app = FastAPI(
+        title="crossknn",
+        version=crossknn.__version__,
+        description="k-NN search with a cross-encoder on a budget of CE calls per query; "
+        "CE calls of concurrent requests are merged into shared, length-sorted batches.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.add_middleware(_StatusMetrics, metrics=metrics)
+
+    @app.get("/healthz", summary="the process is alive")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="the index and the models are loaded")
+    async def readyz():
+        if service.ready.is_set():
+            return {"status": "ready", "n_items": service.n_items}
+        if service.load_error is not None:
+            return _error(503, {"status": "failed", "error": str(service.load_error)})
+        return _error(503, {"status": "loading"}, {"Retry-After": "1"})
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/info", summary="index size, models, hashes, precision, provider, limits")
+    async def info() -> dict[str, Any]:
+        return service.info()
+
+    @app.post(
+        "/search",
+        summary="top-k items by exact CE score on a budget of CE calls per query",
+        openapi_extra=_openapi_body(),
+        responses={
+            413: {"description": "body too large"},
+            422: {"description": "malformed JSON or a field out of range (detail names it)"},
+            429: {"description": "queue full; retry after Retry-After seconds"},
+            503: {"description": "still loading"},
+            504: {"description": "over the server's timeout; its CE work was cancelled"},
+        },
+    )
+    async def search(request: Request):
+        t0 = time.perf_counter()
+        try:
+            body = await _read_body(request, config.max_body_bytes)
+            if not service.ready.is_set():
+                return _error(503, "the index and models are still loading", {"Retry-After": "1"})
+            req = parse_search_request(
+                body,
+                n_items=service.n_items,
+                has_cur=service.has_cur,
+                max_rounds=config.max_rounds,
+            )
+        except RequestError as exc:
+            return _error(exc.status, exc.detail)
+        if not service.try_admit():
+            metrics.rejected.inc()
+            return _error(
+                429,
+                f"queue full ({config.max_queue} requests in flight); retry later",
+                {"Retry-After": "1"},
+            )
+        ctx = service.new_context()
+        loop = asyncio.get_running_loop()
+        try:
+            fut = loop.run_in_executor(service.executor, service.search, req, ctx)
+        except RuntimeError:  # executor shut down: we are stopping
+            service.release()
+            return _error(503, "the server is shutting down", {"Retry-After": "1"})
+        fut.add_done_callback(lambda _f: service.release())
+        gone = asyncio.ensure_future(_client_gone(request.receive))
+        try:
+            left = max(ctx.deadline - time.monotonic(), 0.0)
+            done, _ = await asyncio.wait(
+                {fut, gone}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            gone.cancel()
+        if fut not in done:
+            reason = "client gone" if gone in done else "timeout"
+            ctx.cancel(reason)
+            fut.add_done_callback(lambda f: f.exception())  # never "exception never retrieved"
+            if gone in done:
+                metrics.disconnects.inc()
+                return Response(status_code=CLIENT_GONE)
+            metrics.timeouts.inc()
+            return _error(504, f"the search took longer than {config.timeout_s} s; cancelled")
+        try:
+            result = fut.result()
+        except Cancelled:
+            metrics.timeouts.inc()
+            return _error(504, f"the search took longer than {config.timeout_s} s; cancelled")
+        except ValueError as exc:  # what the searcher refuses (checked, but to be safe)
+            return _error(422, [{"loc": ["body"], "msg": str(exc), "type": "value_error"}])
+        except Exception:
+            log.exception("crossknn serve: search failed")
+            return _error(500, "internal error (logged)")
+        metrics.latency.observe(time.perf_counter() - t0)
+        return JSONResponse(result)
+
+    return app

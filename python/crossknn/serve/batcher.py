@@ -1,0 +1,230 @@
+"""The cross-request CE batcher: one worker thread owns the cross-encoder.
+
+Every CE call of every in-flight request (one ``score_batch`` per search round) becomes a
+:class:`Job`. The worker takes the oldest pending pairs, waits at most ``max_wait_s`` (counted from
+the arrival of the oldest pending pair) for more to arrive, merges up to ``max_batch_pairs`` pairs
+from any number of jobs into one ``ce.score_batch`` call (the CE sorts all of them by length and
+pads each of its inner batches only to its longest pair) and scatters the scores back to each
+job's own slots. A job larger than ``max_batch_pairs`` is cut into pieces that may share batches
+with other jobs.
+
+``max_batch_pairs=0`` turns merging off: the worker runs one job at a time, first come first
+served, on the same CE and thread count (the baseline of the load benchmark).
+
+A job whose request was cancelled (timeout, client gone) is dropped before its pairs are run.
+Only this thread calls the CE, so the CE's intra-op thread count, fixed once when it was
+loaded, is all the CPU the CE ever takes, whatever the number of concurrent requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Batcher", "Cancelled", "Job"]
+
+log = logging.getLogger("crossknn.serve")
+
+
+class Cancelled(Exception):
+    """The request this CE work belonged to was cancelled (timeout or client gone)."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One ``score_batch`` call of one request: queries, their item indices, the scores."""
+
+    queries: list[str]
+    items: list[np.ndarray]
+    is_cancelled: Callable[[], bool] = lambda: False
+    out: list[np.ndarray] = field(default_factory=list)
+    remaining: int = 0
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def n_pairs(self) -> int:
+        return int(sum(len(x) for x in self.items))
+
+    def wait(self, timeout: float | None = None) -> list[np.ndarray]:
+        """The scores, in the order of ``items``; :class:`Cancelled` if the request was."""
+        self.done.wait(timeout)
+        if self.is_cancelled():
+            raise Cancelled("request cancelled")
+        if not self.done.is_set():
+            raise TimeoutError("CE work did not finish in time")
+        if self.error is not None:
+            raise self.error
+        return self.out
+
+
+@dataclass(eq=False)
+class _Piece:
+    """Pairs ``items[q][lo:hi]`` of one job: the unit the worker packs into batches."""
+
+    job: Job
+    q: int
+    lo: int
+    hi: int
+    t_arrival: float
+
+    @property
+    def n(self) -> int:
+        return self.hi - self.lo
+
+
+class Batcher:
+    """Runs the CE for all requests in one worker thread; see the module docstring.
+
+    ``on_batch(n_pairs, n_jobs, seconds)`` is called after every CE batch (metrics);
+    ``on_drop(n_pairs)`` for pairs dropped because their request was cancelled.
+    """
+
+    def __init__(
+        self,
+        ce,
+        *,
+        max_batch_pairs: int = 256,
+        max_wait_s: float = 0.002,
+        on_batch: Callable[[int, int, float], None] | None = None,
+        on_drop: Callable[[int], None] | None = None,
+        name: str = "crossknn-ce",
+    ) -> None:
+        if max_batch_pairs < 0:
+            raise ValueError(f"max_batch_pairs must be >= 0 (0: no merging); got {max_batch_pairs}")
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0; got {max_wait_s}")
+        self.ce = ce
+        self.max_batch_pairs = int(max_batch_pairs)
+        self.max_wait_s = float(max_wait_s)
+        self.on_batch = on_batch
+        self.on_drop = on_drop
+        self._pending: deque[_Piece] = deque()
+        self._pending_pairs = 0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def merging(self) -> bool:
+        return self.max_batch_pairs > 0
+
+    @property
+    def pending_pairs(self) -> int:
+        return self._pending_pairs
+
+    # -- request side ---------------------------------------------------------------------------
+    def submit(
+        self,
+        queries: Sequence[str],
+        items: Sequence,
+        *,
+        is_cancelled: Callable[[], bool] = lambda: False,
+    ) -> Job:
+        queries = list(queries)
+        items = [np.asarray(x, np.int64).ravel() for x in items]
+        if len(queries) != len(items):
+            raise ValueError(f"queries and items differ in length: {len(queries)} vs {len(items)}")
+        job = Job(queries, items, is_cancelled)
+        job.out = [np.empty(len(x), np.float32) for x in items]
+        now = time.perf_counter()
+        step = self.max_batch_pairs if self.merging else None
+        pieces = []
+        for q, x in enumerate(items):
+            n = len(x)
+            cut = step or max(n, 1)
+            pieces.extend(_Piece(job, q, lo, min(n, lo + cut), now) for lo in range(0, n, cut))
+        job.remaining = len(pieces)
+        if not pieces:
+            job.done.set()
+            return job
+        with self._cv:
+            if self._stop:
+                raise RuntimeError("the CE batcher is stopped")
+            self._pending.extend(pieces)
+            self._pending_pairs += sum(p.n for p in pieces)
+            self._cv.notify()
+        return job
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Finish the pending work, then end the worker thread."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    # -- worker side ----------------------------------------------------------------------------
+    def _take(self) -> list[_Piece] | None:
+        """The next batch of pieces (None: stopped and nothing left)."""
+        with self._cv:
+            while not self._pending:
+                if self._stop:
+                    return None
+                self._cv.wait()
+            if not self.merging:  # one job, all of its pieces
+                job = self._pending[0].job
+                batch = [p for p in self._pending if p.job is job]
+                self._pending = deque(p for p in self._pending if p.job is not job)
+                self._pending_pairs -= sum(p.n for p in batch)
+                return batch
+            deadline = self._pending[0].t_arrival + self.max_wait_s
+            while self._pending_pairs < self.max_batch_pairs and not self._stop:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            batch, total = [], 0
+            while self._pending and total + self._pending[0].n <= self.max_batch_pairs:
+                p = self._pending.popleft()
+                batch.append(p)
+                total += p.n
+            self._pending_pairs -= total
+            return batch
+
+    def _finish(self, piece: _Piece) -> None:
+        job = piece.job
+        job.remaining -= 1
+        if job.remaining == 0:
+            job.done.set()
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            live, dropped = [], 0
+            for p in batch:
+                if p.job.is_cancelled() or p.job.error is not None:
+                    dropped += p.n
+                    self._finish(p)
+                else:
+                    live.append(p)
+            if dropped and self.on_drop is not None:
+                self.on_drop(dropped)
+            if not live:
+                continue
+            t = time.perf_counter()
+            try:
+                scores = self.ce.score_batch(
+                    [p.job.queries[p.q] for p in live],
+                    [p.job.items[p.q][p.lo : p.hi] for p in live],
+                )
+            except Exception as exc:  # a bad job must not take the worker down
+                log.exception("crossknn.serve: CE batch of %d pieces failed", len(live))
+                for p in live:
+                    p.job.error = exc
+                    self._finish(p)
+                continue
+            seconds = time.perf_counter() - t
+            for p, s in zip(live, scores, strict=True):
+                p.job.out[p.q][p.lo : p.hi] = s
+                self._finish(p)
+            if self.on_batch is not None:
+                self.on_batch(sum(p.n for p in live), len({id(p.job) for p in live}), seconds)

@@ -1,0 +1,144 @@
+"""Prometheus metrics of the service, in a registry of its own (one per app instance)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.4,
+    0.6,
+    1.0,
+    1.5,
+    2.5,
+    4.0,
+    6.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
+
+
+class Metrics:
+    """Requests by status, latency, CE pairs and batch sizes, queue depth, engine vs CE time."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "crossknn_requests",
+            "HTTP requests by path and status code",
+            ["path", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "crossknn_request_latency_seconds",
+            "latency of POST /search (whole request)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queries = Counter("crossknn_queries", "queries answered", registry=r)
+        self.ce_pairs = Counter(
+            "crossknn_ce_pairs", "(query, item) pairs scored by the CE", registry=r
+        )
+        self.ce_pairs_per_second = Gauge(
+            "crossknn_ce_pairs_per_second",
+            "CE pairs/s over the last 10 s",
+            registry=r,
+        )
+        self.ce_batches = Counter(
+            "crossknn_ce_batches", "CE batches run by the batcher", registry=r
+        )
+        self.ce_batch_pairs = Histogram(
+            "crossknn_ce_batch_pairs",
+            "pairs per CE batch (merged over requests)",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.ce_batch_requests = Histogram(
+            "crossknn_ce_batch_requests",
+            "requests whose pairs share one CE batch",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128),
+            registry=r,
+        )
+        self.ce_dropped_pairs = Counter(
+            "crossknn_ce_dropped_pairs",
+            "pairs not run because their request was cancelled",
+            registry=r,
+        )
+        self.ce_seconds = Counter(
+            "crossknn_ce_seconds", "seconds the CE worker spent scoring", registry=r
+        )
+        self.ce_wait_seconds = Counter(
+            "crossknn_ce_wait_seconds",
+            "seconds requests waited for CE scores (queue + CE)",
+            registry=r,
+        )
+        self.engine_seconds = Counter(
+            "crossknn_engine_seconds",
+            "seconds requests spent outside the CE (engine rounds, DE query vectors, top-k)",
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "crossknn_queue_depth", "requests admitted and not finished", registry=r
+        )
+        self.pending_pairs = Gauge(
+            "crossknn_ce_pending_pairs", "pairs waiting for the CE", registry=r
+        )
+        self.rejected = Counter(
+            "crossknn_rejected", "requests refused with 429 (queue full)", registry=r
+        )
+        self.timeouts = Counter(
+            "crossknn_timeouts", "requests cancelled at the timeout (504)", registry=r
+        )
+        self.disconnects = Counter(
+            "crossknn_client_disconnects",
+            "requests whose client left before the answer",
+            registry=r,
+        )
+        self.ready = Gauge("crossknn_ready", "1 when the index and models are loaded", registry=r)
+        self._window: list[tuple[float, int]] = []
+        self._mu = threading.Lock()
+        self.ce_pairs_per_second.set_function(self._pairs_per_second)
+
+    def on_batch(self, n_pairs: int, n_jobs: int, seconds: float) -> None:
+        self.ce_pairs.inc(n_pairs)
+        self.ce_batches.inc()
+        self.ce_batch_pairs.observe(n_pairs)
+        self.ce_batch_requests.observe(n_jobs)
+        self.ce_seconds.inc(seconds)
+        with self._mu:
+            self._window.append((time.monotonic(), n_pairs))
+
+    def _pairs_per_second(self, window: float = 10.0) -> float:
+        now = time.monotonic()
+        with self._mu:
+            while self._window and self._window[0][0] < now - window:
+                self._window.pop(0)
+            return sum(n for _, n in self._window) / window
+
+    def on_drop(self, n_pairs: int) -> None:
+        self.ce_dropped_pairs.inc(n_pairs)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,146 @@
+"""The CE proxy a shared :class:`crossknn.Searcher` calls: its CE work goes to the batcher.
+
+The searcher stays untouched: it is built with a :class:`BatchedCE` instead of the real
+cross-encoder. The proxy forwards the identity of the real CE (``model_id``, ``model_hash``,
+``precision``, ``provider``, ``n_items``...) so the index's model check sees the real model, and
+its ``score_batch`` hands the pairs to the :class:`~crossknn.serve.batcher.Batcher` and blocks
+the calling request thread until the scores are back.
+
+Concurrency. Each request's search runs in a worker thread; the searcher's own state (its cached
+method objects, the DE query-vector cache, ANNCUR's per-budget anchors) is not meant for
+concurrent use, so every request thread holds the *engine lock* while it runs searcher code and
+gives it up only while it waits for the CE. Engine steps (least squares, top-k, sampling, DE
+query encoding) of different requests therefore run one at a time, exactly as between two
+sequential calls, while their CE work is merged in the batcher. The lock also keeps the engine's
+own threads from being multiplied by the number of requests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from crossknn.serve.batcher import Batcher, Cancelled, Job
+
+__all__ = ["BatchedCE", "RequestContext", "current_request"]
+
+_local = threading.local()
+
+
+class RequestContext:
+    """One request's deadline, cancellation flag and time split, bound to its worker thread."""
+
+    def __init__(self, deadline: float, engine_lock: threading.Lock) -> None:
+        self.deadline = float(deadline)  # time.monotonic() clock
+        self.engine_lock = engine_lock
+        self.holds_engine = False
+        self.cancelled = False
+        self.reason = ""
+        self.ce_wait_seconds = 0.0
+        self.ce_pairs = 0
+        self._job: Job | None = None
+        self._mu = threading.Lock()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Mark the request cancelled and wake its thread if it waits for the CE."""
+        with self._mu:
+            if not self.cancelled:
+                self.cancelled, self.reason = True, reason
+            job = self._job
+        if job is not None:
+            job.done.set()
+
+    def check(self) -> None:
+        if self.cancelled:
+            raise Cancelled(self.reason)
+        if time.monotonic() >= self.deadline:
+            self.cancel("timeout")
+            raise Cancelled("timeout")
+
+    # the worker-thread binding -----------------------------------------------------------
+    def __enter__(self) -> RequestContext:
+        _local.ctx = self
+        self.engine_lock.acquire()
+        self.holds_engine = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.holds_engine:
+            self.holds_engine = False
+            self.engine_lock.release()
+        _local.ctx = None
+
+    def wait_for(self, job: Job):
+        """Wait for ``job`` with the engine lock released; the lock is held again after."""
+        with self._mu:
+            self._job = job
+        if self.cancelled:  # cancelled before the job was registered: nothing will wake us
+            job.done.set()
+        released = self.holds_engine
+        if released:
+            self.holds_engine = False
+            self.engine_lock.release()
+        t = time.perf_counter()
+        try:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not job.done.wait(left):
+                self.cancel("timeout")
+            return job.wait(0)
+        finally:
+            self.ce_wait_seconds += time.perf_counter() - t
+            with self._mu:
+                self._job = None
+            if released:
+                self.engine_lock.acquire()
+                self.holds_engine = True
+
+
+def current_request() -> RequestContext | None:
+    return getattr(_local, "ctx", None)
+
+
+class BatchedCE:
+    """A cross-encoder stand-in whose scoring goes through a shared :class:`Batcher`.
+
+    Outside a request (no :class:`RequestContext` bound to the thread) it scores through the
+    batcher too, with no deadline.
+    """
+
+    def __init__(self, ce, batcher: Batcher) -> None:
+        self._ce = ce
+        self._batcher = batcher
+
+    # identity: whatever the real CE says (model_id, model_hash, precision, provider, kind...)
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._ce, name)
+
+    @property
+    def real(self):
+        return self._ce
+
+    @property
+    def n_items(self) -> int:
+        return int(self._ce.n_items)
+
+    def __repr__(self) -> str:
+        return f"BatchedCE({self._ce!r}, max_batch_pairs={self._batcher.max_batch_pairs})"
+
+    def set_items(self, texts) -> None:
+        self._ce.set_items(texts)
+
+    def score(self, query: str, items):
+        return self.score_batch([query], [items])[0]
+
+    def score_batch(self, queries, items):
+        ctx = current_request()
+        if ctx is None:
+            job = self._batcher.submit(queries, items)
+            return job.wait(None)
+        ctx.check()
+        job = self._batcher.submit(queries, items, is_cancelled=lambda: ctx.cancelled)
+        out = ctx.wait_for(job)
+        ctx.ce_pairs += job.n_pairs
+        return out

@@ -1,0 +1,124 @@
+"""The ``POST /search`` request: its schema (pydantic, shown in ``/docs``) and its checks.
+
+Everything a client can get wrong is answered with ``422`` and a FastAPI-style ``detail`` list
+naming the field: malformed JSON, a wrong type, an unknown field, and the checks that need the
+index (``k > budget``, ``budget > N``, an empty query, an unknown method or one the index cannot
+run, ``rounds > budget``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+__all__ = ["METHODS", "RequestError", "SearchRequest", "parse_search_request"]
+
+METHODS = ("axn", "rnr", "adacur", "anncur")
+NEEDS_CUR = ("adacur", "anncur")
+MAX_QUERIES = 64  # queries in one request
+
+
+class SearchRequest(BaseModel):
+    """One search: ``query`` (one text) or ``queries`` (a list), as ``crossknn search``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: StrictStr | None = Field(None, description="one query text (or use 'queries')")
+    queries: list[StrictStr] | None = Field(
+        None, description=f"several query texts, searched together (at most {MAX_QUERIES})"
+    )
+    k: StrictInt = Field(10, description="results per query; 1 <= k <= budget")
+    budget: StrictInt = Field(100, description="CE calls per query; k <= budget <= items")
+    method: StrictStr = Field("axn", description=f"one of {', '.join(METHODS)}")
+    rounds: StrictInt | None = Field(None, description="rounds of adaptive methods (default 5)")
+    exact: StrictBool = Field(
+        False, description="also score every item (N CE calls per query) and report the recall"
+    )
+    seed: StrictInt = Field(0, description="seed of the random choices (same seed, same result)")
+
+    def texts(self) -> list[str]:
+        return [self.query] if self.query is not None else list(self.queries or [])
+
+
+class RequestError(Exception):
+    """A request the server refuses; ``detail`` is FastAPI's list of ``{loc, msg, type}``."""
+
+    def __init__(self, detail: list[dict[str, Any]], status: int = 422) -> None:
+        super().__init__(detail[0]["msg"] if detail else "bad request")
+        self.detail = detail
+        self.status = status
+
+
+def _err(field: str | None, msg: str, kind: str = "value_error") -> RequestError:
+    loc = ["body"] if field is None else ["body", field]
+    return RequestError([{"loc": loc, "msg": msg, "type": kind}])
+
+
+def parse_search_request(
+    body: bytes,
+    *,
+    n_items: int,
+    has_cur: bool,
+    max_queries: int = MAX_QUERIES,
+    max_rounds: int = 20,
+) -> SearchRequest:
+    """Parse and check a request body against an index of ``n_items`` items."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _err(None, f"malformed JSON: {exc}", "json_invalid") from None
+    if not isinstance(data, dict):
+        raise _err(None, "the body must be a JSON object", "model_attributes_type")
+    try:
+        req = SearchRequest.model_validate(data)
+    except ValidationError as exc:
+        detail = [
+            {"loc": ["body", *[str(x) for x in e["loc"]]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False)
+        ]
+        raise RequestError(detail) from None
+    if (req.query is None) == (req.queries is None):
+        raise _err("query", "give exactly one of 'query' (a text) or 'queries' (a list)", "missing")
+    if req.query is not None and not req.query.strip():
+        raise _err("query", "the query is empty")
+    if req.queries is not None:
+        if not req.queries:
+            raise _err("queries", "the list of queries is empty")
+        if len(req.queries) > max_queries:
+            n = len(req.queries)
+            raise _err("queries", f"at most {max_queries} queries per request; got {n}")
+        for i, q in enumerate(req.queries):
+            if not q.strip():
+                loc = ["body", "queries", i]
+                raise RequestError(
+                    [{"loc": loc, "msg": "the query is empty", "type": "value_error"}]
+                )
+    if req.method not in METHODS:
+        raise _err("method", f"unknown method {req.method!r}; expected one of {list(METHODS)}")
+    if req.method in NEEDS_CUR and not has_cur:
+        raise _err(
+            "method",
+            f"method {req.method!r} needs an index built with train queries and --cur; "
+            "this index has no CUR rows",
+        )
+    if req.k < 1:
+        raise _err("k", f"k must be >= 1; got {req.k}")
+    if req.budget < 1:
+        raise _err("budget", f"budget must be >= 1; got {req.budget}")
+    if req.k > req.budget:
+        raise _err(
+            "k", f"k={req.k} exceeds the budget {req.budget} (at most budget items are ranked)"
+        )
+    if req.budget > n_items:
+        raise _err("budget", f"budget={req.budget} exceeds the number of items ({n_items})")
+    if req.rounds is not None and not 1 <= req.rounds <= min(req.budget, max_rounds):
+        raise _err(
+            "rounds",
+            f"rounds must be in [1, min(budget, {max_rounds})] = "
+            f"[1, {min(req.budget, max_rounds)}]; got {req.rounds}",
+        )
+    if req.seed < 0:
+        raise _err("seed", f"seed must be >= 0; got {req.seed}")
+    return req
