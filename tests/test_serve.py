@@ -1,0 +1,332 @@
+"""``crossknn serve`` end to end: the real server (uvicorn in a subprocess on a free loopback
+port) over a small index built here with the embedded models."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+
+import crossknn  # noqa: E402
+from crossknn import client  # noqa: E402
+
+pytestmark = [pytest.mark.slow]
+
+N_ITEMS = 200
+QUERIES = [
+    "parse a date string into a datetime object",
+    "compress data with gzip",
+    "send an email through an SMTP server",
+    "run a shell command and capture its output",
+    "read a CSV file row by row",
+    "create a temporary directory",
+    "encode bytes as base64",
+    "sort a list in place",
+    "open a network socket",
+    "format a number with thousands separators",
+]
+
+
+@pytest.fixture(scope="module")
+def env(model_cache, tmp_path_factory):
+    from crossknn.corpus import stdlib_docstrings
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CROSSKNN_CACHE", str(model_cache))
+    root = tmp_path_factory.mktemp("serve")
+    corpus = stdlib_docstrings(max_items=N_ITEMS)
+    index = crossknn.build_corpus_index(
+        corpus, root / "idx", calibration_queries=4, calibration_items=16, progress=False
+    )
+    assert len(index) == N_ITEMS
+    yield {"root": root, "index_dir": root / "idx", "cache": str(model_cache)}
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def searcher(env):
+    return crossknn.Searcher(env["index_dir"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tree_hash(path: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+class Server:
+    def __init__(self, env, *args: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(env["index_dir"])]
+        cmd += ["--port", str(self.port), "--log-level", "warning", *args]
+        self.log = open(env["root"] / f"server-{self.port}.log", "w+")  # noqa: SIM115
+        penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=penv)
+        try:
+            client.wait_ready(self.url, timeout=90)
+        except TimeoutError:
+            self.stop()
+            raise
+
+    def metrics(self) -> dict[str, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.url + "/metrics").text
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                key = s.name + (json.dumps(s.labels, sort_keys=True) if s.labels else "")
+                out[key] = s.value
+        return out
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        return self.proc.returncode
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+
+@pytest.fixture(scope="module")
+def server(env):
+    s = Server(env, "--max-batch-pairs", "128", "--max-wait-ms", "5", "--timeout-s", "300")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def tight(env):
+    """A server with a queue of 2 and a 1.5 s limit."""
+    s = Server(env, "--max-queue", "2", "--timeout-s", "1.5", "--max-body-kb", "8")
+    yield s
+    s.stop()
+
+
+def _same(out: dict, hits) -> None:
+    assert len(out["hits"]) == len(hits)
+    for got, want in zip(out["hits"], hits, strict=True):
+        assert got["query"] == want.query
+        assert [r["id"] for r in got["results"]] == want.ids
+        np.testing.assert_allclose([r["score"] for r in got["results"]], want.scores, atol=1e-5)
+        assert got["ce_calls"] == want.ce_calls
+
+
+def test_search_equals_in_process_searcher(server, searcher):
+    for method in ("axn", "rnr"):
+        out = client.search(server.url, QUERIES[0], k=5, budget=20, method=method, seed=3)
+        assert out["method"] == method and out["k"] == 5 and out["budget"] == 20
+        _same(out, searcher.search(QUERIES[0], k=5, budget=20, method=method, seed=3))
+    out = client.search(server.url, QUERIES[:3], k=5, budget=12, rounds=3)
+    _same(out, searcher.search(QUERIES[:3], k=5, budget=12, rounds=3))
+    # the same JSON as `crossknn search --json`
+    keys = set(searcher.search(QUERIES[0], k=5, budget=5, rounds=1)[0].to_dict())
+    assert set(out["hits"][0]) == keys
+
+
+def test_twenty_concurrent_requests_are_each_correct(server, searcher):
+    before = server.metrics()
+    reqs = [(QUERIES[i % len(QUERIES)], 2 + i % 3, 8 + 2 * (i % 3), i % 2) for i in range(20)]
+    with httpx.Client(timeout=300) as http, ThreadPoolExecutor(20) as pool:
+        outs = list(
+            pool.map(
+                lambda r: client.search(
+                    server.url, r[0], k=r[1], budget=r[2], seed=r[3], http=http
+                ),
+                reqs,
+            )
+        )
+    for (q, k, b, seed), out in zip(reqs, outs, strict=True):
+        _same(out, searcher.search(q, k=k, budget=b, seed=seed))
+    after = server.metrics()
+    batches = after["crossknn_ce_batches_total"] - before["crossknn_ce_batches_total"]
+    pairs = after["crossknn_ce_pairs_total"] - before["crossknn_ce_pairs_total"]
+    assert pairs == sum(b for _, _, b, _ in reqs)
+    # 20 requests x 5 rounds = 100 request-rounds went through fewer CE batches: merged
+    assert batches < 100
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        ({"query": "x", "k": 20, "budget": 10}, "k"),
+        ({"query": "x", "budget": N_ITEMS + 1}, "budget"),
+        ({"query": "   "}, "query"),
+        ({"queries": []}, "queries"),
+        ({"query": "x", "method": "bm42"}, "method"),
+        ({"query": "x", "method": "adacur"}, "method"),
+        ({"query": "x", "k": "10"}, "k"),
+        ({"query": "x", "rounds": 0}, "rounds"),
+        ({"query": "x", "colour": "red"}, "colour"),
+        ({"k": 5}, "query"),
+        ({"query": "x", "queries": ["y"]}, "query"),
+        ({"query": "x", "exact": "yes"}, "exact"),
+    ],
+)
+def test_bad_input_is_422_naming_the_field(server, body, field):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server.url + "/search", content=data, timeout=30)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert isinstance(detail, list) and detail[0]["msg"]
+    if field is not None:
+        assert detail[0]["loc"][:2] == ["body", field], detail
+
+
+def test_oversized_body_is_413(tight):
+    big = json.dumps({"query": "x" * 20_000}).encode()
+    r = httpx.post(tight.url + "/search", content=big, timeout=30)
+    assert r.status_code == 413
+    # chunked, with no Content-Length: still refused once the limit is passed
+    r = httpx.post(tight.url + "/search", content=iter([big[:5000], big[5000:]]), timeout=30)
+    assert r.status_code == 413
+    assert client.health(tight.url)
+
+
+def test_queue_full_is_429_with_retry_after(tight):
+    slow = {"queries": QUERIES[:4], "k": 5, "budget": 50}
+    statuses, headers = [], []
+    barrier = threading.Barrier(8)
+
+    def call(_):
+        barrier.wait()
+        r = httpx.post(tight.url + "/search", json=slow, timeout=60)
+        statuses.append(r.status_code)
+        headers.append(r.headers.get("retry-after"))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(call, range(8)))
+    assert statuses.count(429) >= 4, statuses  # a queue of 2
+    assert set(statuses) <= {200, 429, 504}, statuses
+    assert all(h == "1" for s, h in zip(statuses, headers, strict=True) if s == 429)
+
+
+def test_over_the_time_limit_is_504_and_its_ce_work_dropped(tight):
+    heavy = {"queries": QUERIES[:8], "k": 10, "budget": N_ITEMS, "exact": True}
+    before = tight.metrics()
+    t = time.monotonic()
+    r = httpx.post(tight.url + "/search", json=heavy, timeout=30)
+    assert r.status_code == 504, r.text
+    assert time.monotonic() - t < 15  # 1.5 s limit (slack for a loaded machine)
+    time.sleep(1.0)
+    after = tight.metrics()
+    scored = after["crossknn_ce_pairs_total"] - before["crossknn_ce_pairs_total"]
+    assert scored < 8 * 2 * N_ITEMS  # most of the 3,200 pairs were never run
+    assert after["crossknn_timeouts_total"] >= before.get("crossknn_timeouts_total", 0) + 1
+    # and the server goes on serving
+    out = client.search(tight.url, QUERIES[1], k=1, budget=3, rounds=1)
+    assert out["hits"][0]["ce_calls"] == 3
+
+
+def test_client_gone_mid_request_drops_its_work(server):
+    heavy = json.dumps({"queries": QUERIES[:8], "budget": N_ITEMS, "exact": True}).encode()
+    before = server.metrics()
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(
+            b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(heavy)}\r\n\r\n".encode()
+            + heavy
+        )
+        time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        after = server.metrics()
+        if after.get("crossknn_client_disconnects_total", 0) > before.get(
+            "crossknn_client_disconnects_total", 0
+        ):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the server did not notice the client leaving")
+    assert client.search(server.url, QUERIES[2], k=3, budget=20)["hits"][0]["ce_calls"] == 20
+    after = server.metrics()
+    scored = after["crossknn_ce_pairs_total"] - before["crossknn_ce_pairs_total"]
+    assert scored < 8 * 2 * N_ITEMS
+
+
+def test_metrics_parse_as_prometheus_text(server):
+    client.search(server.url, QUERIES[0], k=3, budget=20)
+    m = server.metrics()
+    for name in (
+        'crossknn_requests_total{"path": "/search", "status": "200"}',
+        "crossknn_request_latency_seconds_count",
+        "crossknn_ce_pairs_total",
+        "crossknn_ce_pairs_per_second",
+        "crossknn_ce_batch_pairs_count",
+        "crossknn_queue_depth",
+        "crossknn_engine_seconds_total",
+        "crossknn_ce_seconds_total",
+        "crossknn_ce_wait_seconds_total",
+    ):
+        assert name in m, name
+    assert m["crossknn_ready"] == 1
+    assert m["crossknn_ce_pairs_per_second"] > 0
+
+
+def test_info_health_ready_and_openapi(server, searcher):
+    info = client.info(server.url)
+    assert info["index"]["n_items"] == N_ITEMS
+    assert info["models"]["ce"]["model_hash"] == searcher.ce.model_hash
+    assert info["models"]["de"]["model_id"] == searcher.de.model_id
+    assert info["precision"] == "fp32" and info["provider"].endswith("ExecutionProvider")
+    assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/readyz").status_code == 200
+    spec = httpx.get(server.url + "/openapi.json").json()
+    body = spec["paths"]["/search"]["post"]["requestBody"]["content"]["application/json"]
+    assert {"query", "queries", "k", "budget", "method"} <= set(body["schema"]["properties"])
+    assert httpx.get(server.url + "/docs").status_code == 200
+
+
+def test_sigterm_drains_in_flight_requests_and_leaves_the_index_unchanged(env):
+    before = _tree_hash(env["index_dir"])
+    s = Server(env)
+    results = []
+
+    def call(q):
+        body = {"query": q, "k": 5, "budget": 25}
+        results.append(httpx.post(s.url + "/search", json=body, timeout=300))
+
+    threads = [threading.Thread(target=call, args=(q,)) for q in QUERIES[:4]]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # in flight
+    s.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(300)
+    rc = s.stop()
+    assert [r.status_code for r in results] == [200] * 4, s.output()
+    assert all(r.json()["hits"][0]["ce_calls"] == 25 for r in results)
+    assert rc == 0, s.output()
+    assert _tree_hash(env["index_dir"]) == before

@@ -1,0 +1,155 @@
+"""The cross-request CE batcher and the CE proxy, with a fake CE (no model, no server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+from crossknn.serve.batcher import Batcher, Cancelled  # noqa: E402
+from crossknn.serve.proxy import BatchedCE, RequestContext  # noqa: E402
+
+
+class FakeCE:
+    """score(query, item) = len(query) * 1000 + item; records every score_batch call."""
+
+    model_id = "fake"
+    model_hash = "0" * 64
+    precision = "fp32"
+
+    def __init__(self, n_items: int = 1000, delay: float = 0.0) -> None:
+        self.n_items = n_items
+        self.delay = delay
+        self.calls: list[int] = []
+        self.threads: set[str] = set()
+
+    def score_batch(self, queries, items):
+        self.threads.add(threading.current_thread().name)
+        self.calls.append(int(sum(len(x) for x in items)))
+        if self.delay:
+            time.sleep(self.delay)
+        return [
+            (len(q) * 1000 + np.asarray(x, np.float64)).astype(np.float32)
+            for q, x in zip(queries, items, strict=True)
+        ]
+
+
+def expected(q: str, items) -> np.ndarray:
+    return (len(q) * 1000 + np.asarray(items, np.float64)).astype(np.float32)
+
+
+def _many(batcher: Batcher, n_jobs: int, pairs: int):
+    jobs = []
+    for j in range(n_jobs):
+        q = "q" * (j + 1)
+        items = [np.arange(j, j + pairs), np.arange(pairs)[::-1]]
+        jobs.append((q, items, batcher.submit([q, q + "x"], items)))
+    for q, items, job in jobs:
+        out = job.wait(5)
+        np.testing.assert_array_equal(out[0], expected(q, items[0]))
+        np.testing.assert_array_equal(out[1], expected(q + "x", items[1]))
+
+
+def test_merges_jobs_into_batches_and_scatters_back():
+    ce = FakeCE(delay=0.05)
+    b = Batcher(ce, max_batch_pairs=64, max_wait_s=0.01)
+    try:
+        _many(b, 8, 10)  # 8 jobs x 20 pairs: at most 64 pairs a batch, fewer calls than jobs
+        assert max(ce.calls) <= 64
+        assert sum(ce.calls) == 160
+        assert len(ce.calls) < 8
+        assert ce.threads == {"crossknn-ce"}  # only the worker thread runs the CE
+    finally:
+        b.stop()
+
+
+def test_a_job_larger_than_the_batch_is_cut():
+    ce = FakeCE()
+    b = Batcher(ce, max_batch_pairs=16, max_wait_s=0.0)
+    try:
+        items = np.arange(100)
+        np.testing.assert_array_equal(b.submit(["abc"], [items]).wait(5)[0], expected("abc", items))
+        assert max(ce.calls) <= 16 and sum(ce.calls) == 100
+    finally:
+        b.stop()
+
+
+def test_no_merging_runs_one_job_per_call():
+    ce = FakeCE(delay=0.01)
+    b = Batcher(ce, max_batch_pairs=0)
+    try:
+        _many(b, 6, 30)
+        assert ce.calls == [60] * 6
+    finally:
+        b.stop()
+
+
+def test_cancelled_work_is_dropped_and_the_waiter_woken():
+    ce = FakeCE(delay=0.2)
+    dropped = []
+    b = Batcher(ce, max_batch_pairs=8, max_wait_s=0.0, on_drop=dropped.append)
+    lock = threading.Lock()
+    try:
+        first = b.submit(["a"], [np.arange(8)])  # occupies the worker for 0.2 s
+        ctx = RequestContext(time.monotonic() + 10, lock)
+        job = b.submit(["b"], [np.arange(40)], is_cancelled=lambda: ctx.cancelled)
+        threading.Timer(0.05, ctx.cancel).start()
+        t = time.monotonic()
+        with pytest.raises(Cancelled):
+            with ctx:
+                ctx.wait_for(job)
+        assert time.monotonic() - t < 0.15  # woken by the cancel, not by the CE
+        first.wait(5)
+        b.submit(["c"], [np.arange(3)]).wait(5)  # the worker goes on
+        assert sum(dropped) >= 32  # all or most of the 40 pairs never reached the CE
+        assert sum(ce.calls) + sum(dropped) == 8 + 40 + 3
+    finally:
+        b.stop()
+
+
+def test_deadline_in_the_proxy_gives_cancelled():
+    ce = FakeCE(delay=0.3)
+    b = Batcher(ce, max_batch_pairs=32)
+    proxy = BatchedCE(ce, b)
+    assert proxy.model_hash == ce.model_hash and proxy.n_items == ce.n_items
+    try:
+        ctx = RequestContext(time.monotonic() + 0.1, threading.Lock())
+        with ctx, pytest.raises(Cancelled):
+            proxy.score_batch(["q"], [np.arange(5)])
+        assert ctx.cancelled and ctx.reason == "timeout"
+        # outside any request the proxy scores with no deadline
+        np.testing.assert_array_equal(proxy.score("zz", np.arange(4)), expected("zz", range(4)))
+    finally:
+        b.stop()
+
+
+def test_engine_lock_is_released_while_waiting_for_the_ce():
+    ce = FakeCE(delay=0.1)
+    b = Batcher(ce, max_batch_pairs=64, max_wait_s=0.02)
+    proxy = BatchedCE(ce, b)
+    lock = threading.Lock()
+    results = {}
+
+    def request(name: str) -> None:
+        with RequestContext(time.monotonic() + 10, lock):
+            assert lock.locked()
+            results[name] = proxy.score_batch([name], [np.arange(10)])[0]
+
+    try:
+        threads = [threading.Thread(target=request, args=(f"r{i}",)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5)
+        assert sorted(results) == ["r0", "r1", "r2", "r3"]
+        for name, s in results.items():
+            np.testing.assert_array_equal(s, expected(name, range(10)))
+        # all four waited at once (the lock was free while they waited): merged batches
+        assert len(ce.calls) < 4
+        assert not lock.locked()
+    finally:
+        b.stop()
