@@ -2,11 +2,12 @@
 
 Every CE call of every in-flight request (one ``score_batch`` per search round) becomes a
 :class:`Job`. The worker takes the oldest pending pairs, waits at most ``max_wait_s`` (counted from
-the arrival of the oldest pending pair) for more to arrive, merges up to ``max_batch_pairs`` pairs
-from any number of jobs into one ``ce.score_batch`` call (the CE sorts all of them by length and
-pads each of its inner batches only to its longest pair) and scatters the scores back to each
-job's own slots. A job larger than ``max_batch_pairs`` is cut into pieces that may share batches
-with other jobs.
+the arrival of the oldest pending pair) for more to arrive (only while some request in flight
+has no work pending: ``active()`` says how many are in flight, so a lone request never waits),
+merges up to ``max_batch_pairs`` pairs from any number of jobs into one ``ce.score_batch`` call
+(the CE sorts all of them by length and pads each of its inner batches only to its longest pair)
+and scatters the scores back to each job's own slots. A job larger than ``max_batch_pairs`` is
+cut into pieces that may share batches with other jobs.
 
 ``max_batch_pairs=0`` turns merging off: the worker runs one job at a time, first come first
 served, on the same CE and thread count (the baseline of the load benchmark).
@@ -94,6 +95,7 @@ class Batcher:
         max_wait_s: float = 0.002,
         on_batch: Callable[[int, int, float], None] | None = None,
         on_drop: Callable[[int], None] | None = None,
+        active: Callable[[], int] | None = None,
         name: str = "crossknn-ce",
     ) -> None:
         if max_batch_pairs < 0:
@@ -105,6 +107,7 @@ class Batcher:
         self.max_wait_s = float(max_wait_s)
         self.on_batch = on_batch
         self.on_drop = on_drop
+        self.active = active
         self._pending: deque[_Piece] = deque()
         self._pending_pairs = 0
         self._cv = threading.Condition()
@@ -177,7 +180,7 @@ class Batcher:
             deadline = self._pending[0].t_arrival + self.max_wait_s
             while self._pending_pairs < self.max_batch_pairs and not self._stop:
                 left = deadline - time.perf_counter()
-                if left <= 0:
+                if left <= 0 or not self._others_may_come():
                     break
                 self._cv.wait(left)
             batch, total = [], 0
@@ -187,6 +190,13 @@ class Batcher:
                 total += p.n
             self._pending_pairs -= total
             return batch
+
+    def _others_may_come(self) -> bool:
+        """False when every active request already has work pending: waiting cannot fill the
+        batch (a lone request is never delayed)."""
+        if self.active is None:
+            return True
+        return len({id(p.job) for p in self._pending}) < self.active()
 
     def _finish(self, piece: _Piece) -> None:
         job = piece.job

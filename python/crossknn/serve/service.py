@@ -120,6 +120,7 @@ class SearchService:
                 max_wait_s=c.max_wait_ms / 1000.0,
                 on_batch=m.on_batch,
                 on_drop=m.on_drop,
+                active=lambda: self._inflight,
             )
             try:
                 searcher = crossknn.Searcher(
