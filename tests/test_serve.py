@@ -330,3 +330,32 @@ def test_sigterm_drains_in_flight_requests_and_leaves_the_index_unchanged(env):
     assert all(r.json()["hits"][0]["ce_calls"] == 25 for r in results)
     assert rc == 0, s.output()
     assert _tree_hash(env["index_dir"]) == before
+
+
+def test_ray_serve_two_replicas(env, searcher):
+    """``crossknn serve --ray --replicas 2``: the same app on Ray Serve, two replicas."""
+    pytest.importorskip("ray.serve", exc_type=ImportError)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(env["index_dir"]), "--ray"]
+    cmd += ["--replicas", "2", "--port", str(port), "--threads", "1"]
+    log = open(env["root"] / "ray.log", "w+")  # noqa: SIM115
+    penv = dict(os.environ, CROSSKNN_CACHE=env["cache"], RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=penv)
+    try:
+        client.wait_ready(url, timeout=240)
+        pids = set()
+        with httpx.Client(timeout=300) as http:
+            for _ in range(12):
+                pids.add(client.info(url, http=http)["pid"])
+            out = client.search(url, QUERIES[0], k=3, budget=10, http=http)
+        _same(out, searcher.search(QUERIES[0], k=3, budget=10))
+        assert len(pids) == 2, pids  # both replicas answered
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()

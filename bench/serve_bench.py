@@ -1,0 +1,426 @@
+"""Load test of ``crossknn serve`` on loopback: closed-loop clients, with and without
+cross-request batching, against in-process ``Searcher.search``; plus two faults.
+
+Index: the demo's stdlib docstrings, embedded CE and DE in int8 (built once, cached). Requests:
+one query each, B=100, k=10, 5 rounds (AXN). Every level is bounded in requests
+(``--requests``) and seconds (``--level-seconds``); every server is stopped by its PID.
+
+    python bench/serve_bench.py                 # -> bench/results/serve_bench.json
+
+Rows: ``{concurrency, batching, qps, p50_ms, p95_ms, p99_ms, mean_batch_pairs, errors, ...}``
+for each level and server, one ``{concurrency, in_process_ms, ...}`` row per level, and the
+fault results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+import crossknn
+from crossknn import client
+
+HERE = Path(__file__).resolve().parent
+QUERIES = [
+    "parse a date string into a datetime object",
+    "compress data with gzip and write it to a file",
+    "send an email message through an SMTP server",
+    "run a shell command and capture its output",
+    "read a CSV file row by row",
+    "create a temporary directory that is removed afterwards",
+    "encode binary data as base64 text",
+    "sort a list in place with a key function",
+    "open a TCP connection to a remote host",
+    "format a number with thousands separators",
+    "match a regular expression against a string",
+    "serialize an object to JSON",
+    "compute the SHA-256 hash of a file",
+    "walk a directory tree recursively",
+    "schedule a function to run later",
+    "decode a URL query string into a dictionary",
+    "start a thread and wait for it to finish",
+    "copy a file and its permissions",
+    "generate a random integer in a range",
+    "measure the execution time of small code snippets",
+    "parse command line options",
+    "log a warning message",
+    "read a configuration file with sections",
+    "convert a timestamp to UTC",
+    "iterate over pairs of consecutive items",
+    "cache the results of a function call",
+    "compare two sequences and show the differences",
+    "extract files from a zip archive",
+    "wrap long lines of text to a given width",
+    "deep copy a nested data structure",
+    "check whether a path is a symbolic link",
+    "escape HTML special characters",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tree_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(path)).encode())
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def build_index(root: Path, max_items: int | None):
+    from crossknn.ce import default_cross_encoder, default_dual_encoder
+    from crossknn.corpus import stdlib_docstrings
+
+    corpus = stdlib_docstrings(max_items=max_items)
+    key = hashlib.sha256("\0".join(corpus.ids).encode()).hexdigest()[:12]
+    path = root / f"stdlib-int8-{len(corpus)}-{key}"
+    if (path / "index.json").is_file():
+        return path
+    t = time.perf_counter()
+    crossknn.build_corpus_index(
+        corpus,
+        path,
+        ce=default_cross_encoder(precision="int8"),
+        de=default_dual_encoder(precision="int8"),
+        progress=False,
+    )
+    print(f"index: built {path} ({len(corpus)} items) in {time.perf_counter() - t:.0f} s")
+    return path
+
+
+class Server:
+    def __init__(self, index: Path, log_dir: Path, *args: str) -> None:
+        self.index, self.args = index, args
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"serve-{self.port}.log"
+        self.start()
+
+    def start(self) -> float:
+        cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(self.index), "--port"]
+        cmd += [str(self.port), "--precision", "int8", "--log-level", "warning", *self.args]
+        self.log = open(self.log_path, "a")  # noqa: SIM115
+        t = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        client.wait_ready(self.url, timeout=300)
+        return time.monotonic() - t
+
+    def metrics(self) -> dict[str, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out = {}
+        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics").text):
+            for s in fam.samples:
+                if not s.labels:
+                    out[s.name] = s.value
+        return out
+
+    def stop(self, sig=signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self.log.close()
+        return self.proc.returncode
+
+
+def closed_loop(url: str, conc: int, n: int, seconds: float, body: dict) -> dict:
+    """``conc`` clients, each sending its next request when the last one is answered, until
+    ``n`` requests are done or ``seconds`` have passed. A 429 client waits 0.1 s."""
+    lock = threading.Lock()
+    state = {"next": 0}
+    results: list[tuple[int, float]] = []
+    stop_at = time.monotonic() + seconds
+
+    def worker(w: int) -> None:
+        with httpx.Client(timeout=httpx.Timeout(300.0)) as http:
+            while time.monotonic() < stop_at:
+                with lock:
+                    i = state["next"]
+                    if i >= n:
+                        return
+                    state["next"] += 1
+                b = dict(body, query=QUERIES[(i * 7 + w) % len(QUERIES)])
+                t = time.perf_counter()
+                try:
+                    code = http.post(url + "/search", json=b).status_code
+                except httpx.HTTPError:
+                    code = -1
+                with lock:
+                    results.append((code, time.perf_counter() - t))
+                if code == 429:
+                    time.sleep(0.1)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ok = np.array([lat for c, lat in results if c == 200]) * 1000
+    errors = Counter(str(c) for c, _ in results if c != 200)
+
+    def pct(q):
+        return round(float(np.percentile(ok, q)), 1) if ok.size else None
+
+    return {
+        "requests": len(results),
+        "ok": int(ok.size),
+        "qps": round(ok.size / wall, 2),
+        "p50_ms": pct(50),
+        "p95_ms": pct(95),
+        "p99_ms": pct(99),
+        "errors": dict(sorted(errors.items())),
+        "wall_s": round(wall, 1),
+    }
+
+
+def run_levels(server: Server, levels, args, body, batching: bool, extra=None) -> list[dict]:
+    rows = []
+    for _ in range(3):  # warm up (not counted)
+        client.search(server.url, QUERIES[0], k=body["k"], budget=body["budget"], timeout=300)
+    for c in levels:
+        m0 = server.metrics()
+        r = closed_loop(server.url, c, args.requests, args.level_seconds, body)
+        m1 = server.metrics()
+        batches = m1["crossknn_ce_batches_total"] - m0["crossknn_ce_batches_total"]
+        pairs = m1["crossknn_ce_pairs_total"] - m0["crossknn_ce_pairs_total"]
+        row = {"concurrency": c, "batching": batching, **(extra or {}), **r}
+        row["mean_batch_pairs"] = round(pairs / batches, 1) if batches else None
+        row["ce_seconds_share"] = round(
+            (m1["crossknn_ce_seconds_total"] - m0["crossknn_ce_seconds_total"]) / r["wall_s"], 2
+        )
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def in_process(index: Path, levels, args, body) -> list[dict]:
+    s = crossknn.Searcher(index, precision="int8")
+    s.search(QUERIES[:2], k=body["k"], budget=body["budget"])  # warm up
+    lat = []
+    for i in range(args.in_process_queries):
+        t = time.perf_counter()
+        s.search(QUERIES[i % len(QUERIES)], k=body["k"], budget=body["budget"])
+        lat.append(time.perf_counter() - t)
+    p50 = float(np.median(lat)) * 1000
+    rows = []
+    for c in levels:
+        qs = [QUERIES[i % len(QUERIES)] for i in range(c)]
+        t = time.perf_counter()
+        s.search(qs, k=body["k"], budget=body["budget"])
+        dt = time.perf_counter() - t
+        row = {
+            "concurrency": c,
+            "in_process_ms": round(p50, 1),
+            "in_process_p95_ms": round(float(np.percentile(lat, 95)) * 1000, 1),
+            "in_process_batch_qps": round(c / dt, 2),
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def fault_disconnect(server: Server, n_items: int) -> dict:
+    heavy = json.dumps({"query": QUERIES[3], "k": 10, "budget": 100, "exact": True}).encode()
+    m0 = server.metrics()
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(
+            b"POST /search HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(heavy)}\r\n\r\n".encode()
+            + heavy
+        )
+        time.sleep(0.3)
+    time.sleep(1.0)
+    t = time.perf_counter()
+    out = client.search(server.url, QUERIES[0], k=10, budget=100, timeout=300)
+    after_ms = (time.perf_counter() - t) * 1000
+    m1 = server.metrics()
+    return {
+        "fault": "client disconnects 0.3 s into a request (exact=True: 100 + N CE pairs)",
+        "disconnects_seen": m1["crossknn_client_disconnects_total"]
+        - m0["crossknn_client_disconnects_total"],
+        "pairs_dropped": m1["crossknn_ce_dropped_pairs_total"]
+        - m0["crossknn_ce_dropped_pairs_total"],
+        "pairs_scored": m1["crossknn_ce_pairs_total"] - m0["crossknn_ce_pairs_total"],
+        # the dropped request would have cost 100 + N pairs, the next one 100
+        "pairs_never_run": n_items
+        + 200
+        - (m1["crossknn_ce_pairs_total"] - m0["crossknn_ce_pairs_total"]),
+        "next_request_ok": out["hits"][0]["ce_calls"] == 100,
+        "next_request_ms": round(after_ms, 1),
+    }
+
+
+def fault_sigkill(server: Server, index: Path, body: dict) -> dict:
+    before = _tree_hash(index)
+    codes = Counter()
+    stop = threading.Event()
+
+    def load():
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                try:
+                    codes[
+                        http.post(
+                            server.url + "/search", json=dict(body, query=QUERIES[5])
+                        ).status_code
+                    ] += 1
+                except httpx.HTTPError:
+                    codes["connection error"] += 1
+                    time.sleep(0.2)
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(5)
+    server.stop(signal.SIGKILL)
+    killed = time.monotonic()
+    restart = server.start()
+    ready_after_kill = time.monotonic() - killed
+    stop.set()
+    for t in threads:
+        t.join(120)
+    info = client.info(server.url)
+    out = client.search(server.url, QUERIES[0], k=10, budget=100, timeout=300)
+    return {
+        "fault": "SIGKILL under load (8 clients), then restart",
+        "restart_to_ready_s": round(restart, 1),
+        "kill_to_ready_s": round(ready_after_kill, 1),
+        "model_and_index_load_s": info.get("load_seconds"),
+        "client_results_during": dict(codes),
+        "serves_again": out["hits"][0]["ce_calls"] == 100,
+        "index_unchanged": _tree_hash(index) == before,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--requests", type=int, default=200, help="requests per level")
+    p.add_argument("--level-seconds", type=float, default=120.0, help="time cap per level")
+    p.add_argument("--in-process-queries", type=int, default=30)
+    p.add_argument("--max-items", type=int, default=None, help="docstrings (default: all)")
+    p.add_argument("--threads", type=int, default=None, help="CE threads (default: cores)")
+    p.add_argument("--out", default=str(HERE / "results" / "serve_bench.json"))
+    args = p.parse_args()
+
+    from crossknn.ce import cache_root
+
+    root = cache_root() / "serve-bench"
+    root.mkdir(parents=True, exist_ok=True)
+    index = build_index(root, args.max_items)
+    n_items = len(crossknn.open_index(index))
+    body = {"k": 10, "budget": 100, "rounds": 5, "method": "axn"}
+    common = ["--threads", str(args.threads)] if args.threads else []
+    t0 = time.time()
+    result: dict = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} logical cores, "
+        f"load average at start {os.getloadavg()[0]:.1f}",
+        "index": {"items": n_items, "precision": "int8", "path": str(index)},
+        "request": body,
+        "requests_per_level": args.requests,
+        "level_seconds_cap": args.level_seconds,
+        "rows": [],
+        "faults": [],
+    }
+
+    print("in-process Searcher.search", flush=True)
+    inproc = in_process(index, args.levels, args, body)
+    result["rows"] += inproc
+
+    on = Server(index, root, "--max-batch-pairs", "256", "--max-wait-ms", "2",
+                "--max-queue", "128", "--timeout-s", "600", *common)  # fmt: skip
+    try:
+        print("server, cross-request batching on", flush=True)
+        result["rows"] += run_levels(on, args.levels, args, body, True)
+        result["faults"].append(fault_disconnect(on, n_items))
+        print(json.dumps(result["faults"][-1]), flush=True)
+    finally:
+        on.stop()
+    off = Server(index, root, "--max-batch-pairs", "0", "--max-queue", "128",
+                 "--timeout-s", "600", *common)  # fmt: skip
+    try:
+        print("server, cross-request batching off", flush=True)
+        result["rows"] += run_levels(off, args.levels, args, body, False)
+    finally:
+        off.stop()
+    q16 = Server(index, root, "--max-batch-pairs", "256", "--max-queue", "16",
+                 "--timeout-s", "600", *common)  # fmt: skip
+    try:
+        print("server, --max-queue 16 at concurrency 64", flush=True)
+        result["rows"] += run_levels(q16, [64], args, body, True, {"max_queue": 16})
+        result["faults"].append(fault_sigkill(q16, index, body))
+        print(json.dumps(result["faults"][-1]), flush=True)
+    finally:
+        q16.stop()
+
+    # the goals
+    def row(c, batching, **kw):
+        for r in result["rows"]:
+            if (
+                r.get("concurrency") == c
+                and r.get("batching") == batching
+                and all(r.get(k) == v for k, v in kw.items())
+            ):
+                if "max_queue" in r and "max_queue" not in kw:
+                    continue
+                return r
+        return None
+
+    c1 = row(1, True)
+    on16, off16 = row(16, True), row(16, False)
+    goals = {
+        "server_overhead_ms_at_c1": round(c1["p50_ms"] - inproc[0]["in_process_ms"], 1)
+        if c1 and c1["p50_ms"]
+        else None,
+        "batching_speedup_at_c16": round(on16["qps"] / off16["qps"], 2)
+        if on16 and off16 and off16["qps"]
+        else None,
+        "p99_over_p50": {
+            f"{r['concurrency']}/{'on' if r['batching'] else 'off'}": round(
+                r["p99_ms"] / r["p50_ms"], 2
+            )
+            for r in result["rows"]
+            if "batching" in r and r.get("p50_ms") and "max_queue" not in r
+        },
+        "5xx": sum(
+            v for r in result["rows"] for k, v in r.get("errors", {}).items() if k.startswith("5")
+        ),
+    }
+    result["goals"] = goals
+    result["load_average_at_end"] = round(os.getloadavg()[0], 1)
+    result["wall_s"] = round(time.time() - t0, 1)
+    print(json.dumps(goals, indent=2))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
