@@ -176,7 +176,7 @@ def closed_loop(url: str, conc: int, n: int, seconds: float, body: dict) -> dict
                     if code == 200:
                         h = resp.json()["hits"][0]
                         overhead.append(lat - h["seconds_ce"] - h["seconds_other"])
-                if code == 429:
+                if code in (429, 503):
                     time.sleep(0.1)
 
     t0 = time.perf_counter()
@@ -295,14 +295,14 @@ def fault_sigkill(server: Server, index: Path, body: dict) -> dict:
         with httpx.Client(timeout=60) as http:
             while not stop.is_set():
                 try:
-                    codes[
-                        http.post(
-                            server.url + "/search", json=dict(body, query=QUERIES[5])
-                        ).status_code
-                    ] += 1
+                    r = http.post(server.url + "/search", json=dict(body, query=QUERIES[5]))
                 except httpx.HTTPError:
                     codes["connection error"] += 1
                     time.sleep(0.2)
+                    continue
+                codes[str(r.status_code)] += 1
+                if r.status_code != 200:
+                    time.sleep(0.2)  # 503 while the restarted server loads: do not spin
 
     threads = [threading.Thread(target=load) for _ in range(8)]
     for t in threads:
