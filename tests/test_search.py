@@ -90,9 +90,8 @@ def test_adacur_matches_reference(rounds, split, ridge):
     n0 = ref.sizes(n_round, rounds)[0]
     for j, q in enumerate(TEST):
         first = res.scored_items[j][:n0]  # the random first round is the method's; the rest is ref
-        expect = ref.rounds_search(
-            S[q], S[TRAIN].T, first, budget, k, rounds, split=split, ridge=ridge
-        )
+        expect = ref.rounds_search(S[q], S[TRAIN].T, first, budget, k, rounds, split=split,
+                                   ridge=ridge)
         assert res.indices[j].tolist() == expect.tolist()
 
 
@@ -104,17 +103,8 @@ def test_adacur_paper_final_and_de_first_match_reference():
     for j, q in enumerate(TEST):
         first = de_ranked(q)[:n0]
         assert res.scored_items[j][:n0].tolist() == first.tolist()
-        expect = ref.rounds_search(
-            S[q],
-            S[TRAIN].T,
-            first,
-            budget,
-            k,
-            rounds,
-            split=split,
-            ridge=m.ridge,
-            final="retrieved",
-        )
+        expect = ref.rounds_search(S[q], S[TRAIN].T, first, budget, k, rounds, split=split,
+                                   ridge=m.ridge, final="retrieved")
         assert res.indices[j].tolist() == expect.tolist()
 
 
@@ -126,9 +116,8 @@ def test_axn_matches_reference(mix):
     res = search(m, budget, k)
     for j, q in enumerate(TEST):
         first = de_ranked(q)[: ref.sizes(budget, rounds)[0]]
-        expect = ref.rounds_search(
-            S[q], DI, first, budget, k, rounds, prior=DQ[q], mix=mix, affine=affine
-        )
+        expect = ref.rounds_search(S[q], DI, first, budget, k, rounds, prior=DQ[q], mix=mix,
+                                   affine=affine)
         assert res.indices[j].tolist() == expect.tolist()
 
 
@@ -162,17 +151,8 @@ def make(name, rounds):
     }[name]()
 
 
-METHOD_NAMES = [
-    "rnr",
-    "rnr-random",
-    "anncur",
-    "anncur-de",
-    "adacur",
-    "adacur-split",
-    "adacur-softmax",
-    "adacur-random",
-    "axn",
-]
+METHOD_NAMES = ["rnr", "rnr-random", "anncur", "anncur-de", "adacur", "adacur-split",
+                "adacur-softmax", "adacur-random", "axn"]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -209,9 +189,8 @@ def test_recall_is_one_when_budget_covers_all_items(name):
         assert ref.recall(S[q], res.indices[j], 20) == 1.0
 
 
-@pytest.mark.parametrize(
-    "name", ["rnr-random", "anncur", "adacur", "adacur-softmax", "adacur-random", "axn"]
-)
+@pytest.mark.parametrize("name", ["rnr-random", "anncur", "adacur", "adacur-softmax",
+                                  "adacur-random", "axn"])
 def test_deterministic_and_batch_equals_one_at_a_time(name):
     a = search(make(name, 4), 24, 5, seed=7)
     b = search(make(name, 4), 24, 5, seed=7)
@@ -260,17 +239,11 @@ def test_split_sizes():
         (lambda: search(ADACUR(INDEX), 10, 0), ValueError, "k must be >= 1"),
         (lambda: CurIndex(np.zeros((0, 10))), ValueError, "non-empty"),
         (lambda: CurIndex.from_matrix(S, []), ValueError, "at least one anchor"),
-        (
-            lambda: CurIndex.from_matrix(S, [1, 2, 30], test_rows=TEST),
-            ValueError,
-            "must come from train rows; rows \\[30\\] are test rows",
-        ),
+        (lambda: CurIndex.from_matrix(S, [1, 2, 30], test_rows=TEST), ValueError,
+         "must come from train rows; rows \\[30\\] are test rows"),
         (lambda: CurIndex(np.full((2, 3), np.nan)), ValueError, "NaN"),
-        (
-            lambda: ADACUR(CurIndex(S[:5, :40])).search(MatrixScorer(S), [30], budget=10, k=2),
-            ValueError,
-            "index has 40 items but the scorer has 150",
-        ),
+        (lambda: ADACUR(CurIndex(S[:5, :40])).search(MatrixScorer(S), [30], budget=10, k=2),
+         ValueError, "index has 40 items but the scorer has 150"),
         (lambda: ADACUR(INDEX, strategy="best"), ValueError, "strategy must be"),
         (lambda: ADACUR(INDEX, split=1.5), ValueError, "split"),
         (lambda: ANNCUR(INDEX, split=0.0), ValueError, "split"),
