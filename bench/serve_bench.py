@@ -124,7 +124,8 @@ class Server:
         cmd += [str(self.port), "--precision", "int8", "--log-level", "warning", *self.args]
         self.log = open(self.log_path, "a")  # noqa: SIM115
         t = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        env = dict(os.environ, PYTHONFAULTHANDLER="1")  # a crash leaves a trace in the log
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         client.wait_ready(self.url, timeout=300)
         return time.monotonic() - t
 
