@@ -333,6 +333,60 @@ def fault_sigkill(server: Server, index: Path, body: dict) -> dict:
     }
 
 
+def padding_stats(index: Path, seed: int = 0, requests: int = 16, pairs: int = 20) -> dict:
+    """How much padding cross-request batching can save here: pair lengths in tokens from the
+    CE's own tokenizer (query + item + 3 special tokens, cut at max_length), cut into batches
+    by the CE's rule (longest first, at most 16 pairs and 2,048 padded tokens) either per
+    request (``pairs`` random items each) or merged over ``requests`` requests."""
+    from tokenizers import Tokenizer
+
+    from crossknn.ce import DEFAULT_CE, ensure_model
+
+    d = ensure_model(DEFAULT_CE, precision="int8")
+    max_len = int(json.loads((d / "crossknn_model.json").read_text())["max_length"])
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    texts = crossknn.open_index(index).corpus.texts
+    item_len = np.array(
+        [len(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+    )
+    q_len = np.array([len(e.ids) for e in tok.encode_batch(QUERIES, add_special_tokens=False)])
+    rng = np.random.default_rng(seed)
+
+    def padded(lengths):  # tokens actually run, the CE's batching rule
+        order = np.sort(lengths)[::-1]
+        total, i = 0, 0
+        while i < order.size:
+            m = max(1, min(16, 2048 // int(order[i])))
+            total += int(order[i]) * len(order[i : i + m])
+            i += m
+        return total
+
+    per_request, merged, real = 0, 0, 0
+    for _ in range(50):
+        rounds = []
+        for _ in range(requests):
+            ql = int(rng.choice(q_len))
+            lens = np.minimum(
+                ql + item_len[rng.choice(len(texts), pairs, replace=False)] + 3, max_len
+            )
+            rounds.append(lens)
+            per_request += padded(lens)
+        allp = np.concatenate(rounds)
+        merged += padded(allp)
+        real += int(allp.sum())
+    return {
+        "items_at_the_token_limit": round(
+            float(np.mean(item_len + 3 + q_len.mean() >= max_len)), 3
+        ),
+        "max_length": max_len,
+        "padding_per_request_batches": round(per_request / real - 1, 3),
+        "padding_merged_batches": round(merged / real - 1, 3),
+        "token_work_saved_by_merging": round(1 - merged / per_request, 3),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -364,6 +418,8 @@ def main() -> int:
         "faults": [],
     }
 
+    result["padding"] = padding_stats(index)
+    print(json.dumps(result["padding"]), flush=True)
     print("in-process Searcher.search", flush=True)
     inproc = in_process(index, args.levels, args, body)
     result["rows"] += inproc
