@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,11 +35,13 @@ CLIENT_GONE = 499  # nginx's code for "client closed request"; never reaches the
 
 
 class _StatusMetrics:
-    """Pure ASGI middleware: counts every response by path and status code."""
+    """Pure ASGI middleware: counts every response by path and status code, and names the
+    process that answered (``x-served-by: host:pid``; which replica, behind Ray Serve)."""
 
     def __init__(self, app, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        self.served_by = f"{socket.gethostname()}:{os.getpid()}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -50,6 +54,9 @@ class _StatusMetrics:
         async def send_wrapper(message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-served-by", self.served_by))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:
