@@ -1,4 +1,4 @@
-"""Benchmark of the C++ round engine (crossknn.engine); prints a table, writes JSON.
+"""Benchmark of the C++ round engine (crossknn.core); prints a table, writes JSON.
 
     .venv/bin/python bench/core_bench.py            # full run (N up to 1e6, a few minutes)
     .venv/bin/python bench/core_bench.py --quick    # N up to 1e5
@@ -30,7 +30,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
-from crossknn.engine import ItemFeatures, RoundState, kernel_name
+from crossknn.core import ItemFeatures, RoundState, kernel_name
 
 OUT = Path(__file__).resolve().parent / "results" / "core_bench.json"
 B, ROUNDS, Q_BATCH = 100, 10, 64

@@ -212,7 +212,7 @@ def bench_cisi(
     modes: list[str],
     steps: int,
 ) -> list[dict]:
-    from crossknn.data import load_score_matrix
+    from crossknn.matrix import load_score_matrix
     from crossknn.index.mf import fit_mf, sample_g
     from crossknn.scorers import MatrixScorer
     from crossknn.search import ADACUR, AXN, CurIndex, topk_recall

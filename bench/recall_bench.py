@@ -18,8 +18,24 @@ from crossknn.cli import main as crossknn
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-GRID = ["--budget", "50", "--budget", "100", "--budget", "200", "--budget", "500",
-        "--k", "1", "--k", "10", "--k", "50", "--k", "100"]
+GRID = [
+    "--budget",
+    "50",
+    "--budget",
+    "100",
+    "--budget",
+    "200",
+    "--budget",
+    "500",
+    "--k",
+    "1",
+    "--k",
+    "10",
+    "--k",
+    "50",
+    "--k",
+    "100",
+]
 
 
 def methods(*names):
@@ -28,8 +44,8 @@ def methods(*names):
 
 RUNS = {
     # retrieve-and-rerank baselines with every first stage
-    "eval_cisi_rnr": methods("rnr") + ["--first", "de", "--first", "tfidf", "--first", "bm25",
-                                       "--first", "random"],
+    "eval_cisi_rnr": methods("rnr")
+    + ["--first", "de", "--first", "tfidf", "--first", "bm25", "--first", "random"],
     # the headline: CUR methods with a random first round, 5 rounds
     "eval_cisi": methods("anncur", "adacur", "adacur-split", "adacur-softmax", "axn"),
     # number of rounds
@@ -70,8 +86,18 @@ def main() -> int:
             continue
         print(f"\n== {name}: crossknn eval MATRIX {' '.join(argv + GRID)}")
         t0 = time.perf_counter()
-        rc = crossknn(["eval", args.matrix, *argv, *GRID, "--json", str(RESULTS / f"{name}.json"),
-                       "--no-plot", "--quiet"])
+        rc = crossknn(
+            [
+                "eval",
+                args.matrix,
+                *argv,
+                *GRID,
+                "--json",
+                str(RESULTS / f"{name}.json"),
+                "--no-plot",
+                "--quiet",
+            ]
+        )
         if rc:
             return rc
         timings[name] = round(time.perf_counter() - t0, 1)
@@ -84,12 +110,19 @@ def main() -> int:
         path = RESULTS / f"{run}.json"
         if not path.is_file():
             continue
-        rows += [r for r in json.loads(path.read_text())["rows"]
-                 if (r["method"], r["first"], r["rounds"]) == (method, first, rounds)]
+        rows += [
+            r
+            for r in json.loads(path.read_text())["rows"]
+            if (r["method"], r["first"], r["rounds"]) == (method, first, rounds)
+        ]
     if rows:
         png = ROOT / "docs" / "img" / "cisi_recall.png"
-        plot_curves(rows, png, title="cisi-minilm: Top-k-Recall vs CE calls (50 test queries, "
-                                     "1,460 items, 62 train queries)")
+        plot_curves(
+            rows,
+            png,
+            title="cisi-minilm: Top-k-Recall vs CE calls (50 test queries, "
+            "1,460 items, 62 train queries)",
+        )
         print(f"wrote {png}")
     return 0
 

@@ -54,8 +54,9 @@ def main() -> int:
     rows = []
     for n in args.items:
         t0 = time.perf_counter()
-        S, dq, di = synthetic_matrix(args.train + args.test, n, rank=16, noise=0.5, skew=0.5,
-                                     de_dim=32, seed=args.seed)
+        S, dq, di = synthetic_matrix(
+            args.train + args.test, n, rank=16, noise=0.5, skew=0.5, de_dim=32, seed=args.seed
+        )
         gen_s = time.perf_counter() - t0
         train = np.arange(args.train)
         test = np.arange(args.train, args.train + args.test)
@@ -79,20 +80,28 @@ def main() -> int:
             offline = index_s + (time.perf_counter() - t0 if name == "anncur" else 0.0)
             scorer = TimedScorer(S)
             t0 = time.perf_counter()
-            res = method.search(scorer, test.tolist(), budget=args.budget, k=args.k,
-                                seed=args.seed)
+            res = method.search(scorer, test.tolist(), budget=args.budget, k=args.k, seed=args.seed)
             total = time.perf_counter() - t0
             rec = float(topk_recall(S, test, res.indices, args.k).mean())
             row = {
-                "n_items": n, "method": name, "budget": args.budget, "k": args.k,
-                "recall": round(rec, 4), "ce_calls_max": int(res.ce_calls.max()),
+                "n_items": n,
+                "method": name,
+                "budget": args.budget,
+                "k": args.k,
+                "recall": round(rec, 4),
+                "ce_calls_max": int(res.ce_calls.max()),
                 "ms_per_query": round(1e3 * (total - scorer.seconds) / len(test), 2),
-                "index_s": round(offline, 2), "generate_s": round(gen_s, 1),
-                "n_train": args.train, "n_test": args.test,
+                "index_s": round(offline, 2),
+                "generate_s": round(gen_s, 1),
+                "n_train": args.train,
+                "n_test": args.test,
             }
             rows.append(row)
-            print(f"{n:>9}  {name:<18}  recall {rec:5.3f}  calls {row['ce_calls_max']:>4}  "
-                  f"{row['ms_per_query']:8.2f} ms/query  (index {offline:.2f} s)", flush=True)
+            print(
+                f"{n:>9}  {name:<18}  recall {rec:5.3f}  calls {row['ce_calls_max']:>4}  "
+                f"{row['ms_per_query']:8.2f} ms/query  (index {offline:.2f} s)",
+                flush=True,
+            )
         del S, dq, di, index, methods
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from crossknn.cli import main
-from crossknn.commands.score_matrix_cmd import make_splits
 from crossknn.index import load_index
-from crossknn.index.files import ModelMismatchError, matrix_identity
+from crossknn.index.files import ModelMismatchError
+from crossknn.matrix import make_splits, matrix_identity
 
 
 def test_splits_reproduce_the_shared_matrix(shared_dir):
@@ -102,7 +102,7 @@ def test_index_commands_on_the_shared_matrix(shared_dir, tmp_path, capsys):
     assert "620 CE calls" in out and "loss (MSE on G) by epoch:" in out
     mf = load_index(tmp_path / "mf", kind="mf", ce=ce, de=de)
     assert mf["items"].shape == (1460, 384) and mf.params["mode"] == "inductive"
-    assert len(mf.info["loss_curve"]) == 3 and mf.params["beta"] > 0
+    assert len(mf.info["loss_curve"]) == 3 and mf.params["score_map"][0] > 0
     assert main(["index", "mf", str(m), str(tmp_path / "bad"), "--k-d", "2000", "--quiet"]) == 2
 
 

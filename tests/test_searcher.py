@@ -9,9 +9,10 @@ import pytest
 
 from crossknn.ce import default_cross_encoder, default_dual_encoder
 from crossknn.cli import main
-from crossknn.corpus import Corpus, load_corpus
+from crossknn.corpus_index import _encode_resumable, open_index
+from crossknn.data import Corpus, load_corpus
 from crossknn.index.files import ModelMismatchError
-from crossknn.searcher import Searcher, _encode_resumable, open_index
+from crossknn.searcher import Searcher
 
 pytestmark = [pytest.mark.shared, pytest.mark.slow]
 
@@ -66,8 +67,8 @@ def test_build_writes_a_complete_index(env, index_dir):
     assert idx["de_items"].shape == (N_ITEMS, env["de"].dim)
     np.testing.assert_allclose(idx["de_items"], env["de"].encode(env["corpus"].texts), atol=1e-5)
     assert idx.ce_calls == 4 * 8
-    alpha, beta = idx.params["score_affine"]
-    assert np.isfinite(alpha) and np.isfinite(beta) and alpha != 0
+    scale, offset = idx.params["score_map"]
+    assert np.isfinite(scale) and np.isfinite(offset) and scale != 0
     assert idx.index.models["ce"]["model_hash"] == env["ce"].model_hash
     assert not (index_dir / ".build").exists()
 

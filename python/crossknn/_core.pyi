@@ -1,4 +1,4 @@
-"""Type stub of the C++ extension crossknn._core (use crossknn.engine, which wraps it)."""
+"""Type stub of the C++ extension crossknn._core (use crossknn.core, which wraps it)."""
 
 import numpy as np
 import numpy.typing as npt

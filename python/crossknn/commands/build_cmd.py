@@ -78,8 +78,8 @@ def read_queries(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.corpus import load_corpus
-    from crossknn.searcher import build_corpus_index
+    from crossknn.corpus_index import build_corpus_index
+    from crossknn.data import load_corpus
 
     t0 = time.perf_counter()
     corpus = load_corpus(args.corpus)

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from crossknn.commands._common import print_hits
 from crossknn.searcher import METHODS
 
 HELP = "build a cached index over the stdlib docstrings and answer example queries"
@@ -68,9 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     assert args.method in METHODS
     from crossknn.ce import cache_root
-    from crossknn.commands.search_cmd import print_hits
-    from crossknn.corpus import stdlib_docstrings
-    from crossknn.searcher import Searcher, build_corpus_index, open_index
+    from crossknn.corpus_index import build_corpus_index, open_index
+    from crossknn.demo_corpus import stdlib_docstrings
+    from crossknn.searcher import Searcher
 
     t0 = time.perf_counter()
     corpus = stdlib_docstrings(max_items=args.max_items)

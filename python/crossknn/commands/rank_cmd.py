@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from crossknn.ce import OnnxCrossEncoder, default_cross_encoder
-    from crossknn.corpus import load_corpus
+    from crossknn.data import load_corpus
 
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1; got {args.top_k}")

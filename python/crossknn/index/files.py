@@ -14,7 +14,6 @@ built with. No pickle: arrays are loaded with ``allow_pickle=False``; object dty
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -24,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from crossknn.jobs import atomic_save_npy, atomic_write_bytes
+from crossknn.fileio import atomic_save_npy, atomic_write_json, sha256_array
+from crossknn.identity import model_identity
 
 __all__ = [
     "FORMAT",
@@ -32,8 +32,6 @@ __all__ = [
     "Index",
     "IndexFormatError",
     "ModelMismatchError",
-    "model_identity",
-    "matrix_identity",
     "save_index",
     "load_index",
 ]
@@ -49,34 +47,6 @@ class IndexFormatError(ValueError):
 
 class ModelMismatchError(ValueError):
     """The index was built with another CE/DE than the one given at search time."""
-
-
-def model_identity(model: Any) -> dict | None:
-    """``{"model_id", "model_hash"}`` from a model/scorer object, a dict, or ``None``."""
-    if model is None:
-        return None
-    if isinstance(model, Mapping):
-        mid, mhash = model.get("model_id"), model.get("model_hash")
-    else:
-        mid, mhash = getattr(model, "model_id", None), getattr(model, "model_hash", None)
-    if mhash is None:
-        raise ValueError(
-            f"a model identity needs a content hash (model_hash); "
-            f"got {type(model).__name__} without one"
-        )
-    return {"model_id": None if mid is None else str(mid), "model_hash": str(mhash)}
-
-
-def _sha256_array(arr: np.ndarray, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    for s in range(0, flat.size, chunk):
-        h.update(flat[s : s + chunk])
-    return h.hexdigest()
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
 @dataclass
@@ -158,7 +128,7 @@ def save_index(
             "file": f"{name}.npy",
             "dtype": arr.dtype.str,
             "shape": list(arr.shape),
-            "sha256": _sha256_array(arr),
+            "sha256": sha256_array(arr),
         }
     doc = {
         "format": FORMAT,
@@ -170,7 +140,7 @@ def save_index(
         "ce_calls": int(ce_calls),
         "info": dict(info or {}),
     }
-    atomic_write_bytes(path / "index.json", _json_bytes(doc))
+    atomic_write_json(path / "index.json", doc)
     return path
 
 
@@ -234,7 +204,7 @@ def load_index(
                 f"index {path}: {ent['file']} has dtype {arr.dtype.str} shape {list(arr.shape)}, "
                 f"index.json expects dtype {ent['dtype']} shape {ent['shape']}"
             )
-        if verify and _sha256_array(arr) != ent["sha256"]:
+        if verify and sha256_array(arr) != ent["sha256"]:
             raise IndexFormatError(
                 f"index {path}: {ent['file']} is corrupt (content hash mismatch)"
             )
@@ -250,39 +220,3 @@ def load_index(
     )
     idx.check_models(ce=ce, de=de)
     return idx
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def matrix_identity(matrix_dir: str | os.PathLike) -> tuple[dict, dict | None]:
-    """(CE identity, DE identity) of a score-matrix folder, for indexes built from it.
-
-    A matrix written by ``crossknn score-matrix`` records the real models (``meta.json`` keys
-    ``ce`` and ``de_model``); for other matrices (e.g. ``shared/matrices/cisi-minilm``) the CE is
-    the matrix itself: ``model_id`` is meta's ``model`` and ``model_hash`` the sha256 of
-    ``scores.npy`` (resp. ``de_items.npy`` for the DE).
-    """
-    d = Path(matrix_dir)
-    meta_path = d / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    ce = meta.get("ce")
-    if not (isinstance(ce, dict) and ce.get("model_hash")):
-        ce = {
-            "model_id": str(meta.get("model", d.name)),
-            "model_hash": "scores.npy:" + _file_sha256(d / "scores.npy"),
-        }
-    de = meta.get("de_model")
-    if not (isinstance(de, dict) and de.get("model_hash")):
-        de = None
-        if (d / "de_items.npy").is_file():
-            de = {
-                "model_id": str(meta.get("de", "de")),
-                "model_hash": "de_items.npy:" + _file_sha256(d / "de_items.npy"),
-            }
-    return ce, de

@@ -1,4 +1,4 @@
-"""The round engine: item features V (N x d), per-query least squares, top-k and sampling.
+"""The C++ core from Python: item features V (N x d), per-query least squares, top-k, sampling.
 
 CONTRACT (stable API shared by all search methods; implemented by the C++ core ``crossknn._core``):
 
