@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   set up .venv, build and install crossknn, run the main job
-#   make test   set up .venv, build and install crossknn, run C++ (ctest) and Python (pytest) tests
+#   make test   set up .venv, build and install crossknn, run ruff, C++ (ctest) and Python (pytest) tests
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -40,10 +40,12 @@ ctest: $(DEPS)
 pytest: install
 	$(BIN)/python -m pytest
 
-test: ctest pytest
+test: lint ctest pytest
 
+# style cannot drift: make test fails on a lint error or an unformatted file (a second or two)
 lint: $(DEPS)
 	$(BIN)/ruff check python tests bench
+	$(BIN)/ruff format --check python tests bench
 
 # benchmarks print a table and write bench/results/*.json (never run by the tests)
 bench-core: install

@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST, file_entry, sha256_file, write_manifest
+from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST, file_entry, write_manifest
 from crossknn.ce.rewrite import optimize_for_cpu, quantize_int8
+from crossknn.fileio import sha256_file
 
 __all__ = [
     "export_cross_encoder",

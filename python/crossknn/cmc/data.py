@@ -18,6 +18,7 @@ under ``<cache>/cmc-vectors/<dataset>-<encoder id>-<hash prefix>/``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,8 +125,6 @@ def encode_beir(folder, cache_dir=None, *, progress: bool = True) -> Path:
     ``query_ids.json``, ``meta.json``). A finished entry is reused; it is written to a temporary
     name and renamed when complete.
     """
-    import hashlib
-
     from crossknn.ce import default_dual_encoder
     from crossknn.ce.models import cache_root
     from crossknn.data import load_beir

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 HELP = "index a corpus (JSONL with id/text, or a BEIR folder) for crossknn search"
 
@@ -44,42 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def read_queries(path: str) -> list[str]:
-    """Queries from a file: JSONL with 'text' per line, or plain text, one query per line."""
-    import sys
-
-    if path == "-":
-        lines = sys.stdin.read().splitlines()
-        src = "stdin"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"queries file not found: {p}")
-        lines = p.read_text(encoding="utf-8").splitlines()
-        src = str(p)
-    out = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{src}:{lineno}: not valid JSON ({exc.msg})") from None
-            text = rec.get("text") if isinstance(rec, dict) else None
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"{src}:{lineno}: a JSON query line needs a non-empty 'text'")
-            out.append(text)
-        else:
-            out.append(line.strip())
-    if not out:
-        raise ValueError(f"{src}: no queries found")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from crossknn.corpus_index import build_corpus_index
-    from crossknn.data import load_corpus
+    from crossknn.data import load_corpus, read_queries
 
     t0 = time.perf_counter()
     corpus = load_corpus(args.corpus)

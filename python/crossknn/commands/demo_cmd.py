@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -90,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"cached index unusable ({exc}); rebuilding", file=sys.stderr)
     if index is None:
         if args.rebuild and index_dir.exists():
-            import shutil
-
             shutil.rmtree(index_dir)
         print(f"index: building {index_dir} (dual-encoder vectors + CE score calibration)")
         t = time.perf_counter()
