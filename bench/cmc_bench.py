@@ -29,9 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-RESULTS = ROOT / "bench" / "results"
+from _common import CISI_MATRIX, RESULTS, SHARED, machine, write_json
 
 
 def _train(data, out: Path, **kw) -> dict:
@@ -52,17 +50,14 @@ def _train(data, out: Path, **kw) -> dict:
 
 
 def _write(name: str, payload: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    p = RESULTS / f"cmc_{name}.json"
-    p.write_text(json.dumps(payload, indent=1))
-    print(f"wrote {p}")
+    write_json(RESULTS / f"cmc_{name}.json", payload | {"machine": machine("torch", "onnxruntime")})
 
 
 def part_cisi(args) -> None:
     from crossknn.cmc.data import matrix_data
     from crossknn.eval import EvalConfig, evaluate, format_table
 
-    mdir = SHARED / "matrices" / "cisi-minilm"
+    mdir = CISI_MATRIX
     out = Path(args.work) / "cisi-ce-k256"
     info = _train(matrix_data(mdir), out, k=256, epochs=30, seed=args.seed)
     budgets, ks = [50, 100, 200, 500], [1, 10, 50, 100]
@@ -116,7 +111,7 @@ def part_ablation(args) -> None:
     from crossknn.cmc.data import matrix_data
     from crossknn.eval import EvalConfig, evaluate
 
-    mdir = SHARED / "matrices" / "cisi-minilm"
+    mdir = CISI_MATRIX
     data = matrix_data(mdir)
     budgets, ks = [50, 100, 200], [1, 10, 50, 100]
     runs = [
@@ -237,7 +232,7 @@ def part_latency(args) -> None:
     from crossknn.cmc import CmcReranker
     from crossknn.matrix import load_score_matrix
 
-    m = load_score_matrix(SHARED / "matrices" / "cisi-minilm")
+    m = load_score_matrix(CISI_MATRIX)
     rr = CmcReranker(Path(args.work) / "cisi-ce-k256", threads=1)
     rng = np.random.default_rng(args.seed)
     items = np.tile(m.de_items, (1, 1))
