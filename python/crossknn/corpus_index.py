@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,17 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from crossknn.data import Corpus
-from crossknn.fileio import atomic_save_npy, atomic_write_bytes, sha256_bytes
+from crossknn.fileio import (
+    atomic_save_npy,
+    atomic_write_bytes,
+    atomic_write_json,
+    fingerprint,
+    folder_lock,
+    read_json,
+    sha256_bytes,
+    sha256_texts,
+)
+from crossknn.identity import model_identity
 from crossknn.index.cur import score_dense
 from crossknn.index.files import Index, load_index, save_index
 from crossknn.jobs import JobOptions
@@ -57,11 +68,70 @@ def pseudo_queries(corpus: Corpus, n: int, *, seed: int = 0, words: int = 10) ->
     return [" ".join(corpus.texts[i].split()[:words]) for i in sorted(picks.tolist())]
 
 
+def _model_key(model: Any) -> dict:
+    """What a model's outputs depend on: its identity, max length, precision (and type)."""
+    ident = model_identity(model, require_hash=False)
+    return {
+        **ident,
+        "type": type(model).__name__,
+        "max_length": getattr(model, "max_length", None),
+        "precision": getattr(model, "precision", None),
+    }
+
+
+def _fresh_work(folder: Path, key: dict, what: str) -> None:
+    """Make ``folder`` hold resumable state for ``key`` only: state of other inputs (or of
+    unknown inputs) is discarded, saying so on stderr; ``folder/key.json`` records the key
+    (removed before the stale state, written after it is gone)."""
+    key_path = folder / "key.json"
+    fp = fingerprint(key)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        old = read_json(key_path).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    if old == fp:
+        return
+    stale = [p for p in folder.iterdir() if p.name != "key.json"]
+    if stale:
+        print(
+            f"crossknn: {folder}: discarding the {what} of an earlier build with different "
+            "inputs (corpus, model or settings changed)",
+            file=sys.stderr,
+        )
+    # the new key first: from here on, whatever is in the folder belongs to it
+    _remove(key_path)
+    for p in stale:
+        _remove(p)
+    atomic_write_json(key_path, {"fingerprint": fp, "key": key})
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def _encode_resumable(
-    de, texts: list[str], work: Path, *, chunk: int = 1024, progress: bool = True
+    de, texts: list[str], work: Path, *, chunk: int = 1024, progress: bool = True, ids=None
 ) -> np.ndarray:
-    """DE vectors of ``texts``, encoded in chunks saved atomically under ``work`` (resumable)."""
-    work.mkdir(parents=True, exist_ok=True)
+    """DE vectors of ``texts``, encoded in chunks saved atomically under ``work`` (resumable).
+
+    The chunks are keyed by a fingerprint of the item ids and texts, the DE (identity, max
+    length, precision) and the chunk size: chunks of other inputs are discarded, never reused."""
+    key = {
+        "what": "de_items",
+        "de": _model_key(de),
+        "chunk": int(chunk),
+        "n": len(texts),
+        "ids_sha256": None if ids is None else sha256_texts(map(str, ids)),
+        "texts_sha256": sha256_texts(texts),
+    }
+    _fresh_work(work, key, "DE vectors")
     n_chunks = (len(texts) + chunk - 1) // chunk
     parts = []
     with tqdm(total=len(texts), desc="encode items (DE)", unit="item", disable=not progress) as bar:
@@ -74,7 +144,7 @@ def _encode_resumable(
                     arr = np.load(path, allow_pickle=False)
                 except (ValueError, OSError, EOFError):
                     arr = None
-                if arr is not None and arr.shape != (hi - lo, de.dim):
+                if arr is not None and (arr.shape != (hi - lo, de.dim) or arr.dtype != np.float32):
                     arr = None
             if arr is None:
                 arr = np.asarray(de.encode(texts[lo:hi]), np.float32)
@@ -119,6 +189,7 @@ def build_corpus_index(
     calibration_items: int = 32,
     seed: int = 0,
     progress: bool = True,
+    chunk: int = 1024,
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
@@ -128,24 +199,67 @@ def build_corpus_index(
     - ``cur=True`` (needs ``train_queries``): the dense rows ``R`` = CE(train queries x all items)
       for ADACUR/ANNCUR, through a resumable sharded job.
 
-    Work in progress lives in ``OUT_DIR/.build`` and is resumed after an interruption; the index
-    is complete once ``index.json`` exists.
+    Work in progress lives in ``OUT_DIR/.build`` and is resumed after an interruption (DE
+    vectors in chunks of ``chunk`` items); each piece of it is keyed by a fingerprint of its
+    inputs (items, models, settings), so a rerun on a changed corpus discards it (one line on
+    stderr) instead of reusing it. The index is complete once ``index.json`` exists: an old one
+    is removed before anything else in ``OUT_DIR`` is replaced, and written last. A build holds
+    ``OUT_DIR/.lock`` (with its PID): a second build into the same folder fails at once.
     """
-    from crossknn.ce import default_cross_encoder, default_dual_encoder
-
     if len(corpus) == 0:
         raise ValueError("the corpus is empty: nothing to index")
     if cur and not train_queries:
         raise ValueError("a CUR index (--cur) needs train queries (--train-queries FILE)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out / ".lock", what=f"index folder {out}"):
+        _build_locked(
+            corpus,
+            out,
+            ce=ce,
+            de=de,
+            train_queries=train_queries,
+            cur=cur,
+            calibration_queries=calibration_queries,
+            calibration_items=calibration_items,
+            seed=seed,
+            progress=progress,
+            chunk=chunk,
+        )
+    return open_index(out)
+
+
+def _build_locked(
+    corpus: Corpus,
+    out: Path,
+    *,
+    ce,
+    de,
+    train_queries,
+    cur: bool,
+    calibration_queries: int,
+    calibration_items: int,
+    seed: int,
+    progress: bool,
+    chunk: int,
+) -> None:
+    from crossknn.ce import default_cross_encoder, default_dual_encoder
+
+    # the old index stops being one before any of its files is replaced
+    try:
+        os.unlink(out / "index.json")
+        _fsync_dir(out)
+    except FileNotFoundError:
+        pass
     work = out / ".build"
     de = de if de is not None else default_dual_encoder(show_progress_bar=False)
     ce = ce if ce is not None else default_cross_encoder()
 
     items_bytes = _items_jsonl(corpus)
     atomic_write_bytes(out / ITEMS_FILE, items_bytes)
-    V = _encode_resumable(de, list(corpus.texts), work, progress=progress)
+    V = _encode_resumable(
+        de, list(corpus.texts), work / "de", chunk=chunk, progress=progress, ids=corpus.ids
+    )
     ce.set_items(list(corpus.texts))
 
     cal = (
@@ -156,8 +270,19 @@ def build_corpus_index(
     smap, ce_calls = _calibrate(ce, de, V, cal, items_per_query=calibration_items, seed=seed)
     arrays: dict[str, np.ndarray] = {"de_items": V}
     if cur:
+        cur_key = {
+            "what": "cur_rows",
+            "ce": _model_key(ce),
+            "items_sha256": sha256_bytes(items_bytes),
+            "train_queries_sha256": sha256_texts(train_queries),
+        }
+        _fresh_work(work / "cur", cur_key, "CUR rows")
         R, _ = score_dense(
-            ce, list(train_queries), work / "cur", options=JobOptions(progress=progress)
+            ce,
+            list(train_queries),
+            work / "cur" / "job",
+            options=JobOptions(progress=progress),
+            extra={"items_sha256": cur_key["items_sha256"]},
         )
         arrays["R"] = R
         ce_calls += int(R.size)
@@ -176,9 +301,22 @@ def build_corpus_index(
         "items_sha256": sha256_bytes(items_bytes),
         "source": corpus.source,
     }
+    # arrays of an earlier build that this one does not have would linger beside the new index
+    for stale in {"de_items", "R"} - set(arrays):
+        try:
+            os.unlink(out / f"{stale}.npy")
+        except FileNotFoundError:
+            pass
     save_index(out, CORPUS_KIND, arrays, ce=ce, de=de, params=params, ce_calls=ce_calls, info=info)
     shutil.rmtree(work, ignore_errors=True)
-    return open_index(out)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass

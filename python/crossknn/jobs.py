@@ -10,7 +10,9 @@ written to ``JOB_DIR/shards/NNNNNN.npy`` atomically (temp file in the same direc
 ``os.replace``), so a killed process (SIGKILL included) loses at most the shards in flight and
 never leaves a half-written or duplicated one. ``JOB_DIR/manifest.json`` records a fingerprint of
 the job (pairs, queries, scorer identity, shard size); rerunning the same job resumes and skips
-the finished shards, and running a *different* job into the same directory is refused.
+the finished shards, and running a *different* job into the same directory is refused. A running
+job holds ``JOB_DIR/.lock`` (``flock``, with its PID): a second run into the same directory fails
+at once, naming the process that holds it.
 
 With ``backend="ray"`` shards are scored by Ray actors (one per worker slot), each holding its own
 copy of the scorer; the driver writes the shard files. Scorers that hold an inference session are
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from crossknn.fileio import atomic_save_npy, atomic_write_json
+from crossknn.fileio import atomic_save_npy, atomic_write_json, folder_lock
 from crossknn.identity import model_identity
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
 ]
 
 MANIFEST_VERSION = 1
+LOCK_FILE = ".lock"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,6 +376,26 @@ class ScoreJob:
         1 CPU and ``ray_gpus_per_worker`` GPUs; ``max_shards`` stops after that many shards."""
         if backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray'; got {backend!r}")
+        with folder_lock(self.job_dir / LOCK_FILE, what=f"job folder {self.job_dir}"):
+            return self._run_locked(
+                backend=backend,
+                progress=progress,
+                max_shards=max_shards,
+                ray_workers=ray_workers,
+                ray_gpus_per_worker=ray_gpus_per_worker,
+                desc=desc,
+            )
+
+    def _run_locked(
+        self,
+        *,
+        backend: str,
+        progress: bool,
+        max_shards: int | None,
+        ray_workers: int | None,
+        ray_gpus_per_worker: float,
+        desc: str,
+    ) -> dict:
         self._prepare()
         pend = self.pending()
         todo = pend if max_shards is None else pend[:max_shards]

@@ -2,7 +2,8 @@
 
 A folder holds ``scores.npy`` (float32, queries x items, exact CE scores), ``query_ids.json``,
 ``item_ids.json``, ``splits.json`` (train/test rows), optional ``de_queries.npy`` /
-``de_items.npy`` and ``meta.json``, which is written last and marks the folder complete.
+``de_items.npy`` and ``meta.json``, which is written last and marks the folder complete: it is
+removed before any other file is replaced, and a folder without it does not load.
 """
 
 from __future__ import annotations
@@ -112,7 +113,12 @@ def load_score_matrix(folder: str | Path, *, mmap: bool = False) -> ScoreMatrix:
         rows[name] = r
     if np.intersect1d(rows["train"], rows["test"]).size:
         raise ValueError(f"{folder}/splits.json: train and test rows overlap")
-    meta = _load_json(folder / "meta.json") if (folder / "meta.json").is_file() else {}
+    if not (folder / "meta.json").is_file():
+        raise FileNotFoundError(
+            f"{folder} is not a complete score-matrix folder: meta.json is missing "
+            "(an interrupted write? rerun the command that made it)"
+        )
+    meta = _load_json(folder / "meta.json")
     de = {}
     for name, n in (("de_queries", nq), ("de_items", ni)):
         f = folder / f"{name}.npy"
@@ -151,9 +157,16 @@ def save_score_matrix(
     de_queries: np.ndarray | None = None,
     de_items: np.ndarray | None = None,
 ) -> Path:
-    """Write a score-matrix folder, every file atomically and ``meta.json`` last."""
+    """Write a score-matrix folder, every file atomically and ``meta.json`` last.
+
+    An existing ``meta.json`` is removed first (and DE files this matrix does not have), so a
+    write killed half-way leaves a folder that refuses to load, never a mixed one that loads."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    _unlink_durably(folder / "meta.json")
+    for name, arr in (("de_queries", de_queries), ("de_items", de_items)):
+        if arr is None:
+            _unlink_durably(folder / f"{name}.npy")
 
     def dump(name, obj, indent=None):
         atomic_write_bytes(folder / name, (json.dumps(obj, indent=indent) + "\n").encode())
@@ -168,6 +181,20 @@ def save_score_matrix(
     dump("splits.json", splits)
     dump("meta.json", meta, indent=1)  # last: its presence marks a complete matrix
     return folder
+
+
+def _unlink_durably(path: Path) -> None:
+    """Remove ``path`` (if there) and fsync its folder, so the removal is on disk before any
+    later write."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def matrix_identity(matrix_dir: str | os.PathLike) -> tuple[dict, dict | None]:
