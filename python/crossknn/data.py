@@ -68,6 +68,17 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
         yield lineno, rec
 
 
+def _check_unicode(src, lineno: int, text: str, what: str) -> None:
+    """Refuse a lone surrogate (``"\\ud800"`` in JSON): it is not text and cannot be written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{src}:{lineno}: {what} holds an invalid character (lone surrogate "
+            f"U+{ord(text[exc.start]):04X} at position {exc.start}); fix the text"
+        ) from None
+
+
 def _record_id(path: Path, lineno: int, rec: dict) -> str:
     rid = rec.get("id", rec.get("_id"))
     if rid is None or (isinstance(rid, str) and not rid):
@@ -111,6 +122,8 @@ def _read_corpus(path: Path) -> Corpus:
             raise ValueError(f"{path}:{lineno}: item {rid!r} has an empty text")
         if rid in seen:
             raise ValueError(f"{path}:{lineno}: duplicate id {rid!r}")
+        _check_unicode(path, lineno, rid, "the id")
+        _check_unicode(path, lineno, joined, "the text")
         seen.add(rid)
         ids.append(rid)
         texts.append(joined)
@@ -120,7 +133,8 @@ def _read_corpus(path: Path) -> Corpus:
 
 
 def load_corpus(path: str | os.PathLike) -> Corpus:
-    """Load a JSONL corpus file (``id``/``_id``, ``text``, optional ``title``) or a BEIR folder."""
+    """Load a JSONL corpus file (``id``/``_id``, ``text``, optional ``title``) or a BEIR folder.
+    A pipe or character device (``<(...)``, ``/dev/stdin``) is read like a file."""
     p = Path(path)
     if p.is_dir():
         if not (p / "corpus.jsonl").is_file():
@@ -128,7 +142,7 @@ def load_corpus(path: str | os.PathLike) -> Corpus:
                 f"{p} is a folder but has no corpus.jsonl (BEIR layout expected)"
             )
         p = p / "corpus.jsonl"
-    elif not p.is_file():
+    elif not p.exists():
         raise FileNotFoundError(f"corpus not found: {p}")
     return _read_corpus(p)
 
@@ -202,7 +216,7 @@ def read_queries(path: str) -> list[str]:
         src = "stdin"
     else:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists() or p.is_dir():
             raise FileNotFoundError(f"queries file not found: {p}")
         numbered = list(_lines(p))
         src = str(p)
@@ -218,6 +232,7 @@ def read_queries(path: str) -> list[str]:
             text = rec.get("text") if isinstance(rec, dict) else None
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"{src}:{lineno}: a JSON query line needs a non-empty 'text'")
+            _check_unicode(src, lineno, text, "the query")
             out.append(text)
         else:
             out.append(line.strip())

@@ -9,6 +9,7 @@ temperature) are chosen per (B, k) on a dev part of the train rows (``crossknn.s
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from crossknn.data import load_beir
+from crossknn.fileio import atomic_write_bytes
 from crossknn.matrix import ScoreMatrix, load_score_matrix
 from crossknn.retrievers import make_retriever
 from crossknn.score_map import ScoreMap
@@ -166,16 +168,51 @@ def _check_config(cfg: EvalConfig, m: ScoreMatrix) -> None:
         if f not in FIRSTS:
             raise ValueError(f"--first must be one of {FIRSTS}; got {f!r}")
     for b in cfg.budgets:
-        if not 1 <= b < m.n_items:
-            raise ValueError(f"budget B={b} must be in [1, {m.n_items}) (the number of items)")
+        if not 1 <= b <= m.n_items:
+            raise ValueError(f"budget B={b} must be in [1, {m.n_items}] (the number of items)")
     for k in cfg.ks:
-        if k < 1:
-            raise ValueError(f"k must be >= 1; got {k}")
+        if not 1 <= k <= m.n_items:
+            raise ValueError(f"k must be in [1, {m.n_items}] (the number of items); got {k}")
+    if min(cfg.ks) > max(cfg.budgets):
+        raise ValueError(
+            f"nothing to evaluate: every k ({', '.join(map(str, cfg.ks))}) exceeds every budget "
+            f"B ({', '.join(map(str, cfg.budgets))}); Top-k-Recall@B needs k <= B"
+        )
     for r in cfg.rounds:
         if r < 1:
             raise ValueError(f"rounds must be >= 1; got {r}")
+    if not 0.0 <= cfg.mix <= 1.0:
+        raise ValueError(f"mix (lambda) must be in [0, 1]; got {cfg.mix}")
+    if cfg.split is not None and not 0.0 < cfg.split < 1.0:
+        raise ValueError(f"split must be in (0, 1); got {cfg.split}")
+    if cfg.temperature is not None and not cfg.temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {cfg.temperature}")
+    if cfg.ridge is not None and not cfg.ridge >= 0:
+        raise ValueError(f"ridge must be >= 0; got {cfg.ridge}")
     if m.test.size == 0:
         raise ValueError(f"{m.path}/splits.json has no test rows")
+    check_matrix(m)
+
+
+def check_matrix(m: ScoreMatrix, *, chunk: int = 1 << 22) -> None:
+    """Refuse a score matrix the recall would silently be wrong on: a NaN or infinite score
+    (anywhere: the ground truth is every row's exact top-k) or a repeated query or item id."""
+    for what, ids in (("item_ids.json", m.item_ids), ("query_ids.json", m.query_ids)):
+        if len(set(ids)) != len(ids):
+            seen: set[str] = set()
+            dup = next(i for i in ids if i in seen or seen.add(i))
+            raise ValueError(f"{m.path}/{what}: duplicate id {dup!r}")
+    flat = np.asarray(m.scores).reshape(-1)
+    for lo in range(0, flat.size, chunk):
+        block = flat[lo : lo + chunk]
+        bad = np.flatnonzero(~np.isfinite(block))
+        if bad.size:
+            row, col = divmod(lo + int(bad[0]), m.n_items)
+            n_bad = int((~np.isfinite(flat)).sum())
+            raise ValueError(
+                f"{m.path}/scores.npy: score [{row}, {col}] is {float(block[bad[0]])} "
+                f"({n_bad} non-finite scores); every score must be a finite number"
+            )
 
 
 def evaluate(
@@ -274,12 +311,14 @@ def format_table(rows: list[dict]) -> str:
 def write_json(rows: list[dict], path: str | Path, *, meta: dict | None = None) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR, "is a folder; give a file name for the JSON", str(path)
+        )
     doc = {"rows": rows}
     if meta:
         doc["meta"] = meta
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
 
 
 def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None) -> None:

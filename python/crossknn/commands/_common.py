@@ -8,7 +8,17 @@ import sys
 
 from crossknn.jobs import JobOptions
 
-__all__ = ["add_job_arguments", "job_options", "print_hits", "terminal_safe"]
+__all__ = [
+    "add_job_arguments",
+    "fraction",
+    "job_options",
+    "nonneg_float",
+    "nonneg_int",
+    "positive_float",
+    "positive_int",
+    "print_hits",
+    "terminal_safe",
+]
 
 # C0 and C1 control characters (ESC, BEL, CSI ...) and DEL; newlines and tabs included: one hit
 # is one line
@@ -21,17 +31,69 @@ def terminal_safe(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
+def _number(text: str, kind, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
+    if kind is float and value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = _number(text, int, "an integer >= 1")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = _number(text, int, "an integer >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in [0, 1]."""
+    value = _number(text, float, "a number in [0, 1]")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1]; got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = _number(text, float, "a number > 0")
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0; got {text!r}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    value = _number(text, float, "a number >= 0")
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}")
+    return value
+
+
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Shards, Ray and progress options of a :class:`crossknn.jobs.ScoreJob`."""
     p.add_argument(
-        "--shard-pairs", type=int, default=2048, help="pairs per shard file (default 2048)"
+        "--shard-pairs", type=positive_int, default=2048, help="pairs per shard file (default 2048)"
     )
     p.add_argument("--ray", action="store_true", help="score the shards as Ray actors (ray.init())")
     p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
-    p.add_argument("--ray-workers", type=int, help="Ray actors (default: the cluster's CPUs)")
+    p.add_argument(
+        "--ray-workers", type=positive_int, help="Ray actors (default: the cluster's CPUs)"
+    )
     p.add_argument(
         "--ray-gpus",
-        type=float,
+        type=nonneg_float,
         default=0.0,
         help="GPUs each Ray actor reserves (e.g. 1 on a GPU cluster; default 0)",
     )

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from crossknn.commands._common import print_hits
+from crossknn.commands._common import positive_int, print_hits, terminal_safe
 from crossknn.searcher import METHODS
 
 HELP = "build a cached index over the stdlib docstrings and answer example queries"
@@ -35,18 +35,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="a query of your own (repeatable); default: four example queries",
     )
-    p.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
-    p.add_argument("--budget", type=int, default=100, help="CE calls per query (default 100)")
+    p.add_argument(
+        "-k", "--k", type=positive_int, default=10, help="results per query (default 10)"
+    )
+    p.add_argument(
+        "--budget", type=positive_int, default=100, help="CE calls per query (default 100)"
+    )
     p.add_argument(
         "--method",
         choices=("axn", "rnr"),
         default="axn",
         help="axn (default) or rnr (DE top-B reranked)",
     )
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=positive_int, default=5)
     p.add_argument(
         "--max-items",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="use an evenly spaced subset of N docstrings (default: all)",
@@ -86,13 +90,17 @@ def run(args: argparse.Namespace) -> int:
     if (index_dir / "index.json").is_file() and not args.rebuild:
         try:
             index = open_index(index_dir)
-            print(f"index: {index_dir} (cached)")
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"cached index unusable ({exc}); rebuilding", file=sys.stderr)
+            print(f"index: {terminal_safe(index_dir)} (cached)")
+        except (ValueError, OSError) as exc:
+            print(f"cached index unusable ({terminal_safe(exc)}); rebuilding", file=sys.stderr)
+            shutil.rmtree(index_dir)
     if index is None:
         if args.rebuild and index_dir.exists():
             shutil.rmtree(index_dir)
-        print(f"index: building {index_dir} (dual-encoder vectors + CE score calibration)")
+        print(
+            f"index: building {terminal_safe(index_dir)} "
+            "(dual-encoder vectors + CE score calibration)"
+        )
         t = time.perf_counter()
         index = build_corpus_index(corpus, index_dir, progress=not args.quiet)
         print(f"index: built in {time.perf_counter() - t:.1f} s, {index.ce_calls} CE calls")

@@ -5,6 +5,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from crossknn.commands._common import (
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
+
+
+def _open_fraction(text: str) -> float:
+    value = fraction(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1); got {text!r}")
+    return value
+
+
 HELP = "Top-k-Recall@B of search methods on a precomputed CE score matrix (table, JSON, curves)."
 
 
@@ -24,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--budget",
         action="append",
-        type=int,
+        type=positive_int,
         required=True,
         metavar="B",
         help="CE-call budget per query (repeatable)",
@@ -32,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--k",
         action="append",
-        type=int,
+        type=positive_int,
         required=True,
         metavar="K",
         help="top-k to recall (repeatable; only k <= B is evaluated)",
@@ -40,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rounds",
         action="append",
-        type=int,
+        type=positive_int,
         metavar="R",
         help="rounds of adaptive methods (default 5; repeatable)",
     )
@@ -58,11 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cmc-candidates",
-        type=int,
+        type=positive_int,
         metavar="K",
         help="DE candidates CMC reranks for --first cmc (default 512)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed (default 0)")
     p.add_argument("--json", required=True, metavar="OUT.json", help="write the rows here")
     p.add_argument(
         "--plot", metavar="OUT.png", help="recall-vs-cost curves (default: next to --json, .png)"
@@ -75,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--split",
-        type=float,
+        type=_open_fraction,
         metavar="F",
         help="fixed anchor fraction of B for anncur/adacur-split (default: chosen on "
         "dev train rows per B and k)",
@@ -87,14 +103,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--temperature",
-        type=float,
+        type=positive_float,
         help="fixed adacur-softmax temperature in units of a query's CE score spread "
         "(default: chosen on dev train rows per B and k)",
     )
-    p.add_argument("--ridge", type=float, help="least-squares ridge (default: method default)")
+    p.add_argument(
+        "--ridge", type=nonneg_float, help="least-squares ridge (default: method default)"
+    )
     p.add_argument(
         "--mix",
-        type=float,
+        type=fraction,
         default=DEFAULT_MIX,
         help=f"AXN lambda: weight of the DE query vector (default {DEFAULT_MIX})",
     )
@@ -119,12 +137,20 @@ def run(args: argparse.Namespace) -> int:
     from crossknn.eval import EvalConfig, evaluate, format_table, plot_curves, write_json
     from crossknn.matrix import load_score_matrix
 
+    for opt, out in (("--json", args.json), ("--plot", args.plot)):
+        if out and Path(out).is_dir():
+            raise ValueError(f"{opt} {out} is a folder; give a file name")
     m = load_score_matrix(args.matrix)
     V = P = smap = None
     if args.item_vectors and args.index:
         raise ValueError("give either --item-vectors or --index, not both")
     if args.item_vectors:
-        V = np.load(args.item_vectors, allow_pickle=False)
+        try:
+            V = np.load(args.item_vectors, allow_pickle=False)
+        except (ValueError, EOFError) as exc:
+            raise ValueError(f"{args.item_vectors}: not a .npy array file ({exc})") from None
+        if not isinstance(V, np.ndarray):
+            raise ValueError(f"{args.item_vectors}: not a .npy array file (an .npz archive?)")
     if args.index:
         from crossknn.index import load_index
         from crossknn.index.mf import mf_score_map, query_embeddings

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from crossknn.commands._common import add_job_arguments, job_options
+from crossknn.commands._common import add_job_arguments, job_options, nonneg_int, positive_int
 
 HELP = "exact CE score matrix of a BEIR folder's queries x items (BENCHMARKS.md format), resumable"
 
@@ -25,26 +25,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sel = p.add_argument_group("query selection (default: all queries, in file order)")
     sel.add_argument("--split", help="only queries that appear in qrels/SPLIT.tsv")
     sel.add_argument(
-        "--n-queries", type=int, help="a seeded random sample of N queries (kept in file order)"
+        "--n-queries",
+        type=positive_int,
+        help="a seeded random sample of N queries (kept in file order)",
     )
     sel.add_argument("--query-ids", help="comma-separated query ids (in this order)")
     sel.add_argument(
         "--n-items",
-        type=int,
+        type=positive_int,
         help="only the first N items of the corpus (a quick check; default all)",
     )
     p.add_argument(
         "--n-test",
-        type=int,
+        type=positive_int,
         default=50,
         help="rows in the test split of splits.json (default 50, at most half the rows)",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the query sample and the split (default 0)"
+        "--seed",
+        type=nonneg_int,
+        default=0,
+        help="seed of the query sample and the split (default 0)",
     )
-    p.add_argument("--threads", type=int, help="CE intra-op threads (default: one per core)")
-    p.add_argument("--batch-size", type=int, default=16, help="CE batch size (default 16)")
+    p.add_argument(
+        "--threads", type=positive_int, help="CE intra-op threads (default: one per core)"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=16, help="CE batch size (default 16)")
     p.add_argument("--no-de", action="store_true", help="skip the DE vectors")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a finished matrix of other inputs in OUT_DIR (refused otherwise)",
+    )
     add_job_arguments(p)
 
 
@@ -64,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         de=not args.no_de,
         options=job_options(args),
+        overwrite=args.overwrite,
     )
     if not args.quiet:
         print(

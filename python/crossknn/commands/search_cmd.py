@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from crossknn.commands._common import print_hits
+from crossknn.commands._common import nonneg_int, positive_int, print_hits
 from crossknn.searcher import METHODS
 
 HELP = "search an index built by 'crossknn build' with the cross-encoder on a budget"
@@ -21,11 +21,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="read queries from FILE (text lines or JSONL with 'text'); '-' = stdin",
     )
-    p.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
-    p.add_argument("--budget", type=int, default=100, help="CE calls per query (default 100)")
+    p.add_argument(
+        "-k", "--k", type=positive_int, default=10, help="results per query (default 10)"
+    )
+    p.add_argument(
+        "--budget", type=positive_int, default=100, help="CE calls per query (default 100)"
+    )
     p.add_argument("--method", choices=METHODS, default="axn", help="search method (default axn)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of adaptive methods (default 5)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rounds", type=positive_int, default=5, help="rounds of adaptive methods (default 5)"
+    )
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument(
         "--exact",
         action="store_true",
@@ -44,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cmc-candidates",
-        type=int,
+        type=positive_int,
         default=512,
         metavar="K",
         help="DE candidates CMC reranks (default 512)",
