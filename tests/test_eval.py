@@ -137,8 +137,7 @@ def test_eval_cli_writes_json_and_png(synth_dir, tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, match",
     [
-        (["--method", "adacur", "--budget", "300", "--k", "1"], "budget B=300 must be in"),
-        (["--method", "adacur", "--budget", "30", "--k", "1", "--rounds", "0"], "rounds must be"),
+        (["--method", "adacur", "--budget", "301", "--k", "1"], "must be in [1, 300]"),
         (
             ["--method", "rnr", "--first", "tfidf", "--budget", "30", "--k", "1"],
             "names no 'dataset'",
@@ -149,6 +148,14 @@ def test_eval_cli_errors(synth_dir, tmp_path, capsys, argv, match):
     rc = main(["eval", str(synth_dir), *argv, "--json", str(tmp_path / "x.json"), "--quiet"])
     assert rc == 2
     assert match in capsys.readouterr().err
+
+
+def test_eval_cli_rounds_below_one_is_an_argument_error(synth_dir, tmp_path, capsys):
+    argv = ["--method", "adacur", "--budget", "30", "--k", "1", "--rounds", "0"]
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", str(synth_dir), *argv, "--json", str(tmp_path / "x.json"), "--quiet"])
+    assert exc.value.code == 2
+    assert "argument --rounds" in capsys.readouterr().err
 
 
 def test_load_score_matrix_rejects_mismatched_shapes(synth_dir, tmp_path):
