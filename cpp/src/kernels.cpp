@@ -86,7 +86,7 @@ inline float int8_score(int64_t total, double su, float scale) {
   return static_cast<float>(static_cast<double>(total) * su * static_cast<double>(scale));
 }
 
-void scores_generic(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+void scores_generic(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                     int64_t ld) {
   const int64_t d = f.dim(), Q = qs.Q;
   const float* U = qs.U;
@@ -275,7 +275,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void dot_i8_2rows(const int8_t* 
   }
 }
 
-__attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const Features& f, int64_t r0,
+__attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const FeatureData& f, int64_t r0,
                                                              int64_t r1, const Queries& qs,
                                                              float* out, int64_t ld) {
   const int64_t d = f.dim(), Q = qs.Q;
@@ -312,7 +312,7 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const Features& f, 
   }
 }
 
-void scores_avx2(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+void scores_avx2(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                  int64_t ld) {
   switch (f.storage()) {
     case Storage::Float32:
@@ -325,7 +325,7 @@ void scores_avx2(const Features& f, int64_t r0, int64_t r1, const Queries& qs, f
 }
 #endif
 
-using ScoreFn = void (*)(const Features&, int64_t, int64_t, const Queries&, float*, int64_t);
+using ScoreFn = void (*)(const FeatureData&, int64_t, int64_t, const Queries&, float*, int64_t);
 
 struct Dispatch {
   ScoreFn fn = scores_generic;
@@ -353,7 +353,7 @@ const Dispatch& dispatch() {
 
 }  // namespace
 
-Queries prepare_queries(const Features& f, const float* U, int64_t Q) {
+Queries prepare_queries(const FeatureData& f, const float* U, int64_t Q) {
   Queries qs;
   qs.U = U;
   qs.Q = Q;
@@ -377,7 +377,7 @@ Queries prepare_queries(const Features& f, const float* U, int64_t Q) {
   return qs;
 }
 
-void block_scores(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+void block_scores(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                   int64_t ld) {
   dispatch().fn(f, r0, r1, qs, out, ld);
 }

@@ -10,7 +10,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "crossknn/engine.h"
+#include "crossknn/features.h"
+#include "crossknn/least_squares.h"
 
 using namespace crossknn;
 
