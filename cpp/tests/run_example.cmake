@@ -9,6 +9,7 @@ foreach(line IN LISTS lines)
   math(EXPR start "${bar} + 1")
   string(SUBSTRING "${line}" ${start} -1 want)
   string(STRIP "${want}" want)
+  string(REPLACE "@FIXTURE@" "${FIXTURE}" args "${args}")
   separate_arguments(args UNIX_COMMAND "${args}")
   execute_process(COMMAND ${EXE} ${FIXTURE} ${FIXTURE}/scores.npy ${args}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -9,7 +9,11 @@ CONTRACT (stable API shared by all search methods; implemented by the C++ core `
   float32 dot products (AVX2 when the CPU has it); int8 scores are exact integer dot products
   against u rounded to int16 (scale max|u|/32767), off from rows(i) @ u by at most
   sum_j |V_ij| * max|u| / 65534, far below the int8 rounding of V itself.
-  Attributes ``n_items``, ``dim``, ``storage``, ``threads`` (settable), ``nbytes``.
+  No copy when V is already C-contiguous in the storage dtype (float32, float16, or int8 with
+  ``scales=`` row scales): the features are then a view that keeps V alive (like np.asarray),
+  so V must not be changed while they are used; ``ItemFeatures.from_npy(path)`` memory-maps an
+  index's ``.npy`` item matrix the same way (``path.scales.npy`` next to an int8 matrix).
+  Attributes ``n_items``, ``dim``, ``storage``, ``threads`` (settable), ``nbytes``, ``is_view``.
   ``threads=0`` means all cores. Results never depend on the thread count.
   * ``rows(items) -> float64[m, d]``: dequantized rows V[items].
   * ``scores(u, items) -> float64``: the approximate scores V[items] u (``u`` (d,) -> (m,)).
@@ -144,7 +148,7 @@ def _check_seed(seed) -> int:
 class ItemFeatures:
     """Item features V (N x d) shared by all queries; see the module docstring."""
 
-    def __init__(self, V, *, storage: str = "float32", threads: int = 0) -> None:
+    def __init__(self, V, *, storage: str = "float32", threads: int = 0, scales=None) -> None:
         if storage not in _STORAGES:
             raise ValueError(f"storage must be one of {_STORAGES}; got {storage!r}")
         if isinstance(threads, bool) or not isinstance(threads, numbers.Integral | np.integer):
@@ -154,10 +158,41 @@ class ItemFeatures:
         V = np.asarray(V)
         if V.ndim != 2 or V.shape[0] == 0 or V.shape[1] == 0:
             raise ValueError(f"V must be a non-empty 2-D array (N x d); got shape {V.shape}")
-        V = _real_array(V, "V", np.float32)  # NaN/inf (also float32 overflow): the core says where
-        self._f = _core.Features(V, storage=storage, threads=int(threads))
+        if V.flags.c_contiguous and V.dtype == np.dtype(storage) and V.dtype.isnative:
+            # already in the storage type: a zero-copy view (int8 needs its row scales)
+            if storage == "int8" and scales is None:
+                raise ValueError("an int8 V in int8 storage needs scales= (float32 (N,))")
+            sc = None if scales is None else np.ascontiguousarray(scales, np.float32)
+            self._f = _core.Features.view(V, scales=sc, threads=int(threads))
+        else:
+            if scales is not None:
+                raise ValueError("scales= is only for an int8 V stored as int8")
+            V = _real_array(V, "V", np.float32)  # NaN/inf (also float32 overflow): core says where
+            self._f = _core.Features(V, storage=storage, threads=int(threads))
         self.storage = storage
         self.n_items, self.dim = int(V.shape[0]), int(V.shape[1])
+
+    @classmethod
+    def from_npy(cls, path, *, threads: int = 0) -> ItemFeatures:
+        """Memory-maps an ``.npy`` item matrix (float32, float16, or int8 with ``X.scales.npy``
+        next to ``X.npy``) without copying: the C++ core reads the same file a service opens."""
+        import os
+
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no item matrix at {path}")
+        scales = path[: -len(".npy")] + ".scales.npy" if path.endswith(".npy") else ""
+        scales = scales if scales and os.path.isfile(scales) else ""
+        self = cls.__new__(cls)
+        self._f = _core.Features.open_npy(path, threads=int(threads), scales_path=scales)
+        self.storage = self._f.storage
+        self.n_items, self.dim = int(self._f.n_items), int(self._f.dim)
+        return self
+
+    @property
+    def is_view(self) -> bool:
+        """True when V is not copied (a view of the input array or a memory-mapped file)."""
+        return self._f.is_view
 
     @property
     def threads(self) -> int:
