@@ -219,8 +219,8 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
   }
   for (int64_t i = 0; i < Q; ++i) {
     qs[i].id = query_ids[i];
-    if (fi) qs[i].first_items = fi.data() + i * fi.shape(1);
-    if (pr) qs[i].prior = pr.data() + i * f->dim();
+    if (!first_items.is_none()) qs[i].first_items = fi.data() + i * fi.shape(1);
+    if (!priors.is_none()) qs[i].prior = pr.data() + i * f->dim();
   }
   PyScorer ps(std::move(scorer));
   std::vector<crossknn::SearchResult> res;
