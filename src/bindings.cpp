@@ -29,15 +29,25 @@ namespace {
 template <class T>
 const char* dtype_name();
 template <>
-const char* dtype_name<float>() { return "float32"; }
+const char* dtype_name<float>() {
+  return "float32";
+}
 template <>
-const char* dtype_name<double>() { return "float64"; }
+const char* dtype_name<double>() {
+  return "float64";
+}
 template <>
-const char* dtype_name<int64_t>() { return "int64"; }
+const char* dtype_name<int64_t>() {
+  return "int64";
+}
 template <>
-const char* dtype_name<int8_t>() { return "int8"; }
+const char* dtype_name<int8_t>() {
+  return "int8";
+}
 template <>
-const char* dtype_name<uint16_t>() { return "float16"; }
+const char* dtype_name<uint16_t>() {
+  return "float16";
+}
 
 // A C-contiguous array of exactly dtype T with `ndim` dimensions, or TypeError/ValueError.
 template <class T>
@@ -50,8 +60,8 @@ py::array_t<T, py::array::c_style> expect(const py::handle& obj, const char* nam
     throw py::type_error(std::string(name) + " must have dtype " + dtype_name<T>() + "; got " +
                          std::string(py::str(arr.dtype())));
   if (arr.ndim() != ndim)
-    throw py::value_error(std::string(name) + " must be " + std::to_string(ndim) +
-                          "-D; got " + std::to_string(arr.ndim()) + "-D");
+    throw py::value_error(std::string(name) + " must be " + std::to_string(ndim) + "-D; got " +
+                          std::to_string(arr.ndim()) + "-D");
   if (!(arr.flags() & py::array::c_style))
     throw py::value_error(std::string(name) + " must be C-contiguous");
   return py::array_t<T, py::array::c_style>::ensure(arr);
@@ -74,8 +84,8 @@ std::string shape_str(const py::array& a) {
 
 // A zero-copy Features over a C-contiguous 2-D numpy array: float32, float16, or int8 with
 // `scales` (float32 (N,)); the array (and scales) stay alive as long as the Features.
-std::shared_ptr<Features> features_view(const py::handle& V, const py::object& scales,
-                                        int threads, bool check_finite) {
+std::shared_ptr<Features> features_view(const py::handle& V, const py::object& scales, int threads,
+                                        bool check_finite) {
   if (!py::isinstance<py::array>(V))
     throw py::type_error("V must be a numpy array; got " +
                          std::string(py::str(py::type::of(V).attr("__name__"))));
@@ -96,15 +106,15 @@ std::shared_ptr<Features> features_view(const py::handle& V, const py::object& s
     if (!scales.is_none()) throw py::value_error("scales are only for int8 V");
     auto owner = keep_alive(a);
     py::gil_scoped_release release;
-    return std::make_shared<Features>(Features::view_float32(static_cast<const float*>(p), n, d,
-                                                             threads, owner, check_finite));
+    return std::make_shared<Features>(
+        Features::view_float32(static_cast<const float*>(p), n, d, threads, owner, check_finite));
   }
   if (kind == 'f' && size == 2) {
     if (!scales.is_none()) throw py::value_error("scales are only for int8 V");
     auto owner = keep_alive(a);
     py::gil_scoped_release release;
-    return std::make_shared<Features>(Features::view_float16(
-        static_cast<const uint16_t*>(p), n, d, threads, owner, check_finite));
+    return std::make_shared<Features>(Features::view_float16(static_cast<const uint16_t*>(p), n, d,
+                                                             threads, owner, check_finite));
   }
   if (kind == 'i' && size == 1) {
     if (scales.is_none())
@@ -116,8 +126,8 @@ std::shared_ptr<Features> features_view(const py::handle& V, const py::object& s
     auto owner = keep_alive(py::make_tuple(a, sc));
     const float* ps = sc.data();
     py::gil_scoped_release release;
-    return std::make_shared<Features>(Features::view_int8(static_cast<const int8_t*>(p), ps, n,
-                                                          d, threads, owner, check_finite));
+    return std::make_shared<Features>(
+        Features::view_int8(static_cast<const int8_t*>(p), ps, n, d, threads, owner, check_finite));
   }
   throw py::type_error("a view needs V of dtype float32, float16 or int8; got " +
                        std::string(py::str(a.dtype())));
@@ -153,8 +163,8 @@ class PyScorer final : public crossknn::Scorer {
       auto s = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(seq[r]);
       if (!s || s.size() != req[r].m)
         throw py::value_error("the scorer returned " +
-                              (s ? std::to_string(s.size()) : std::string("no")) +
-                              " scores for " + std::to_string(req[r].m) + " items (query " +
+                              (s ? std::to_string(s.size()) : std::string("no")) + " scores for " +
+                              std::to_string(req[r].m) + " items (query " +
                               std::to_string(req[r].query) + ")");
       std::copy(s.data(), s.data() + req[r].m, req[r].out);
     }
@@ -277,9 +287,8 @@ Exclude make_exclude(const py::object& ids, const py::object& offsets, int64_t Q
 py::array_t<float, py::array::c_style> expect_queries(const py::handle& U, const Features& f) {
   auto u = expect<float>(U, "u", 2);
   if (u.shape(1) != f.dim())
-    throw py::value_error("u must have shape (Q, d) with d=" + std::to_string(f.dim()) +
-                          "; got (" + std::to_string(u.shape(0)) + ", " +
-                          std::to_string(u.shape(1)) + ")");
+    throw py::value_error("u must have shape (Q, d) with d=" + std::to_string(f.dim()) + "; got (" +
+                          std::to_string(u.shape(0)) + ", " + std::to_string(u.shape(1)) + ")");
   return u;
 }
 
@@ -289,8 +298,8 @@ py::tuple select(const Features& f, const py::handle& U, int64_t k, const py::ob
   const int64_t Q = u.shape(0);
   if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
   if (k > f.n_items())  // before allocating Q x k outputs
-    throw py::value_error("k=" + std::to_string(k) + " exceeds the " +
-                          std::to_string(f.n_items()) + " items");
+    throw py::value_error("k=" + std::to_string(k) + " exceeds the " + std::to_string(f.n_items()) +
+                          " items");
   Exclude ex = make_exclude(ex_ids, ex_off, Q);
   py::array_t<float> s({Q, k});
   py::array_t<int64_t> idx({Q, k});
@@ -327,7 +336,7 @@ PYBIND11_MODULE(_core, m) {
         "-> list of float arrays is called once per step with the GIL held.");
 
   py::class_<Features, std::shared_ptr<Features>>(m, "Features",
-                                                   "Item features V (N x d) in one storage type.")
+                                                  "Item features V (N x d) in one storage type.")
       .def(py::init([](const py::handle& V, const std::string& storage, int threads) {
              auto v = expect<float>(V, "V", 2);
              const crossknn::Storage st = crossknn::parse_storage(storage);
@@ -366,8 +375,8 @@ PYBIND11_MODULE(_core, m) {
       .def("__repr__",
            [](const Features& f) {
              return "<crossknn._core.Features n_items=" + std::to_string(f.n_items()) +
-                    " dim=" + std::to_string(f.dim()) + " storage=" +
-                    crossknn::storage_name(f.storage()) + ">";
+                    " dim=" + std::to_string(f.dim()) +
+                    " storage=" + crossknn::storage_name(f.storage()) + ">";
            })
       .def(
           "rows",
@@ -393,16 +402,15 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "sample_softmax",
           [](const Features& f, const py::handle& U, int64_t k, const py::object& ids,
-             const py::object& off, double temperature, uint64_t seed) {
-            return select(f, U, k, ids, off, true, temperature, seed);
-          },
+             const py::object& off, double temperature,
+             uint64_t seed) { return select(f, U, k, ids, off, true, temperature, seed); },
           py::arg("u"), py::arg("k"), py::arg("exclude_ids") = py::none(),
           py::arg("exclude_offsets") = py::none(), py::arg("temperature") = 1.0,
           py::arg("seed") = 0)
       .def(
           "sample_random",
-          [](const Features& f, int64_t Q, int64_t k, const py::object& ids,
-             const py::object& off, uint64_t seed) {
+          [](const Features& f, int64_t Q, int64_t k, const py::object& ids, const py::object& off,
+             uint64_t seed) {
             if (Q < 0) throw py::value_error("number of queries must be >= 0");
             if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
             if (k > f.n_items())

@@ -8,7 +8,6 @@ boundary (bad input -> ValueError, the scorer's own exception propagates unchang
 from __future__ import annotations
 
 import importlib.util
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -54,10 +53,21 @@ def run_cpp(method, scorer, queries, *, budget, k, seed, given_first=False):
         return scorer.score_batch([queries[q] for q in qs], items)
 
     out = _core.run_search(
-        method.features._f, score, [(s.kind, s.n) for s in plan], [int(q) for q in queries],
-        budget=budget, k=k, strategy=method.strategy, temperature=method.temperature,
-        ridge=method.ridge, mix=method.mix, seed=seed, first_items=first, priors=P,
-        score_alpha=alpha, score_beta=beta,
+        method.features._f,
+        score,
+        [(s.kind, s.n) for s in plan],
+        [int(q) for q in queries],
+        budget=budget,
+        k=k,
+        strategy=method.strategy,
+        temperature=method.temperature,
+        ridge=method.ridge,
+        mix=method.mix,
+        seed=seed,
+        first_items=first,
+        priors=P,
+        score_alpha=alpha,
+        score_beta=beta,
     )
     assert len(calls) == len(plan)  # one scorer batch per step
     return out
@@ -91,8 +101,14 @@ def test_adacur_plans_match(data, strategy, split, seed):
 @pytest.mark.parametrize("given_first", [False, True])
 def test_axn_prior_mix_match(data, strategy, mix, seed, given_first):
     V, S, P, _, test = data
-    m = AXN(V, rounds=5, prior=P, mix=mix, ridge=1e-3 if mix else 0.0,
-            score_affine=(1.5, 0.2) if mix else None)
+    m = AXN(
+        V,
+        rounds=5,
+        prior=P,
+        mix=mix,
+        ridge=1e-3 if mix else 0.0,
+        score_affine=(1.5, 0.2) if mix else None,
+    )
     m.strategy, m.temperature = strategy, 0.7
     scorer = MatrixScorer(S)
     py = run_rounds(m, scorer, test, budget=50, k=7, seed=seed)
@@ -175,11 +191,11 @@ def test_scorer_errors_propagate(data):
     with pytest.raises(Boom, match="the CE is down"):
         _core.run_search(feats._f, boom, plan, [0, 1], budget=8, k=4)
     with pytest.raises(ValueError, match="3 scores for 4 items"):
-        _core.run_search(feats._f, lambda qs, it: [np.zeros(3)] * len(qs), plan, [0], budget=8,
-                         k=4)
+        _core.run_search(feats._f, lambda qs, it: [np.zeros(3)] * len(qs), plan, [0], budget=8, k=4)
     with pytest.raises(ValueError, match="NaN/inf"):
-        _core.run_search(feats._f, lambda qs, it: [np.full(len(x), np.nan) for x in it], plan,
-                         [0], budget=8, k=4)
+        _core.run_search(
+            feats._f, lambda qs, it: [np.full(len(x), np.nan) for x in it], plan, [0], budget=8, k=4
+        )
     with pytest.raises(ValueError, match="sequence of 1 score arrays"):
         _core.run_search(feats._f, lambda qs, it: 3.0, plan, [0], budget=8, k=4)
 
@@ -209,8 +225,11 @@ def test_views_are_zero_copy(tmp_path):
     u = rng.standard_normal(8)
     ref = ItemFeatures(V.astype(np.float64))  # a copy (dtype differs)
     assert not ref.is_view
-    for f in (ItemFeatures(V), ItemFeatures(np.load(tmp_path / "V.npy", mmap_mode="r")),
-              ItemFeatures.from_npy(tmp_path / "V.npy")):
+    for f in (
+        ItemFeatures(V),
+        ItemFeatures(np.load(tmp_path / "V.npy", mmap_mode="r")),
+        ItemFeatures.from_npy(tmp_path / "V.npy"),
+    ):
         assert f.is_view
         for a, b in zip(f.top_k(u, 7), ref.top_k(u, 7), strict=True):
             np.testing.assert_array_equal(a, b)
@@ -243,21 +262,30 @@ def test_views_are_zero_copy(tmp_path):
 
 
 def test_opening_an_index_matrix_holds_it_once(tmp_path):
-    """Peak RSS of opening a 100k x 64 float32 matrix (25.6 MB) from .npy: copy vs view."""
+    """Peak RSS of opening a 100k x 64 float32 matrix (25.6 MB) from .npy: view vs copy.
+    VmHWM (the peak of the fresh process image; ru_maxrss would carry pytest's own peak across
+    fork + exec)."""
     np.save(tmp_path / "V.npy", np.ones((100_000, 64), np.float32))
     code = (
-        "import sys, resource, numpy as np\n"
+        "import sys, numpy as np\n"
         "from crossknn import ItemFeatures\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "def hwm():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM:'):\n"
+        "            return int(line.split()[1]) * 1024\n"
+        "base = hwm()\n"
         "V = np.load(sys.argv[1], mmap_mode='r')\n"
         "f = ItemFeatures(V) if sys.argv[2] == 'view' else ItemFeatures(np.array(V, np.float64))\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)\n"
+        "print(hwm() - base)\n"
     )
     grow = {}
     for mode in ("view", "copy"):
-        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "V.npy"), mode],
-                             capture_output=True, text=True, check=True)
-        grow[mode] = int(out.stdout.strip()) * 1024  # ru_maxrss is in KiB on Linux
-    assert resource.RLIMIT_AS is not None
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "V.npy"), mode],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        grow[mode] = int(out.stdout.strip())
     assert grow["view"] < 1.3 * 25.6e6  # the matrix once (file pages read by the NaN check)
     assert grow["copy"] > 2 * 25.6e6  # a float64 copy and the float32 core copy

@@ -74,24 +74,40 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) usage();
     const char* v = argv[++i];
-    if (a == "--array") array = v;
-    else if (a == "--budget") o.budget = std::atoll(v);
-    else if (a == "--k") o.k = std::atoll(v);
-    else if (a == "--rounds") rounds = std::atoll(v);
-    else if (a == "--seed") o.seed = std::strtoull(v, nullptr, 10);
-    else if (a == "--strategy") strategy = v;
-    else if (a == "--temperature") o.temperature = std::atof(v);
-    else if (a == "--split") split = std::atof(v);
-    else if (a == "--prior") prior_path = v;
-    else if (a == "--mix") o.mix = std::atof(v);
-    else if (a == "--threads") threads = std::atoi(v);
-    else usage();
+    if (a == "--array")
+      array = v;
+    else if (a == "--budget")
+      o.budget = std::atoll(v);
+    else if (a == "--k")
+      o.k = std::atoll(v);
+    else if (a == "--rounds")
+      rounds = std::atoll(v);
+    else if (a == "--seed")
+      o.seed = std::strtoull(v, nullptr, 10);
+    else if (a == "--strategy")
+      strategy = v;
+    else if (a == "--temperature")
+      o.temperature = std::atof(v);
+    else if (a == "--split")
+      split = std::atof(v);
+    else if (a == "--prior")
+      prior_path = v;
+    else if (a == "--mix")
+      o.mix = std::atof(v);
+    else if (a == "--threads")
+      threads = std::atoi(v);
+    else
+      usage();
   }
   try {
-    if (strategy == "topk") o.strategy = crossknn::Strategy::TopK;
-    else if (strategy == "softmax") o.strategy = crossknn::Strategy::SoftMax;
-    else if (strategy == "random") o.strategy = crossknn::Strategy::Random;
-    else throw std::invalid_argument("strategy must be topk, softmax or random; got " + strategy);
+    if (strategy == "topk")
+      o.strategy = crossknn::Strategy::TopK;
+    else if (strategy == "softmax")
+      o.strategy = crossknn::Strategy::SoftMax;
+    else if (strategy == "random")
+      o.strategy = crossknn::Strategy::Random;
+    else
+      throw std::invalid_argument("strategy must be topk, softmax or random; got " + strategy);
 
     const std::string base = index_dir + "/" + array;
     const std::string scales = exists(base + ".scales.npy") ? base + ".scales.npy" : "";
@@ -116,11 +132,10 @@ int main(int argc, char** argv) {
     const auto plan = split > 0.0 ? crossknn::split_plan(o.budget, rounds, split)
                                   : crossknn::no_split_plan(o.budget, rounds);
     const crossknn::SearchResult r = crossknn::search_one(V, ce, plan, o, q);
-    std::printf("# %s: %lld x %lld %s (memory-mapped), query %lld, budget %lld, %s\n",
-                base.c_str(), static_cast<long long>(V.n_items()),
-                static_cast<long long>(V.dim()), crossknn::storage_name(V.storage()),
-                static_cast<long long>(query_row), static_cast<long long>(o.budget),
-                strategy.c_str());
+    std::printf("# %s: %lld x %lld %s (memory-mapped), query %lld, budget %lld, %s\n", base.c_str(),
+                static_cast<long long>(V.n_items()), static_cast<long long>(V.dim()),
+                crossknn::storage_name(V.storage()), static_cast<long long>(query_row),
+                static_cast<long long>(o.budget), strategy.c_str());
     for (size_t t = 0; t < r.ids.size(); ++t)
       std::printf("%zu %lld %.6g\n", t + 1, static_cast<long long>(r.ids[t]), r.scores[t]);
     std::printf("# calls %lld (scorer saw %lld)\n", static_cast<long long>(r.calls),

@@ -1,4 +1,6 @@
 // Item features: storage, dequantized rows, streaming top-k, Gumbel-top-k and random sampling.
+#include "crossknn/features.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,7 +10,6 @@
 #include <thread>
 #include <unordered_set>
 
-#include "crossknn/features.h"
 #include "crossknn/npy.h"
 #include "features_impl.h"
 #include "kernels.h"
@@ -21,15 +22,17 @@ Storage parse_storage(const std::string& name) {
   if (name == "float32") return Storage::Float32;
   if (name == "float16") return Storage::Float16;
   if (name == "int8") return Storage::Int8;
-  throw std::invalid_argument("storage must be 'float32', 'float16' or 'int8'; got '" + name +
-                              "'");
+  throw std::invalid_argument("storage must be 'float32', 'float16' or 'int8'; got '" + name + "'");
 }
 
 const char* storage_name(Storage s) noexcept {
   switch (s) {
-    case Storage::Float32: return "float32";
-    case Storage::Float16: return "float16";
-    default: return "int8";
+    case Storage::Float32:
+      return "float32";
+    case Storage::Float16:
+      return "float16";
+    default:
+      return "int8";
   }
 }
 
@@ -54,8 +57,8 @@ void check_shape(int64_t n, int64_t d) {
 }
 
 [[noreturn]] void not_finite(int64_t i, int64_t d) {
-  throw std::invalid_argument("V contains NaN or inf (row " + std::to_string(i / d) +
-                              ", column " + std::to_string(i % d) + ")");
+  throw std::invalid_argument("V contains NaN or inf (row " + std::to_string(i / d) + ", column " +
+                              std::to_string(i % d) + ")");
 }
 
 void check_scales(const float* scales, int64_t n) {
@@ -178,15 +181,15 @@ Features Features::open_npy(const std::string& path, int threads, const std::str
   auto owner = std::static_pointer_cast<const void>(m.file);
   switch (h.dtype) {
     case NpyDtype::Float32:
-      return view_float32(static_cast<const float*>(m.data()), n, d, threads, owner,
-                          check_finite);
+      return view_float32(static_cast<const float*>(m.data()), n, d, threads, owner, check_finite);
     case NpyDtype::Float16:
       return view_float16(static_cast<const uint16_t*>(m.data()), n, d, threads, owner,
                           check_finite);
     case NpyDtype::Int8: {
       if (scales_path.empty())
-        throw std::invalid_argument(path + ": an int8 item matrix needs its row scales "
-                                           "(scales_path, a float32 .npy of N values)");
+        throw std::invalid_argument(path +
+                                    ": an int8 item matrix needs its row scales "
+                                    "(scales_path, a float32 .npy of N values)");
       NpyMap s = map_npy(scales_path);
       if (s.header.dtype != NpyDtype::Float32 || s.header.count() != n ||
           s.header.shape.size() != 1)
@@ -198,12 +201,13 @@ Features Features::open_npy(const std::string& path, int threads, const std::str
         std::shared_ptr<const MappedFile> a, b;
       };
       auto both = std::make_shared<const Both>(Both{m.file, s.file});
-      return view_int8(static_cast<const int8_t*>(m.data()), static_cast<const float*>(s.data()),
-                       n, d, threads, both, check_finite);
+      return view_int8(static_cast<const int8_t*>(m.data()), static_cast<const float*>(s.data()), n,
+                       d, threads, both, check_finite);
     }
     default:
-      throw std::invalid_argument(path + ": item matrix dtype must be float32, float16 or int8; "
-                                         "got " +
+      throw std::invalid_argument(path +
+                                  ": item matrix dtype must be float32, float16 or int8; "
+                                  "got " +
                                   npy_dtype_name(h.dtype));
   }
 }
@@ -218,9 +222,12 @@ void Features::set_threads(int threads) { threads_ = resolve_threads(threads); }
 int64_t Features::nbytes() const noexcept {
   const int64_t n_ = data_->n, d_ = data_->d;
   switch (data_->st) {
-    case Storage::Float32: return n_ * d_ * 4;
-    case Storage::Float16: return n_ * d_ * 2;
-    default: return n_ * d_ + n_ * 4;
+    case Storage::Float32:
+      return n_ * d_ * 4;
+    case Storage::Float16:
+      return n_ * d_ * 2;
+    default:
+      return n_ * d_ + n_ * 4;
   }
 }
 
@@ -323,15 +330,13 @@ void Features::sample_softmax(const float* U, int64_t Q, int64_t k, const Exclud
   select_(U, Q, k, ex, true, temperature, seed, out_keys, out_idx);
 }
 
-void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex,
-                       bool gumbel, double temperature, uint64_t seed, float* out_s,
-                       int64_t* out_i) const {
+void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex, bool gumbel,
+                       double temperature, uint64_t seed, float* out_s, int64_t* out_i) const {
   const int64_t n_ = data_->n, d_ = data_->d;
   if (Q < 0) throw std::invalid_argument("number of queries must be >= 0");
   for (int64_t i = 0; i < Q * d_; ++i)
     if (!std::isfinite(U[i]))
-      throw std::invalid_argument("u contains NaN or inf (query " + std::to_string(i / d_) +
-                                  ")");
+      throw std::invalid_argument("u contains NaN or inf (query " + std::to_string(i / d_) + ")");
   const auto excl = prepare_exclude(ex, Q, n_, k);
   if (Q == 0 || k == 0) return;
 
@@ -412,8 +417,8 @@ void Features::sample_random(int64_t Q, int64_t k, const ExcludeLists& ex, uint6
       int64_t got = 0;
       for (uint64_t c = 0; got < k; ++c) {
         const uint64_t h = detail::mix64(key ^ detail::mix64(c));
-        const int64_t i =
-            static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n_)) >> 64);
+        const int64_t i = static_cast<int64_t>(
+            (static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n_)) >> 64);
         if (std::binary_search(e.begin(), e.end(), i)) continue;
         if (!chosen.insert(i).second) continue;
         out[got++] = i;

@@ -1,14 +1,13 @@
 // Incremental least squares for one query's scored set A (see least_squares.h for the math).
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <string>
-
-#include "crossknn/least_squares.h"
-
-#include <mutex>
 #include <unordered_set>
 #include <utility>
+
+#include "crossknn/least_squares.h"
 
 namespace crossknn {
 
@@ -181,8 +180,7 @@ void LeastSquares::State::refactor_() {
     for (int64_t i = k + 1; i < d; ++i)
       if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
   }
-  for (int64_t i = 1; i < d; ++i)
-    std::fill(R_.begin() + i * d, R_.begin() + i * d + i, 0.0);
+  for (int64_t i = 1; i < d; ++i) std::fill(R_.begin() + i * d, R_.begin() + i * d + i, 0.0);
 }
 
 void LeastSquares::State::extend_dual_(int64_t m0) {
@@ -291,8 +289,7 @@ void LeastSquares::State::set_prior(const double* prior, double mix) {
     throw std::invalid_argument("mix must be in [0, 1]; got " + std::to_string(mix));
   for (int64_t j = 0; j < d_; ++j)
     if (!std::isfinite(prior[j]))
-      throw std::invalid_argument("prior contains NaN or inf (position " + std::to_string(j) +
-                                  ")");
+      throw std::invalid_argument("prior contains NaN or inf (position " + std::to_string(j) + ")");
   prior_.assign(prior, prior + d_);
   mix_ = mix;
 }

@@ -17,20 +17,29 @@ namespace crossknn {
 
 const char* npy_dtype_name(NpyDtype t) noexcept {
   switch (t) {
-    case NpyDtype::Float32: return "float32";
-    case NpyDtype::Float16: return "float16";
-    case NpyDtype::Int8: return "int8";
-    case NpyDtype::Float64: return "float64";
-    default: return "int64";
+    case NpyDtype::Float32:
+      return "float32";
+    case NpyDtype::Float16:
+      return "float16";
+    case NpyDtype::Int8:
+      return "int8";
+    case NpyDtype::Float64:
+      return "float64";
+    default:
+      return "int64";
   }
 }
 
 int npy_dtype_size(NpyDtype t) noexcept {
   switch (t) {
-    case NpyDtype::Float32: return 4;
-    case NpyDtype::Float16: return 2;
-    case NpyDtype::Int8: return 1;
-    default: return 8;
+    case NpyDtype::Float32:
+      return 4;
+    case NpyDtype::Float16:
+      return 2;
+    case NpyDtype::Int8:
+      return 1;
+    default:
+      return 8;
   }
 }
 
@@ -84,7 +93,8 @@ NpyHeader parse_npy_header(const char* buf, size_t len, const std::string& what)
   const int major = static_cast<unsigned char>(buf[6]);
   size_t hlen, start;
   if (major == 1) {
-    hlen = static_cast<unsigned char>(buf[8]) | (static_cast<size_t>(static_cast<unsigned char>(buf[9])) << 8);
+    hlen = static_cast<unsigned char>(buf[8]) |
+           (static_cast<size_t>(static_cast<unsigned char>(buf[9])) << 8);
     start = 10;
   } else if (major == 2 || major == 3) {
     if (len < 12) throw std::invalid_argument(what + ": truncated npy header");
@@ -102,19 +112,25 @@ NpyHeader parse_npy_header(const char* buf, size_t len, const std::string& what)
   out.data_offset = static_cast<int64_t>(start + hlen);
 
   const std::string descr = dict_value(h, "descr", what);
-  if (descr == "<f4" || descr == "=f4") out.dtype = NpyDtype::Float32;
-  else if (descr == "<f2" || descr == "=f2") out.dtype = NpyDtype::Float16;
-  else if (descr == "|i1" || descr == "<i1" || descr == "=i1") out.dtype = NpyDtype::Int8;
-  else if (descr == "<f8" || descr == "=f8") out.dtype = NpyDtype::Float64;
-  else if (descr == "<i8" || descr == "=i8") out.dtype = NpyDtype::Int64;
+  if (descr == "<f4" || descr == "=f4")
+    out.dtype = NpyDtype::Float32;
+  else if (descr == "<f2" || descr == "=f2")
+    out.dtype = NpyDtype::Float16;
+  else if (descr == "|i1" || descr == "<i1" || descr == "=i1")
+    out.dtype = NpyDtype::Int8;
+  else if (descr == "<f8" || descr == "=f8")
+    out.dtype = NpyDtype::Float64;
+  else if (descr == "<i8" || descr == "=i8")
+    out.dtype = NpyDtype::Int64;
   else
     throw std::invalid_argument(what + ": dtype '" + descr +
                                 "' is not supported (expected little-endian float32 '<f4', "
                                 "float16 '<f2', int8 '|i1', float64 '<f8' or int64 '<i8')");
   const std::string fo = dict_value(h, "fortran_order", what);
   if (fo != "False")
-    throw std::invalid_argument(what + ": array is in Fortran order; expected C order "
-                                       "(save np.ascontiguousarray(a))");
+    throw std::invalid_argument(what +
+                                ": array is in Fortran order; expected C order "
+                                "(save np.ascontiguousarray(a))");
   const std::string shape = dict_value(h, "shape", what);  // "(3, 4)" / "(5,)" / "()"
   size_t p = 1;
   while (p < shape.size()) {
@@ -144,7 +160,8 @@ NpyHeader read_npy_header(const std::string& path) {
   if (got < 10) throw std::invalid_argument(path + ": not a .npy file (too short)");
   const int major = static_cast<unsigned char>(buf[6]);
   size_t hlen = major == 1 ? (static_cast<unsigned char>(buf[8]) |
-                              (static_cast<size_t>(static_cast<unsigned char>(buf[9])) << 8)) + 10
+                              (static_cast<size_t>(static_cast<unsigned char>(buf[9])) << 8)) +
+                                 10
                            : 0;
   if (major == 2 || major == 3) {
     hlen = 12;

@@ -18,8 +18,7 @@ void Scorer::score_batch(const ScoreRequest* requests, int64_t n_requests) {
 }
 
 std::vector<int64_t> split_sizes(int64_t n, int64_t parts) {
-  if (parts <= 0)
-    throw std::invalid_argument("rounds must be >= 1; got " + std::to_string(parts));
+  if (parts <= 0) throw std::invalid_argument("rounds must be >= 1; got " + std::to_string(parts));
   if (n < parts)
     throw std::invalid_argument("cannot spread " + std::to_string(n) + " calls over " +
                                 std::to_string(parts) + " rounds (rounds > budget)");
@@ -68,19 +67,21 @@ void push_words(uint64_t v, std::vector<uint32_t>& out) {
 std::vector<Step> no_split_plan(int64_t budget, int64_t rounds) {
   if (rounds < 1) throw std::invalid_argument("rounds must be >= 1; got " + std::to_string(rounds));
   if (rounds > budget)
-    throw std::invalid_argument("rounds=" + std::to_string(rounds) + " exceeds the budget B=" +
-                                std::to_string(budget));
+    throw std::invalid_argument("rounds=" + std::to_string(rounds) +
+                                " exceeds the budget B=" + std::to_string(budget));
   return round_plan(budget, rounds, 0);
 }
 
 std::vector<Step> split_plan(int64_t budget, int64_t rounds, double split) {
   if (!(split > 0.0 && split <= 1.0))
-    throw std::invalid_argument("split (fraction of the budget for the rounds) must be in (0, 1]; "
-                                "got " + std::to_string(split));
+    throw std::invalid_argument(
+        "split (fraction of the budget for the rounds) must be in (0, 1]; "
+        "got " +
+        std::to_string(split));
   if (rounds < 1) throw std::invalid_argument("rounds must be >= 1; got " + std::to_string(rounds));
   if (rounds > budget)
-    throw std::invalid_argument("rounds=" + std::to_string(rounds) + " exceeds the budget B=" +
-                                std::to_string(budget));
+    throw std::invalid_argument("rounds=" + std::to_string(rounds) +
+                                " exceeds the budget B=" + std::to_string(budget));
   // Python: int(min(budget, max(1, round(split * budget)))), round half to even
   const double r = std::nearbyint(split * static_cast<double>(budget));
   const int64_t k_i = std::min<int64_t>(budget, std::max<int64_t>(1, static_cast<int64_t>(r)));
@@ -237,8 +238,8 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                                       std::to_string(it) + " is outside [0, " +
                                       std::to_string(n_items) + ")");
         if (seen[i].count(it) || !fresh.insert(it).second)
-          throw std::invalid_argument("query " + std::to_string(i) + ": step " +
-                                      std::to_string(r) + " chose item " + std::to_string(it) +
+          throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
+                                      " chose item " + std::to_string(it) +
                                       " twice (each item is scored once per query)");
       }
     }

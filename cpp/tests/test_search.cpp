@@ -65,7 +65,8 @@ static void write_npy(const std::string& path, const std::string& descr,
                       const std::vector<int64_t>& shape, const void* data, size_t bytes,
                       bool fortran = false) {
   std::string sh = "(";
-  for (size_t i = 0; i < shape.size(); ++i) sh += std::to_string(shape[i]) + (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
+  for (size_t i = 0; i < shape.size(); ++i)
+    sh += std::to_string(shape[i]) + (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
   sh += ")";
   std::string h = "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") +
                   ", 'shape': " + sh + ", }";
@@ -132,7 +133,8 @@ static void test_npy(const std::string& dir) {
       for (int64_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(V[r * d + j]));
       sc[r] = mx / 127.f;
       for (int64_t j = 0; j < d; ++j)
-        q[r * d + j] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(V[r * d + j] / sc[r]))));
+        q[r * d + j] = static_cast<int8_t>(
+            std::min(127.f, std::max(-127.f, std::nearbyint(V[r * d + j] / sc[r]))));
     }
     write_npy(dir + "/Q.npy", "|i1", {n, d}, q.data(), q.size());
     write_npy(dir + "/Q.scales.npy", "<f4", {n}, sc.data(), sc.size() * 4);
@@ -178,7 +180,8 @@ static void test_npy(const std::string& dir) {
   auto W = V;
   W[5 * d + 2] = std::nanf("");
   CHECK(throws<std::invalid_argument>([&] { Features::view_float32(W.data(), n, d); }));
-  CHECK(!throws<std::invalid_argument>([&] { Features::view_float32(W.data(), n, d, 1, nullptr, false); }));
+  CHECK(!throws<std::invalid_argument>(
+      [&] { Features::view_float32(W.data(), n, d, 1, nullptr, false); }));
 }
 
 // exact scorer: a fixed matrix S (Q x N), counting calls and refusing repeats
@@ -313,7 +316,8 @@ static void test_search() {
     FunctionScorer nan_scorer([](int64_t, const int64_t*, int64_t m, float* out) {
       for (int64_t t = 0; t < m; ++t) out[t] = std::nanf("");
     });
-    CHECK(throws<std::invalid_argument>([&] { search_one(f, nan_scorer, no_split_plan(10, 2), o); }));
+    CHECK(
+        throws<std::invalid_argument>([&] { search_one(f, nan_scorer, no_split_plan(10, 2), o); }));
     struct Boom {};
     FunctionScorer boom([](int64_t, const int64_t*, int64_t, float*) { throw Boom{}; });
     bool got = false;

@@ -98,8 +98,7 @@ class Features {
   // counter-based hash of (seed, query row q, item i); the top-k keys are k draws without
   // replacement from softmax(V u / T) over unmasked items. Writes keys and indices.
   void sample_softmax(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex,
-                      double temperature, uint64_t seed, float* out_keys,
-                      int64_t* out_idx) const;
+                      double temperature, uint64_t seed, float* out_keys, int64_t* out_idx) const;
 
   // k distinct items uniformly from the unmasked ones, for each of Q queries (row q uses the
   // stream (seed, q)). Writes Q x k ids.

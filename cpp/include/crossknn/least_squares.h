@@ -46,7 +46,7 @@ class LeastSquares {
   int64_t size() const noexcept;
   int64_t dim() const noexcept;
   double ridge() const noexcept;
-  bool primal() const noexcept;  // true once |A| >= d
+  bool primal() const noexcept;        // true once |A| >= d
   std::vector<int64_t> items() const;  // copies, in append order
   std::vector<double> targets() const;
   double delta() const noexcept;

@@ -80,8 +80,8 @@ class FunctionScorer final : public Scorer {
 };
 
 struct SearchOptions {
-  int64_t budget = 100;  // B: scorer calls per query, never exceeded
-  int64_t k = 10;        // results per query (1 <= k <= B)
+  int64_t budget = 100;                // B: scorer calls per query, never exceeded
+  int64_t k = 10;                      // results per query (1 <= k <= B)
   Strategy strategy = Strategy::TopK;  // how Round steps choose (Retrieve is always TopK)
   double temperature = 1.0;            // SoftMax: probabilities ~ exp(V u / T)
   double ridge = 0.0;                  // least squares (see least_squares.h)
@@ -94,15 +94,15 @@ struct SearchOptions {
 };
 
 struct SearchQuery {
-  uint64_t id = 0;                      // seeds: query_seed(options.seed, id)
+  uint64_t id = 0;                       // seeds: query_seed(options.seed, id)
   const int64_t* first_items = nullptr;  // plan[0].n items, or nullptr for uniform random
   const double* prior = nullptr;         // d doubles (e.g. the DE query vector), for mix > 0
 };
 
 struct SearchResult {
-  std::vector<int64_t> ids;     // k ids by exact score descending, padded with -1
-  std::vector<float> scores;    // their exact scores, padded with -inf
-  int64_t calls = 0;            // scorer calls spent (<= budget)
+  std::vector<int64_t> ids;           // k ids by exact score descending, padded with -1
+  std::vector<float> scores;          // their exact scores, padded with -inf
+  int64_t calls = 0;                  // scorer calls spent (<= budget)
   std::vector<int64_t> scored_items;  // every item scored, in scoring order
   std::vector<float> scored_scores;
 };

@@ -1,8 +1,8 @@
 // Out-of-tree consumer: open an item matrix without copying, run 3 rounds with a toy scorer.
+#include <crossknn/crossknn.h>
+
 #include <cstdio>
 #include <vector>
-
-#include <crossknn/crossknn.h>
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -22,8 +22,7 @@ int main(int argc, char** argv) {
     crossknn::SearchOptions o;
     o.budget = 30;
     o.k = 5;
-    const auto r =
-        crossknn::search_one(f, scorer, crossknn::no_split_plan(o.budget, 3), o, {});
+    const auto r = crossknn::search_one(f, scorer, crossknn::no_split_plan(o.budget, 3), o, {});
     std::printf("crossknn %s: %lld items, view=%d, calls=%lld, top-1 id %lld\n",
                 crossknn::version(), static_cast<long long>(f.n_items()), f.is_view() ? 1 : 0,
                 static_cast<long long>(r.calls), static_cast<long long>(r.ids[0]));
