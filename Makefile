@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
 
-.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc clean
+.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +31,12 @@ install: $(DEPS)
 demo: install
 	$(BIN)/crossknn demo --exact
 
+# ctest: the core's tests, the example against the Python package's ids (fixture), and an
+# out-of-tree project built against the package installed into a temp prefix (find_package)
 ctest: $(DEPS)
 	PATH=$(CURDIR)/$(BIN):$$PATH cmake -S . -B build/ctest -G Ninja \
 	    -DCMAKE_BUILD_TYPE=Release -DCROSSKNN_BUILD_TESTS=ON -DCROSSKNN_BUILD_PYTHON=OFF
-	PATH=$(CURDIR)/$(BIN):$$PATH cmake --build build/ctest
+	PATH=$(CURDIR)/$(BIN):$$PATH cmake --build build/ctest -j2
 	PATH=$(CURDIR)/$(BIN):$$PATH ctest --test-dir build/ctest --output-on-failure
 
 pytest: install
@@ -58,6 +60,8 @@ bench-recall: install
 	$(BIN)/python bench/recall_bench.py
 bench-cmc: install
 	$(BIN)/python bench/cmc_bench.py
+bench-open: install
+	$(BIN)/python bench/open_bench.py
 bench: bench-core bench-ce bench-index bench-recall bench-cmc
 
 clean:

@@ -11,7 +11,11 @@ CONTRACT (stable API shared by all search methods; implemented by the C++ core `
   sum_j |V_ij| * max|u| / 65534, far below the int8 rounding of V itself.
   Every value of V must fit the storage type: |v| <= 3.4028235e38 for float32 and int8, and
   |v| < 65520 for float16 (what rounds to at most 65504); otherwise ValueError naming the row.
-  Attributes ``n_items``, ``dim``, ``storage``, ``threads`` (settable), ``nbytes``.
+  No copy when V is already C-contiguous in the storage dtype (float32, float16, or int8 with
+  ``scales=`` row scales): the features are then a view that keeps V alive (like np.asarray),
+  so V must not be changed while they are used; ``ItemFeatures.from_npy(path)`` memory-maps an
+  index's ``.npy`` item matrix the same way (``path.scales.npy`` next to an int8 matrix).
+  Attributes ``n_items``, ``dim``, ``storage``, ``threads`` (settable), ``nbytes``, ``is_view``.
   ``threads=0`` means all cores. Results never depend on the thread count.
   * ``rows(items) -> float64[m, d]``: dequantized rows V[items].
   * ``scores(u, items) -> float64``: the approximate scores V[items] u (``u`` (d,) -> (m,)).
@@ -70,6 +74,7 @@ from __future__ import annotations
 __all__ = ["ItemFeatures", "RoundState", "kernel_name"]
 
 import numbers
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -245,6 +250,28 @@ def _check_threads(threads) -> int:
     return _check_int(threads, "threads", 0, 1024, " (0 = all cores)")
 
 
+def _view_scales(V: np.ndarray, storage: str, scales) -> np.ndarray | None:
+    if storage != "int8":
+        if scales is not None:
+            raise ValueError("scales= is only for an int8 V stored as int8")
+        return None
+    if scales is None:
+        raise ValueError("an int8 V in int8 storage needs scales= (float32 (N,))")
+    sc = np.ascontiguousarray(scales, np.float32)
+    if sc.shape != (V.shape[0],) or not np.all(np.isfinite(sc)) or (sc < 0).any():
+        raise ValueError(
+            f"scales must be {V.shape[0]} finite non-negative row scales; got shape {sc.shape}"
+        )
+    return sc
+
+
+def _view_vmax(V: np.ndarray, scales: np.ndarray | None) -> float:
+    """An upper bound of max|V| (NaN/inf if V holds any) without copying V."""
+    if scales is not None:
+        return 127.0 * float(scales.max(initial=0.0))
+    return float(max(V.max(), -V.min()))
+
+
 def _bound_exponents(U: np.ndarray, vmax: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per query row of finite float64 U: (nonzero, e_u, lb) with max|u| < 2^e_u and
     max|V| sum|u| <= 2^lb; nonzero: u != 0 (else e_u = 0), lb = -inf where u = 0 or V = 0."""
@@ -261,22 +288,58 @@ def _bound_exponents(U: np.ndarray, vmax: float) -> tuple[np.ndarray, np.ndarray
 class ItemFeatures:
     """Item features V (N x d) shared by all queries; see the module docstring."""
 
-    def __init__(self, V, *, storage: str = "float32", threads: int = 0) -> None:
+    def __init__(self, V, *, storage: str = "float32", threads: int = 0, scales=None) -> None:
         if not isinstance(storage, str) or storage not in _STORAGES:
             raise ValueError(f"storage must be one of {_STORAGES}; got {storage!r}")
         threads = _check_threads(threads)
         V = _asarray(V, "V")
         if V.ndim != 2 or V.shape[0] == 0 or V.shape[1] == 0:
             raise ValueError(f"V must be a non-empty 2-D array (N x d); got shape {V.shape}")
-        V32 = _real_array(V, "V", np.float32)
-        vmax = float(max(V32.max(), -V32.min()))  # NaN if any NaN; no |V| copy of a large V
-        limit = _F16_LIMIT if storage == "float16" else np.inf
-        if not vmax < limit:
-            self._reject_values(V, V32, storage)
-        self._f = _core.Features(V32, storage=storage, threads=threads)
+        if V.flags.c_contiguous and V.dtype == np.dtype(storage) and V.dtype.isnative:
+            # already in the storage type: a zero-copy view (int8 needs its row scales)
+            sc = _view_scales(V, storage, scales)
+            vmax = _view_vmax(V, sc)
+            if not np.isfinite(vmax):
+                self._reject_values(V, V, storage)
+            self._f = _core.Features.view(V, scales=sc, threads=threads)
+        else:
+            if scales is not None:
+                raise ValueError("scales= is only for an int8 V stored as int8 (a zero-copy view)")
+            V32 = _real_array(V, "V", np.float32)
+            vmax = float(max(V32.max(), -V32.min()))  # NaN if any NaN; no |V| copy of a large V
+            limit = _F16_LIMIT if storage == "float16" else np.inf
+            if not vmax < limit:
+                self._reject_values(V, V32, storage)
+            self._f = _core.Features(V32, storage=storage, threads=threads)
         self._vmax = vmax
         self.storage = storage
         self.n_items, self.dim = int(V.shape[0]), int(V.shape[1])
+
+    @classmethod
+    def from_npy(cls, path, *, threads: int = 0) -> ItemFeatures:
+        """Memory-maps an ``.npy`` item matrix (float32, float16, or int8 with ``X.scales.npy``
+        next to ``X.npy``) without copying: the C++ core reads the same file a service opens."""
+        threads = _check_threads(threads)
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no item matrix at {path}")
+        scales = path[: -len(".npy")] + ".scales.npy" if path.endswith(".npy") else ""
+        scales = scales if scales and os.path.isfile(scales) else ""
+        self = cls.__new__(cls)
+        self._f = _core.Features.open_npy(path, threads=threads, scales_path=scales)
+        self.storage = self._f.storage
+        self.n_items, self.dim = int(self._f.n_items), int(self._f.dim)
+        V = np.load(path, mmap_mode="r", allow_pickle=False)
+        sc = np.load(scales, allow_pickle=False) if scales else None
+        self._vmax = _view_vmax(V, sc)
+        if not np.isfinite(self._vmax):
+            raise ValueError(f"{path}: the item matrix contains NaN or inf")
+        return self
+
+    @property
+    def is_view(self) -> bool:
+        """True when V is not copied (a view of the input array or a memory-mapped file)."""
+        return self._f.is_view
 
     @staticmethod
     def _reject_values(V: np.ndarray, V32: np.ndarray, storage: str) -> None:
