@@ -13,6 +13,14 @@ from crossknn.topk import topk_by_vectors
 from test_jobs_scorer import LookupScorer
 
 
+def _moments_map(ce, approx):
+    """[scale, offset] of the map whose inverse gives ``ce`` the mean and std of ``approx``:
+    (ce - offset) / scale has mean(approx) and std(approx)."""
+    ce, approx = np.asarray(ce, np.float64), np.asarray(approx, np.float64)
+    scale = ce.std() / approx.std()
+    return [scale, ce.mean() - scale * approx.mean()]
+
+
 def _synthetic(n_q=12, n_i=60, d=8, seed=0):
     """Low-rank 'CE' scores plus DE vectors that are a noisy view of the true factors."""
     rng = np.random.default_rng(seed)
@@ -90,8 +98,10 @@ def test_fit_zero_epochs_transductive_keeps_de_and_normalizes():
     r = fit_mf(qp, it, S[qp, it] * 3 + 1, de_queries=DQ, de_items=DI, epochs=0, normalize=True)
     np.testing.assert_array_equal(r.item_embeddings, DI)
     de_g = np.einsum("ij,ij->i", DQ[qp], DI[it])
+    np.testing.assert_allclose(r.score_map.to_list(), _moments_map(S[qp, it] * 3 + 1, de_g), 1e-5)
     z = r.score_map.to_approx(S[qp, it] * 3 + 1)
-    assert abs(z.mean() - de_g.mean()) < 1e-5
+    assert z.mean() == pytest.approx(de_g.mean(), abs=1e-5)
+    assert z.std() == pytest.approx(de_g.std(), rel=1e-5)
     assert r.loss_curve[0] == pytest.approx(np.mean((de_g - z) ** 2), rel=1e-4)
 
 
@@ -133,6 +143,9 @@ def test_build_mf_index_end_to_end(tmp_path, mode):
     np.testing.assert_array_equal(idx["items"], res.item_embeddings)
     assert idx.params["mode"] == mode
     assert idx.params["score_map"] == res.score_map.to_list()
+    # the normalization matches the moments of the CE scores of G to those of the DE scores
+    de_g = np.einsum("ij,ij->i", DQ[train][idx["g_query_pos"]], DI[idx["g_items"]])
+    np.testing.assert_allclose(idx.params["score_map"], _moments_map(idx["g_scores"], de_g), 1e-5)
     assert len(idx.info["loss_curve"]) == 4
     loaded = load_index(tmp_path / "mf", kind="mf", ce=scorer)
     assert mf_score_map(loaded) == res.score_map
