@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   set up .venv, build and install crossknn, run the main job
-#   make test   set up .venv, build and install crossknn, run C++ (ctest) and Python (pytest) tests
+#   make test   set up .venv, build and install crossknn, run ruff, C++ (ctest) and Python (pytest) tests
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
 
-.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc bench-serve clean
+.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open bench-serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,19 +32,23 @@ install: $(DEPS)
 demo: install
 	$(BIN)/crossknn demo --exact
 
+# ctest: the core's tests, the example against the Python package's ids (fixture), and an
+# out-of-tree project built against the package installed into a temp prefix (find_package)
 ctest: $(DEPS)
 	PATH=$(CURDIR)/$(BIN):$$PATH cmake -S . -B build/ctest -G Ninja \
 	    -DCMAKE_BUILD_TYPE=Release -DCROSSKNN_BUILD_TESTS=ON -DCROSSKNN_BUILD_PYTHON=OFF
-	PATH=$(CURDIR)/$(BIN):$$PATH cmake --build build/ctest
+	PATH=$(CURDIR)/$(BIN):$$PATH cmake --build build/ctest -j2
 	PATH=$(CURDIR)/$(BIN):$$PATH ctest --test-dir build/ctest --output-on-failure
 
 pytest: install
 	$(BIN)/python -m pytest
 
-test: ctest pytest
+test: lint ctest pytest
 
+# style cannot drift: make test fails on a lint error or an unformatted file (a second or two)
 lint: $(DEPS)
 	$(BIN)/ruff check python tests bench
+	$(BIN)/ruff format --check python tests bench
 
 # benchmarks print a table and write bench/results/*.json (never run by the tests)
 bench-core: install
@@ -57,6 +61,8 @@ bench-recall: install
 	$(BIN)/python bench/recall_bench.py
 bench-cmc: install
 	$(BIN)/python bench/cmc_bench.py
+bench-open: install
+	$(BIN)/python bench/open_bench.py
 bench-serve: install
 	$(BIN)/python bench/serve_bench.py
 bench: bench-core bench-ce bench-index bench-recall bench-cmc bench-serve

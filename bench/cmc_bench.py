@@ -29,9 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-RESULTS = ROOT / "bench" / "results"
+from _common import CISI_MATRIX, RESULTS, SHARED, machine, write_json
 
 
 def _train(data, out: Path, **kw) -> dict:
@@ -39,35 +37,51 @@ def _train(data, out: Path, **kw) -> dict:
     from crossknn.cmc.model import CmcConfig
     from crossknn.cmc.train import TrainConfig, train
 
-    info = train(data, out, model_cfg=CmcConfig(dim=data.dim, width=128),
-                 cfg=TrainConfig(**kw), progress=True, threads=1)
+    info = train(
+        data,
+        out,
+        model_cfg=CmcConfig(dim=data.dim, width=128),
+        cfg=TrainConfig(**kw),
+        progress=True,
+        threads=1,
+    )
     export_onnx(out)
     return json.loads((out / "cmc.json").read_text()) | {"train_seconds": info["train_seconds"]}
 
 
 def _write(name: str, payload: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    p = RESULTS / f"cmc_{name}.json"
-    p.write_text(json.dumps(payload, indent=1))
-    print(f"wrote {p}")
+    write_json(RESULTS / f"cmc_{name}.json", payload | {"machine": machine("torch", "onnxruntime")})
 
 
 def part_cisi(args) -> None:
     from crossknn.cmc.data import matrix_data
     from crossknn.eval import EvalConfig, evaluate, format_table
 
-    mdir = SHARED / "matrices" / "cisi-minilm"
+    mdir = CISI_MATRIX
     out = Path(args.work) / "cisi-ce-k256"
     info = _train(matrix_data(mdir), out, k=256, epochs=30, seed=args.seed)
     budgets, ks = [50, 100, 200, 500], [1, 10, 50, 100]
-    rows = evaluate(mdir, EvalConfig(methods=["rnr", "adacur", "axn"], budgets=budgets, ks=ks,
-                                     firsts=["de"], seed=args.seed), progress=False)
+    rows = evaluate(
+        mdir,
+        EvalConfig(
+            methods=["rnr", "adacur", "axn"], budgets=budgets, ks=ks, firsts=["de"], seed=args.seed
+        ),
+        progress=False,
+    )
     for kc in (256, 512, 1024):
         methods = ["rnr"] if kc != 512 else ["rnr", "adacur", "axn"]
-        got = evaluate(mdir, EvalConfig(methods=methods, budgets=budgets, ks=ks, firsts=["cmc"],
-                                        seed=args.seed,
-                                        extra={"cmc_model": out, "cmc_candidates": kc}),
-                       progress=False)
+        got = evaluate(
+            mdir,
+            EvalConfig(
+                methods=methods,
+                budgets=budgets,
+                ks=ks,
+                firsts=["cmc"],
+                seed=args.seed,
+                extra={"cmc_model": out, "cmc_candidates": kc},
+            ),
+            progress=False,
+        )
         for r in got:
             r["cmc_candidates"] = kc
         rows += got
@@ -77,11 +91,19 @@ def part_cisi(args) -> None:
     print("\nRNR via BE->CMC by K (recall):")
     for r in rows:
         if r["method"] == "rnr" and r["first"] == "cmc":
-            print(f"  K={r['cmc_candidates']:>5} B={r['budget']:>4} k={r['k']:>4} "
-                  f"{r['recall']:.3f}")
-    _write("cisi", {"matrix": str(mdir), "model": {k: info[k] for k in
-                    ("model", "train", "data", "train_seconds", "steps", "onnx")},
-                    "rows": rows})
+            print(
+                f"  K={r['cmc_candidates']:>5} B={r['budget']:>4} k={r['k']:>4} {r['recall']:.3f}"
+            )
+    _write(
+        "cisi",
+        {
+            "matrix": str(mdir),
+            "model": {
+                k: info[k] for k in ("model", "train", "data", "train_seconds", "steps", "onnx")
+            },
+            "rows": rows,
+        },
+    )
 
 
 def part_ablation(args) -> None:
@@ -89,26 +111,42 @@ def part_ablation(args) -> None:
     from crossknn.cmc.data import matrix_data
     from crossknn.eval import EvalConfig, evaluate
 
-    mdir = SHARED / "matrices" / "cisi-minilm"
+    mdir = CISI_MATRIX
     data = matrix_data(mdir)
     budgets, ks = [50, 100, 200], [1, 10, 50, 100]
-    runs = [("k256", dict(k=256, epochs=30), Path(args.work) / "cisi-ce-k256"),
-            ("k64", dict(k=64, epochs=30), None),
-            ("k64-no-kl", dict(k=64, epochs=30, lambda_ce=1.0, lambda_kl=0.0), None)]
+    runs = [
+        ("k256", dict(k=256, epochs=30), Path(args.work) / "cisi-ce-k256"),
+        ("k64", dict(k=64, epochs=30), None),
+        ("k64-no-kl", dict(k=64, epochs=30, lambda_ce=1.0, lambda_kl=0.0), None),
+    ]
     out_rows = []
     for name, kw, out in runs:
         out = out or Path(args.work) / f"cisi-ce-{name}"
         info = _train(data, out, seed=args.seed, **kw)
-        rows = evaluate(mdir, EvalConfig(methods=["rnr"], budgets=budgets, ks=ks,
-                                         firsts=["cmc"], seed=args.seed,
-                                         extra={"cmc_model": out, "cmc_candidates": 512}),
-                        progress=False)
+        rows = evaluate(
+            mdir,
+            EvalConfig(
+                methods=["rnr"],
+                budgets=budgets,
+                ks=ks,
+                firsts=["cmc"],
+                seed=args.seed,
+                extra={"cmc_model": out, "cmc_candidates": 512},
+            ),
+            progress=False,
+        )
         for r in rows:
-            out_rows.append({"variant": name, "train_seconds": info["train_seconds"],
-                             **{k: r[k] for k in ("budget", "k", "recall")}})
+            out_rows.append(
+                {
+                    "variant": name,
+                    "train_seconds": info["train_seconds"],
+                    **{k: r[k] for k in ("budget", "k", "recall")},
+                }
+            )
     for name, _, _ in runs:
-        vals = " ".join(f"B{r['budget']}/k{r['k']}={r['recall']:.3f}"
-                        for r in out_rows if r["variant"] == name)
+        vals = " ".join(
+            f"B{r['budget']}/k{r['k']}={r['recall']:.3f}" for r in out_rows if r["variant"] == name
+        )
         print(f"{name:<10} {vals}")
     _write("ablation", {"matrix": str(mdir), "cmc_candidates": 512, "rows": out_rows})
 
@@ -143,27 +181,44 @@ def part_beir(args) -> None:
         info = _train(data, out, k=64, epochs=epochs, seed=args.seed)
         rr = CmcReranker(out)
         test = data.test.tolist()
-        res = {"dataset": name, "n_train": info["data"]["n_train_queries"],
-               "train_seconds": info["train_seconds"], "epochs": epochs, "steps": info["steps"],
-               "rows": [{"ranker": "de", **qrels_metrics(rank_de(data, test, 100), test, data)}]}
+        res = {
+            "dataset": name,
+            "n_train": info["data"]["n_train_queries"],
+            "train_seconds": info["train_seconds"],
+            "epochs": epochs,
+            "steps": info["steps"],
+            "rows": [{"ranker": "de", **qrels_metrics(rank_de(data, test, 100), test, data)}],
+        }
         for kc in (256, 1024):
-            res["rows"].append({"ranker": "cmc", "cmc_candidates": kc, **qrels_metrics(
-                rank_cmc(data, test, 100, rr, kc), test, data)})
+            res["rows"].append(
+                {
+                    "ranker": "cmc",
+                    "cmc_candidates": kc,
+                    **qrels_metrics(rank_cmc(data, test, 100, rr, kc), test, data),
+                }
+            )
         if name == "scifact" and args.ce_queries:
             sub = test[: args.ce_queries]
             ranked, pps = _ce_rerank(data, sub, args.ce_depth, name)
             res["ce_subset"] = {
-                "queries": len(sub), "depth": args.ce_depth, "ce_pairs_per_s": round(pps, 1),
+                "queries": len(sub),
+                "depth": args.ce_depth,
+                "ce_pairs_per_s": round(pps, 1),
                 "de": qrels_metrics(rank_de(data, sub, 100), sub, data),
                 "cmc_k1024": qrels_metrics(rank_cmc(data, sub, 100, rr, 1024), sub, data),
-                "ce_rerank_de": qrels_metrics(ranked, sub, data)}
+                "ce_rerank_de": qrels_metrics(ranked, sub, data),
+            }
         results.append(res)
-        print(f"\n{name}: {res['n_train']} train queries, {epochs} epochs, "
-              f"{res['train_seconds']:.0f} s")
+        print(
+            f"\n{name}: {res['n_train']} train queries, {epochs} epochs, "
+            f"{res['train_seconds']:.0f} s"
+        )
         for r in res["rows"]:
-            print(f"  {r['ranker']:<4} K={r.get('cmc_candidates', '-'):>5}  "
-                  f"nDCG@10 {r['ndcg@10']:.4f}  R@100 {r['recall@100']:.4f}  "
-                  f"({r['n_queries']} test q)")
+            print(
+                f"  {r['ranker']:<4} K={r.get('cmc_candidates', '-'):>5}  "
+                f"nDCG@10 {r['ndcg@10']:.4f}  R@100 {r['recall@100']:.4f}  "
+                f"({r['n_queries']} test q)"
+            )
         if "ce_subset" in res:
             s = res["ce_subset"]
             print(f"  first {s['queries']} test queries, CE reranks DE top-{s['depth']}:")
@@ -175,9 +230,9 @@ def part_beir(args) -> None:
 def part_latency(args) -> None:
     from crossknn.ce import default_cross_encoder
     from crossknn.cmc import CmcReranker
-    from crossknn.data import load_score_matrix
+    from crossknn.matrix import load_score_matrix
 
-    m = load_score_matrix(SHARED / "matrices" / "cisi-minilm")
+    m = load_score_matrix(CISI_MATRIX)
     rr = CmcReranker(Path(args.work) / "cisi-ce-k256", threads=1)
     rng = np.random.default_rng(args.seed)
     items = np.tile(m.de_items, (1, 1))
@@ -208,17 +263,25 @@ def part_latency(args) -> None:
         r["ratio"] = round(r["ce_ms_extrapolated"] / r["cmc_ms_median"], 1)
     print(f"{'K':>6}{'CMC ms':>10}{'CE ms (extrap.)':>18}{'CE/CMC':>9}")
     for r in rows:
-        print(f"{r['k']:>6}{r['cmc_ms_median']:>10.2f}{r['ce_ms_extrapolated']:>18.1f}"
-              f"{r['ratio']:>9.1f}")
-    _write("latency", {"threads": 1, "ce_pairs_measured": args.ce_pairs,
-                       "ce_ms_per_pair": round(1e3 * per_pair, 2), "repeat": args.repeat,
-                       "rows": rows})
+        print(
+            f"{r['k']:>6}{r['cmc_ms_median']:>10.2f}{r['ce_ms_extrapolated']:>18.1f}"
+            f"{r['ratio']:>9.1f}"
+        )
+    _write(
+        "latency",
+        {
+            "threads": 1,
+            "ce_pairs_measured": args.ce_pairs,
+            "ce_ms_per_pair": round(1e3 * per_pair, 2),
+            "repeat": args.repeat,
+            "rows": rows,
+        },
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", action="append",
-                    choices=("cisi", "beir", "latency", "ablation"))
+    ap.add_argument("--part", action="append", choices=("cisi", "beir", "latency", "ablation"))
     ap.add_argument("--work", required=True, help="directory for trained models (not the repo)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ce-queries", type=int, default=20)
@@ -229,8 +292,9 @@ def main() -> None:
     for part in args.part or ["cisi", "beir", "latency", "ablation"]:
         t0 = time.perf_counter()
         print(f"== {part}")
-        {"cisi": part_cisi, "beir": part_beir, "latency": part_latency,
-         "ablation": part_ablation}[part](args)
+        {"cisi": part_cisi, "beir": part_beir, "latency": part_latency, "ablation": part_ablation}[
+            part
+        ](args)
         print(f"({part}: {time.perf_counter() - t0:.0f} s)")
 
 

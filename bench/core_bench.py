@@ -1,4 +1,4 @@
-"""Benchmark of the C++ round engine (crossknn.engine); prints a table, writes JSON.
+"""Benchmark of the C++ round engine (crossknn.core); prints a table, writes JSON.
 
     .venv/bin/python bench/core_bench.py            # full run (N up to 1e6, a few minutes)
     .venv/bin/python bench/core_bench.py --quick    # N up to 1e5
@@ -20,9 +20,7 @@ Timings are the minimum over repeats (the machine is shared); compare ratios wit
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -30,19 +28,11 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
-from crossknn.engine import ItemFeatures, RoundState, kernel_name
+from _common import RESULTS, best_of, machine, utc_now, write_json
+from crossknn.core import ItemFeatures, RoundState, kernel_name
 
-OUT = Path(__file__).resolve().parent / "results" / "core_bench.json"
+OUT = RESULTS / "core_bench.json"
 B, ROUNDS, Q_BATCH = 100, 10, 64
-
-
-def best_of(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> float:
@@ -205,15 +195,10 @@ def main() -> int:
             f"{r['int8_speedup']:>4.1f}x | {r['batch64_s'] * 1e3:>7.1f}ms "
             f"{r['single64_s'] * 1e3:>7.1f}ms {r['batch_speedup']:>4.1f}x"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "command": "python bench/core_bench.py" + (" --quick" if args.quick else ""),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "kernels": kernel_name(),
-        },
+        "date_utc": utc_now(),
+        "machine": machine(kernels=kernel_name()),
         "config": {
             "B": B,
             "rounds": ROUNDS,
@@ -225,8 +210,7 @@ def main() -> int:
         "copy_GBps_read_plus_write": copy_gbps,
         "rows": rows,
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return 0
 
 

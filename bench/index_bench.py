@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import sys
 import tempfile
@@ -24,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-OUT = REPO / "bench" / "results" / "index_bench.json"
+from _common import CISI_MATRIX, RESULTS, SHARED, machine, write_json
+
+OUT = RESULTS / "index_bench.json"
 
 
 def table(rows: list[dict], cols: list[str]) -> str:
@@ -46,7 +45,7 @@ def _fmt(x) -> str:
 def bench_throughput(n_queries: int, n_items: int, repeats: int, shard_pairs: int = 256) -> dict:
     from crossknn.ce import default_cross_encoder
     from crossknn.data import load_beir
-    from crossknn.jobs import DensePairs, ScoreJob
+    from crossknn.jobs import DensePairs, JobOptions, ScoreJob
 
     corpus = load_beir(SHARED / "data" / "cisi")
     items = corpus.item_texts[:n_items]
@@ -81,18 +80,15 @@ def bench_throughput(n_queries: int, n_items: int, repeats: int, shard_pairs: in
         bare_runs.append(n_pairs / (time.perf_counter() - t))
         bare_cpu.append(n_pairs / (time.process_time() - c))
 
+    options = JobOptions(shard_pairs=shard_pairs, progress=False)  # as `crossknn index` runs it
+
     def run_job():
         nonlocal scores
         with tempfile.TemporaryDirectory() as tmp:
-            job = ScoreJob(
-                Path(tmp) / "job",
-                ce,
-                queries,
-                DensePairs(n_queries, n_items),
-                shard_pairs=shard_pairs,
-            )
+            pairs = DensePairs(n_queries, n_items)
+            job = ScoreJob(Path(tmp) / "job", ce, queries, pairs, shard_pairs=options.shard_pairs)
             t, c = time.perf_counter(), time.process_time()
-            job.run(progress=False)
+            options.run(job)
             scores = job.result()
             job_runs.append(n_pairs / (time.perf_counter() - t))
             job_cpu.append(n_pairs / (time.process_time() - c))
@@ -152,7 +148,7 @@ def bench_throughput(n_queries: int, n_items: int, repeats: int, shard_pairs: in
 
 # ----------------------------------------------------------------------------------------------
 def bench_mf_scaling(sizes: list[int], dim: int, n_train: int, k_d: int, epochs: int) -> list[dict]:
-    from crossknn.index.mf import fit_mf, sample_g
+    from crossknn.index import fit_mf, sample_g
 
     rows = []
     # warm-up (torch import, thread pool) so the first size is not charged for it
@@ -212,12 +208,13 @@ def bench_cisi(
     modes: list[str],
     steps: int,
 ) -> list[dict]:
-    from crossknn.data import load_score_matrix
-    from crossknn.index.mf import fit_mf, sample_g
+    from crossknn.index import fit_mf, sample_g
+    from crossknn.matrix import load_score_matrix
     from crossknn.scorers import MatrixScorer
-    from crossknn.search import ADACUR, AXN, CurIndex, topk_recall
+    from crossknn.search import ADACUR, AXN, CurIndex
+    from crossknn.topk import topk_recall
 
-    m = load_score_matrix(SHARED / "matrices" / "cisi-minilm")
+    m = load_score_matrix(CISI_MATRIX)
     S, train, test = m.scores, np.asarray(m.train), np.asarray(m.test)
     DQ, DI = np.asarray(m.de_queries), np.asarray(m.de_items)
     scorer = MatrixScorer(S)
@@ -275,10 +272,9 @@ def bench_cisi(
                 seed=0,
             )
             fit_s = time.perf_counter() - t
-            affine = (1.0 / r.beta, r.alpha)  # search's (a - beta') / alpha' == beta (a - alpha)
             evaluate(
                 f"axn-mf-{mode[:5]}",
-                lambda s, V=r.item_embeddings, aff=affine: AXN(V, rounds=5, score_affine=aff),
+                lambda s, V=r.item_embeddings, smap=r.score_map: AXN(V, rounds=5, score_map=smap),
                 len(g),
                 {
                     "param": f"k_d={k_d}",
@@ -313,18 +309,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     out = json.loads(args.out.read_text()) if args.out.exists() else {}
-    out["machine"] = {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": __import__("os").cpu_count(),
-    }
+    out["machine"] = machine("torch", "onnxruntime")
     out["command"] = "python bench/index_bench.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
 
     def save():
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.out, out)
 
     if "throughput" in sections:
         out["throughput"] = bench_throughput(
@@ -355,7 +346,6 @@ def main(argv=None) -> int:
                 steps=400,
             )
     save()
-    print(f"\nwrote {args.out}")
     return 0
 
 

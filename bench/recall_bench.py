@@ -12,29 +12,31 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
+from _common import CISI_MATRIX, REPO, RESULTS
 from crossknn.cli import main as crossknn
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
-GRID = ["--budget", "50", "--budget", "100", "--budget", "200", "--budget", "500",
-        "--k", "1", "--k", "10", "--k", "50", "--k", "100"]
+
+def repeat(flag: str, *values) -> list[str]:
+    """``repeat("--k", 1, 10)`` -> ``["--k", "1", "--k", "10"]``."""
+    return [a for v in values for a in (flag, str(v))]
+
+
+GRID = repeat("--budget", 50, 100, 200, 500) + repeat("--k", 1, 10, 50, 100)
 
 
 def methods(*names):
-    return [a for n in names for a in ("--method", n)]
+    return repeat("--method", *names)
 
 
 RUNS = {
     # retrieve-and-rerank baselines with every first stage
-    "eval_cisi_rnr": methods("rnr") + ["--first", "de", "--first", "tfidf", "--first", "bm25",
-                                       "--first", "random"],
+    "eval_cisi_rnr": methods("rnr") + repeat("--first", "de", "tfidf", "bm25", "random"),
     # the headline: CUR methods with a random first round, 5 rounds
     "eval_cisi": methods("anncur", "adacur", "adacur-split", "adacur-softmax", "axn"),
     # number of rounds
     "eval_cisi_rounds": methods("adacur", "adacur-split", "adacur-softmax", "adacur-random", "axn")
-    + [a for r in (1, 2, 3, 5, 10, 20) for a in ("--rounds", str(r))],
+    + repeat("--rounds", 1, 2, 3, 5, 10, 20),
     # first round / anchors from the dual encoder
     "eval_cisi_de": methods("anncur", "adacur", "adacur-split", "axn") + ["--first", "de"],
     # the papers' final ranking (split methods rerank only the retrieved items)
@@ -61,7 +63,7 @@ FIGURE_SERIES = [  # (run, method, first, rounds)
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--matrix", default=str(ROOT.parent / "shared" / "matrices" / "cisi-minilm"))
+    ap.add_argument("--matrix", default=str(CISI_MATRIX))
     ap.add_argument("--only", action="append", help="run only these runs (names above)")
     args = ap.parse_args()
     timings = {}
@@ -70,8 +72,18 @@ def main() -> int:
             continue
         print(f"\n== {name}: crossknn eval MATRIX {' '.join(argv + GRID)}")
         t0 = time.perf_counter()
-        rc = crossknn(["eval", args.matrix, *argv, *GRID, "--json", str(RESULTS / f"{name}.json"),
-                       "--no-plot", "--quiet"])
+        rc = crossknn(
+            [
+                "eval",
+                args.matrix,
+                *argv,
+                *GRID,
+                "--json",
+                str(RESULTS / f"{name}.json"),
+                "--no-plot",
+                "--quiet",
+            ]
+        )
         if rc:
             return rc
         timings[name] = round(time.perf_counter() - t0, 1)
@@ -84,12 +96,19 @@ def main() -> int:
         path = RESULTS / f"{run}.json"
         if not path.is_file():
             continue
-        rows += [r for r in json.loads(path.read_text())["rows"]
-                 if (r["method"], r["first"], r["rounds"]) == (method, first, rounds)]
+        rows += [
+            r
+            for r in json.loads(path.read_text())["rows"]
+            if (r["method"], r["first"], r["rounds"]) == (method, first, rounds)
+        ]
     if rows:
-        png = ROOT / "docs" / "img" / "cisi_recall.png"
-        plot_curves(rows, png, title="cisi-minilm: Top-k-Recall vs CE calls (50 test queries, "
-                                     "1,460 items, 62 train queries)")
+        png = REPO / "docs" / "img" / "cisi_recall.png"
+        plot_curves(
+            rows,
+            png,
+            title="cisi-minilm: Top-k-Recall vs CE calls (50 test queries, "
+            "1,460 items, 62 train queries)",
+        )
         print(f"wrote {png}")
     return 0
 

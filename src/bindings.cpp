@@ -5,6 +5,7 @@
 // out_of_range -> IndexError, bad_alloc -> MemoryError.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <memory>
@@ -12,7 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "crossknn/engine.h"
+#include "crossknn/features.h"
+#include "crossknn/least_squares.h"
+#include "crossknn/npy.h"
+#include "crossknn/search.h"
 #include "crossknn/version.h"
 
 namespace py = pybind11;
@@ -25,11 +29,25 @@ namespace {
 template <class T>
 const char* dtype_name();
 template <>
-const char* dtype_name<float>() { return "float32"; }
+const char* dtype_name<float>() {
+  return "float32";
+}
 template <>
-const char* dtype_name<double>() { return "float64"; }
+const char* dtype_name<double>() {
+  return "float64";
+}
 template <>
-const char* dtype_name<int64_t>() { return "int64"; }
+const char* dtype_name<int64_t>() {
+  return "int64";
+}
+template <>
+const char* dtype_name<int8_t>() {
+  return "int8";
+}
+template <>
+const char* dtype_name<uint16_t>() {
+  return "float16";
+}
 
 // A C-contiguous array of exactly dtype T with `ndim` dimensions, or TypeError/ValueError.
 template <class T>
@@ -42,11 +60,203 @@ py::array_t<T, py::array::c_style> expect(const py::handle& obj, const char* nam
     throw py::type_error(std::string(name) + " must have dtype " + dtype_name<T>() + "; got " +
                          std::string(py::str(arr.dtype())));
   if (arr.ndim() != ndim)
-    throw py::value_error(std::string(name) + " must be " + std::to_string(ndim) +
-                          "-D; got " + std::to_string(arr.ndim()) + "-D");
+    throw py::value_error(std::string(name) + " must be " + std::to_string(ndim) + "-D; got " +
+                          std::to_string(arr.ndim()) + "-D");
   if (!(arr.flags() & py::array::c_style))
     throw py::value_error(std::string(name) + " must be C-contiguous");
   return py::array_t<T, py::array::c_style>::ensure(arr);
+}
+
+// Keeps a Python object alive from C++ (a view's owner); the last release takes the GIL.
+std::shared_ptr<const void> keep_alive(py::object obj) {
+  return std::shared_ptr<const void>(new py::object(std::move(obj)), [](const void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<const py::object*>(p);
+  });
+}
+
+std::string shape_str(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i)
+    s += std::to_string(a.shape(i)) + (a.ndim() == 1 ? "," : (i + 1 < a.ndim() ? ", " : ""));
+  return s + ")";
+}
+
+// A zero-copy Features over a C-contiguous 2-D numpy array: float32, float16, or int8 with
+// `scales` (float32 (N,)); the array (and scales) stay alive as long as the Features.
+std::shared_ptr<Features> features_view(const py::handle& V, const py::object& scales, int threads,
+                                        bool check_finite) {
+  if (!py::isinstance<py::array>(V))
+    throw py::type_error("V must be a numpy array; got " +
+                         std::string(py::str(py::type::of(V).attr("__name__"))));
+  auto a = py::reinterpret_borrow<py::array>(V);
+  if (a.ndim() != 2) throw py::value_error("V must be 2-D (N x d); got shape " + shape_str(a));
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error("a view needs a C-contiguous V (np.ascontiguousarray)");
+  const int64_t n = a.shape(0), d = a.shape(1);
+  if (n == 0 || d == 0)
+    throw py::value_error("V must be non-empty (N x d with N, d > 0); got " + shape_str(a));
+  const char kind = a.dtype().kind();
+  const auto size = a.dtype().itemsize();
+  if (!a.dtype().attr("isnative").cast<bool>())
+    throw py::value_error("V must be in native byte order; got dtype " +
+                          std::string(py::str(a.dtype())));
+  const void* p = a.data();
+  if (kind == 'f' && size == 4) {
+    if (!scales.is_none()) throw py::value_error("scales are only for int8 V");
+    auto owner = keep_alive(a);
+    py::gil_scoped_release release;
+    return std::make_shared<Features>(
+        Features::view_float32(static_cast<const float*>(p), n, d, threads, owner, check_finite));
+  }
+  if (kind == 'f' && size == 2) {
+    if (!scales.is_none()) throw py::value_error("scales are only for int8 V");
+    auto owner = keep_alive(a);
+    py::gil_scoped_release release;
+    return std::make_shared<Features>(Features::view_float16(static_cast<const uint16_t*>(p), n, d,
+                                                             threads, owner, check_finite));
+  }
+  if (kind == 'i' && size == 1) {
+    if (scales.is_none())
+      throw py::value_error("an int8 V needs its row scales (float32 of shape (N,))");
+    auto sc = expect<float>(scales, "scales", 1);
+    if (sc.shape(0) != n)
+      throw py::value_error("scales must have shape (" + std::to_string(n) + ",); got (" +
+                            std::to_string(sc.shape(0)) + ",)");
+    auto owner = keep_alive(py::make_tuple(a, sc));
+    const float* ps = sc.data();
+    py::gil_scoped_release release;
+    return std::make_shared<Features>(
+        Features::view_int8(static_cast<const int8_t*>(p), ps, n, d, threads, owner, check_finite));
+  }
+  throw py::type_error("a view needs V of dtype float32, float16 or int8; got " +
+                       std::string(py::str(a.dtype())));
+}
+
+// The C++ loop's scorer: calls a Python callable scorer(queries, items) -> sequence of float
+// arrays (queries: int64 positions in the batch, items: list of int64 arrays), once per step.
+// The GIL is taken only inside this call; Python exceptions propagate unchanged.
+class PyScorer final : public crossknn::Scorer {
+ public:
+  explicit PyScorer(py::object fn) : fn_(std::move(fn)) {}
+  void score(int64_t query, const int64_t* items, int64_t m, float* out) override {
+    crossknn::ScoreRequest r{query, items, m, out};
+    score_batch(&r, 1);
+  }
+  void score_batch(const crossknn::ScoreRequest* req, int64_t nr) override {
+    py::gil_scoped_acquire gil;
+    py::array_t<int64_t> qs(nr);
+    py::list items;
+    for (int64_t r = 0; r < nr; ++r) {
+      qs.mutable_data()[r] = req[r].query;
+      py::array_t<int64_t> it(req[r].m);
+      std::copy(req[r].items, req[r].items + req[r].m, it.mutable_data());
+      items.append(it);
+    }
+    py::object got = fn_(qs, items);
+    if (!py::isinstance<py::sequence>(got) || static_cast<int64_t>(py::len(got)) != nr)
+      throw py::value_error("the scorer must return a sequence of " + std::to_string(nr) +
+                            " score arrays (one per query); got " +
+                            std::string(py::str(py::repr(got))).substr(0, 80));
+    py::sequence seq = py::reinterpret_borrow<py::sequence>(got);
+    for (int64_t r = 0; r < nr; ++r) {
+      auto s = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(seq[r]);
+      if (!s || s.size() != req[r].m)
+        throw py::value_error("the scorer returned " +
+                              (s ? std::to_string(s.size()) : std::string("no")) + " scores for " +
+                              std::to_string(req[r].m) + " items (query " +
+                              std::to_string(req[r].query) + ")");
+      std::copy(s.data(), s.data() + req[r].m, req[r].out);
+    }
+  }
+
+ private:
+  py::object fn_;
+};
+
+crossknn::StepKind parse_kind(const std::string& k) {
+  if (k == "first") return crossknn::StepKind::First;
+  if (k == "round") return crossknn::StepKind::Round;
+  if (k == "retrieve") return crossknn::StepKind::Retrieve;
+  throw py::value_error("step kind must be 'first', 'round' or 'retrieve'; got '" + k + "'");
+}
+
+crossknn::Strategy parse_strategy(const std::string& s) {
+  if (s == "topk") return crossknn::Strategy::TopK;
+  if (s == "softmax") return crossknn::Strategy::SoftMax;
+  if (s == "random") return crossknn::Strategy::Random;
+  throw py::value_error("strategy must be 'topk', 'softmax' or 'random'; got '" + s + "'");
+}
+
+py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
+                    const std::vector<std::pair<std::string, int64_t>>& plan_in,
+                    const std::vector<uint64_t>& query_ids, int64_t budget, int64_t k,
+                    const std::string& strategy, double temperature, double ridge, int refine,
+                    double jitter_rel, double mix, uint64_t seed, const py::object& first_items,
+                    const py::object& priors, double score_alpha, double score_beta) {
+  if (!f) throw py::type_error("features must be a crossknn._core.Features");
+  if (!PyCallable_Check(scorer.ptr())) throw py::type_error("scorer must be callable");
+  std::vector<crossknn::Step> plan;
+  for (const auto& st : plan_in) plan.push_back({parse_kind(st.first), st.second});
+  crossknn::SearchOptions o;
+  o.budget = budget;
+  o.k = k;
+  o.strategy = parse_strategy(strategy);
+  o.temperature = temperature;
+  o.ridge = ridge;
+  o.refine = refine;
+  o.jitter_rel = jitter_rel;
+  o.mix = mix;
+  o.seed = seed;
+  o.score_alpha = score_alpha;
+  o.score_beta = score_beta;
+  const int64_t Q = static_cast<int64_t>(query_ids.size());
+  std::vector<crossknn::SearchQuery> qs(static_cast<size_t>(Q));
+  py::array_t<int64_t, py::array::c_style> fi;
+  py::array_t<double, py::array::c_style> pr;
+  if (!first_items.is_none()) {
+    fi = expect<int64_t>(first_items, "first_items", 2);
+    const int64_t n0 = plan.empty() ? 0 : plan[0].n;
+    if (fi.shape(0) != Q || fi.shape(1) != n0)
+      throw py::value_error("first_items must have shape (Q, n) = (" + std::to_string(Q) + ", " +
+                            std::to_string(n0) + "); got " + shape_str(fi));
+  }
+  if (!priors.is_none()) {
+    pr = expect<double>(priors, "priors", 2);
+    if (pr.shape(0) != Q || pr.shape(1) != f->dim())
+      throw py::value_error("priors must have shape (Q, d) = (" + std::to_string(Q) + ", " +
+                            std::to_string(f->dim()) + "); got " + shape_str(pr));
+  }
+  for (int64_t i = 0; i < Q; ++i) {
+    qs[i].id = query_ids[i];
+    if (!first_items.is_none()) qs[i].first_items = fi.data() + i * fi.shape(1);
+    if (!priors.is_none()) qs[i].prior = pr.data() + i * f->dim();
+  }
+  PyScorer ps(std::move(scorer));
+  std::vector<crossknn::SearchResult> res;
+  {
+    py::gil_scoped_release release;
+    res = crossknn::search(*f, ps, plan, o, qs);
+  }
+  py::array_t<float> S({Q, k});
+  py::array_t<int64_t> I({Q, k}), calls(Q);
+  py::list items, scores;
+  for (int64_t i = 0; i < Q; ++i) {
+    std::copy(res[i].scores.begin(), res[i].scores.end(), S.mutable_data() + i * k);
+    std::copy(res[i].ids.begin(), res[i].ids.end(), I.mutable_data() + i * k);
+    calls.mutable_data()[i] = res[i].calls;
+    items.append(py::array_t<int64_t>(static_cast<py::ssize_t>(res[i].scored_items.size()),
+                                      res[i].scored_items.data()));
+    scores.append(py::array_t<float>(static_cast<py::ssize_t>(res[i].scored_scores.size()),
+                                     res[i].scored_scores.data()));
+  }
+  py::dict out;
+  out["scores"] = S;
+  out["indices"] = I;
+  out["ce_calls"] = calls;
+  out["scored_items"] = items;
+  out["scored_scores"] = scores;
+  return out;
 }
 
 struct Exclude {
@@ -77,9 +287,8 @@ Exclude make_exclude(const py::object& ids, const py::object& offsets, int64_t Q
 py::array_t<float, py::array::c_style> expect_queries(const py::handle& U, const Features& f) {
   auto u = expect<float>(U, "u", 2);
   if (u.shape(1) != f.dim())
-    throw py::value_error("u must have shape (Q, d) with d=" + std::to_string(f.dim()) +
-                          "; got (" + std::to_string(u.shape(0)) + ", " +
-                          std::to_string(u.shape(1)) + ")");
+    throw py::value_error("u must have shape (Q, d) with d=" + std::to_string(f.dim()) + "; got (" +
+                          std::to_string(u.shape(0)) + ", " + std::to_string(u.shape(1)) + ")");
   return u;
 }
 
@@ -89,8 +298,8 @@ py::tuple select(const Features& f, const py::handle& U, int64_t k, const py::ob
   const int64_t Q = u.shape(0);
   if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
   if (k > f.n_items())  // before allocating Q x k outputs
-    throw py::value_error("k=" + std::to_string(k) + " exceeds the " +
-                          std::to_string(f.n_items()) + " items");
+    throw py::value_error("k=" + std::to_string(k) + " exceeds the " + std::to_string(f.n_items()) +
+                          " items");
   Exclude ex = make_exclude(ex_ids, ex_off, Q);
   py::array_t<float> s({Q, k});
   py::array_t<int64_t> idx({Q, k});
@@ -115,8 +324,19 @@ PYBIND11_MODULE(_core, m) {
   m.def("kernel_name", &crossknn::kernel_name,
         "Score kernel set in use: 'avx2' or 'generic' (CROSSKNN_NO_SIMD=1 forces 'generic').");
 
+  m.def("query_seed", &crossknn::query_seed, py::arg("seed"), py::arg("query_id"),
+        "crossknn.search.query_seed for integer ids, computed in C++.");
+  m.def("run_search", &run_search, py::arg("features"), py::arg("scorer"), py::arg("plan"),
+        py::arg("query_ids"), py::kw_only(), py::arg("budget"), py::arg("k"),
+        py::arg("strategy") = "topk", py::arg("temperature") = 1.0, py::arg("ridge") = 0.0,
+        py::arg("refine") = 3, py::arg("jitter_rel") = 1e-10, py::arg("mix") = 0.0,
+        py::arg("seed") = 0, py::arg("first_items") = py::none(), py::arg("priors") = py::none(),
+        py::arg("score_alpha") = 1.0, py::arg("score_beta") = 0.0,
+        "The C++ round loop (crossknn/search.h) for a batch of queries; scorer(queries, items) "
+        "-> list of float arrays is called once per step with the GIL held.");
+
   py::class_<Features, std::shared_ptr<Features>>(m, "Features",
-                                                   "Item features V (N x d) in one storage type.")
+                                                  "Item features V (N x d) in one storage type.")
       .def(py::init([](const py::handle& V, const std::string& storage, int threads) {
              auto v = expect<float>(V, "V", 2);
              const crossknn::Storage st = crossknn::parse_storage(storage);
@@ -129,6 +349,23 @@ PYBIND11_MODULE(_core, m) {
              return std::make_shared<Features>(p, n, d, st, threads);
            }),
            py::arg("V"), py::kw_only(), py::arg("storage") = "float32", py::arg("threads") = 0)
+      .def_static("view", &features_view, py::arg("V"), py::kw_only(),
+                  py::arg("scales") = py::none(), py::arg("threads") = 0,
+                  py::arg("check_finite") = true,
+                  "Zero-copy Features over a C-contiguous float32 / float16 / int8 (+ scales) "
+                  "array; the array is kept alive and must not change.")
+      .def_static(
+          "open_npy",
+          [](const std::string& path, int threads, const std::string& scales_path,
+             bool check_finite) {
+            py::gil_scoped_release release;
+            return std::make_shared<Features>(
+                Features::open_npy(path, threads, scales_path, check_finite));
+          },
+          py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("scales_path") = "",
+          py::arg("check_finite") = true,
+          "Memory-maps a .npy item matrix (float32 / float16 / int8 + scales file), no copy.")
+      .def_property_readonly("is_view", &Features::is_view)
       .def_property_readonly("n_items", &Features::n_items)
       .def_property_readonly("dim", &Features::dim)
       .def_property_readonly("nbytes", &Features::nbytes)
@@ -138,8 +375,8 @@ PYBIND11_MODULE(_core, m) {
       .def("__repr__",
            [](const Features& f) {
              return "<crossknn._core.Features n_items=" + std::to_string(f.n_items()) +
-                    " dim=" + std::to_string(f.dim()) + " storage=" +
-                    crossknn::storage_name(f.storage()) + ">";
+                    " dim=" + std::to_string(f.dim()) +
+                    " storage=" + crossknn::storage_name(f.storage()) + ">";
            })
       .def(
           "rows",
@@ -165,16 +402,15 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "sample_softmax",
           [](const Features& f, const py::handle& U, int64_t k, const py::object& ids,
-             const py::object& off, double temperature, uint64_t seed) {
-            return select(f, U, k, ids, off, true, temperature, seed);
-          },
+             const py::object& off, double temperature,
+             uint64_t seed) { return select(f, U, k, ids, off, true, temperature, seed); },
           py::arg("u"), py::arg("k"), py::arg("exclude_ids") = py::none(),
           py::arg("exclude_offsets") = py::none(), py::arg("temperature") = 1.0,
           py::arg("seed") = 0)
       .def(
           "sample_random",
-          [](const Features& f, int64_t Q, int64_t k, const py::object& ids,
-             const py::object& off, uint64_t seed) {
+          [](const Features& f, int64_t Q, int64_t k, const py::object& ids, const py::object& off,
+             uint64_t seed) {
             if (Q < 0) throw py::value_error("number of queries must be >= 0");
             if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
             if (k > f.n_items())

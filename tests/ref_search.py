@@ -56,8 +56,21 @@ def anncur(ce_row, R, anchors, budget, k, ridge, final="all"):
     return final_topk(cand, ce_row, k)
 
 
-def rounds_search(ce_row, V, first_items, budget, k, rounds, *, split=None, ridge=0.0,
-                  prior=None, mix=0.0, affine=None, final="all"):
+def rounds_search(
+    ce_row,
+    V,
+    first_items,
+    budget,
+    k,
+    rounds,
+    *,
+    split=None,
+    ridge=0.0,
+    prior=None,
+    mix=0.0,
+    affine=None,
+    final="all",
+):
     """ADACUR (V = Rᵀ) / AXN (V = item embeddings) with TopK rounds, Split or No-Split."""
     V = np.asarray(V, np.float64)
     n_round = budget if split is None else int(min(budget, max(1, round(split * budget))))

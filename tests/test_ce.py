@@ -360,3 +360,42 @@ def test_runtime_needs_neither_torch_nor_transformers(cache):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "(2,)"]
+
+
+def test_cuda_fp16_without_onnx_names_the_export_extra(cache, monkeypatch):
+    # fp16 on CUDA converts the graph when the session opens: the one run-time use of onnx
+    import sys
+
+    from crossknn.ce import runtime
+
+    gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(runtime, "available_providers", lambda: gpu)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # importing onnx now fails
+    with pytest.raises(ImportError, match="needs the onnx package.*'export' extra.*tensorrt"):
+        OnnxCrossEncoder(ensure_model(cache_dir=cache), provider="cuda", fp16=True)
+
+
+def test_fp16_conversion_keeps_io_types(cache):
+    onnx = pytest.importorskip("onnx")
+    from crossknn.ce.rewrite import to_fp16
+
+    model = onnx.load_from_string(to_fp16(ensure_model(cache_dir=cache) / "model.onnx"))
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    assert any(t.data_type == f16 for t in model.graph.initializer)
+    assert not any(t.data_type == f32 and len(t.dims) == 2 for t in model.graph.initializer)
+    assert [o.type.tensor_type.elem_type for o in model.graph.output] == [f32]
+
+
+def test_options_and_their_per_class_defaults(cache):
+    from crossknn.ce import OnnxDualEncoder
+
+    ce = OnnxCrossEncoder(ensure_model(cache_dir=cache), threads=1)
+    assert (ce.batch_size, ce.max_batch_tokens, ce.max_length) == (16, 2048, 128)
+    de = OnnxDualEncoder(ensure_model(DEFAULT_DE, cache_dir=cache), threads=1)
+    assert (de.batch_size, de.max_batch_tokens, de.dim) == (32, 4096, 384)
+    de = OnnxDualEncoder(ensure_model(DEFAULT_DE, cache_dir=cache), batch_size=3, max_length=64)
+    assert (de.batch_size, de.max_batch_tokens, de.max_length) == (3, 4096, 64)
+    with pytest.raises(TypeError, match="query_cache_size"):
+        OnnxDualEncoder(ensure_model(DEFAULT_DE, cache_dir=cache), query_cache_size=4)
+    with pytest.raises(TypeError, match="batchsize"):
+        OnnxCrossEncoder(ensure_model(cache_dir=cache), batchsize=4)

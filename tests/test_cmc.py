@@ -16,8 +16,8 @@ from crossknn.cmc.evaluate import ndcg_at, recall_at  # noqa: E402
 from crossknn.cmc.export import export_onnx  # noqa: E402
 from crossknn.cmc.model import CmcConfig, CmcModel  # noqa: E402
 from crossknn.cmc.train import TrainConfig, load_model, train  # noqa: E402
-from crossknn.eval import write_synthetic_matrix  # noqa: E402
 from crossknn.retrievers import make_retriever  # noqa: E402
+from crossknn.synthetic import write_synthetic_matrix  # noqa: E402
 
 DIM = 16
 TINY = dict(k=12, pool=40, epochs=3, batch_size=4, checkpoint_every=2, seed=3)
@@ -38,16 +38,23 @@ def _model(seed=0, gate=0.5):
 
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory):
-    folder = write_synthetic_matrix(tmp_path_factory.mktemp("cmc-matrix"), 24, 60,
-                                    n_train=16, de_dim=DIM, seed=5)
+    folder = write_synthetic_matrix(
+        tmp_path_factory.mktemp("cmc-matrix"), 24, 60, n_train=16, de_dim=DIM, seed=5
+    )
     return folder
 
 
 @pytest.fixture(scope="module")
 def trained(synth, tmp_path_factory):
     out = tmp_path_factory.mktemp("cmc-model")
-    info = train(matrix_data(synth), out, model_cfg=CmcConfig(dim=DIM, layers=2, heads=2),
-                 cfg=TrainConfig(**TINY), progress=False, threads=1)
+    info = train(
+        matrix_data(synth),
+        out,
+        model_cfg=CmcConfig(dim=DIM, layers=2, heads=2),
+        cfg=TrainConfig(**TINY),
+        progress=False,
+        threads=1,
+    )
     export_onnx(out)
     return out, info
 
@@ -125,8 +132,15 @@ def test_resume_gives_the_uninterrupted_result(synth, tmp_path):
     data = matrix_data(synth)
     mcfg = CmcConfig(dim=DIM, layers=1, heads=2)
     train(data, tmp_path / "a", model_cfg=mcfg, cfg=TrainConfig(**TINY), progress=False, threads=1)
-    part = train(data, tmp_path / "b", model_cfg=mcfg, cfg=TrainConfig(**TINY), progress=False,
-                 stop_after=5, threads=1)
+    part = train(
+        data,
+        tmp_path / "b",
+        model_cfg=mcfg,
+        cfg=TrainConfig(**TINY),
+        progress=False,
+        stop_after=5,
+        threads=1,
+    )
     assert not part["finished"] and not (tmp_path / "b" / "model.pt").exists()
     train(data, tmp_path / "b", model_cfg=mcfg, cfg=TrainConfig(**TINY), progress=False, threads=1)
     a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
@@ -139,10 +153,24 @@ def test_resume_gives_the_uninterrupted_result(synth, tmp_path):
 def test_resume_refuses_a_checkpoint_of_another_encoder(synth, tmp_path):
     data = matrix_data(synth)
     mcfg = CmcConfig(dim=DIM, layers=1, heads=2)
-    train(data, tmp_path, model_cfg=mcfg, cfg=TrainConfig(**TINY), progress=False, stop_after=1,
-          threads=1)
-    other = CmcData(data.item_vectors, data.query_vectors, "another-encoder", data.train,
-                    data.test, "ce", scores=data.scores)
+    train(
+        data,
+        tmp_path,
+        model_cfg=mcfg,
+        cfg=TrainConfig(**TINY),
+        progress=False,
+        stop_after=1,
+        threads=1,
+    )
+    other = CmcData(
+        data.item_vectors,
+        data.query_vectors,
+        "another-encoder",
+        data.train,
+        data.test,
+        "ce",
+        scores=data.scores,
+    )
     with pytest.raises(ValueError, match="another-encoder"):
         train(other, tmp_path, model_cfg=mcfg, cfg=TrainConfig(**TINY), progress=False, threads=1)
 
@@ -163,22 +191,31 @@ def test_onnx_runtime_matches_pytorch(trained, k):
 def test_retriever_reranks_de_candidates(trained, synth):
     out, _ = trained
     data = matrix_data(synth)
-    ret = make_retriever("cmc", cmc_model=out, item_vectors=data.item_vectors,
-                         query_vectors=data.query_vectors, cmc_candidates=20)
+    ret = make_retriever(
+        "cmc",
+        cmc_model=out,
+        item_vectors=data.item_vectors,
+        query_vectors=data.query_vectors,
+        cmc_candidates=20,
+    )
     assert isinstance(ret, CmcRetriever)
     rows = data.test.tolist()
     got = ret.retrieve(rows, 10)
     cand, s = ret.scores(rows)
-    de_top20 = make_retriever("de", item_vectors=data.item_vectors,
-                              query_vectors=data.query_vectors).retrieve(rows, 20)
+    de_top20 = make_retriever(
+        "de", item_vectors=data.item_vectors, query_vectors=data.query_vectors
+    ).retrieve(rows, 20)
     assert np.array_equal(cand, de_top20)
     for r in range(len(rows)):
         assert set(got[r]) <= set(cand[r])
         assert np.array_equal(got[r], cand[r][np.argsort(-s[r], kind="stable")[:10]])
     more = ret.retrieve(rows, 30)  # beyond K: CMC's K, then the DE's next items
-    assert np.array_equal(more[:, 20:], make_retriever(
-        "de", item_vectors=data.item_vectors, query_vectors=data.query_vectors
-    ).retrieve(rows, 30)[:, 20:])
+    assert np.array_equal(
+        more[:, 20:],
+        make_retriever(
+            "de", item_vectors=data.item_vectors, query_vectors=data.query_vectors
+        ).retrieve(rows, 30)[:, 20:],
+    )
 
 
 def test_bad_inputs_have_clear_errors(trained, synth):
@@ -193,8 +230,9 @@ def test_bad_inputs_have_clear_errors(trained, synth):
     with pytest.raises(ValueError, match="must have dim 16"):
         CmcReranker(out).score(np.ones((1, 8), np.float32), np.ones((1, 4, 8), np.float32))
     with pytest.raises(ValueError, match="same encoder"):
-        CmcData(data.item_vectors, np.ones((24, 8), np.float32), "x", [0], [1], "ce",
-                scores=data.scores)
+        CmcData(
+            data.item_vectors, np.ones((24, 8), np.float32), "x", [0], [1], "ce", scores=data.scores
+        )
     with pytest.raises(ValueError, match="only 60 items"):
         train(data, out / "never", cfg=TrainConfig(k=61), progress=False, threads=1)
     with pytest.raises(ValueError, match="needs a trained model"):
@@ -213,26 +251,118 @@ def test_metrics_against_hand_values():
 
 def test_cli_train_then_eval_first_cmc(synth, tmp_path, capsys):
     out = tmp_path / "m"
-    assert main(["cmc", "train", "--matrix", str(synth), "--out", str(out), "--k", "12",
-                 "--pool", "40", "--epochs", "1", "--batch-size", "8", "--layers", "1",
-                 "--heads", "2", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "cmc",
+                "train",
+                "--matrix",
+                str(synth),
+                "--out",
+                str(out),
+                "--k",
+                "12",
+                "--pool",
+                "40",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert (out / "model.onnx").is_file()
     js = tmp_path / "e.json"
-    assert main(["eval", str(synth), "--method", "rnr", "--method", "adacur", "--first", "de",
-                 "--first", "cmc", "--cmc-model", str(out), "--cmc-candidates", "30",
-                 "--budget", "20", "--k", "5", "--json", str(js), "--no-plot", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(synth),
+                "--method",
+                "rnr",
+                "--method",
+                "adacur",
+                "--first",
+                "de",
+                "--first",
+                "cmc",
+                "--cmc-model",
+                str(out),
+                "--cmc-candidates",
+                "30",
+                "--budget",
+                "20",
+                "--k",
+                "5",
+                "--json",
+                str(js),
+                "--no-plot",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(js.read_text())["rows"]
     assert {(r["method"], r["first"]) for r in rows} == {
-        ("rnr", "de"), ("rnr", "cmc"), ("adacur", "de"), ("adacur", "cmc")}
+        ("rnr", "de"),
+        ("rnr", "cmc"),
+        ("adacur", "de"),
+        ("adacur", "cmc"),
+    }
     assert all(r["ce_calls_max"] <= 20 and 0 <= r["recall"] <= 1 for r in rows)
     capsys.readouterr()
-    assert main(["cmc", "eval", str(out), "--matrix", str(synth), "--candidates", "30",
-                 "--budget", "20", "--k", "5", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "cmc",
+                "eval",
+                str(out),
+                "--matrix",
+                str(synth),
+                "--candidates",
+                "30",
+                "--budget",
+                "20",
+                "--k",
+                "5",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "rnr (cmc)" in capsys.readouterr().out
     # a K larger than the corpus is a one-line user error
-    assert main(["eval", str(synth), "--method", "rnr", "--first", "cmc", "--cmc-model",
-                 str(out), "--cmc-candidates", "999", "--budget", "20", "--k", "5", "--json",
-                 str(js), "--no-plot", "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                str(synth),
+                "--method",
+                "rnr",
+                "--first",
+                "cmc",
+                "--cmc-model",
+                str(out),
+                "--cmc-candidates",
+                "999",
+                "--budget",
+                "20",
+                "--k",
+                "5",
+                "--json",
+                str(js),
+                "--no-plot",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "between 1 and the number of items (60)" in capsys.readouterr().err
 
 
@@ -242,10 +372,17 @@ def test_gold_label_training_and_qrels_metrics(synth, tmp_path):
     m = matrix_data(synth)
     top3 = np.argsort(-m.scores, axis=1)[:, :3]  # "relevant" = the CE's top 3
     rel = {q: {int(i): 1 for i in top3[q]} for q in range(m.scores.shape[0])}
-    gold = CmcData(m.item_vectors, m.query_vectors, m.encoder_id, m.train, m.test, "gold",
-                   relevant=rel)
-    info = train(gold, tmp_path, model_cfg=CmcConfig(dim=DIM, layers=1, heads=2),
-                 cfg=TrainConfig(**TINY), progress=False, threads=1)
+    gold = CmcData(
+        m.item_vectors, m.query_vectors, m.encoder_id, m.train, m.test, "gold", relevant=rel
+    )
+    info = train(
+        gold,
+        tmp_path,
+        model_cfg=CmcConfig(dim=DIM, layers=1, heads=2),
+        cfg=TrainConfig(**TINY),
+        progress=False,
+        threads=1,
+    )
     assert info["data"]["target"] == "gold" and info["finished"]
     export_onnx(tmp_path)
     test = gold.test.tolist()

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from crossknn.corpus import item_text, load_corpus, stdlib_docstrings
+from crossknn.data import item_text, load_corpus
+from crossknn.demo_corpus import stdlib_docstrings
 
 
 def _write(tmp_path, lines):

@@ -4,23 +4,19 @@ import numpy as np
 import pytest
 
 from crossknn.cli import main
-from crossknn.data import item_text, load_beir, load_score_matrix
-from crossknn.eval import (
-    EvalConfig,
-    evaluate,
-    format_table,
-    synthetic_matrix,
-    write_synthetic_matrix,
-)
+from crossknn.data import item_text, load_beir
+from crossknn.eval import EvalConfig, evaluate, format_table
+from crossknn.matrix import load_score_matrix
 from crossknn.retrievers import (
     RETRIEVERS,
     Bm25Retriever,
     TfidfRetriever,
     make_retriever,
     register_retriever,
-    top_k_rows,
 )
-from crossknn.search import choose_on_dev, dev_split, exact_top_k, topk_recall
+from crossknn.search import choose_on_dev, dev_split
+from crossknn.synthetic import synthetic_matrix, write_synthetic_matrix
+from crossknn.topk import exact_top_k, top_k_rows, topk_recall
 
 
 def test_topk_recall_by_hand():
@@ -51,11 +47,15 @@ def test_choose_on_dev_only_sees_train_rows():
             seen.extend(queries)
             from crossknn.search import SearchResult
 
-            return SearchResult(np.zeros((len(queries), 1)), np.zeros((len(queries), 1), int),
-                                np.ones(len(queries), int))
+            return SearchResult(
+                np.zeros((len(queries), 1)),
+                np.zeros((len(queries), 1), int),
+                np.ones(len(queries), int),
+            )
 
-    best, table = choose_on_dev(lambda v, rows: Probe(), [0.2, 0.4], S, [0, 1, 2, 3, 4],
-                                budget=2, k=1)
+    best, table = choose_on_dev(
+        lambda v, rows: Probe(), [0.2, 0.4], S, [0, 1, 2, 3, 4], budget=2, k=1
+    )
     assert set(seen) <= {0, 1, 2, 3, 4} and best == 0.2 and set(table) == {0.2, 0.4}
 
 
@@ -71,14 +71,18 @@ def test_synthetic_matrix_shapes_and_skew():
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory):
-    return write_synthetic_matrix(tmp_path_factory.mktemp("m") / "synth", 40, 300, n_train=24,
-                                  rank=6, noise=0.2, seed=5)
+    return write_synthetic_matrix(
+        tmp_path_factory.mktemp("m") / "synth", 40, 300, n_train=24, rank=6, noise=0.2, seed=5
+    )
 
 
 def test_evaluate_all_methods_on_synthetic(synth_dir):
     cfg = EvalConfig(
         methods=["rnr", "anncur", "adacur", "adacur-split", "adacur-softmax", "axn"],
-        budgets=[20, 60], ks=[1, 10, 50], rounds=[1, 4], firsts=["random", "de"],
+        budgets=[20, 60],
+        ks=[1, 10, 50],
+        rounds=[1, 4],
+        firsts=["random", "de"],
     )
     rows = evaluate(synth_dir, cfg, progress=False)
     keys = {"method", "budget", "k", "rounds", "first", "recall", "n_test", "ce_calls_max"}
@@ -97,9 +101,29 @@ def test_evaluate_all_methods_on_synthetic(synth_dir):
 
 def test_eval_cli_writes_json_and_png(synth_dir, tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = main(["eval", str(synth_dir), "--method", "adacur", "--method", "rnr", "--first", "de",
-               "--budget", "30", "--k", "1", "--k", "10", "--k", "50", "--json", str(out),
-               "--quiet"])
+    rc = main(
+        [
+            "eval",
+            str(synth_dir),
+            "--method",
+            "adacur",
+            "--method",
+            "rnr",
+            "--first",
+            "de",
+            "--budget",
+            "30",
+            "--k",
+            "1",
+            "--k",
+            "10",
+            "--k",
+            "50",
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     assert len(doc["rows"]) == 4  # k=50 > B=30 is skipped
@@ -113,16 +137,25 @@ def test_eval_cli_writes_json_and_png(synth_dir, tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, match",
     [
-        (["--method", "adacur", "--budget", "300", "--k", "1"], "budget B=300 must be in"),
-        (["--method", "adacur", "--budget", "30", "--k", "1", "--rounds", "0"], "rounds must be"),
-        (["--method", "rnr", "--first", "tfidf", "--budget", "30", "--k", "1"],
-         "names no 'dataset'"),
+        (["--method", "adacur", "--budget", "301", "--k", "1"], "must be in [1, 300]"),
+        (
+            ["--method", "rnr", "--first", "tfidf", "--budget", "30", "--k", "1"],
+            "names no 'dataset'",
+        ),
     ],
 )
 def test_eval_cli_errors(synth_dir, tmp_path, capsys, argv, match):
     rc = main(["eval", str(synth_dir), *argv, "--json", str(tmp_path / "x.json"), "--quiet"])
     assert rc == 2
     assert match in capsys.readouterr().err
+
+
+def test_eval_cli_rounds_below_one_is_an_argument_error(synth_dir, tmp_path, capsys):
+    argv = ["--method", "adacur", "--budget", "30", "--k", "1", "--rounds", "0"]
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", str(synth_dir), *argv, "--json", str(tmp_path / "x.json"), "--quiet"])
+    assert exc.value.code == 2
+    assert "argument --rounds" in capsys.readouterr().err
 
 
 def test_load_score_matrix_rejects_mismatched_shapes(synth_dir, tmp_path):
@@ -141,8 +174,12 @@ def test_load_score_matrix_rejects_mismatched_shapes(synth_dir, tmp_path):
         load_score_matrix(tmp_path / "nope")
 
 
-DOCS = ["apples and pears are fruit", "the stock market fell today", "pears grow on trees",
-        "quantum physics of small particles"]
+DOCS = [
+    "apples and pears are fruit",
+    "the stock market fell today",
+    "pears grow on trees",
+    "quantum physics of small particles",
+]
 
 
 @pytest.mark.parametrize("cls", [TfidfRetriever, Bm25Retriever])
@@ -206,16 +243,42 @@ def test_eval_cli_axn_over_an_mf_index(synth_dir, tmp_path, capsys):
 
     m = load_score_matrix(synth_dir)
     # a transductive MF index whose item embeddings are the DE vectors: same as the default axn
-    save_index(tmp_path / "mf", "mf", {"items": m.de_items}, ce={"model_hash": "x"},
-               params={"mode": "transductive", "normalize": False})
+    save_index(
+        tmp_path / "mf",
+        "mf",
+        {"items": m.de_items},
+        ce={"model_hash": "x"},
+        params={"mode": "transductive", "normalize": False},
+    )
     argv = ["--method", "axn", "--budget", "40", "--k", "10", "--quiet", "--no-plot"]
     assert main(["eval", str(synth_dir), *argv, "--json", str(tmp_path / "a.json")]) == 0
-    assert main(["eval", str(synth_dir), *argv, "--index", str(tmp_path / "mf"),
-                 "--json", str(tmp_path / "b.json")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(synth_dir),
+                *argv,
+                "--index",
+                str(tmp_path / "mf"),
+                "--json",
+                str(tmp_path / "b.json"),
+            ]
+        )
+        == 0
+    )
     a = json.loads((tmp_path / "a.json").read_text())["rows"]
     b = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert [r["recall"] for r in a] == [r["recall"] for r in b]
     save_index(tmp_path / "cur", "cur", {"R": m.scores[m.train]}, ce={"model_hash": "x"})
-    rc = main(["eval", str(synth_dir), *argv, "--index", str(tmp_path / "cur"),
-               "--json", str(tmp_path / "c.json")])
+    rc = main(
+        [
+            "eval",
+            str(synth_dir),
+            *argv,
+            "--index",
+            str(tmp_path / "cur"),
+            "--json",
+            str(tmp_path / "c.json"),
+        ]
+    )
     assert rc == 2 and "kind 'mf'" in capsys.readouterr().err

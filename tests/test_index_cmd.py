@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from crossknn.cli import main
-from crossknn.commands.score_matrix_cmd import make_splits
 from crossknn.index import load_index
-from crossknn.index.files import ModelMismatchError, matrix_identity
+from crossknn.index.files import ModelMismatchError
+from crossknn.matrix import make_splits, matrix_identity
 
 
 def test_splits_reproduce_the_shared_matrix(shared_dir):
@@ -102,7 +102,23 @@ def test_index_commands_on_the_shared_matrix(shared_dir, tmp_path, capsys):
     assert "620 CE calls" in out and "loss (MSE on G) by epoch:" in out
     mf = load_index(tmp_path / "mf", kind="mf", ce=ce, de=de)
     assert mf["items"].shape == (1460, 384) and mf.params["mode"] == "inductive"
-    assert len(mf.info["loss_curve"]) == 3 and mf.params["beta"] > 0
+    assert len(mf.info["loss_curve"]) == 3
+    # G: 10 items per train query, scored from the matrix; --normalize: the score map gives the
+    # CE scores of G the mean and std of the DE scores of the same pairs
+    rows = np.asarray(mf.info["train_rows"])
+    qpos, items = mf["g_query_pos"], mf["g_items"]
+    assert len(rows) == 62 and np.all(np.bincount(qpos) == 10)
+    np.testing.assert_array_equal(mf["g_scores"], np.load(m / "scores.npy")[rows[qpos], items])
+    g = mf["g_scores"].astype(np.float64)
+    de_g = np.einsum(
+        "ij,ij->i",
+        np.load(m / "de_queries.npy")[rows[qpos]].astype(np.float64),
+        np.load(m / "de_items.npy")[items].astype(np.float64),
+    )
+    scale = g.std() / de_g.std()
+    np.testing.assert_allclose(
+        mf.params["score_map"], [scale, g.mean() - scale * de_g.mean()], rtol=1e-5
+    )
     assert main(["index", "mf", str(m), str(tmp_path / "bad"), "--k-d", "2000", "--quiet"]) == 2
 
 

@@ -7,13 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from crossknn.index import (
-    IndexFormatError,
-    ModelMismatchError,
-    load_index,
-    model_identity,
-    save_index,
-)
+from crossknn.identity import model_identity
+from crossknn.index import IndexFormatError, ModelMismatchError, load_index, save_index
 
 CE = {"model_id": "ce-a", "model_hash": "a" * 64}
 DE = {"model_id": "de-a", "model_hash": "d" * 64}

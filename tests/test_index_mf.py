@@ -6,14 +6,19 @@ import numpy as np
 import pytest
 
 from crossknn.index import build_cur_index, build_mf_index, fit_mf, load_index, sample_g
-from crossknn.index.mf import (
-    axn_score_affine,
-    gated_mlp_numpy,
-    query_embeddings,
-    score_normalization,
-    topk_by_vectors,
-)
+from crossknn.index.mf import mf_score_map, query_embeddings
+from crossknn.index.mf_fit import gated_mlp_numpy
+from crossknn.jobs import JobOptions
+from crossknn.topk import topk_by_vectors
 from test_jobs_scorer import LookupScorer
+
+
+def _moments_map(ce, approx):
+    """[scale, offset] of the map whose inverse gives ``ce`` the mean and std of ``approx``:
+    (ce - offset) / scale has mean(approx) and std(approx)."""
+    ce, approx = np.asarray(ce, np.float64), np.asarray(approx, np.float64)
+    scale = ce.std() / approx.std()
+    return [scale, ce.mean() - scale * approx.mean()]
 
 
 def _synthetic(n_q=12, n_i=60, d=8, seed=0):
@@ -61,15 +66,6 @@ def test_sample_g_strategies():
         sample_g(4, 20, 3)
 
 
-def test_score_normalization_matches_de_moments():
-    rng = np.random.default_rng(0)
-    ce, de = rng.uniform(0.2, 0.9, 500), rng.normal(0.1, 0.05, 500)
-    a, b = score_normalization(ce, de)
-    z = b * (ce - a)
-    assert abs(z.mean() - de.mean()) < 1e-9 and abs(z.std() - de.std()) < 1e-9
-    assert score_normalization(np.ones(3), de[:3]) == (0.0, 1.0)
-
-
 @pytest.mark.parametrize("mode", ["transductive", "inductive"])
 def test_fit_lowers_loss_and_is_seeded(mode):
     S, DQ, DI = _synthetic()
@@ -102,8 +98,10 @@ def test_fit_zero_epochs_transductive_keeps_de_and_normalizes():
     r = fit_mf(qp, it, S[qp, it] * 3 + 1, de_queries=DQ, de_items=DI, epochs=0, normalize=True)
     np.testing.assert_array_equal(r.item_embeddings, DI)
     de_g = np.einsum("ij,ij->i", DQ[qp], DI[it])
-    z = r.beta * (S[qp, it] * 3 + 1 - r.alpha)
-    assert abs(z.mean() - de_g.mean()) < 1e-5
+    np.testing.assert_allclose(r.score_map.to_list(), _moments_map(S[qp, it] * 3 + 1, de_g), 1e-5)
+    z = r.score_map.to_approx(S[qp, it] * 3 + 1)
+    assert z.mean() == pytest.approx(de_g.mean(), abs=1e-5)
+    assert z.std() == pytest.approx(de_g.std(), rel=1e-5)
     assert r.loss_curve[0] == pytest.approx(np.mean((de_g - z) ** 2), rel=1e-4)
 
 
@@ -134,8 +132,7 @@ def test_build_mf_index_end_to_end(tmp_path, mode):
         mode=mode,
         epochs=3,
         normalize=True,
-        progress=False,
-        shard_pairs=5,
+        options=JobOptions(shard_pairs=5, progress=False),
         de={"model_id": "de", "model_hash": "x"},
     )
     assert idx.kind == "mf" and idx.ce_calls == 24 == scorer.pairs
@@ -144,12 +141,14 @@ def test_build_mf_index_end_to_end(tmp_path, mode):
         idx["g_scores"], S[np.array(train)[idx["g_query_pos"]], idx["g_items"]]
     )
     np.testing.assert_array_equal(idx["items"], res.item_embeddings)
-    assert idx.params["mode"] == mode and idx.params["alpha"] == res.alpha
+    assert idx.params["mode"] == mode
+    assert idx.params["score_map"] == res.score_map.to_list()
+    # the normalization matches the moments of the CE scores of G to those of the DE scores
+    de_g = np.einsum("ij,ij->i", DQ[train][idx["g_query_pos"]], DI[idx["g_items"]])
+    np.testing.assert_allclose(idx.params["score_map"], _moments_map(idx["g_scores"], de_g), 1e-5)
     assert len(idx.info["loss_curve"]) == 4
     loaded = load_index(tmp_path / "mf", kind="mf", ce=scorer)
-    a, b = axn_score_affine(loaded)
-    ce = np.array([0.3, 0.7])
-    np.testing.assert_allclose((ce - b) / a, res.beta * (ce - res.alpha))
+    assert mf_score_map(loaded) == res.score_map
     q = query_embeddings(loaded, DQ[train])
     np.testing.assert_allclose(
         q, res.query_embeddings if mode == "inductive" else DQ[train], atol=1e-5
@@ -164,8 +163,7 @@ def test_build_cur_index(tmp_path):
         scorer,
         [8, 0, 4],
         query_ids=["q8", "q0", "q4"],
-        shard_pairs=10,
-        progress=False,
+        options=JobOptions(shard_pairs=10, progress=False),
     )
     np.testing.assert_array_equal(idx["R"], S[[8, 0, 4]])
     assert idx.ce_calls == 75 and idx.info["anchor_query_ids"] == ["q8", "q0", "q4"]
@@ -176,11 +174,16 @@ def test_cur_build_resumes_from_kept_job(tmp_path):
     S = np.random.default_rng(3).standard_normal((4, 30)).astype(np.float32)
     first = LookupScorer(S)
     build_cur_index(
-        tmp_path / "cur", first, [0, 1, 2], shard_pairs=8, progress=False, keep_job=True
+        tmp_path / "cur",
+        first,
+        [0, 1, 2],
+        options=JobOptions(shard_pairs=8, progress=False, keep_job=True),
     )
     assert (tmp_path / "cur" / ".job" / "manifest.json").exists()
     again = LookupScorer(S)
-    idx = build_cur_index(tmp_path / "cur", again, [0, 1, 2], shard_pairs=8, progress=False)
+    idx = build_cur_index(
+        tmp_path / "cur", again, [0, 1, 2], options=JobOptions(shard_pairs=8, progress=False)
+    )
     assert again.pairs == 0  # every shard was already done
     assert not (tmp_path / "cur" / ".job").exists()
     np.testing.assert_array_equal(idx["R"], S[:3])
@@ -189,12 +192,18 @@ def test_cur_build_resumes_from_kept_job(tmp_path):
 def test_cur_job_of_another_model_is_not_reused(tmp_path):
     S = np.random.default_rng(4).standard_normal((3, 12)).astype(np.float32)
     a = {"model_id": "m", "model_hash": "a" * 64}
-    build_cur_index(tmp_path / "cur", LookupScorer(S), [0, 1], ce=a, progress=False, keep_job=True)
+    build_cur_index(
+        tmp_path / "cur",
+        LookupScorer(S),
+        [0, 1],
+        ce=a,
+        options=JobOptions(progress=False, keep_job=True),
+    )
     with pytest.raises(ValueError, match="different job"):
         build_cur_index(
             tmp_path / "cur",
             LookupScorer(S),
             [0, 1],
-            progress=False,
+            options=JobOptions(progress=False),
             ce={"model_id": "m", "model_hash": "b" * 64},
         )

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crossknn.jobs import DensePairs, LazyScorer, ScoreJob, SparsePairs, atomic_save_npy
+from crossknn.fileio import atomic_save_npy
+from crossknn.jobs import DensePairs, LazyScorer, ScoreJob, SparsePairs
 from test_jobs_scorer import LookupScorer, lookup_matrix, make_lookup_scorer
 
 TESTS = Path(__file__).resolve().parent

@@ -4,8 +4,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ref_search as ref
-from crossknn.eval import synthetic_matrix
 from crossknn.retrievers import DenseRetriever
+from crossknn.score_map import ScoreMap
 from crossknn.scorers import MatrixScorer
 from crossknn.search import (
     ADACUR,
@@ -13,10 +13,10 @@ from crossknn.search import (
     AXN,
     RNR,
     CurIndex,
-    fit_score_affine,
     query_seed,
     split_sizes,
 )
+from crossknn.synthetic import synthetic_matrix
 
 N_Q, N_I = 36, 150
 S, DQ, DI = synthetic_matrix(N_Q, N_I, rank=8, noise=0.2, de_dim=12, seed=3)
@@ -90,8 +90,9 @@ def test_adacur_matches_reference(rounds, split, ridge):
     n0 = ref.sizes(n_round, rounds)[0]
     for j, q in enumerate(TEST):
         first = res.scored_items[j][:n0]  # the random first round is the method's; the rest is ref
-        expect = ref.rounds_search(S[q], S[TRAIN].T, first, budget, k, rounds, split=split,
-                                   ridge=ridge)
+        expect = ref.rounds_search(
+            S[q], S[TRAIN].T, first, budget, k, rounds, split=split, ridge=ridge
+        )
         assert res.indices[j].tolist() == expect.tolist()
 
 
@@ -103,21 +104,31 @@ def test_adacur_paper_final_and_de_first_match_reference():
     for j, q in enumerate(TEST):
         first = de_ranked(q)[:n0]
         assert res.scored_items[j][:n0].tolist() == first.tolist()
-        expect = ref.rounds_search(S[q], S[TRAIN].T, first, budget, k, rounds, split=split,
-                                   ridge=m.ridge, final="retrieved")
+        expect = ref.rounds_search(
+            S[q],
+            S[TRAIN].T,
+            first,
+            budget,
+            k,
+            rounds,
+            split=split,
+            ridge=m.ridge,
+            final="retrieved",
+        )
         assert res.indices[j].tolist() == expect.tolist()
 
 
 @pytest.mark.parametrize("mix", [0.0, 0.5])
 def test_axn_matches_reference(mix):
     budget, k, rounds = 36, 10, 4
-    affine = fit_score_affine(S[TRAIN], DQ[TRAIN] @ DI.T)
-    m = AXN(DI, rounds=rounds, first=DE, prior=DQ, mix=mix, score_affine=affine)
+    smap = ScoreMap.fit(S[TRAIN], DQ[TRAIN] @ DI.T)
+    m = AXN(DI, rounds=rounds, first=DE, prior=DQ, mix=mix, score_map=smap)
     res = search(m, budget, k)
     for j, q in enumerate(TEST):
         first = de_ranked(q)[: ref.sizes(budget, rounds)[0]]
-        expect = ref.rounds_search(S[q], DI, first, budget, k, rounds, prior=DQ[q], mix=mix,
-                                   affine=affine)
+        expect = ref.rounds_search(
+            S[q], DI, first, budget, k, rounds, prior=DQ[q], mix=mix, affine=smap.to_list()
+        )
         assert res.indices[j].tolist() == expect.tolist()
 
 
@@ -151,8 +162,17 @@ def make(name, rounds):
     }[name]()
 
 
-METHOD_NAMES = ["rnr", "rnr-random", "anncur", "anncur-de", "adacur", "adacur-split",
-                "adacur-softmax", "adacur-random", "axn"]
+METHOD_NAMES = [
+    "rnr",
+    "rnr-random",
+    "anncur",
+    "anncur-de",
+    "adacur",
+    "adacur-split",
+    "adacur-softmax",
+    "adacur-random",
+    "axn",
+]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -189,8 +209,9 @@ def test_recall_is_one_when_budget_covers_all_items(name):
         assert ref.recall(S[q], res.indices[j], 20) == 1.0
 
 
-@pytest.mark.parametrize("name", ["rnr-random", "anncur", "adacur", "adacur-softmax",
-                                  "adacur-random", "axn"])
+@pytest.mark.parametrize(
+    "name", ["rnr-random", "anncur", "adacur", "adacur-softmax", "adacur-random", "axn"]
+)
 def test_deterministic_and_batch_equals_one_at_a_time(name):
     a = search(make(name, 4), 24, 5, seed=7)
     b = search(make(name, 4), 24, 5, seed=7)
@@ -239,11 +260,17 @@ def test_split_sizes():
         (lambda: search(ADACUR(INDEX), 10, 0), ValueError, "k must be >= 1"),
         (lambda: CurIndex(np.zeros((0, 10))), ValueError, "non-empty"),
         (lambda: CurIndex.from_matrix(S, []), ValueError, "at least one anchor"),
-        (lambda: CurIndex.from_matrix(S, [1, 2, 30], test_rows=TEST), ValueError,
-         "must come from train rows; rows \\[30\\] are test rows"),
+        (
+            lambda: CurIndex.from_matrix(S, [1, 2, 30], test_rows=TEST),
+            ValueError,
+            "must come from train rows; rows \\[30\\] are test rows",
+        ),
         (lambda: CurIndex(np.full((2, 3), np.nan)), ValueError, "NaN"),
-        (lambda: ADACUR(CurIndex(S[:5, :40])).search(MatrixScorer(S), [30], budget=10, k=2),
-         ValueError, "index has 40 items but the scorer has 150"),
+        (
+            lambda: ADACUR(CurIndex(S[:5, :40])).search(MatrixScorer(S), [30], budget=10, k=2),
+            ValueError,
+            "index has 40 items but the scorer has 150",
+        ),
         (lambda: ADACUR(INDEX, strategy="best"), ValueError, "strategy must be"),
         (lambda: ADACUR(INDEX, split=1.5), ValueError, "split"),
         (lambda: ANNCUR(INDEX, split=0.0), ValueError, "split"),
@@ -272,13 +299,29 @@ def test_mismatched_prior_shape():
         search(m, 10, 2)
 
 
-def test_fit_score_affine_matches_polyfit():
+def test_score_map_fit_matches_polyfit():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 40))
     y = 0.4 * x + 0.6 + 0.05 * rng.standard_normal((6, 40))
-    np.testing.assert_allclose(fit_score_affine(y, x), np.polyfit(x.ravel(), y.ravel(), 1))
+    smap = ScoreMap.fit(y, x)
+    np.testing.assert_allclose(smap.to_list(), np.polyfit(x.ravel(), y.ravel(), 1))
+    np.testing.assert_allclose(smap.to_ce(smap.to_approx(y)), y)
     with pytest.raises(ValueError, match="do not depend"):
-        fit_score_affine(y, np.ones_like(x))
+        ScoreMap.fit(y, np.ones_like(x))
+
+
+def test_score_map_match_moments_gives_the_approx_moments():
+    rng = np.random.default_rng(0)
+    ce, de = rng.uniform(0.2, 0.9, 500), rng.normal(0.1, 0.05, 500)
+    z = ScoreMap.match_moments(ce, de).to_approx(ce)
+    assert abs(z.mean() - de.mean()) < 1e-9 and abs(z.std() - de.std()) < 1e-9
+    assert ScoreMap.match_moments(np.ones(3), de[:3]) == ScoreMap(1.0, 0.0)
+
+
+@pytest.mark.parametrize("bad", [[1e308, 1e308], [0.0, 1.0], [float("nan"), 0.0], [1.0], "x"])
+def test_score_map_refuses_values_out_of_range(bad):
+    with pytest.raises(ValueError, match="score map"):
+        ScoreMap.from_list(bad)
 
 
 @pytest.mark.parametrize("ridge", [0.0, 1e-2])

@@ -7,16 +7,30 @@ import sys
 import numpy as np
 import pytest
 
+import crossknn.ce
+import ref_search as ref
 from crossknn.ce import default_cross_encoder, default_dual_encoder
 from crossknn.cli import main
-from crossknn.corpus import Corpus, load_corpus
+from crossknn.corpus_index import _encode_resumable, open_index
+from crossknn.data import Corpus, load_corpus
 from crossknn.index.files import ModelMismatchError
-from crossknn.searcher import Searcher, _encode_resumable, open_index
+from crossknn.scorers import MatrixScorer
+from crossknn.search import DEFAULT_MIX
+from crossknn.search.methods import DEFAULT_RIDGE
+from crossknn.searcher import Searcher
 
 pytestmark = [pytest.mark.shared, pytest.mark.slow]
 
 N_ITEMS = 40
 QUERIES = ["the use of computers in libraries", "indexing and classification of documents"]
+# the queries of the budgeted-search tests (B << N): their exact CE rows are computed once
+TEST_QUERIES = QUERIES + [
+    "information needs of scientists and engineers",
+    "citation analysis of the scientific literature",
+    "evaluation of information retrieval systems",
+    "education and training of librarians",
+]
+B, K = 10, 3  # budget a quarter of the corpus: random items would find B / N = 1/4 of the top-k
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +54,29 @@ def env(model_cache, shared_dir, tmp_path_factory):
     mp.undo()
 
 
+class _RecordingCE:
+    """The real CE, recording every (query, items, scores) it is asked for."""
+
+    def __init__(self, ce):
+        self.ce, self.calls = ce, []
+
+    def __getattr__(self, name):
+        return getattr(self.ce, name)
+
+    def score_batch(self, queries, items):
+        out = self.ce.score_batch(queries, items)
+        for q, it, sc in zip(queries, items, out, strict=True):
+            self.calls.append((q, np.asarray(it).copy(), np.asarray(sc, np.float64).copy()))
+        return out
+
+
 @pytest.fixture(scope="module")
 def index_dir(env):
     out = env["root"] / "idx"
+    recording = _RecordingCE(env["ce"])
+    env["calibration"] = recording.calls
+    mp = pytest.MonkeyPatch()
+    mp.setattr(crossknn.ce, "default_cross_encoder", lambda *a, **kw: recording)
     rc = main(
         [
             "build",
@@ -55,8 +89,81 @@ def index_dir(env):
             "--quiet",
         ]
     )
+    mp.undo()
     assert rc == 0
     return out
+
+
+class _ExactCE:
+    """The real CE's identity over its exact scores of TEST_QUERIES (a MatrixScorer): a Searcher
+    on it runs the same method on the same scores, without running the model."""
+
+    def __init__(self, ce, S):
+        self.model_id, self.model_hash = ce.model_id, ce.model_hash
+        self.rows = {q: i for i, q in enumerate(TEST_QUERIES)}
+        self.matrix = MatrixScorer(S)
+        self.n_items = self.matrix.n_items
+
+    def set_items(self, texts):
+        assert len(texts) == self.n_items
+
+    def score(self, query, items):
+        return self.matrix.score(self.rows[query], items)
+
+    def score_batch(self, queries, items):
+        return self.matrix.score_batch([self.rows[q] for q in queries], items)
+
+
+@pytest.fixture(scope="module")
+def exact(env):
+    """Exact CE scores of TEST_QUERIES x all items (computed once) and their DE query vectors."""
+    ce = env["ce"]
+    ce.set_items(env["corpus"].texts)
+    S = np.stack([ce.score(q, np.arange(N_ITEMS)) for q in TEST_QUERIES]).astype(np.float32)
+    Q = np.asarray(env["de"].encode(TEST_QUERIES), np.float64)
+    return {"S": S, "Q": Q, "ce": _ExactCE(ce, S)}
+
+
+def _reference(method, idx, s_row, qvec, *, budget, k, rounds):
+    """tests/ref_search.py's result of ``method`` as the Searcher configures it: first stage =
+    the DE top items of the index's vectors, AXN with the DE prior and the index's score map,
+    ANNCUR/ADACUR over the index's CUR rows with the default ridge."""
+    V = np.asarray(idx["de_items"], np.float64)
+    de_ranked = ref.topk(V @ qvec, V.shape[0])
+    first = de_ranked[: ref.sizes(budget, rounds)[0]]
+    if method == "rnr":
+        return ref.rnr(s_row, de_ranked, budget, k)
+    if method == "axn":
+        smap = tuple(idx.params["score_map"])
+        return ref.rounds_search(
+            s_row, V, first, budget, k, rounds, prior=qvec, mix=DEFAULT_MIX, affine=smap
+        )
+    R = np.asarray(idx["R"], np.float64)
+    if method == "adacur":
+        return ref.rounds_search(s_row, R.T, first, budget, k, rounds, ridge=DEFAULT_RIDGE)
+    anchors = de_ranked[: round(0.5 * budget)]  # ANNCUR's default split, anchors = the DE top
+    return ref.anncur(s_row, R, anchors, budget, k, DEFAULT_RIDGE)
+
+
+def _check_small_budget(s, exact, method):
+    """``method`` at B << N: the real CE search returns what the same method returns on the
+    exact scores and what the numpy reference computes; its recall beats random items."""
+    S, idx = exact["S"], s.index
+    hits = s.search(TEST_QUERIES, k=K, budget=B, method=method)
+    on_exact = Searcher(idx, ce=exact["ce"], de=s.de, method=method).search(
+        TEST_QUERIES, k=K, budget=B
+    )
+    recalls = []
+    for i, (h, e) in enumerate(zip(hits, on_exact, strict=True)):
+        want = _reference(method, idx, S[i], exact["Q"][i], budget=B, k=K, rounds=s.rounds)
+        assert e.indices.tolist() == want.tolist(), (method, h.query)
+        assert h.indices.tolist() == want.tolist(), (method, h.query)
+        assert h.ids == [idx.corpus.ids[j] for j in want]
+        assert h.ce_calls == e.ce_calls == B
+        np.testing.assert_allclose(h.scores, S[i, want], atol=1e-4)
+        recalls.append(ref.recall(S[i], h.indices, K))
+    # a method that scores B random items finds B / N of the top-k on average
+    assert np.mean(recalls) >= B / N_ITEMS + 0.35, (method, recalls)
 
 
 def test_build_writes_a_complete_index(env, index_dir):
@@ -66,20 +173,34 @@ def test_build_writes_a_complete_index(env, index_dir):
     assert idx["de_items"].shape == (N_ITEMS, env["de"].dim)
     np.testing.assert_allclose(idx["de_items"], env["de"].encode(env["corpus"].texts), atol=1e-5)
     assert idx.ce_calls == 4 * 8
-    alpha, beta = idx.params["score_affine"]
-    assert np.isfinite(alpha) and np.isfinite(beta) and alpha != 0
+    # the score map is the least-squares line CE ~ scale * DE + offset through the calibration
+    # pairs: 4 pseudo-queries x (their DE top 4 + 4 other items), recomputed here with np.polyfit
+    calls = env["calibration"]
+    assert [len(it) for _, it, _ in calls] == [8] * 4
+    V = np.asarray(idx["de_items"], np.float64)  # checked against the DE above
+    qv = env["de"].encode([q for q, _, _ in calls]).astype(np.float64)
+    de_s, ce_s = [], []
+    for (_, items, scores), q in zip(calls, qv, strict=True):
+        assert set(ref.topk(V @ q, 4).tolist()) <= set(items.tolist())
+        de_s.append(V[items] @ q)
+        ce_s.append(scores)
+    want = np.polyfit(np.concatenate(de_s), np.concatenate(ce_s), 1)
+    np.testing.assert_allclose(idx.params["score_map"], want, rtol=1e-4)
     assert idx.index.models["ce"]["model_hash"] == env["ce"].model_hash
     assert not (index_dir / ".build").exists()
 
 
 @pytest.mark.parametrize("method", ["axn", "rnr"])
-def test_full_budget_finds_the_exact_top_k(env, index_dir, method):
+def test_small_budget_matches_the_reference_and_beats_random(env, index_dir, exact, method):
     s = Searcher(index_dir, method=method)
-    hits = s.search(QUERIES, k=5, budget=N_ITEMS, exact=True)
-    for h in hits:
-        assert h.ce_calls == N_ITEMS
-        assert h.recall == 1.0
-        assert h.ids == h.exact_ids
+    _check_small_budget(s, exact, method)
+    if method != "axn":
+        return
+    # exact=True reports the exact top-k and the recall of the exact CE rows
+    h = s.search(TEST_QUERIES[2], k=K, budget=B, exact=True)[0]
+    top = ref.topk(exact["S"][2], K)
+    assert h.exact_ids == [s.corpus.ids[j] for j in top]
+    assert h.recall == ref.recall(exact["S"][2], h.indices, K)
 
 
 def test_small_budget_returns_exact_ce_scores_and_honours_budget(env, index_dir):
@@ -138,7 +259,7 @@ def test_cli_search_json_and_stdin(env, index_dir, capsys, monkeypatch):
     assert "exceeds the budget" in capsys.readouterr().err
 
 
-def test_cur_index_enables_adacur(env, tmp_path):
+def test_cur_index_enables_adacur(env, exact, tmp_path):
     train = tmp_path / "train.txt"
     train.write_text("library catalogs\ninformation retrieval systems\ncitation analysis\n")
     out = tmp_path / "cur"
@@ -168,8 +289,7 @@ def test_cur_index_enables_adacur(env, tmp_path):
     assert idx.ce_calls == 3 * 8 + 3 * N_ITEMS
     s = Searcher(idx, method="adacur")
     for method in ("adacur", "anncur"):
-        h = s.search(QUERIES[0], k=3, budget=N_ITEMS, method=method, exact=True)[0]
-        assert h.recall == 1.0
+        _check_small_budget(s, exact, method)
 
 
 def test_build_errors(env, tmp_path):

@@ -1,13 +1,17 @@
 // Item features: storage, dequantized rows, streaming top-k, Gumbel-top-k and random sampling.
+#include "crossknn/features.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_set>
 
-#include "crossknn/engine.h"
+#include "crossknn/npy.h"
+#include "features_impl.h"
 #include "kernels.h"
 
 namespace crossknn {
@@ -18,15 +22,17 @@ Storage parse_storage(const std::string& name) {
   if (name == "float32") return Storage::Float32;
   if (name == "float16") return Storage::Float16;
   if (name == "int8") return Storage::Int8;
-  throw std::invalid_argument("storage must be 'float32', 'float16' or 'int8'; got '" + name +
-                              "'");
+  throw std::invalid_argument("storage must be 'float32', 'float16' or 'int8'; got '" + name + "'");
 }
 
 const char* storage_name(Storage s) noexcept {
   switch (s) {
-    case Storage::Float32: return "float32";
-    case Storage::Float16: return "float16";
-    default: return "int8";
+    case Storage::Float32:
+      return "float32";
+    case Storage::Float16:
+      return "float16";
+    default:
+      return "int8";
   }
 }
 
@@ -41,52 +47,187 @@ static int resolve_threads(int threads) {
   return threads;
 }
 
-Features::Features(const float* V, int64_t n, int64_t d, Storage storage, int threads)
-    : n_(n), d_(d), storage_(storage), threads_(resolve_threads(threads)) {
+namespace {
+
+void check_shape(int64_t n, int64_t d) {
   if (n <= 0 || d <= 0)
     throw std::invalid_argument("V must be non-empty (N x d with N, d > 0); got " +
                                 std::to_string(n) + " x " + std::to_string(d));
+  if (n > std::numeric_limits<int64_t>::max() / d) throw std::length_error("N x d overflows");
+}
+
+[[noreturn]] void not_finite(int64_t i, int64_t d) {
+  throw std::invalid_argument("V contains NaN or inf (row " + std::to_string(i / d) + ", column " +
+                              std::to_string(i % d) + ")");
+}
+
+void check_scales(const float* scales, int64_t n) {
+  for (int64_t r = 0; r < n; ++r)
+    if (!(scales[r] > 0.f) || !std::isfinite(scales[r]))
+      throw std::invalid_argument("int8 row scales must be finite and > 0; row " +
+                                  std::to_string(r) + " has " + std::to_string(scales[r]));
+}
+
+}  // namespace
+
+namespace detail {
+const FeatureData& data(const Features& f) noexcept { return *f.data_; }
+}  // namespace detail
+
+Features::Features(std::shared_ptr<const detail::FeatureData> data, int threads)
+    : data_(std::move(data)), threads_(resolve_threads(threads)) {}
+
+Features::Features(const float* V, int64_t n, int64_t d, Storage storage, int threads)
+    : threads_(resolve_threads(threads)) {
+  check_shape(n, d);
   if (!V) throw std::invalid_argument("V is a null pointer");
   const int64_t total = n * d;
-  if (total / d != n) throw std::length_error("N x d overflows");
   for (int64_t i = 0; i < total; ++i)
-    if (!std::isfinite(V[i]))
-      throw std::invalid_argument("V contains NaN or inf (row " + std::to_string(i / d) +
-                                  ", column " + std::to_string(i % d) + ")");
+    if (!std::isfinite(V[i])) not_finite(i, d);
+  auto fd = std::make_shared<detail::FeatureData>();
+  fd->n = n;
+  fd->d = d;
+  fd->st = storage;
   switch (storage) {
     case Storage::Float32:
-      f32_.assign(V, V + total);
+      fd->own32.assign(V, V + total);
+      fd->p32 = fd->own32.data();
       break;
     case Storage::Float16:
-      f16_.resize(total);
-      for (int64_t i = 0; i < total; ++i) f16_[i] = detail::float_to_half(V[i]);
+      fd->own16.resize(total);
+      for (int64_t i = 0; i < total; ++i) fd->own16[i] = detail::float_to_half(V[i]);
+      fd->p16 = fd->own16.data();
       break;
     case Storage::Int8:
-      i8_.resize(total);
-      scale_.resize(n);
+      fd->own8.resize(total);
+      fd->own_scale.resize(n);
       for (int64_t r = 0; r < n; ++r) {
         const float* v = V + r * d;
         float mx = 0.f;
         for (int64_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(v[j]));
         const float sc = mx > 0.f ? mx / 127.0f : 1.0f;
-        scale_[r] = sc;
+        fd->own_scale[r] = sc;
         for (int64_t j = 0; j < d; ++j) {
           float q = std::nearbyint(v[j] / sc);
           q = std::min(127.f, std::max(-127.f, q));
-          i8_[r * d + j] = static_cast<int8_t>(q);
+          fd->own8[r * d + j] = static_cast<int8_t>(q);
         }
       }
+      fd->p8 = fd->own8.data();
+      fd->pscale = fd->own_scale.data();
       break;
   }
+  data_ = std::move(fd);
 }
+
+Features Features::view_float32(const float* V, int64_t n, int64_t d, int threads,
+                                std::shared_ptr<const void> owner, bool check_finite) {
+  check_shape(n, d);
+  if (!V) throw std::invalid_argument("V is a null pointer");
+  if (check_finite)
+    for (int64_t i = 0; i < n * d; ++i)
+      if (!std::isfinite(V[i])) not_finite(i, d);
+  auto fd = std::make_shared<detail::FeatureData>();
+  fd->n = n;
+  fd->d = d;
+  fd->st = Storage::Float32;
+  fd->p32 = V;
+  fd->owner = std::move(owner);
+  fd->view = true;
+  return Features(std::move(fd), threads);
+}
+
+Features Features::view_float16(const uint16_t* V, int64_t n, int64_t d, int threads,
+                                std::shared_ptr<const void> owner, bool check_finite) {
+  check_shape(n, d);
+  if (!V) throw std::invalid_argument("V is a null pointer");
+  if (check_finite)
+    for (int64_t i = 0; i < n * d; ++i)
+      if ((V[i] & 0x7c00u) == 0x7c00u) not_finite(i, d);  // exponent all ones: inf or NaN
+  auto fd = std::make_shared<detail::FeatureData>();
+  fd->n = n;
+  fd->d = d;
+  fd->st = Storage::Float16;
+  fd->p16 = V;
+  fd->owner = std::move(owner);
+  fd->view = true;
+  return Features(std::move(fd), threads);
+}
+
+Features Features::view_int8(const int8_t* V, const float* scales, int64_t n, int64_t d,
+                             int threads, std::shared_ptr<const void> owner, bool check_finite) {
+  check_shape(n, d);
+  if (!V || !scales) throw std::invalid_argument("V or scales is a null pointer");
+  if (check_finite) check_scales(scales, n);
+  auto fd = std::make_shared<detail::FeatureData>();
+  fd->n = n;
+  fd->d = d;
+  fd->st = Storage::Int8;
+  fd->p8 = V;
+  fd->pscale = scales;
+  fd->owner = std::move(owner);
+  fd->view = true;
+  return Features(std::move(fd), threads);
+}
+
+Features Features::open_npy(const std::string& path, int threads, const std::string& scales_path,
+                            bool check_finite) {
+  NpyMap m = map_npy(path);
+  const auto& h = m.header;
+  if (h.shape.size() != 2)
+    throw std::invalid_argument(path + ": an item matrix must be 2-D (N x d); got " +
+                                std::to_string(h.shape.size()) + "-D");
+  const int64_t n = h.shape[0], d = h.shape[1];
+  auto owner = std::static_pointer_cast<const void>(m.file);
+  switch (h.dtype) {
+    case NpyDtype::Float32:
+      return view_float32(static_cast<const float*>(m.data()), n, d, threads, owner, check_finite);
+    case NpyDtype::Float16:
+      return view_float16(static_cast<const uint16_t*>(m.data()), n, d, threads, owner,
+                          check_finite);
+    case NpyDtype::Int8: {
+      if (scales_path.empty())
+        throw std::invalid_argument(path +
+                                    ": an int8 item matrix needs its row scales "
+                                    "(scales_path, a float32 .npy of N values)");
+      NpyMap s = map_npy(scales_path);
+      if (s.header.dtype != NpyDtype::Float32 || s.header.count() != n ||
+          s.header.shape.size() != 1)
+        throw std::invalid_argument(scales_path + ": scales must be float32 of shape (" +
+                                    std::to_string(n) + ",); got " +
+                                    npy_dtype_name(s.header.dtype) + " with " +
+                                    std::to_string(s.header.count()) + " values");
+      struct Both {
+        std::shared_ptr<const MappedFile> a, b;
+      };
+      auto both = std::make_shared<const Both>(Both{m.file, s.file});
+      return view_int8(static_cast<const int8_t*>(m.data()), static_cast<const float*>(s.data()), n,
+                       d, threads, both, check_finite);
+    }
+    default:
+      throw std::invalid_argument(path +
+                                  ": item matrix dtype must be float32, float16 or int8; "
+                                  "got " +
+                                  npy_dtype_name(h.dtype));
+  }
+}
+
+int64_t Features::n_items() const noexcept { return data_->n; }
+int64_t Features::dim() const noexcept { return data_->d; }
+Storage Features::storage() const noexcept { return data_->st; }
+bool Features::is_view() const noexcept { return data_->view; }
 
 void Features::set_threads(int threads) { threads_ = resolve_threads(threads); }
 
 int64_t Features::nbytes() const noexcept {
-  switch (storage_) {
-    case Storage::Float32: return n_ * d_ * 4;
-    case Storage::Float16: return n_ * d_ * 2;
-    default: return n_ * d_ + n_ * 4;
+  const int64_t n_ = data_->n, d_ = data_->d;
+  switch (data_->st) {
+    case Storage::Float32:
+      return n_ * d_ * 4;
+    case Storage::Float16:
+      return n_ * d_ * 2;
+    default:
+      return n_ * d_ + n_ * 4;
   }
 }
 
@@ -97,21 +238,23 @@ static void check_item(int64_t i, int64_t n) {
 }
 
 void Features::rows(const int64_t* items, int64_t m, double* out) const {
+  const detail::FeatureData& fd = *data_;
+  const int64_t n_ = fd.n, d_ = fd.d;
   for (int64_t t = 0; t < m; ++t) check_item(items[t], n_);
   for (int64_t t = 0; t < m; ++t) {
     const int64_t r = items[t];
     double* o = out + t * d_;
-    switch (storage_) {
+    switch (fd.st) {
       case Storage::Float32:
-        for (int64_t j = 0; j < d_; ++j) o[j] = f32_[r * d_ + j];
+        for (int64_t j = 0; j < d_; ++j) o[j] = fd.p32[r * d_ + j];
         break;
       case Storage::Float16:
-        for (int64_t j = 0; j < d_; ++j) o[j] = detail::half_to_float(f16_[r * d_ + j]);
+        for (int64_t j = 0; j < d_; ++j) o[j] = detail::half_to_float(fd.p16[r * d_ + j]);
         break;
       default:
         // the kernel computes scale * sum(q_j u_j): the dequantized row is q_j * scale (float)
         for (int64_t j = 0; j < d_; ++j)
-          o[j] = static_cast<double>(static_cast<float>(i8_[r * d_ + j]) * scale_[r]);
+          o[j] = static_cast<double>(static_cast<float>(fd.p8[r * d_ + j]) * fd.pscale[r]);
     }
   }
 }
@@ -187,14 +330,13 @@ void Features::sample_softmax(const float* U, int64_t Q, int64_t k, const Exclud
   select_(U, Q, k, ex, true, temperature, seed, out_keys, out_idx);
 }
 
-void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex,
-                       bool gumbel, double temperature, uint64_t seed, float* out_s,
-                       int64_t* out_i) const {
+void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex, bool gumbel,
+                       double temperature, uint64_t seed, float* out_s, int64_t* out_i) const {
+  const int64_t n_ = data_->n, d_ = data_->d;
   if (Q < 0) throw std::invalid_argument("number of queries must be >= 0");
   for (int64_t i = 0; i < Q * d_; ++i)
     if (!std::isfinite(U[i]))
-      throw std::invalid_argument("u contains NaN or inf (query " + std::to_string(i / d_) +
-                                  ")");
+      throw std::invalid_argument("u contains NaN or inf (query " + std::to_string(i / d_) + ")");
   const auto excl = prepare_exclude(ex, Q, n_, k);
   if (Q == 0 || k == 0) return;
 
@@ -213,14 +355,14 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
   std::vector<uint64_t> keys(Q);
   for (int64_t q = 0; q < Q; ++q) keys[q] = detail::stream_key(seed, static_cast<uint64_t>(q));
   const double inv_t = 1.0 / temperature;
-  const detail::Queries qs = detail::prepare_queries(*this, U, Q);
+  const detail::Queries qs = detail::prepare_queries(*data_, U, Q);
   const float NEG_INF = -std::numeric_limits<float>::infinity();
 
   parallel_for(T, n_blocks, [&](int w, int64_t b) {
     const int64_t r0 = b * bs, r1 = std::min(n_, r0 + bs), nb = r1 - r0;
     auto& buf = bufs[w];
     if (buf.size() < static_cast<size_t>(bs * Q)) buf.resize(bs * Q);
-    detail::block_scores(*this, r0, r1, qs, buf.data(), bs);
+    detail::block_scores(*data_, r0, r1, qs, buf.data(), bs);
     for (int64_t q = 0; q < Q; ++q) {
       const auto& e = excl[q];
       auto it = std::lower_bound(e.begin(), e.end(), r0);
@@ -260,6 +402,7 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
 
 void Features::sample_random(int64_t Q, int64_t k, const ExcludeLists& ex, uint64_t seed,
                              int64_t* out_idx) const {
+  const int64_t n_ = data_->n;
   if (Q < 0) throw std::invalid_argument("number of queries must be >= 0");
   const auto excl = prepare_exclude(ex, Q, n_, k);
   for (int64_t q = 0; q < Q; ++q) {
@@ -274,8 +417,8 @@ void Features::sample_random(int64_t Q, int64_t k, const ExcludeLists& ex, uint6
       int64_t got = 0;
       for (uint64_t c = 0; got < k; ++c) {
         const uint64_t h = detail::mix64(key ^ detail::mix64(c));
-        const int64_t i =
-            static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n_)) >> 64);
+        const int64_t i = static_cast<int64_t>(
+            (static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n_)) >> 64);
         if (std::binary_search(e.begin(), e.end(), i)) continue;
         if (!chosen.insert(i).second) continue;
         out[got++] = i;

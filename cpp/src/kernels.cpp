@@ -24,10 +24,11 @@ uint16_t float_to_half(float f) noexcept {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+  if (ax >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (ax < 0x38800000u) {  // subnormal half (or zero)
-    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25: rounds to 0
+  if (ax < 0x38800000u) {                                               // subnormal half (or zero)
+    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);           // < 2^-25: rounds to 0
     const uint32_t e = ax >> 23;
     const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126u - e;  // 14 + (113 - e) ... value = m * 2^(e-150); half unit 2^-24
@@ -54,7 +55,10 @@ float half_to_float(uint16_t h) noexcept {
       x = sign;
     } else {  // subnormal: normalise
       e = 113;
-      while (!(m & 0x400u)) { m <<= 1; --e; }
+      while (!(m & 0x400u)) {
+        m <<= 1;
+        --e;
+      }
       x = sign | (e << 23) | ((m & 0x3ffu) << 13);
     }
   } else if (e == 31) {
@@ -86,7 +90,7 @@ inline float int8_score(int64_t total, double su, float scale) {
   return static_cast<float>(static_cast<double>(total) * su * static_cast<double>(scale));
 }
 
-void scores_generic(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+void scores_generic(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                     int64_t ld) {
   const int64_t d = f.dim(), Q = qs.Q;
   const float* U = qs.U;
@@ -132,8 +136,8 @@ inline float scalar_of(uint16_t v) { return half_to_float(v); }
 __attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 a, __m256 b) {
   __m256 s = _mm256_add_ps(a, b);
   __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
-  __m128 x = _mm_add_ps(lo, hi);                 // 4
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));        // 2
+  __m128 x = _mm_add_ps(lo, hi);                  // 4
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));         // 2
   x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 0x55));  // 1
   return _mm_cvtss_f32(x);
 }
@@ -144,7 +148,7 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 a, __m256 b) {
 // float16 are compute-bound, float32 memory-bound).
 template <int NQ, class T>
 __attribute__((target("avx2,fma,f16c"))) inline void dot_tile(const T* v, const float* const* u,
-                                                               int64_t d, float* s) {
+                                                              int64_t d, float* s) {
   __m256 acc[NQ][4];
   _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {
     acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = _mm256_setzero_ps();
@@ -182,8 +186,8 @@ inline int64_t row_group(int64_t row_bytes) {
 
 template <class T>
 __attribute__((target("avx2,fma,f16c"))) void scores_avx2_t(const T* V, int64_t d, int64_t r0,
-                                                             int64_t r1, const float* U,
-                                                             int64_t Q, float* out, int64_t ld) {
+                                                            int64_t r1, const float* U, int64_t Q,
+                                                            float* out, int64_t ld) {
   float s[2];
   const int64_t G = Q > 1 ? row_group(d * static_cast<int64_t>(sizeof(T))) : 1;
   for (int64_t g0 = r0; g0 < r1; g0 += G) {
@@ -210,8 +214,8 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_t(const T* V, int64_t 
 // int8 rows against int16 queries, exact integer sums (so any order gives the same result).
 template <int NQ>
 __attribute__((target("avx2,fma,f16c"))) inline void dot_i8(const int8_t* v,
-                                                             const int16_t* const* u, int64_t d,
-                                                             int64_t* total) {
+                                                            const int16_t* const* u, int64_t d,
+                                                            int64_t* total) {
   for (int q = 0; q < NQ; ++q) total[q] = 0;
   int64_t j = 0;
   while (j + 16 <= d) {
@@ -224,13 +228,14 @@ __attribute__((target("avx2,fma,f16c"))) inline void dot_i8(const int8_t* v,
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + j)));
       _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {
         acc[q] = _mm256_add_epi32(
-            acc[q], _mm256_madd_epi16(
-                        x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u[q] + j))));
+            acc[q],
+            _mm256_madd_epi16(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u[q] + j))));
       }
     }
     _Pragma("GCC unroll 4") for (int q = 0; q < NQ; ++q) {  // 8 int32 lanes -> int64
-      const __m256i w = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(acc[q])),
-                                         _mm256_cvtepi32_epi64(_mm256_extracti128_si256(acc[q], 1)));
+      const __m256i w =
+          _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(acc[q])),
+                           _mm256_cvtepi32_epi64(_mm256_extracti128_si256(acc[q], 1)));
       const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
       total[q] += _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1);
     }
@@ -241,9 +246,9 @@ __attribute__((target("avx2,fma,f16c"))) inline void dot_i8(const int8_t* v,
 
 // two int8 rows against one int16 query (independent chains for the single-query case)
 __attribute__((target("avx2,fma,f16c"))) inline void dot_i8_2rows(const int8_t* v0,
-                                                                   const int8_t* v1,
-                                                                   const int16_t* u, int64_t d,
-                                                                   int64_t* total) {
+                                                                  const int8_t* v1,
+                                                                  const int16_t* u, int64_t d,
+                                                                  int64_t* total) {
   total[0] = total[1] = 0;
   int64_t j = 0;
   while (j + 16 <= d) {
@@ -252,13 +257,13 @@ __attribute__((target("avx2,fma,f16c"))) inline void dot_i8_2rows(const int8_t* 
     for (; j + 16 <= end; j += 16) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + j));
       a0 = _mm256_add_epi32(
-          a0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(v0 + j))),
-                                w));
+          a0,
+          _mm256_madd_epi16(
+              _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v0 + j))), w));
       a1 = _mm256_add_epi32(
-          a1, _mm256_madd_epi16(_mm256_cvtepi8_epi16(
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(v1 + j))),
-                                w));
+          a1,
+          _mm256_madd_epi16(
+              _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v1 + j))), w));
     }
     const __m256i w0 = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(a0)),
                                         _mm256_cvtepi32_epi64(_mm256_extracti128_si256(a0, 1)));
@@ -275,7 +280,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void dot_i8_2rows(const int8_t* 
   }
 }
 
-__attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const Features& f, int64_t r0,
+__attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const FeatureData& f, int64_t r0,
                                                              int64_t r1, const Queries& qs,
                                                              float* out, int64_t ld) {
   const int64_t d = f.dim(), Q = qs.Q;
@@ -312,7 +317,7 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const Features& f, 
   }
 }
 
-void scores_avx2(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+void scores_avx2(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                  int64_t ld) {
   switch (f.storage()) {
     case Storage::Float32:
@@ -325,7 +330,7 @@ void scores_avx2(const Features& f, int64_t r0, int64_t r1, const Queries& qs, f
 }
 #endif
 
-using ScoreFn = void (*)(const Features&, int64_t, int64_t, const Queries&, float*, int64_t);
+using ScoreFn = void (*)(const FeatureData&, int64_t, int64_t, const Queries&, float*, int64_t);
 
 struct Dispatch {
   ScoreFn fn = scores_generic;
@@ -353,7 +358,7 @@ const Dispatch& dispatch() {
 
 }  // namespace
 
-Queries prepare_queries(const Features& f, const float* U, int64_t Q) {
+Queries prepare_queries(const FeatureData& f, const float* U, int64_t Q) {
   Queries qs;
   qs.U = U;
   qs.Q = Q;
@@ -377,7 +382,7 @@ Queries prepare_queries(const Features& f, const float* U, int64_t Q) {
   return qs;
 }
 
-void block_scores(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+void block_scores(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                   int64_t ld) {
   dispatch().fn(f, r0, r1, qs, out, ld);
 }

@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "crossknn/engine.h"
+#include "features_impl.h"
 
 namespace crossknn::detail {
 
@@ -21,10 +21,10 @@ struct Queries {
   std::vector<int16_t> uq;  // int8 storage only: Q x d
   std::vector<double> su;
 };
-Queries prepare_queries(const Features& f, const float* U, int64_t Q);
+Queries prepare_queries(const FeatureData& f, const float* U, int64_t Q);
 
 // out[q * ld + (r - r0)] = score of row r for query q, r in [r0, r1).
-void block_scores(const Features& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
+void block_scores(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                   int64_t ld);
 
 // Name of the kernel set in use ("avx2" or "generic"); CROSSKNN_NO_SIMD=1 forces "generic".

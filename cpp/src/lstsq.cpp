@@ -1,10 +1,13 @@
-// Incremental least squares for one query's scored set A (see engine.h for the math).
+// Incremental least squares for one query's scored set A (see least_squares.h for the math).
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
+#include <utility>
 
-#include "crossknn/engine.h"
+#include "crossknn/least_squares.h"
 
 namespace crossknn {
 
@@ -43,8 +46,42 @@ CROSSKNN_CLONES void givens_row(double* rk, double* x, int64_t n, double c, doub
 
 }  // namespace
 
-LeastSquares::LeastSquares(const Features& features, double ridge, int refine, double jitter_rel)
-    : f_(&features), d_(features.dim()), ridge_(ridge), jitter_rel_(jitter_rel), refine_(refine) {
+// The private state of a LeastSquares (kept out of the public header with its lock).
+struct LeastSquares::State {
+  State(const Features& features, double ridge, int refine, double jitter_rel);
+  void append(const int64_t* items, const double* targets, int64_t m);
+  void solve(double* u) const;
+  void set_prior(const double* prior, double mix);
+  std::vector<int64_t> items() const;
+  std::vector<double> targets() const;
+  void refactor_();
+  void extend_dual_(int64_t m0);
+  void extend_primal_(int64_t m0);
+  void apply_inv_(double* v) const;  // v <- (F + delta I)^-1 v using the current factor
+
+  Features f_;  // shares the matrix: it lives as long as this state
+  int64_t d_;
+  double ridge_, jitter_rel_;
+  int refine_;
+  int64_t m_ = 0;
+  std::vector<int64_t> items_;
+  std::unordered_set<int64_t> seen_;
+  std::vector<double> X_;  // m x d rows, double
+  std::vector<double> a_;
+  bool primal_ = false;
+  double delta_ = 0.0, scale_ = 0.0;  // scale_: max row norm^2 delta was derived from
+  // dual: L lower-triangular m x m, row-major with stride cap_ (grown by doubling)
+  // primal: R upper-triangular d x d, row-major (R^T R = X^T X + delta I)
+  std::vector<double> L_;
+  int64_t cap_ = 0;
+  std::vector<double> R_;
+  std::vector<double> prior_;
+  double mix_ = 0.0;
+  mutable std::mutex mu_;
+};
+
+LeastSquares::State::State(const Features& features, double ridge, int refine, double jitter_rel)
+    : f_(features), d_(features.dim()), ridge_(ridge), jitter_rel_(jitter_rel), refine_(refine) {
   if (!(ridge >= 0.0) || !std::isfinite(ridge))
     throw std::invalid_argument("ridge must be a finite number >= 0; got " + std::to_string(ridge));
   if (refine < 0 || refine > 100)
@@ -54,21 +91,21 @@ LeastSquares::LeastSquares(const Features& features, double ridge, int refine, d
   if (ridge_ > 0) delta_ = ridge_;
 }
 
-std::vector<int64_t> LeastSquares::items() const {
+std::vector<int64_t> LeastSquares::State::items() const {
   std::lock_guard<std::mutex> lock(mu_);
   return items_;
 }
 
-std::vector<double> LeastSquares::targets() const {
+std::vector<double> LeastSquares::State::targets() const {
   std::lock_guard<std::mutex> lock(mu_);
   return a_;
 }
 
-void LeastSquares::append(const int64_t* items, const double* targets, int64_t m) {
+void LeastSquares::State::append(const int64_t* items, const double* targets, int64_t m) {
   std::lock_guard<std::mutex> lock(mu_);
   if (m < 0) throw std::invalid_argument("number of rows must be >= 0");
   if (m == 0) return;
-  const int64_t n = f_->n_items();
+  const int64_t n = f_.n_items();
   std::unordered_set<int64_t> fresh;
   for (int64_t t = 0; t < m; ++t) {
     const int64_t i = items[t];
@@ -84,7 +121,7 @@ void LeastSquares::append(const int64_t* items, const double* targets, int64_t m
   }
   const int64_t m0 = m_;
   X_.resize(static_cast<size_t>((m0 + m) * d_));
-  f_->rows(items, m, X_.data() + m0 * d_);
+  f_.rows(items, m, X_.data() + m0 * d_);
   items_.insert(items_.end(), items, items + m);
   a_.insert(a_.end(), targets, targets + m);
   seen_.insert(fresh.begin(), fresh.end());
@@ -114,7 +151,7 @@ void LeastSquares::append(const int64_t* items, const double* targets, int64_t m
   }
 }
 
-void LeastSquares::refactor_() {
+void LeastSquares::State::refactor_() {
   if (m_ < d_) {
     primal_ = false;
     R_.clear();
@@ -143,11 +180,10 @@ void LeastSquares::refactor_() {
     for (int64_t i = k + 1; i < d; ++i)
       if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
   }
-  for (int64_t i = 1; i < d; ++i)
-    std::fill(R_.begin() + i * d, R_.begin() + i * d + i, 0.0);
+  for (int64_t i = 1; i < d; ++i) std::fill(R_.begin() + i * d, R_.begin() + i * d + i, 0.0);
 }
 
-void LeastSquares::extend_dual_(int64_t m0) {
+void LeastSquares::State::extend_dual_(int64_t m0) {
   if (m_ > cap_) {
     int64_t cap = std::max<int64_t>(16, cap_);
     while (cap < m_) cap *= 2;
@@ -172,7 +208,7 @@ void LeastSquares::extend_dual_(int64_t m0) {
   }
 }
 
-void LeastSquares::extend_primal_(int64_t m0) {
+void LeastSquares::State::extend_primal_(int64_t m0) {
   // rank-1 updates R^T R + x x^T for each new row (Givens-style, as LINPACK dchud)
   const int64_t d = d_;
   std::vector<double> x(static_cast<size_t>(d));
@@ -189,7 +225,7 @@ void LeastSquares::extend_primal_(int64_t m0) {
   }
 }
 
-void LeastSquares::apply_inv_(double* v) const {
+void LeastSquares::State::apply_inv_(double* v) const {
   if (primal_) {  // R^T y = v, then R z = y
     const int64_t d = d_;
     for (int64_t i = 0; i < d; ++i) {
@@ -216,7 +252,7 @@ void LeastSquares::apply_inv_(double* v) const {
   }
 }
 
-void LeastSquares::solve(double* u) const {
+void LeastSquares::State::solve(double* u) const {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t d = d_, m = m_;
   std::fill(u, u + d, 0.0);
@@ -242,7 +278,7 @@ void LeastSquares::solve(double* u) const {
     for (int64_t j = 0; j < d; ++j) u[j] = (1.0 - mix_) * u[j] + mix_ * prior_[j];
 }
 
-void LeastSquares::set_prior(const double* prior, double mix) {
+void LeastSquares::State::set_prior(const double* prior, double mix) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!prior) {
     prior_.clear();
@@ -253,12 +289,40 @@ void LeastSquares::set_prior(const double* prior, double mix) {
     throw std::invalid_argument("mix must be in [0, 1]; got " + std::to_string(mix));
   for (int64_t j = 0; j < d_; ++j)
     if (!std::isfinite(prior[j]))
-      throw std::invalid_argument("prior contains NaN or inf (position " + std::to_string(j) +
-                                  ")");
+      throw std::invalid_argument("prior contains NaN or inf (position " + std::to_string(j) + ")");
   prior_.assign(prior, prior + d_);
   mix_ = mix;
 }
 
-void LeastSquares::clear_prior() { set_prior(nullptr, 0.0); }
+LeastSquares::LeastSquares(const Features& features, double ridge, int refine, double jitter_rel)
+    : s_(std::make_unique<State>(features, ridge, refine, jitter_rel)) {}
+LeastSquares::~LeastSquares() = default;
+LeastSquares::LeastSquares(LeastSquares&&) noexcept = default;
+LeastSquares& LeastSquares::operator=(LeastSquares&&) noexcept = default;
+
+void LeastSquares::append(const int64_t* items, const double* targets, int64_t m) {
+  s_->append(items, targets, m);
+}
+void LeastSquares::solve(double* u) const { s_->solve(u); }
+void LeastSquares::set_prior(const double* prior, double mix) { s_->set_prior(prior, mix); }
+void LeastSquares::clear_prior() { s_->set_prior(nullptr, 0.0); }
+std::vector<int64_t> LeastSquares::items() const { return s_->items(); }
+std::vector<double> LeastSquares::targets() const { return s_->targets(); }
+
+// scalar accessors: values fixed at construction (d, ridge) or read under the lock
+int64_t LeastSquares::dim() const noexcept { return s_->d_; }
+double LeastSquares::ridge() const noexcept { return s_->ridge_; }
+int64_t LeastSquares::size() const noexcept {
+  std::lock_guard<std::mutex> lock(s_->mu_);
+  return s_->m_;
+}
+bool LeastSquares::primal() const noexcept {
+  std::lock_guard<std::mutex> lock(s_->mu_);
+  return s_->primal_;
+}
+double LeastSquares::delta() const noexcept {
+  std::lock_guard<std::mutex> lock(s_->mu_);
+  return s_->delta_;
+}
 
 }  // namespace crossknn

@@ -10,17 +10,18 @@
 #include <stdexcept>
 #include <vector>
 
-#include "crossknn/engine.h"
+#include "crossknn/features.h"
+#include "crossknn/least_squares.h"
 
 using namespace crossknn;
 
 static int failures = 0;
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                     \
-    }                                                                 \
+      ++failures;                                                                   \
+    }                                                                               \
   } while (0)
 
 template <class E>

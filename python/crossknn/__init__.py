@@ -6,20 +6,23 @@ Three lines for the main job (an index from ``crossknn build``)::
     searcher = crossknn.Searcher(index)
     hits = searcher.search("how do I parse a date?", k=10, budget=100)
 
-The pieces: :mod:`crossknn.engine` (the C++ round engine), :mod:`crossknn.search` (RNR, ANNCUR,
-ADACUR, AXN on one round loop), :mod:`crossknn.scorers` (budgeted CE scoring),
-:mod:`crossknn.ce` (ONNX Runtime cross-encoders), :mod:`crossknn.index` (offline indexes),
-:mod:`crossknn.cmc` (the CMC reranker), :mod:`crossknn.eval` (Top-k-Recall@B).
+The pieces (docs/architecture.md maps them): :mod:`crossknn.core` (the C++ core: item
+features, least squares, top-k), :mod:`crossknn.search` (RNR, ANNCUR, ADACUR, AXN on one round
+loop), :mod:`crossknn.scorers` (budgeted CE scoring), :mod:`crossknn.ce` (ONNX Runtime
+cross-encoders), :mod:`crossknn.index` (offline indexes), :mod:`crossknn.cmc` (the CMC
+reranker), :mod:`crossknn.eval` (Top-k-Recall@B).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from crossknn.engine import ItemFeatures, RoundState
+from crossknn.core import ItemFeatures, RoundState
+from crossknn.corpus_index import build_corpus_index, open_index
+from crossknn.score_map import ScoreMap
 from crossknn.scorers import BudgetedScorer, BudgetExceededError, MatrixScorer
-from crossknn.search import ADACUR, ANNCUR, AXN, RNR, CurIndex, SearchResult
-from crossknn.searcher import Hits, Searcher, build_corpus_index, open_index
+from crossknn.search import ADACUR, ANNCUR, AXN, RNR, CurIndex, SearchResult, make_method
+from crossknn.searcher import Hits, Searcher
 
 __all__ = [
     "ADACUR",
@@ -33,9 +36,11 @@ __all__ = [
     "ItemFeatures",
     "MatrixScorer",
     "RoundState",
+    "ScoreMap",
     "SearchResult",
     "Searcher",
     "__version__",
     "build_corpus_index",
+    "make_method",
     "open_index",
 ]

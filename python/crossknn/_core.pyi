@@ -1,10 +1,42 @@
-"""Type stub of the C++ extension crossknn._core (use crossknn.engine, which wraps it)."""
+"""Type stub of the C++ extension crossknn._core (use crossknn.core, which wraps it)."""
+
+from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
 def version() -> str: ...
 def kernel_name() -> str: ...
+def query_seed(seed: int, query_id: int) -> int: ...
+
+class RunSearchResult(TypedDict):
+    scores: npt.NDArray[np.float32]  # (Q, k), padded with -inf
+    indices: npt.NDArray[np.int64]  # (Q, k), padded with -1
+    ce_calls: npt.NDArray[np.int64]  # (Q,)
+    scored_items: list[npt.NDArray[np.int64]]  # per query, in scoring order
+    scored_scores: list[npt.NDArray[np.float32]]
+
+def run_search(
+    features: Features,
+    scorer: Callable[[npt.NDArray[np.int64], list[npt.NDArray[np.int64]]], Sequence[npt.ArrayLike]],
+    plan: Sequence[tuple[str, int]],
+    query_ids: Sequence[int],
+    *,
+    budget: int,
+    k: int,
+    strategy: str = "topk",
+    temperature: float = 1.0,
+    ridge: float = 0.0,
+    refine: int = 3,
+    jitter_rel: float = 1e-10,
+    mix: float = 0.0,
+    seed: int = 0,
+    first_items: npt.NDArray[np.int64] | None = None,
+    priors: npt.NDArray[np.float64] | None = None,
+    score_alpha: float = 1.0,
+    score_beta: float = 0.0,
+) -> RunSearchResult: ...
 
 class Features:
     """Item features V (N x d) in one storage type ("float32" | "float16" | "int8")."""
@@ -12,6 +44,20 @@ class Features:
     def __init__(
         self, V: npt.NDArray[np.float32], *, storage: str = "float32", threads: int = 0
     ) -> None: ...
+    @staticmethod
+    def view(
+        V: npt.NDArray[np.float32] | npt.NDArray[np.float16] | npt.NDArray[np.int8],
+        *,
+        scales: npt.NDArray[np.float32] | None = None,
+        threads: int = 0,
+        check_finite: bool = True,
+    ) -> Features: ...
+    @staticmethod
+    def open_npy(
+        path: str, *, threads: int = 0, scales_path: str = "", check_finite: bool = True
+    ) -> Features: ...
+    @property
+    def is_view(self) -> bool: ...
     @property
     def n_items(self) -> int: ...
     @property

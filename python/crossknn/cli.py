@@ -33,10 +33,19 @@ def _available() -> dict[str, object]:
     return mods
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors (which echo the user's input) are safe for a terminal."""
+
+    def error(self, message: str):
+        from crossknn.commands._common import terminal_safe
+
+        super().error(terminal_safe(" ".join(message.splitlines())))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from crossknn import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="crossknn",
         description="k-NN search with cross-encoders on a small budget of CE calls.",
     )
@@ -49,6 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_line(exc: BaseException) -> str:
+    """One line for a user error: an OSError names its file(s) and what went wrong, a KeyError
+    its message without quotes; control characters (from user input echoed back) escaped."""
+    from crossknn.commands._common import terminal_safe
+
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror}"
+        if exc.filename2 is not None:
+            text += f" ({exc.filename2})"
+    elif isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror
+    elif isinstance(exc, KeyError) and len(exc.args) == 1:
+        text = str(exc.args[0])
+    else:
+        text = str(exc) or type(exc).__name__
+    return terminal_safe(" ".join(text.splitlines()))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -57,9 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        # user errors: one clear line, no traceback
-        print(f"crossknn {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError, KeyError) as exc:
+        # user errors, unreadable or unwritable files, a full disk: one clear line, no traceback
+        print(f"crossknn {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"crossknn {args.command}: interrupted", file=sys.stderr)

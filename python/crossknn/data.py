@@ -1,27 +1,34 @@
-"""Loaders: BEIR corpus folders and score-matrix folders (``shared/BENCHMARKS.md`` formats)."""
+"""Reading text data: JSONL files, BEIR folders, query files. One reader, one set of checks.
+
+- :func:`read_jsonl`: JSON objects, one per line; every error names the file and the line.
+- :func:`load_corpus`: a user's corpus (``id``/``_id``, ``text``, optional ``title``), from a JSONL
+  file or a BEIR folder, as a :class:`Corpus` (ids and item texts).
+- :func:`load_beir`: a BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``).
+- :func:`read_queries`: queries from JSONL (``text``) or plain text, one per line.
+
+Item text convention (the benchmark matrices'): ``text`` if the title is empty or ``text``
+already starts with it, else ``title + " " + text`` (:func:`item_text`).
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 __all__ = [
     "BeirCorpus",
-    "ScoreMatrix",
+    "Corpus",
     "item_text",
     "load_beir",
-    "load_score_matrix",
-    "shared_dir",
+    "load_corpus",
+    "read_jsonl",
+    "read_queries",
 ]
-
-
-def shared_dir() -> Path:
-    """``../shared`` next to the repository root (where data and matrices live)."""
-    return Path(__file__).resolve().parents[2].parent / "shared"
 
 
 def item_text(title: str | None, text: str | None) -> str:
@@ -34,18 +41,110 @@ def item_text(title: str | None, text: str | None) -> str:
     return f"{title} {text}"
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file; a decoding error names the file and line."""
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not a JSON object ({exc.msg})") from None
-    return rows
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {exc.start} of the line)"
+                ) from None
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line of a JSONL file of JSON objects."""
+    path = Path(path)
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+        yield lineno, rec
+
+
+def _check_unicode(src, lineno: int, text: str, what: str) -> None:
+    """Refuse a lone surrogate (``"\\ud800"`` in JSON): it is not text and cannot be written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{src}:{lineno}: {what} holds an invalid character (lone surrogate "
+            f"U+{ord(text[exc.start]):04X} at position {exc.start}); fix the text"
+        ) from None
+
+
+def _record_id(path: Path, lineno: int, rec: dict) -> str:
+    rid = rec.get("id", rec.get("_id"))
+    if rid is None or (isinstance(rid, str) and not rid):
+        raise ValueError(f"{path}:{lineno}: missing 'id' (or '_id')")
+    return str(rid)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A corpus: parallel lists of item ids and item texts, and where it came from."""
+
+    ids: list[str]
+    texts: list[str]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.texts):
+            raise ValueError(
+                f"ids ({len(self.ids)}) and texts ({len(self.texts)}) differ in length"
+            )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"Corpus(n_items={len(self)}, source={self.source!r})"
+
+
+def _read_corpus(path: Path) -> Corpus:
+    ids: list[str] = []
+    texts: list[str] = []
+    seen: set[str] = set()
+    for lineno, rec in read_jsonl(path):
+        rid = _record_id(path, lineno, rec)
+        text = rec.get("text")
+        title = rec.get("title")
+        if not isinstance(text, str) or (title is not None and not isinstance(title, str)):
+            raise ValueError(f"{path}:{lineno}: 'text' (and 'title', if given) must be strings")
+        joined = item_text(title, text)
+        if not joined.strip():
+            raise ValueError(f"{path}:{lineno}: item {rid!r} has an empty text")
+        if rid in seen:
+            raise ValueError(f"{path}:{lineno}: duplicate id {rid!r}")
+        _check_unicode(path, lineno, rid, "the id")
+        _check_unicode(path, lineno, joined, "the text")
+        seen.add(rid)
+        ids.append(rid)
+        texts.append(joined)
+    if not ids:
+        raise ValueError(f"{path}: the corpus is empty (no JSON lines)")
+    return Corpus(ids, texts, str(path))
+
+
+def load_corpus(path: str | os.PathLike) -> Corpus:
+    """Load a JSONL corpus file (``id``/``_id``, ``text``, optional ``title``) or a BEIR folder.
+    A pipe or character device (``<(...)``, ``/dev/stdin``) is read like a file."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "corpus.jsonl").is_file():
+            raise FileNotFoundError(
+                f"{p} is a folder but has no corpus.jsonl (BEIR layout expected)"
+            )
+        p = p / "corpus.jsonl"
+    elif not p.exists():
+        raise FileNotFoundError(f"corpus not found: {p}")
+    return _read_corpus(p)
 
 
 @dataclass
@@ -74,115 +173,69 @@ class BeirCorpus:
         return [self.query_texts[pos[i]] for i in ids]
 
 
-def load_beir(folder: str | Path) -> BeirCorpus:
+def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
+    split: dict[str, dict[str, int]] = {}
+    with open(tsv, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter="\t")
+        next(reader, None)  # header
+        for row in reader:
+            if len(row) >= 3:
+                try:
+                    rel = int(float(row[2]))
+                except ValueError:
+                    raise ValueError(
+                        f"{tsv}:{reader.line_num}: relevance {row[2]!r} is not a number"
+                    ) from None
+                split.setdefault(row[0], {})[row[1]] = rel
+    return split
+
+
+def load_beir(folder: str | os.PathLike) -> BeirCorpus:
     folder = Path(folder)
     corpus, queries = folder / "corpus.jsonl", folder / "queries.jsonl"
     for p in (corpus, queries):
         if not p.is_file():
             raise FileNotFoundError(f"{folder} is not a BEIR folder: {p.name} is missing")
-    items = _read_jsonl(corpus)
-    qs = _read_jsonl(queries)
-    qrels: dict[str, dict[str, dict[str, int]]] = {}
-    for tsv in sorted((folder / "qrels").glob("*.tsv")):
-        split: dict[str, dict[str, int]] = {}
-        with open(tsv, encoding="utf-8", newline="") as f:
-            reader = csv.reader(f, delimiter="\t")
-            next(reader, None)  # header
-            for row in reader:
-                if len(row) >= 3:
-                    split.setdefault(row[0], {})[row[1]] = int(float(row[2]))
-        qrels[tsv.stem] = split
+    items = [(_record_id(corpus, n, r), r) for n, r in read_jsonl(corpus)]
+    qs = [(_record_id(queries, n, r), r) for n, r in read_jsonl(queries)]
+    qrels = {tsv.stem: _read_qrels(tsv) for tsv in sorted((folder / "qrels").glob("*.tsv"))}
     return BeirCorpus(
-        item_ids=[str(r["_id"]) for r in items],
-        item_texts=[item_text(r.get("title"), r.get("text")) for r in items],
-        query_ids=[str(r["_id"]) for r in qs],
-        query_texts=[str(r.get("text", "")) for r in qs],
+        item_ids=[i for i, _ in items],
+        item_texts=[item_text(r.get("title"), r.get("text")) for _, r in items],
+        query_ids=[i for i, _ in qs],
+        query_texts=[str(r.get("text", "")) for _, r in qs],
         qrels=qrels,
     )
 
 
-@dataclass
-class ScoreMatrix:
-    """A score-matrix folder: exact CE scores, ids, train/test rows, DE vectors, meta."""
-
-    path: Path
-    scores: np.ndarray  # float32 (n_queries, n_items)
-    query_ids: list[str]
-    item_ids: list[str]
-    train: np.ndarray  # int64 row indices
-    test: np.ndarray  # int64 row indices
-    meta: dict
-    de_queries: np.ndarray | None = None
-    de_items: np.ndarray | None = None
-
-    @property
-    def n_queries(self) -> int:
-        return self.scores.shape[0]
-
-    @property
-    def n_items(self) -> int:
-        return self.scores.shape[1]
-
-    def corpus_dir(self, corpus: str | Path | None = None) -> Path:
-        """The BEIR folder of this matrix: ``corpus`` if given, else ``shared/data/<dataset>``."""
-        if corpus is not None:
-            return Path(corpus)
-        name = self.meta.get("dataset")
-        if not name:
-            raise ValueError(f"{self.path}/meta.json names no 'dataset'; pass --corpus DIR")
-        return shared_dir() / "data" / str(name)
-
-
-def _load_json(path: Path):
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def load_score_matrix(folder: str | Path, *, mmap: bool = False) -> ScoreMatrix:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"score-matrix folder {folder} does not exist")
-    p = folder / "scores.npy"
-    if not p.is_file():
-        raise FileNotFoundError(f"{folder} is not a score-matrix folder: scores.npy is missing")
-    scores = np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
-    if scores.ndim != 2:
-        raise ValueError(f"{p}: expected a 2-D matrix (queries x items); got shape {scores.shape}")
-    if not mmap:
-        scores = np.ascontiguousarray(scores, np.float32)
-    nq, ni = scores.shape
-    qids = [str(x) for x in _load_json(folder / "query_ids.json")]
-    iids = [str(x) for x in _load_json(folder / "item_ids.json")]
-    if len(qids) != nq or len(iids) != ni:
-        raise ValueError(
-            f"{folder}: scores.npy is {nq}x{ni} but query_ids.json has {len(qids)} ids and "
-            f"item_ids.json has {len(iids)}"
-        )
-    splits = _load_json(folder / "splits.json")
-    rows = {}
-    for name in ("train", "test"):
-        if name not in splits:
-            raise ValueError(f"{folder}/splits.json has no {name!r} list")
-        r = np.asarray(splits[name], np.int64).ravel()
-        if r.size and (r.min() < 0 or r.max() >= nq):
-            raise ValueError(f"{folder}/splits.json: {name} row out of range for {nq} rows")
-        rows[name] = r
-    if np.intersect1d(rows["train"], rows["test"]).size:
-        raise ValueError(f"{folder}/splits.json: train and test rows overlap")
-    meta = _load_json(folder / "meta.json") if (folder / "meta.json").is_file() else {}
-    de = {}
-    for name, n in (("de_queries", nq), ("de_items", ni)):
-        f = folder / f"{name}.npy"
-        if f.is_file():
-            a = np.load(f, allow_pickle=False)
-            if a.ndim != 2 or a.shape[0] != n:
-                raise ValueError(f"{f}: expected {n} rows (one per {name[3:-1]}); got {a.shape}")
-            de[name] = np.ascontiguousarray(a, np.float32)
-    if len(de) == 2 and de["de_queries"].shape[1] != de["de_items"].shape[1]:
-        raise ValueError(
-            f"{folder}: DE query dim {de['de_queries'].shape[1]} != "
-            f"item dim {de['de_items'].shape[1]}"
-        )
-    return ScoreMatrix(folder, scores, qids, iids, rows["train"], rows["test"], meta, **de)
+def read_queries(path: str) -> list[str]:
+    """Queries from a file (``-``: standard input): JSONL with ``text`` per line, or plain text,
+    one query per line."""
+    if path == "-":
+        numbered = list(enumerate(sys.stdin.read().splitlines(), start=1))
+        src = "stdin"
+    else:
+        p = Path(path)
+        if not p.exists() or p.is_dir():
+            raise FileNotFoundError(f"queries file not found: {p}")
+        numbered = list(_lines(p))
+        src = str(p)
+    out = []
+    for lineno, line in numbered:
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{src}:{lineno}: not valid JSON ({exc.msg})") from None
+            text = rec.get("text") if isinstance(rec, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{src}:{lineno}: a JSON query line needs a non-empty 'text'")
+            _check_unicode(src, lineno, text, "the query")
+            out.append(text)
+        else:
+            out.append(line.strip())
+    if not out:
+        raise ValueError(f"{src}: no queries found")
+    return out

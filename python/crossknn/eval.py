@@ -9,6 +9,7 @@ temperature) are chosen per (B, k) on a dev part of the train rows (``crossknn.s
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from collections.abc import Sequence
@@ -17,19 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from crossknn.data import ScoreMatrix, load_beir, load_score_matrix
+from crossknn.data import load_beir
+from crossknn.fileio import atomic_write_bytes
+from crossknn.matrix import ScoreMatrix, load_score_matrix
 from crossknn.retrievers import make_retriever
+from crossknn.score_map import ScoreMap
 from crossknn.scorers import MatrixScorer
-from crossknn.search import (
-    ADACUR,
-    ANNCUR,
-    AXN,
-    RNR,
-    CurIndex,
-    choose_on_dev,
-    fit_score_affine,
-    topk_recall,
-)
+from crossknn.search import CurIndex, choose_on_dev
+from crossknn.search.factory import METHODS, make_method
+from crossknn.search.methods import DEFAULT_MIX
+from crossknn.topk import topk_recall
 
 __all__ = [
     "METHODS",
@@ -38,27 +36,14 @@ __all__ = [
     "evaluate",
     "format_table",
     "plot_curves",
-    "synthetic_matrix",
     "write_json",
-    "write_synthetic_matrix",
 ]
 
-#: method names of ``crossknn eval`` -> (uses rounds, parameter chosen on dev rows or None)
-METHODS: dict[str, tuple[bool, str | None]] = {
-    "rnr": (False, None),
-    "anncur": (False, "split"),
-    "adacur": (True, None),
-    "adacur-split": (True, "split"),
-    "adacur-softmax": (True, "temperature"),
-    "adacur-random": (True, None),
-    "axn": (True, None),
-}
 FIRSTS = ("random", "de", "tfidf", "bm25", "cmc")
 SPLIT_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # SoftMax temperatures, in units of a query's CE score spread (CurIndex.score_scale)
 TEMPERATURE_GRID = (1.0, 0.3, 0.1, 0.03)
 GRIDS = {"split": SPLIT_GRID, "temperature": TEMPERATURE_GRID}
-DEFAULT_AXN_MIX = 0.5  # chosen on the train rows of cisi-minilm (docs/search.md)
 
 
 @dataclass
@@ -73,11 +58,11 @@ class EvalConfig:
     final: str = "all"  # 'retrieved' reproduces the papers' split variants
     temperature: float | None = None  # None: choose on dev per (B, k)
     ridge: float | None = None  # None: the methods' defaults
-    mix: float = DEFAULT_AXN_MIX
+    mix: float = DEFAULT_MIX
     axn_normalize: bool = True
     item_vectors: np.ndarray | None = None  # AXN item vectors (default: de_items.npy)
     query_vectors: np.ndarray | None = None  # AXN prior query embeddings (default: de_queries)
-    score_affine: tuple[float, float] | None = None  # AXN (alpha, beta); None: fit on train rows
+    score_map: ScoreMap | None = None  # AXN's CE score map; None: fit on train rows
     corpus: str | Path | None = None
     dev_fraction: float = 0.2
     extra: dict = field(default_factory=dict)
@@ -96,8 +81,10 @@ class _Context:
     def texts(self):
         if self._texts is None:
             corpus = load_beir(self.m.corpus_dir(self.cfg.corpus))
-            self._texts = (corpus.items_in_order(self.m.item_ids),
-                           corpus.queries_in_order(self.m.query_ids))
+            self._texts = (
+                corpus.items_in_order(self.m.item_ids),
+                corpus.queries_in_order(self.m.query_ids),
+            )
         return self._texts
 
     def first(self, name: str):
@@ -108,7 +95,8 @@ class _Context:
                 if self.m.de_items is None or self.m.de_queries is None:
                     raise FileNotFoundError(f"{self.m.path} has no de_items.npy/de_queries.npy")
                 self._retrievers[name] = make_retriever(
-                    "de", item_vectors=self.m.de_items, query_vectors=self.m.de_queries)
+                    "de", item_vectors=self.m.de_items, query_vectors=self.m.de_queries
+                )
             elif name == "cmc":  # BE -> CMC; cfg.extra: cmc_model (dir), cmc_candidates (K)
                 from crossknn.cmc import CmcRetriever  # noqa: F401  (registers "cmc")
                 from crossknn.cmc.data import matrix_encoder_id
@@ -116,8 +104,12 @@ class _Context:
                 if self.m.de_items is None or self.m.de_queries is None:
                     raise FileNotFoundError(f"{self.m.path} has no de_items.npy/de_queries.npy")
                 self._retrievers[name] = make_retriever(
-                    "cmc", item_vectors=self.m.de_items, query_vectors=self.m.de_queries,
-                    encoder_id=matrix_encoder_id(self.m.meta), **self.cfg.extra)
+                    "cmc",
+                    item_vectors=self.m.de_items,
+                    query_vectors=self.m.de_queries,
+                    encoder_id=matrix_encoder_id(self.m.meta),
+                    **self.cfg.extra,
+                )
             else:
                 items, queries = self.texts()
                 self._retrievers[name] = make_retriever(name, item_texts=items, query_texts=queries)
@@ -131,18 +123,16 @@ class _Context:
 
     def make(self, name: str, *, first: str, rounds: int, rows, split=0.5, temperature=1.0):
         cfg = self.cfg
-        ridge = {} if cfg.ridge is None else {"ridge": cfg.ridge}
-        f = self.first(first)
-        if name == "rnr":
-            return RNR(f, n_items=self.m.n_items)
-        if name == "anncur":
-            return ANNCUR(self.index(rows), split=split, first=f, anchor_seed=cfg.seed,
-                          final=cfg.final, **ridge)
-        if name.startswith("adacur"):
-            strategy = {"adacur-softmax": "softmax", "adacur-random": "random"}.get(name, "topk")
-            return ADACUR(self.index(rows), rounds=rounds, first=f, strategy=strategy,
-                          split=split if name == "adacur-split" else None,
-                          temperature=temperature, final=cfg.final, **ridge)
+        kw = dict(
+            first=self.first(first),
+            rounds=rounds,
+            split=split,
+            temperature=temperature,
+            ridge=cfg.ridge,
+            final=cfg.final,
+            anchor_seed=cfg.seed,
+            n_items=self.m.n_items,
+        )
         if name == "axn":
             V = self.m.de_items if cfg.item_vectors is None else cfg.item_vectors
             if V is None:
@@ -151,14 +141,13 @@ class _Context:
             if P is None and self.m.de_queries is not None:
                 if V.shape[1] == self.m.de_queries.shape[1]:
                     P = self.m.de_queries
-            affine = cfg.score_affine
-            if affine is None and cfg.axn_normalize and P is not None:
-                tr = self.m.train  # fit CE ~ alpha * <p_q, v_i> + beta on the train rows only
-                affine = fit_score_affine(self.m.scores[tr], P[tr] @ V.T)
-            prior = P if cfg.mix > 0 else None
-            return AXN(V, rounds=rounds, first=f, prior=prior,
-                       mix=cfg.mix if prior is not None else 0.0, score_affine=affine, **ridge)
-        raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
+            smap = cfg.score_map
+            if smap is None and cfg.axn_normalize and P is not None:
+                tr = self.m.train  # fit CE ~ scale * <p_q, v_i> + offset on the train rows only
+                smap = ScoreMap.fit(self.m.scores[tr], P[tr] @ V.T)
+            return make_method(name, item_vectors=V, prior=P, mix=cfg.mix, score_map=smap, **kw)
+        cur = self.index(rows) if name != "rnr" else None
+        return make_method(name, cur=cur, **kw)
 
 
 def _tasks(cfg: EvalConfig, n_items: int):
@@ -167,7 +156,7 @@ def _tasks(cfg: EvalConfig, n_items: int):
             raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
         uses_rounds, _ = METHODS[name]
         for first in cfg.firsts:
-            for rounds in (cfg.rounds if uses_rounds else (1,)):
+            for rounds in cfg.rounds if uses_rounds else (1,):
                 for budget in cfg.budgets:
                     yield name, first, rounds, budget
 
@@ -179,20 +168,56 @@ def _check_config(cfg: EvalConfig, m: ScoreMatrix) -> None:
         if f not in FIRSTS:
             raise ValueError(f"--first must be one of {FIRSTS}; got {f!r}")
     for b in cfg.budgets:
-        if not 1 <= b < m.n_items:
-            raise ValueError(f"budget B={b} must be in [1, {m.n_items}) (the number of items)")
+        if not 1 <= b <= m.n_items:
+            raise ValueError(f"budget B={b} must be in [1, {m.n_items}] (the number of items)")
     for k in cfg.ks:
-        if k < 1:
-            raise ValueError(f"k must be >= 1; got {k}")
+        if not 1 <= k <= m.n_items:
+            raise ValueError(f"k must be in [1, {m.n_items}] (the number of items); got {k}")
+    if min(cfg.ks) > max(cfg.budgets):
+        raise ValueError(
+            f"nothing to evaluate: every k ({', '.join(map(str, cfg.ks))}) exceeds every budget "
+            f"B ({', '.join(map(str, cfg.budgets))}); Top-k-Recall@B needs k <= B"
+        )
     for r in cfg.rounds:
         if r < 1:
             raise ValueError(f"rounds must be >= 1; got {r}")
+    if not 0.0 <= cfg.mix <= 1.0:
+        raise ValueError(f"mix (lambda) must be in [0, 1]; got {cfg.mix}")
+    if cfg.split is not None and not 0.0 < cfg.split < 1.0:
+        raise ValueError(f"split must be in (0, 1); got {cfg.split}")
+    if cfg.temperature is not None and not cfg.temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {cfg.temperature}")
+    if cfg.ridge is not None and not cfg.ridge >= 0:
+        raise ValueError(f"ridge must be >= 0; got {cfg.ridge}")
     if m.test.size == 0:
         raise ValueError(f"{m.path}/splits.json has no test rows")
+    check_matrix(m)
 
 
-def evaluate(matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *,
-             progress: bool = True) -> list[dict]:
+def check_matrix(m: ScoreMatrix, *, chunk: int = 1 << 22) -> None:
+    """Refuse a score matrix the recall would silently be wrong on: a NaN or infinite score
+    (anywhere: the ground truth is every row's exact top-k) or a repeated query or item id."""
+    for what, ids in (("item_ids.json", m.item_ids), ("query_ids.json", m.query_ids)):
+        if len(set(ids)) != len(ids):
+            seen: set[str] = set()
+            dup = next(i for i in ids if i in seen or seen.add(i))
+            raise ValueError(f"{m.path}/{what}: duplicate id {dup!r}")
+    flat = np.asarray(m.scores).reshape(-1)
+    for lo in range(0, flat.size, chunk):
+        block = flat[lo : lo + chunk]
+        bad = np.flatnonzero(~np.isfinite(block))
+        if bad.size:
+            row, col = divmod(lo + int(bad[0]), m.n_items)
+            n_bad = int((~np.isfinite(flat)).sum())
+            raise ValueError(
+                f"{m.path}/scores.npy: score [{row}, {col}] is {float(block[bad[0]])} "
+                f"({n_bad} non-finite scores); every score must be a finite number"
+            )
+
+
+def evaluate(
+    matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *, progress: bool = True
+) -> list[dict]:
     """Runs every (method, first, rounds, budget) and returns one row per k (k <= B)."""
     from tqdm.auto import tqdm
 
@@ -214,10 +239,17 @@ def evaluate(matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *,
         if param is not None and fixed is None:  # choose the parameter per k on dev rows
             for k in ks:
                 best, table = choose_on_dev(
-                    lambda v, idx_rows, name=name, first=first, rounds=rounds, param=param:
-                        ctx.make(name, first=first, rounds=rounds, rows=idx_rows, **{param: v}),
-                    GRIDS[param], m.scores, m.train, budget=budget, k=k, seed=cfg.seed,
-                    dev_fraction=cfg.dev_fraction)
+                    lambda v, idx_rows, name=name, first=first, rounds=rounds, param=param: (
+                        ctx.make(name, first=first, rounds=rounds, rows=idx_rows, **{param: v})
+                    ),
+                    GRIDS[param],
+                    m.scores,
+                    m.train,
+                    budget=budget,
+                    k=k,
+                    seed=cfg.seed,
+                    dev_fraction=cfg.dev_fraction,
+                )
                 groups.append(([k], best, table))
         else:
             groups.append((ks, fixed, None))
@@ -232,10 +264,14 @@ def evaluate(matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *,
                 raise RuntimeError(f"{name} used {calls_max} CE calls with budget {budget}")
             for k in group_ks:
                 row = {
-                    "method": name, "budget": budget, "k": k,
-                    "rounds": rounds if METHODS[name][0] else 1, "first": first,
+                    "method": name,
+                    "budget": budget,
+                    "k": k,
+                    "rounds": rounds if METHODS[name][0] else 1,
+                    "first": first,
                     "recall": float(topk_recall(m.scores, m.test, res.indices, k).mean()),
-                    "n_test": len(test), "ce_calls_max": calls_max,
+                    "n_test": len(test),
+                    "ce_calls_max": calls_max,
                     "seconds": round(secs, 3),
                 }
                 if param is not None:
@@ -275,12 +311,14 @@ def format_table(rows: list[dict]) -> str:
 def write_json(rows: list[dict], path: str | Path, *, meta: dict | None = None) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR, "is a folder; give a file name for the JSON", str(path)
+        )
     doc = {"rows": rows}
     if meta:
         doc["meta"] = meta
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
 
 
 def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None) -> None:
@@ -296,16 +334,16 @@ def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None)
     labels = list(dict.fromkeys(_label(r) for r in rows))
     ncols = len(ks) if len(ks) <= 3 else 2
     nrows = -(-len(ks) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows + 0.8),
-                             squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows + 0.8), squeeze=False)
     flat = axes.ravel()
-    for ax in flat[len(ks):]:
+    for ax in flat[len(ks) :]:
         ax.set_visible(False)
     markers = "osD^v<>p*hX"
     for ax, k in zip(flat, ks, strict=False):
         for n, lab in enumerate(labels):
-            pts = sorted((r["budget"], r["recall"]) for r in rows
-                         if r["k"] == k and _label(r) == lab)
+            pts = sorted(
+                (r["budget"], r["recall"]) for r in rows if r["k"] == k and _label(r) == lab
+            )
             if pts:
                 x, y = zip(*pts, strict=True)
                 ax.plot(x, y, marker=markers[n % len(markers)], ms=4, lw=1.4, label=lab)
@@ -322,71 +360,10 @@ def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None)
         row[0].set_ylabel("recall")
     handles, labs = flat[0].get_legend_handles_labels()
     legend_rows = -(-len(labs) // 3)
-    fig.legend(handles, labs, loc="lower center", ncol=min(len(labs), 3), fontsize=8,
-               frameon=False)
+    fig.legend(handles, labs, loc="lower center", ncol=min(len(labs), 3), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.035 * legend_rows / nrows + 0.02, 1, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     plt.close(fig)
-
-
-def synthetic_matrix(n_queries: int, n_items: int, *, rank: int = 16, noise: float = 0.3,
-                     skew: float = 1.0, de_dim: int = 32, de_noise: float = 0.5,
-                     seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A synthetic CE score matrix: low rank plus skewed noise, and noisy DE vectors.
-
-    ``scores = Q Iᵀ / sqrt(rank) + noise * (lognormal(0, skew) - its mean)`` per entry: a low-rank
-    part like [EMB]-style CEs and a right-skewed residual (larger ``noise``/``skew`` is more
-    [CLS]-like, harder to factorize). DE vectors are the low-rank factors seen through a random
-    projection plus noise, L2-normalized. Returns (scores float32 (nq, ni), de_queries, de_items).
-    Built in blocks of items (float32 output), so 10^6 items fit in a few hundred MB.
-    """
-    if n_queries < 1 or n_items < 1 or rank < 1:
-        raise ValueError("n_queries, n_items and rank must be >= 1")
-    rng = np.random.default_rng(seed)
-    Q = rng.standard_normal((n_queries, rank))
-    P = rng.standard_normal((rank, de_dim)) / np.sqrt(rank)
-    # mean of lognormal(0, skew) is exp(skew^2 / 2): centre the noise analytically (block-free)
-    z_mean = float(np.exp(skew**2 / 2)) if skew > 0 else 0.0
-
-    def de(X):
-        Y = X @ P + de_noise * rng.standard_normal((X.shape[0], de_dim))
-        return (Y / np.linalg.norm(Y, axis=1, keepdims=True)).astype(np.float32)
-
-    S = np.empty((n_queries, n_items), np.float32)
-    de_items = np.empty((n_items, de_dim), np.float32)
-    block = max(1, 2**22 // max(n_queries, 1))
-    for lo in range(0, n_items, block):
-        hi = min(n_items, lo + block)
-        It = rng.standard_normal((hi - lo, rank))
-        Sb = (Q @ It.T) / np.sqrt(rank)
-        if noise > 0:
-            shape = Sb.shape
-            z = rng.lognormal(0.0, skew, size=shape) if skew > 0 else rng.standard_normal(shape)
-            Sb += noise * (z - z_mean)
-        S[:, lo:hi] = Sb
-        de_items[lo:hi] = de(It)
-    return S, de(Q), de_items
-
-
-def write_synthetic_matrix(folder: str | Path, n_queries: int, n_items: int, *,
-                           n_train: int | None = None, seed: int = 0, **kw) -> Path:
-    """Writes a synthetic score-matrix folder (BENCHMARKS.md format; no texts)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    S, dq, di = synthetic_matrix(n_queries, n_items, seed=seed, **kw)
-    n_train = n_queries // 2 if n_train is None else n_train
-    perm = np.random.default_rng(seed + 1).permutation(n_queries)
-    np.save(folder / "scores.npy", S)
-    np.save(folder / "de_queries.npy", dq)
-    np.save(folder / "de_items.npy", di)
-    (folder / "query_ids.json").write_text(json.dumps([f"q{i}" for i in range(n_queries)]))
-    (folder / "item_ids.json").write_text(json.dumps([f"d{i}" for i in range(n_items)]))
-    (folder / "splits.json").write_text(json.dumps(
-        {"train": sorted(perm[:n_train].tolist()), "test": sorted(perm[n_train:].tolist())}))
-    (folder / "meta.json").write_text(json.dumps(
-        {"dataset": None, "synthetic": True, "n_queries": n_queries, "n_items": n_items,
-         "seed": seed, **{k: v for k, v in kw.items() if np.isscalar(v)}}))
-    return folder

@@ -10,7 +10,9 @@ written to ``JOB_DIR/shards/NNNNNN.npy`` atomically (temp file in the same direc
 ``os.replace``), so a killed process (SIGKILL included) loses at most the shards in flight and
 never leaves a half-written or duplicated one. ``JOB_DIR/manifest.json`` records a fingerprint of
 the job (pairs, queries, scorer identity, shard size); rerunning the same job resumes and skips
-the finished shards, and running a *different* job into the same directory is refused.
+the finished shards, and running a *different* job into the same directory is refused. A running
+job holds ``JOB_DIR/.lock`` (``flock``, with its PID): a second run into the same directory fails
+at once, naming the process that holds it.
 
 With ``backend="ray"`` shards are scored by Ray actors (one per worker slot), each holding its own
 copy of the scorer; the driver writes the shard files. Scorers that hold an inference session are
@@ -23,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,55 +33,65 @@ from typing import Any
 
 import numpy as np
 
+from crossknn.fileio import atomic_save_npy, atomic_write_json, folder_lock
+from crossknn.identity import model_identity
+
 __all__ = [
     "DensePairs",
+    "JobOptions",
     "SparsePairs",
     "LazyScorer",
     "ScoreJob",
-    "scorer_identity",
-    "atomic_write_bytes",
-    "atomic_save_npy",
 ]
 
 MANIFEST_VERSION = 1
+LOCK_FILE = ".lock"
 
 
 # ----------------------------------------------------------------------------------------------
-# atomic file writes
+# how a job runs
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+@dataclass(frozen=True)
+class JobOptions:
+    """How a scoring job runs, shared by every command and builder that runs one.
 
+    ``shard_pairs``: pairs per shard file; ``backend``: ``"local"`` or ``"ray"``;
+    ``ray_address``: the cluster to join (default: start or join a local one); ``ray_workers``:
+    actors (default: the cluster's CPUs); ``ray_gpus_per_worker``: GPUs each actor reserves;
+    ``keep_job``: keep the job folder after the result is saved; ``progress``: progress bars.
+    """
 
-def _npy_bytes(arr: np.ndarray) -> bytes:
-    import io
+    shard_pairs: int = 4096
+    backend: str = "local"
+    progress: bool = True
+    ray_address: str | None = None
+    ray_workers: int | None = None
+    ray_gpus_per_worker: float = 0.0
+    keep_job: bool = False
 
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
-    return buf.getvalue()
+    def __post_init__(self) -> None:
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"backend must be 'local' or 'ray'; got {self.backend!r}")
+        if self.shard_pairs < 1:
+            raise ValueError(f"shard_pairs must be >= 1; got {self.shard_pairs}")
 
+    def init_ray(self) -> None:
+        """Join the Ray cluster at ``ray_address`` (a job starts a local one otherwise)."""
+        if self.backend == "ray" and self.ray_address:
+            import ray
 
-def atomic_save_npy(path: str | os.PathLike, arr: np.ndarray) -> None:
-    atomic_write_bytes(path, _npy_bytes(arr))
+            ray.init(address=self.ray_address, include_dashboard=False, log_to_driver=False)
 
-
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+    def run(self, job: ScoreJob, *, desc: str = "CE scores") -> dict:
+        """Runs ``job`` with these options; returns its stats."""
+        return job.run(
+            backend=self.backend,
+            progress=self.progress,
+            ray_workers=self.ray_workers,
+            ray_gpus_per_worker=self.ray_gpus_per_worker,
+            desc=desc,
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,18 +157,6 @@ class SparsePairs:
 # scorers
 
 
-def scorer_identity(scorer: Any) -> dict:
-    """``{"model_id", "model_hash"}`` of a scorer (or of the scorer a LazyScorer would build)."""
-    if isinstance(scorer, LazyScorer):
-        return scorer.identity()
-    mid = getattr(scorer, "model_id", None)
-    mhash = getattr(scorer, "model_hash", None)
-    return {
-        "model_id": None if mid is None else str(mid),
-        "model_hash": None if mhash is None else str(mhash),
-    }
-
-
 class LazyScorer:
     """A picklable stand-in for a scorer: ``factory(*args, **kwargs)`` is called on first use.
 
@@ -200,7 +199,7 @@ class LazyScorer:
     def identity(self) -> dict:
         if self._model_hash is not None or self._model_id is not None:
             return {"model_id": self._model_id, "model_hash": self._model_hash}
-        return scorer_identity(self.scorer)
+        return model_identity(self.scorer, require_hash=False)
 
     @property
     def model_id(self):
@@ -290,7 +289,7 @@ class ScoreJob:
         self.scorer, self.queries, self.pairs = scorer, list(queries), pairs
         self.shard_pairs = int(shard_pairs)
         self.n_shards = -(-pairs.n_pairs // self.shard_pairs)
-        ident = scorer_identity(scorer)
+        ident = model_identity(scorer, require_hash=False)
         self.manifest = {
             "version": MANIFEST_VERSION,
             "pairs": pairs.fingerprint(),
@@ -334,7 +333,7 @@ class ScoreJob:
                     "use another output directory or delete it to start over"
                 )
         else:
-            atomic_write_bytes(mpath, _json_bytes(self.manifest))
+            atomic_write_json(mpath, self.manifest)
         # temp files of a killed run are garbage: the shard they belonged to is not done
         for tmp in self.shard_dir.glob(".*.tmp"):
             try:
@@ -377,6 +376,26 @@ class ScoreJob:
         1 CPU and ``ray_gpus_per_worker`` GPUs; ``max_shards`` stops after that many shards."""
         if backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray'; got {backend!r}")
+        with folder_lock(self.job_dir / LOCK_FILE, what=f"job folder {self.job_dir}"):
+            return self._run_locked(
+                backend=backend,
+                progress=progress,
+                max_shards=max_shards,
+                ray_workers=ray_workers,
+                ray_gpus_per_worker=ray_gpus_per_worker,
+                desc=desc,
+            )
+
+    def _run_locked(
+        self,
+        *,
+        backend: str,
+        progress: bool,
+        max_shards: int | None,
+        ray_workers: int | None,
+        ray_gpus_per_worker: float,
+        desc: str,
+    ) -> dict:
         self._prepare()
         pend = self.pending()
         todo = pend if max_shards is None else pend[:max_shards]

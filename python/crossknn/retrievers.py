@@ -14,7 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from crossknn.engine import ItemFeatures
+from crossknn.core import ItemFeatures
+from crossknn.topk import top_k_rows
 
 __all__ = [
     "RETRIEVERS",
@@ -24,7 +25,6 @@ __all__ = [
     "TfidfRetriever",
     "make_retriever",
     "register_retriever",
-    "top_k_rows",
 ]
 
 
@@ -33,24 +33,6 @@ class Retriever(Protocol):
     n_items: int
 
     def retrieve(self, queries: Sequence, k: int) -> np.ndarray: ...
-
-
-def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest entries of each row, best first, ties to the lower index."""
-    scores = np.atleast_2d(np.asarray(scores, np.float64))
-    n = scores.shape[1]
-    if not 0 <= k <= n:
-        raise ValueError(f"k={k} must be between 0 and the number of items ({n})")
-    out = np.empty((scores.shape[0], k), np.int64)
-    for r, s in enumerate(scores):
-        if k == 0:
-            continue
-        thr = np.partition(s, n - k)[n - k]  # k-th largest value
-        above = np.flatnonzero(s > thr)
-        tied = np.flatnonzero(s == thr)[: k - above.size]
-        cand = np.concatenate([above, tied])
-        out[r] = cand[np.lexsort((cand, -s[cand]))]
-    return out
 
 
 def _check_k(k: int, n_items: int) -> int:
@@ -67,7 +49,8 @@ class DenseRetriever:
         self.features = ItemFeatures(np.asarray(item_vectors, np.float32))
         self.n_items, self.dim = self.features.n_items, self.features.dim
         self.query_vectors = (
-            None if query_vectors is None else np.asarray(query_vectors, np.float32))
+            None if query_vectors is None else np.asarray(query_vectors, np.float32)
+        )
         if self.query_vectors is not None and self.query_vectors.shape[1:] != (self.dim,):
             raise ValueError(
                 f"query vectors must have dim {self.dim} like the items; "

@@ -18,6 +18,7 @@ the score of an item already scored for a query at no cost, and rejects NaN/inf 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,6 +29,7 @@ __all__ = [
     "BudgetedScorer",
     "MatrixScorer",
     "Scorer",
+    "TimedScorer",
     "as_items",
 ]
 
@@ -84,7 +86,8 @@ class MatrixScorer:
     def _row(self, query) -> int:
         if isinstance(query, bool) or not isinstance(query, (int, np.integer)):
             raise TypeError(
-                f"MatrixScorer queries are row indices (int); got {type(query).__name__}")
+                f"MatrixScorer queries are row indices (int); got {type(query).__name__}"
+            )
         if not 0 <= int(query) < self.n_queries:
             raise IndexError(f"query row {query} is out of range for {self.n_queries} rows")
         return int(query)
@@ -96,6 +99,25 @@ class MatrixScorer:
         if len(queries) != len(items):
             raise ValueError(f"score_batch: {len(queries)} queries but {len(items)} item lists")
         return [self.score(q, it) for q, it in zip(queries, items, strict=True)]
+
+
+class TimedScorer:
+    """Scorer proxy that adds up the seconds spent inside the wrapped scorer (the CE)."""
+
+    def __init__(self, scorer) -> None:
+        self.scorer = scorer
+        self.n_items = scorer.n_items
+        self.seconds = 0.0
+
+    def score(self, query, items):
+        return self.score_batch([query], [items])[0]
+
+    def score_batch(self, queries, items):
+        t = time.perf_counter()
+        try:
+            return self.scorer.score_batch(queries, items)
+        finally:
+            self.seconds += time.perf_counter() - t
 
 
 class BudgetedScorer:

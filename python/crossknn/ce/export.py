@@ -24,17 +24,18 @@ downloaded: checkpoints are read from local directories only.
 
 from __future__ import annotations
 
-import inspect
+import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST, file_entry, sha256_file, write_manifest
+from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST, file_entry, write_manifest
+from crossknn.ce.rewrite import optimize_for_cpu, quantize_int8
+from crossknn.fileio import sha256_file
 
 __all__ = [
     "export_cross_encoder",
@@ -77,8 +78,6 @@ def _require_checkpoint(hf_dir: Path) -> list[Path]:
 
 def checkpoint_hash(hf_dir: str | os.PathLike) -> str:
     """sha256 over the checkpoint's config, weights and tokenizer files (identifies the source)."""
-    import hashlib
-
     hf_dir = Path(hf_dir)
     files = _require_checkpoint(hf_dir)
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
@@ -131,88 +130,6 @@ def _cls_activation(config: dict[str, Any], num_labels: int, activation: str) ->
     return "sigmoid" if num_labels == 1 else "none"
 
 
-def _dummy_inputs(vocab_size: int, uses_token_types: bool, joint: bool):
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    batch, seq = 2, 12
-    ids = torch.randint(1000, min(vocab_size, 5000), (batch, seq), generator=g)
-    mask = torch.ones(batch, seq, dtype=torch.int64)
-    mask[1, 8:] = 0  # second row padded: the mask path is traced, not folded away
-    tt = torch.zeros(batch, seq, dtype=torch.int64)
-    tt[:, 5:] = 1
-    tt[1, 8:] = 0
-    args = [ids, mask]
-    names = ["input_ids", "attention_mask"]
-    if uses_token_types:
-        args.append(tt)
-        names.append("token_type_ids")
-    if joint:
-        pool = torch.zeros(batch, seq, dtype=torch.int64)
-        pool[:, 1:4] = 1
-        pool[0, 6:11] = 2
-        pool[1, 6:7] = 2
-        args.append(pool)
-        names.append("pool_mask")
-    return tuple(args), names
-
-
-def _export_graph(module, args, input_names, output_name, out_axes, path: Path) -> None:
-    import torch
-
-    axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
-    axes[output_name] = out_axes
-    module.eval()
-    with torch.no_grad(), warnings.catch_warnings():
-        # tracer notes about shape-dependent Python branches in transformers' mask helpers: the
-        # branch taken is the same for every (batch, sequence) shape; parity tests check it
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            args,
-            str(path),
-            input_names=input_names,
-            output_names=[output_name],
-            dynamic_axes=axes,
-            opset_version=_OPSET,
-            do_constant_folding=True,
-            dynamo=False,
-        )
-
-
-def _quantize(src: Path, dst: Path) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # quantize_dynamic logs a pre-processing hint on the root logger
-    try:
-        # MatMul weights only (embeddings stay fp32), per-channel int8 scales: per-tensor scales
-        # lose ~2x more rank correlation on this model family
-        quantize_dynamic(
-            str(src),
-            str(dst),
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul"],
-            extra_options={"MatMulConstBOnly": True},
-        )
-    finally:
-        root.setLevel(level)
-
-
-def _optimize(path: Path) -> None:
-    """ONNX Runtime offline graph optimization (extended level, CPU provider), in place."""
-    import onnxruntime as ort
-
-    tmp = path.with_suffix(".opt.tmp")
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    so.optimized_model_filepath = str(tmp)
-    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    os.replace(tmp, path)
-
-
 def _versions() -> dict[str, str]:
     import onnxruntime
     import torch
@@ -229,14 +146,16 @@ def _finish(
     hf_dir: Path,
     out_dir: Path,
     manifest: dict[str, Any],
+    config: dict[str, Any],
     *,
     optimize: bool,
     quantize: bool,
     fp32: bool,
 ) -> dict[str, Any]:
+    """Add the int8 variant, optimize, write the manifest (last); returns the manifest."""
     variants = {}
     if quantize:
-        _quantize(out_dir / "model.onnx", out_dir / "model.int8.onnx")
+        quantize_int8(out_dir / "model.onnx", out_dir / "model.int8.onnx")
         variants["int8"] = "model.int8.onnx"
     if fp32:
         variants["fp32"] = "model.onnx"
@@ -244,7 +163,7 @@ def _finish(
         (out_dir / "model.onnx").unlink()
     if optimize:
         for name in variants.values():
-            _optimize(out_dir / name)
+            optimize_for_cpu(out_dir / name)
     manifest["variants"] = variants
     manifest["optimized"] = "CPUExecutionProvider" if optimize else None
     files = ["tokenizer.json", *variants.values()]
@@ -254,7 +173,7 @@ def _finish(
     manifest["exported_with"] = _versions()
     manifest["opset"] = _OPSET
     manifest["recipe"] = EXPORT_RECIPE
-    manifest["max_positions"] = int(_config(hf_dir).get("max_position_embeddings", 512))
+    manifest["max_positions"] = int(config.get("max_position_embeddings", 512))
     write_manifest(out_dir, manifest)
     return manifest
 
@@ -292,78 +211,33 @@ def export_cross_encoder(
     """
     if kind not in ("cls", "joint"):
         raise ValueError(f"kind must be 'cls' or 'joint'; got {kind!r}")
-    if not fp32 and not quantize:
-        raise ValueError("fp32=False needs quantize=True: the export would have no model file")
     hf_dir = Path(hf_dir)
     out_dir = Path(out_dir)
-    _require_checkpoint(hf_dir)
-    _offline_env()
-    import torch
-    from transformers import AutoModel, AutoModelForSequenceClassification
-
-    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
-    _check_max_length(max_length, config)
+    config = _open_checkpoint(hf_dir, max_length=max_length, fp32=fp32, quantize=quantize)
     pooling = dict(DEFAULT_JOINT_POOLING if pooling is None else pooling)
     if kind == "joint":
         _check_pooling(pooling)
-    _prepare_out(out_dir, overwrite)
+    from crossknn.ce import graphs
+
     t0 = time.perf_counter()
-    _write_tokenizer(hf_dir, out_dir)
-    load = AutoModel if kind == "joint" else AutoModelForSequenceClassification
-    model = load.from_pretrained(str(hf_dir), local_files_only=True, attn_implementation="eager")
-    model.eval()
-    uses_tt = "token_type_ids" in inspect.signature(model.forward).parameters
-    vocab = int(model.config.vocab_size)
+    model = _load_model(hf_dir, out_dir, classifier=kind == "cls", overwrite=overwrite)
     manifest: dict[str, Any] = {
         "kind": "joint-ce" if kind == "joint" else "cls-ce",
         "model_id": model_id or hf_dir.name,
         "max_length": int(max_length),
     }
     if kind == "joint":
-        normalize = bool(pooling["normalize"])
-
-        class JointCE(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.encoder = model
-
-            def forward(self, input_ids, attention_mask, *rest):
-                kw = {"token_type_ids": rest[0]} if uses_tt else {}
-                pool_mask = rest[-1]
-                h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kw)[0]
-                mq = (pool_mask == 1).to(h.dtype).unsqueeze(-1)
-                md = (pool_mask == 2).to(h.dtype).unsqueeze(-1)
-                q = (h * mq).sum(1) / mq.sum(1).clamp(min=1.0)
-                d = (h * md).sum(1) / md.sum(1).clamp(min=1.0)
-                if normalize:
-                    q = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)
-                    d = d / d.norm(dim=-1, keepdim=True).clamp(min=1e-12)
-                return (q * d).sum(-1)
-
-        args, names = _dummy_inputs(vocab, uses_tt, joint=True)
-        _export_graph(JointCE(), args, names, "scores", {0: "batch"}, out_dir / "model.onnx")
-        manifest.update(pooling=pooling, output="scores", inputs=names)
+        wrapper = graphs.JointCE(model, normalize=bool(pooling["normalize"]))
+        manifest["pooling"] = pooling
     else:
         num_labels = int(model.config.num_labels)
-
-        class ClsCE(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
-
-            def forward(self, input_ids, attention_mask, *rest):
-                kw = {"token_type_ids": rest[0]} if uses_tt else {}
-                return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw)[0]
-
-        args, names = _dummy_inputs(vocab, uses_tt, joint=False)
-        _export_graph(ClsCE(), args, names, "logits", {0: "batch"}, out_dir / "model.onnx")
-        manifest.update(
-            num_labels=num_labels,
-            activation=_cls_activation(config, num_labels, activation),
-            output="logits",
-            inputs=names,
-        )
-    out = _finish(hf_dir, out_dir, manifest, optimize=optimize, quantize=quantize, fp32=fp32)
+        wrapper = graphs.ClsCE(model)
+        manifest["num_labels"] = num_labels
+        manifest["activation"] = _cls_activation(config, num_labels, activation)
+    manifest.update(_trace(wrapper, out_dir))
+    out = _finish(
+        hf_dir, out_dir, manifest, config, optimize=optimize, quantize=quantize, fp32=fp32
+    )
     log.info("exported %s CE %s -> %s in %.1fs", kind, hf_dir, out_dir, time.perf_counter() - t0)
     return out
 
@@ -381,54 +255,57 @@ def export_dual_encoder(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Export an encoder as a dual encoder (mean pooling over all non-padding tokens)."""
-    if not fp32 and not quantize:
-        raise ValueError("fp32=False needs quantize=True: the export would have no model file")
     hf_dir = Path(hf_dir)
     out_dir = Path(out_dir)
-    _require_checkpoint(hf_dir)
-    _offline_env()
-    import torch
-    from transformers import AutoModel
+    config = _open_checkpoint(hf_dir, max_length=max_length, fp32=fp32, quantize=quantize)
+    from crossknn.ce import graphs
 
-    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
-    _check_max_length(max_length, config)
-    _prepare_out(out_dir, overwrite)
-    _write_tokenizer(hf_dir, out_dir)
-    model = AutoModel.from_pretrained(
-        str(hf_dir), local_files_only=True, attn_implementation="eager"
-    )
-    model.eval()
-    uses_tt = "token_type_ids" in inspect.signature(model.forward).parameters
-
-    class DualEncoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = model
-
-        def forward(self, input_ids, attention_mask, *rest):
-            kw = {"token_type_ids": rest[0]} if uses_tt else {}
-            h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kw)[0]
-            m = attention_mask.to(h.dtype).unsqueeze(-1)
-            v = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
-            if normalize:
-                v = v / v.norm(dim=-1, keepdim=True).clamp(min=1e-12)
-            return v
-
-    args, names = _dummy_inputs(int(model.config.vocab_size), uses_tt, joint=False)
-    _export_graph(DualEncoder(), args, names, "embeddings", {0: "batch"}, out_dir / "model.onnx")
+    model = _load_model(hf_dir, out_dir, classifier=False, overwrite=overwrite)
     manifest: dict[str, Any] = {
         "kind": "dual-encoder",
         "model_id": model_id or hf_dir.name,
         "max_length": int(max_length),
         "pooling": {"mode": "mean", "special_tokens": "include", "normalize": bool(normalize)},
         "dim": int(model.config.hidden_size),
-        "output": "embeddings",
-        "inputs": names,
+        **_trace(graphs.DualEncoder(model, normalize=normalize), out_dir),
     }
-    return _finish(hf_dir, out_dir, manifest, optimize=optimize, quantize=quantize, fp32=fp32)
+    return _finish(
+        hf_dir, out_dir, manifest, config, optimize=optimize, quantize=quantize, fp32=fp32
+    )
+
+
+def _open_checkpoint(hf_dir: Path, *, max_length: int, fp32: bool, quantize: bool) -> dict:
+    """The checks both exports make before writing anything; returns the checkpoint's config."""
+    if not fp32 and not quantize:
+        raise ValueError("fp32=False needs quantize=True: the export would have no model file")
+    _require_checkpoint(hf_dir)
+    _offline_env()
+    # the export dependencies: a missing one fails here, before the output directory is touched
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    config = _config(hf_dir)
+    _check_max_length(max_length, config)
+    return config
+
+
+def _load_model(hf_dir: Path, out_dir: Path, *, classifier: bool, overwrite: bool):
+    """Prepare ``out_dir``, write the tokenizer there, then load the model (eval mode)."""
+    from crossknn.ce.graphs import load_model
+
+    _prepare_out(out_dir, overwrite)
+    _write_tokenizer(hf_dir, out_dir)
+    return load_model(hf_dir, classifier=classifier)
+
+
+def _trace(wrapper, out_dir: Path) -> dict[str, Any]:
+    """Trace a :class:`~crossknn.ce.graphs.Wrapper` to ``model.onnx``; its manifest entries."""
+    names = wrapper.export(out_dir / "model.onnx", opset=_OPSET)
+    return {"output": wrapper.output, "inputs": names}
 
 
 def _config(hf_dir: Path) -> dict[str, Any]:
+    """The checkpoint's config.json."""
     return json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
 
 

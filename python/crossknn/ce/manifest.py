@@ -7,13 +7,14 @@ never used: the error names the missing or damaged file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MANIFEST", "FORMAT_VERSION", "KINDS", "read_manifest", "write_manifest", "sha256_file"]
+from crossknn.fileio import sha256_file
+
+__all__ = ["MANIFEST", "FORMAT_VERSION", "KINDS", "read_manifest", "write_manifest"]
 
 MANIFEST = "crossknn_model.json"
 FORMAT_VERSION = 1
@@ -21,17 +22,6 @@ FORMAT_VERSION = 1
 # joint-ce: [EMB]-CE, query/item segment vectors pooled from one joint pass, score = dot product
 # dual-encoder: one text -> one L2-normalized vector
 KINDS = ("cls-ce", "joint-ce", "dual-encoder")
-
-
-def sha256_file(path: str | os.PathLike, *, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            block = fh.read(chunk)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
 
 
 def file_entry(path: Path) -> dict[str, Any]:

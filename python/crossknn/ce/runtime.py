@@ -2,7 +2,9 @@
 
 Both load a directory written by :mod:`crossknn.ce.export` (``crossknn_model.json``,
 ``tokenizer.json``, ``model.onnx`` / ``model.int8.onnx``) and need only numpy, onnxruntime and
-tokenizers at run time.
+tokenizers at run time. The one exception is ``fp16=True`` on the CUDA provider: the graph is
+converted to fp16 when the session opens, which needs ``onnx`` (the ``export`` extra; without it
+an ImportError says so). TensorRT runs fp16 without a conversion.
 
 How pairs are scored: every text is tokenized once without special tokens (items when they are
 set, a query when first seen: a small LRU cache), pairs are assembled from the cached ids with the
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from crossknn.ce.manifest import read_manifest
+from crossknn.ce.rewrite import to_fp16
 from crossknn.ce.tokenize import (
     IdStore,
     TokenizerPlan,
@@ -126,11 +129,7 @@ class _Session:
         if self.provider == _PROVIDERS["tensorrt"]:
             options = {"trt_fp16_enable": bool(fp16)}
         elif fp16:  # CUDA: convert the graph to fp16 once, inputs/outputs stay as they are
-            import onnx
-            from onnxruntime.transformers.float16 import convert_float_to_float16
-
-            proto = convert_float_to_float16(onnx.load(model), keep_io_types=True)
-            model = proto.SerializeToString()
+            model = to_fp16(self.model_dir / self.file)
         self.fp16 = bool(fp16)
         providers: list[Any] = [(self.provider, options)]
         if self.provider == _PROVIDERS["tensorrt"] and _PROVIDERS["cuda"] in available_providers():
@@ -180,22 +179,38 @@ def _progress(iterable, enabled: bool, desc: str, total: int):
     return tqdm(iterable, desc=desc, total=total, unit="batch")
 
 
-class _Base:
+class _OnnxModel:
+    """What both scorers share: the session, the tokenizer, the options and the identity.
+
+    Options (keywords of both classes): ``precision`` "fp32" or "int8" (a variant in the
+    directory); ``max_length`` in tokens (default: the export's); ``threads`` intra-op threads
+    (default: one per physical core); ``batch_size`` the most texts or pairs per batch and
+    ``max_batch_tokens`` the most (padded) tokens per batch (defaults: per class);
+    ``provider`` "auto" (TensorRT, then CUDA, then CPU: whichever this onnxruntime offers),
+    "cpu", "cuda" or "tensorrt" (an error if not available, never a silent fallback);
+    ``fp16`` half precision on a GPU provider; ``show_progress_bar`` tqdm bars for long runs.
+    """
+
     _kinds: tuple[str, ...] = ()
+    _template = "pair"  # the TokenizerPlan template the model's inputs follow: "pair" or "single"
+    _batch_size = 16
+    _max_batch_tokens = 2048
 
     def __init__(
         self,
         model_dir: str | os.PathLike,
         *,
-        precision: str,
-        max_length: int | None,
-        threads: int | None,
-        batch_size: int,
-        max_batch_tokens: int,
-        provider: str,
-        fp16: bool,
-        show_progress_bar: bool,
+        precision: str = "fp32",
+        max_length: int | None = None,
+        threads: int | None = None,
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        provider: str = "auto",
+        fp16: bool = False,
+        show_progress_bar: bool = False,
     ) -> None:
+        batch_size = self._batch_size if batch_size is None else batch_size
+        max_batch_tokens = self._max_batch_tokens if max_batch_tokens is None else max_batch_tokens
         _check_positive("batch_size", batch_size)
         _check_positive("max_batch_tokens", max_batch_tokens)
         self._s = _Session(
@@ -217,6 +232,8 @@ class _Base:
         self.batch_size = int(batch_size)
         self.max_batch_tokens = int(max_batch_tokens)
         self.show_progress_bar = bool(show_progress_bar)
+        self._tpl = getattr(self._plan, self._template)
+        self._room = self.max_length - self._tpl.n_special  # tokens left for the text(s)
         self._lock = threading.Lock()
         self._warned = False
 
@@ -264,49 +281,30 @@ class _Base:
         return IdStore(ids, cap)
 
 
-class OnnxCrossEncoder(_Base):
+class OnnxCrossEncoder(_OnnxModel):
     """A cross-encoder (classic [CLS]-CE or joint [EMB]-CE) on ONNX Runtime.
 
     Parameters: ``model_dir`` an exported model directory; ``items`` texts to score against by
-    index (:meth:`score`, :meth:`score_batch`; also :meth:`set_items`); ``precision`` "fp32" or
-    "int8" (a variant in the directory); ``max_length`` of a pair in tokens (default: the
-    export's); ``threads`` intra-op threads (default: one per physical core); ``batch_size`` the
-    most pairs per batch and ``max_batch_tokens`` the most (padded) tokens per batch;
-    ``provider`` "auto" (TensorRT, then CUDA, then CPU: whichever this onnxruntime offers),
-    "cpu", "cuda" or "tensorrt" (an error if not available, never a silent fallback);
-    ``fp16`` half precision on a GPU provider.
+    index (:meth:`score`, :meth:`score_batch`; also :meth:`set_items`); ``query_cache_size`` how
+    many tokenized queries to keep; ``options`` those of both scorers (see ``_OnnxModel``:
+    ``precision``, ``max_length`` of a pair, ``threads``, ``batch_size`` pairs (default 16),
+    ``max_batch_tokens`` (default 2048), ``provider``, ``fp16``, ``show_progress_bar``).
     """
 
     _kinds = ("cls-ce", "joint-ce")
+    _template = "pair"
+    _batch_size = 16
+    _max_batch_tokens = 2048
 
     def __init__(
         self,
         model_dir: str | os.PathLike,
         *,
         items: list[str] | None = None,
-        precision: str = "fp32",
-        max_length: int | None = None,
-        threads: int | None = None,
-        batch_size: int = 16,
-        max_batch_tokens: int = 2048,
-        provider: str = "auto",
-        fp16: bool = False,
-        show_progress_bar: bool = False,
         query_cache_size: int = 4096,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            model_dir,
-            precision=precision,
-            max_length=max_length,
-            threads=threads,
-            batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
-            provider=provider,
-            fp16=fp16,
-            show_progress_bar=show_progress_bar,
-        )
-        self._tpl = self._plan.pair
-        self._room = self.max_length - self._tpl.n_special
+        super().__init__(model_dir, **options)
         m = self._s.manifest
         self._joint = m["kind"] == "joint-ce"
         self.num_labels = 1 if self._joint else int(m["num_labels"])
@@ -526,38 +524,22 @@ class OnnxCrossEncoder(_Base):
         return list(np.split(flat, np.cumsum([len(x) for x in idx])[:-1])) if idx else []
 
 
-class OnnxDualEncoder(_Base):
-    """A dual encoder on ONNX Runtime: ``encode(texts)`` -> float32 (n, d), L2-normalized."""
+class OnnxDualEncoder(_OnnxModel):
+    """A dual encoder on ONNX Runtime: ``encode(texts)`` -> float32 (n, d), L2-normalized.
+
+    Parameters: ``model_dir`` an exported model directory and the options of both scorers (see
+    ``_OnnxModel``; ``batch_size`` texts, default 32; ``max_batch_tokens`` default 4096).
+    """
 
     _kinds = ("dual-encoder",)
+    _template = "single"
+    _batch_size = 32
+    _max_batch_tokens = 4096
 
-    def __init__(
-        self,
-        model_dir: str | os.PathLike,
-        *,
-        precision: str = "fp32",
-        max_length: int | None = None,
-        threads: int | None = None,
-        batch_size: int = 32,
-        max_batch_tokens: int = 4096,
-        provider: str = "auto",
-        fp16: bool = False,
-        show_progress_bar: bool = False,
-    ) -> None:
-        super().__init__(
-            model_dir,
-            precision=precision,
-            max_length=max_length,
-            threads=threads,
-            batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
-            provider=provider,
-            fp16=fp16,
-            show_progress_bar=show_progress_bar,
-        )
-        self._tpl = self._plan.single
-        self._room = self.max_length - self._tpl.n_special
-        self.dim = int(self._s.manifest["dim"])
+    @property
+    def dim(self) -> int:
+        """Length of the embedding vectors."""
+        return int(self._s.manifest["dim"])
 
     def __repr__(self) -> str:
         return (

@@ -152,6 +152,16 @@ class TokenizerPlan:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
 
+def _blank(lengths: np.ndarray, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Input ids (all padding), token types and attention mask (zeros), padded to the longest."""
+    shape = (len(lengths), int(lengths.max()))
+    return (
+        np.full(shape, pad_id, dtype=np.int64),
+        np.zeros(shape, dtype=np.int64),
+        np.zeros(shape, dtype=np.int64),
+    )
+
+
 def assemble_pairs(
     t: _Template, pad_id: int, A: IdStore, ia, ta, B: IdStore, ib, tb
 ) -> dict[str, np.ndarray]:
@@ -160,12 +170,9 @@ def assemble_pairs(
     Padded to the longest pair of the batch. ``pool_mask`` is 1 on the first segment's tokens,
     2 on the second's, 0 on special tokens and padding (the joint CE pools with it).
     """
-    lengths = np.asarray(ta) + np.asarray(tb) + t.n_special
-    n, width = len(ia), int(lengths.max())
-    ids = np.full((n, width), pad_id, dtype=np.int64)
-    types = np.zeros((n, width), dtype=np.int64)
-    mask = np.zeros((n, width), dtype=np.int64)
-    pool = np.zeros((n, width), dtype=np.int64)
+    ids, types, mask = _blank(np.asarray(ta) + np.asarray(tb) + t.n_special, pad_id)
+    n = len(ia)
+    pool = np.zeros_like(mask)
     p, mid, suf = len(t.prefix), len(t.mid), len(t.suffix)
     for r in range(n):
         na, nb = int(ta[r]), int(tb[r])
@@ -192,11 +199,8 @@ def assemble_pairs(
 
 def assemble_single(t: _Template, pad_id: int, A: IdStore, ia, ta) -> dict[str, np.ndarray]:
     """Model inputs of one batch of single texts (A[ia[r]] kept to ta[r] tokens)."""
-    lengths = np.asarray(ta) + t.n_special
-    n, width = len(ia), int(lengths.max())
-    ids = np.full((n, width), pad_id, dtype=np.int64)
-    types = np.zeros((n, width), dtype=np.int64)
-    mask = np.zeros((n, width), dtype=np.int64)
+    ids, types, mask = _blank(np.asarray(ta) + t.n_special, pad_id)
+    n = len(ia)
     p, suf = len(t.prefix), len(t.suffix)
     for r in range(n):
         na = int(ta[r])

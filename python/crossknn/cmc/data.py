@@ -18,6 +18,7 @@ under ``<cache>/cmc-vectors/<dataset>-<encoder id>-<hash prefix>/``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +69,8 @@ class CmcData:
             want = (self.query_vectors.shape[0], self.item_vectors.shape[0])
             if self.scores.shape != want:
                 raise ValueError(
-                    f"scores must be {want} (queries x items); got {self.scores.shape}")
+                    f"scores must be {want} (queries x items); got {self.scores.shape}"
+                )
         self.train = np.asarray(self.train, np.int64)
         self.test = np.asarray(self.test, np.int64)
 
@@ -99,13 +101,21 @@ def matrix_encoder_id(meta: dict) -> str:
 
 def matrix_data(folder) -> CmcData:
     """Distillation data from a score-matrix folder: CE scores, DE vectors, its train/test rows."""
-    from crossknn.data import load_score_matrix
+    from crossknn.matrix import load_score_matrix
 
     m = load_score_matrix(folder)
     if m.de_items is None or m.de_queries is None:
         raise FileNotFoundError(f"{m.path} has no de_items.npy/de_queries.npy (CMC needs them)")
-    return CmcData(m.de_items, m.de_queries, matrix_encoder_id(m.meta), m.train, m.test, "ce",
-                   scores=m.scores, name=str(m.meta.get("dataset", m.path.name)))
+    return CmcData(
+        m.de_items,
+        m.de_queries,
+        matrix_encoder_id(m.meta),
+        m.train,
+        m.test,
+        "ce",
+        scores=m.scores,
+        name=str(m.meta.get("dataset", m.path.name)),
+    )
 
 
 def encode_beir(folder, cache_dir=None, *, progress: bool = True) -> Path:
@@ -115,8 +125,6 @@ def encode_beir(folder, cache_dir=None, *, progress: bool = True) -> Path:
     ``query_ids.json``, ``meta.json``). A finished entry is reused; it is written to a temporary
     name and renamed when complete.
     """
-    import hashlib
-
     from crossknn.ce import default_dual_encoder
     from crossknn.ce.models import cache_root
     from crossknn.data import load_beir
@@ -126,8 +134,10 @@ def encode_beir(folder, cache_dir=None, *, progress: bool = True) -> Path:
     de = default_dual_encoder(cache_dir=cache_dir, show_progress_bar=progress)
     wanted = sorted({q for split in corpus.qrels.values() for q in split})
     key = hashlib.sha256(
-        "\n".join([folder.resolve().as_posix(), de.model_hash, str(len(corpus.item_ids)),
-                   *wanted]).encode()).hexdigest()[:12]
+        "\n".join(
+            [folder.resolve().as_posix(), de.model_hash, str(len(corpus.item_ids)), *wanted]
+        ).encode()
+    ).hexdigest()[:12]
     out = cache_root(cache_dir) / "cmc-vectors" / f"{folder.name}-{de.model_id}-{key}"
     if (out / "meta.json").is_file():
         return out
@@ -142,16 +152,32 @@ def encode_beir(folder, cache_dir=None, *, progress: bool = True) -> Path:
     np.save(tmp / "items.npy", de.encode(corpus.item_texts), allow_pickle=False)
     (tmp / "item_ids.json").write_text(json.dumps(corpus.item_ids))
     (tmp / "query_ids.json").write_text(json.dumps(wanted))
-    (tmp / "meta.json").write_text(json.dumps({
-        "dataset": folder.name, "folder": str(folder), "encoder_id": de.model_id,
-        "encoder_hash": de.model_hash, "dim": de.dim,
-        "n_items": len(corpus.item_ids), "n_queries": len(wanted)}, indent=1))
+    (tmp / "meta.json").write_text(
+        json.dumps(
+            {
+                "dataset": folder.name,
+                "folder": str(folder),
+                "encoder_id": de.model_id,
+                "encoder_hash": de.model_hash,
+                "dim": de.dim,
+                "n_items": len(corpus.item_ids),
+                "n_queries": len(wanted),
+            },
+            indent=1,
+        )
+    )
     tmp.rename(out)
     return out
 
 
-def beir_data(folder, cache_dir=None, *, train_split: str = "train", test_split: str = "test",
-              progress: bool = True) -> CmcData:
+def beir_data(
+    folder,
+    cache_dir=None,
+    *,
+    train_split: str = "train",
+    test_split: str = "test",
+    progress: bool = True,
+) -> CmcData:
     """Gold-label data from a BEIR folder: DE vectors (cached), relevance from qrels."""
     from crossknn.data import load_beir
 
@@ -176,14 +202,29 @@ def beir_data(folder, cache_dir=None, *, train_split: str = "train", test_split:
                 relevant.setdefault(qpos[q], {}).update(rel)
                 rs.append(qpos[q])
         rows[s] = np.asarray(sorted(rs), np.int64)
-    return CmcData(np.load(vec / "items.npy"), np.load(vec / "queries.npy"), meta["encoder_id"],
-                   rows[train_split], rows[test_split], "gold", relevant=relevant,
-                   name=folder.name, query_ids=query_ids)
+    return CmcData(
+        np.load(vec / "items.npy"),
+        np.load(vec / "queries.npy"),
+        meta["encoder_id"],
+        rows[train_split],
+        rows[test_split],
+        "gold",
+        relevant=relevant,
+        name=folder.name,
+        query_ids=query_ids,
+    )
 
 
-def sample_candidates(de_scores: np.ndarray, k: int, *, n_top: int, pool: int,
-                      rng: np.random.Generator, temperature: float = 0.05,
-                      must: np.ndarray | None = None) -> np.ndarray:
+def sample_candidates(
+    de_scores: np.ndarray,
+    k: int,
+    *,
+    n_top: int,
+    pool: int,
+    rng: np.random.Generator,
+    temperature: float = 0.05,
+    must: np.ndarray | None = None,
+) -> np.ndarray:
     """One query's K candidates: the ``n_top`` best by ``de_scores`` plus ``k - n_top`` drawn
     without replacement from softmax(score / temperature) over the rest of the top ``pool``
     (Gumbel-top-k). ``must``: items of which at least one must be in the set (gold labels);

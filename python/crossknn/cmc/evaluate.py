@@ -34,20 +34,25 @@ def recall_at(ranked: Sequence[int], relevant: dict[int, int], k: int) -> float:
 def qrels_metrics(rankings: np.ndarray, rows: Sequence[int], data: CmcData) -> dict[str, float]:
     nd = [ndcg_at(r, data.relevant[q], 10) for r, q in zip(rankings, rows, strict=True)]
     rc = [recall_at(r, data.relevant[q], 100) for r, q in zip(rankings, rows, strict=True)]
-    return {"ndcg@10": float(np.mean(nd)), "recall@100": float(np.mean(rc)),
-            "n_queries": len(rows)}
+    return {"ndcg@10": float(np.mean(nd)), "recall@100": float(np.mean(rc)), "n_queries": len(rows)}
 
 
 def rank_de(data: CmcData, rows, depth: int) -> np.ndarray:
     from crossknn.retrievers import DenseRetriever
 
     return DenseRetriever(data.item_vectors, query_vectors=data.query_vectors).retrieve(
-        [int(r) for r in rows], depth)
+        [int(r) for r in rows], depth
+    )
 
 
 def rank_cmc(data: CmcData, rows, depth: int, reranker, candidates: int) -> np.ndarray:
     from crossknn.cmc.runtime import CmcRetriever
 
-    ret = CmcRetriever(reranker, data.item_vectors, query_vectors=data.query_vectors,
-                       candidates=candidates, encoder_id=data.encoder_id)
+    ret = CmcRetriever(
+        reranker,
+        data.item_vectors,
+        query_vectors=data.query_vectors,
+        candidates=candidates,
+        encoder_id=data.encoder_id,
+    )
     return ret.retrieve([int(r) for r in rows], depth)

@@ -57,18 +57,31 @@ def export_onnx(model_dir, *, tolerance: float = 1e-4) -> Path:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer notes on the shape checks (same branch always)
         torch.onnx.export(
-            model, args, str(tmp), input_names=["query", "candidates"], output_names=["scores"],
-            dynamic_axes={"query": {0: "batch"}, "candidates": {0: "batch", 1: "k"},
-                          "scores": {0: "batch", 1: "k"}},
-            opset_version=OPSET, do_constant_folding=True, dynamo=False)
+            model,
+            args,
+            str(tmp),
+            input_names=["query", "candidates"],
+            output_names=["scores"],
+            dynamic_axes={
+                "query": {0: "batch"},
+                "candidates": {0: "batch", 1: "k"},
+                "scores": {0: "batch", 1: "k"},
+            },
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
     err = parity(model, tmp)
     if err > tolerance:
         tmp.unlink()
         raise RuntimeError(f"ONNX export differs from PyTorch by {err:.2e} (> {tolerance:.0e})")
     tmp.replace(path)
-    info["onnx"] = {"file": "model.onnx", "opset": OPSET, "parity": err,
-                    "inputs": {"query": "float32 (batch, dim)",
-                               "candidates": "float32 (batch, k, dim)"},
-                    "output": "scores float32 (batch, k)"}
+    info["onnx"] = {
+        "file": "model.onnx",
+        "opset": OPSET,
+        "parity": err,
+        "inputs": {"query": "float32 (batch, dim)", "candidates": "float32 (batch, k, dim)"},
+        "output": "scores float32 (batch, k)",
+    }
     (model_dir / "cmc.json").write_text(json.dumps(info, indent=1))
     return path

@@ -65,8 +65,12 @@ class _Layer(nn.Module):
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
         self.norm2 = nn.LayerNorm(d)
-        self.ff = nn.Sequential(nn.Linear(d, cfg.ff_mult * d), nn.GELU(),
-                                nn.Dropout(cfg.dropout), nn.Linear(cfg.ff_mult * d, d))
+        self.ff = nn.Sequential(
+            nn.Linear(d, cfg.ff_mult * d),
+            nn.GELU(),
+            nn.Dropout(cfg.dropout),
+            nn.Linear(cfg.ff_mult * d, d),
+        )
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, d)
@@ -101,12 +105,16 @@ class CmcModel(nn.Module):
 
     def forward(self, query: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         if query.dim() != 2 or candidates.dim() != 3:
-            raise ValueError(f"expected query (B, d) and candidates (B, K, d); got "
-                             f"{tuple(query.shape)} and {tuple(candidates.shape)}")
+            raise ValueError(
+                f"expected query (B, d) and candidates (B, K, d); got "
+                f"{tuple(query.shape)} and {tuple(candidates.shape)}"
+            )
         d = self.cfg.dim
         if query.shape[1] != d or candidates.shape[2] != d:
-            raise ValueError(f"vectors must have dim {d} (this model's encoder); got query "
-                             f"{tuple(query.shape)} and candidates {tuple(candidates.shape)}")
+            raise ValueError(
+                f"vectors must have dim {d} (this model's encoder); got query "
+                f"{tuple(query.shape)} and candidates {tuple(candidates.shape)}"
+            )
         if query.shape[0] != candidates.shape[0]:
             raise ValueError(f"{query.shape[0]} queries but {candidates.shape[0]} candidate sets")
         h = self.contextualize(torch.cat([query.unsqueeze(1), candidates], dim=1))

@@ -38,8 +38,9 @@ def read_info(model_dir) -> dict:
 class CmcReranker:
     """A trained CMC model on ONNX Runtime (``model.onnx`` + ``cmc.json`` in ``model_dir``)."""
 
-    def __init__(self, model_dir: str | os.PathLike, *, threads: int | None = None,
-                 batch_size: int = 16) -> None:
+    def __init__(
+        self, model_dir: str | os.PathLike, *, threads: int | None = None, batch_size: int = 16
+    ) -> None:
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)
@@ -59,28 +60,38 @@ class CmcReranker:
 
     def __repr__(self) -> str:
         m = self.info["model"]
-        return (f"CmcReranker(encoder_id={self.encoder_id!r}, dim={self.dim}, "
-                f"layers={m['layers']}, trained_k={self.info['train']['k']})")
+        return (
+            f"CmcReranker(encoder_id={self.encoder_id!r}, dim={self.dim}, "
+            f"layers={m['layers']}, trained_k={self.info['train']['k']})"
+        )
 
     def check_encoder(self, encoder_id: str | None, dim: int) -> None:
         """Raises when vectors of ``encoder_id``/``dim`` are not what this model was trained on."""
         if dim != self.dim:
-            raise ValueError(f"this CMC model takes {self.dim}-dim vectors (encoder "
-                             f"{self.encoder_id!r}); got {dim}-dim vectors")
+            raise ValueError(
+                f"this CMC model takes {self.dim}-dim vectors (encoder "
+                f"{self.encoder_id!r}); got {dim}-dim vectors"
+            )
         if encoder_id is not None and encoder_id != self.encoder_id:
-            raise ValueError(f"this CMC model was trained on vectors of encoder "
-                             f"{self.encoder_id!r}; got vectors of {encoder_id!r}")
+            raise ValueError(
+                f"this CMC model was trained on vectors of encoder "
+                f"{self.encoder_id!r}; got vectors of {encoder_id!r}"
+            )
 
     def score(self, query_vectors, candidate_vectors) -> np.ndarray:
         """``query_vectors`` (Q, d), ``candidate_vectors`` (Q, K, d) -> scores float32 (Q, K)."""
         q = np.ascontiguousarray(query_vectors, np.float32)
         c = np.ascontiguousarray(candidate_vectors, np.float32)
         if q.ndim != 2 or c.ndim != 3 or q.shape[0] != c.shape[0]:
-            raise ValueError(f"expected query vectors (Q, d) and candidate vectors (Q, K, d); "
-                             f"got {q.shape} and {c.shape}")
+            raise ValueError(
+                f"expected query vectors (Q, d) and candidate vectors (Q, K, d); "
+                f"got {q.shape} and {c.shape}"
+            )
         if q.shape[1] != self.dim or c.shape[2] != self.dim:
-            raise ValueError(f"vectors must have dim {self.dim} (encoder {self.encoder_id!r}); "
-                             f"got query {q.shape} and candidates {c.shape}")
+            raise ValueError(
+                f"vectors must have dim {self.dim} (encoder {self.encoder_id!r}); "
+                f"got query {q.shape} and candidates {c.shape}"
+            )
         if not (np.isfinite(q).all() and np.isfinite(c).all()):
             raise ValueError("query/candidate vectors contain NaN or inf")
         out = np.empty(c.shape[:2], np.float32)
@@ -95,17 +106,26 @@ class CmcReranker:
 class CmcRetriever:
     """BE -> CMC: DE top-``candidates`` per query, reranked by CMC (best first)."""
 
-    def __init__(self, reranker: CmcReranker | str | os.PathLike, item_vectors, *,
-                 query_vectors=None, encode=None, candidates: int = DEFAULT_CANDIDATES,
-                 encoder_id: str | None = None) -> None:
+    def __init__(
+        self,
+        reranker: CmcReranker | str | os.PathLike,
+        item_vectors,
+        *,
+        query_vectors=None,
+        encode=None,
+        candidates: int = DEFAULT_CANDIDATES,
+        encoder_id: str | None = None,
+    ) -> None:
         self.reranker = reranker if isinstance(reranker, CmcReranker) else CmcReranker(reranker)
         self.dense = DenseRetriever(item_vectors, query_vectors=query_vectors, encode=encode)
         self.reranker.check_encoder(encoder_id, self.dense.dim)
         self.n_items = self.dense.n_items
         candidates = int(candidates)
         if not 1 <= candidates <= self.n_items:
-            raise ValueError(f"CMC candidates K={candidates} must be between 1 and the number "
-                             f"of items ({self.n_items})")
+            raise ValueError(
+                f"CMC candidates K={candidates} must be between 1 and the number "
+                f"of items ({self.n_items})"
+            )
         self.candidates = candidates
         self._items = np.asarray(item_vectors, np.float32)
 
@@ -115,8 +135,11 @@ class CmcRetriever:
     def scores(self, queries: Sequence) -> tuple[np.ndarray, np.ndarray]:
         """(candidate items (Q, K) int64 in DE order, CMC scores (Q, K))."""
         cand = self.dense.retrieve(queries, self.candidates)
-        qv = np.stack([self.dense.query_vector(q) for q in queries]) if len(queries) else \
-            np.empty((0, self.dense.dim), np.float32)
+        qv = (
+            np.stack([self.dense.query_vector(q) for q in queries])
+            if len(queries)
+            else np.empty((0, self.dense.dim), np.float32)
+        )
         return cand, self.reranker.score(qv, self._items[cand])
 
     def retrieve(self, queries: Sequence, k: int) -> np.ndarray:
@@ -131,16 +154,29 @@ class CmcRetriever:
         if k <= self.candidates:
             return ranked[:, :k]
         # more than K asked for: CMC's K first, then the DE's next items in DE order
-        more = self.dense.retrieve(queries, k)[:, self.candidates:]
+        more = self.dense.retrieve(queries, k)[:, self.candidates :]
         return np.concatenate([ranked, more], axis=1)
 
 
-def _factory(*, cmc_model=None, item_vectors=None, query_vectors=None, encode=None,
-             cmc_candidates: int | None = None, encoder_id: str | None = None,
-             **_) -> CmcRetriever:
+def _factory(
+    *,
+    cmc_model=None,
+    item_vectors=None,
+    query_vectors=None,
+    encode=None,
+    cmc_candidates: int | None = None,
+    encoder_id: str | None = None,
+    **_,
+) -> CmcRetriever:
     if cmc_model is None:
         raise ValueError("the 'cmc' retriever needs a trained model directory (--cmc-model DIR)")
     if item_vectors is None:
         raise ValueError("the 'cmc' retriever needs the DE item vectors (e.g. de_items.npy)")
-    return CmcRetriever(cmc_model, item_vectors, query_vectors=query_vectors, encode=encode,
-                        candidates=cmc_candidates or DEFAULT_CANDIDATES, encoder_id=encoder_id)
+    return CmcRetriever(
+        cmc_model,
+        item_vectors,
+        query_vectors=query_vectors,
+        encode=encode,
+        candidates=cmc_candidates or DEFAULT_CANDIDATES,
+        encoder_id=encoder_id,
+    )

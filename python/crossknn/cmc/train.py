@@ -36,6 +36,7 @@ from crossknn.cmc.runtime import FORMAT, read_info
 
 __all__ = ["FORMAT", "TrainConfig", "load_model", "read_info", "train"]
 
+
 @dataclass
 class TrainConfig:
     k: int = 64  # candidates per training query (fixed K)
@@ -80,8 +81,15 @@ def _batch(data: CmcData, rows: np.ndarray, cfg: TrainConfig, epoch: int):
         must = None
         if data.target == "gold":
             must = np.fromiter(data.relevant.get(row, {}), np.int64)
-        c = sample_candidates(s, cfg.k, n_top=n_top, pool=cfg.pool, rng=rng,
-                              temperature=cfg.sample_temperature, must=must)
+        c = sample_candidates(
+            s,
+            cfg.k,
+            n_top=n_top,
+            pool=cfg.pool,
+            rng=rng,
+            temperature=cfg.sample_temperature,
+            must=must,
+        )
         if data.target == "ce":
             t = data.scores[row, c].astype(np.float64)
             z = (t - t.mean()) / max(t.std(), 1e-6) / cfg.target_temperature
@@ -92,9 +100,12 @@ def _batch(data: CmcData, rows: np.ndarray, cfg: TrainConfig, epoch: int):
         ys.append(y / y.sum())
         rs.append(s[c])
     c = np.stack(cands)
-    return (torch.from_numpy(data.query_vectors[rows]), torch.from_numpy(data.item_vectors[c]),
-            torch.tensor(np.stack(ys), dtype=torch.float32),
-            torch.log_softmax(torch.tensor(np.stack(rs)) / cfg.retriever_temperature, dim=-1))
+    return (
+        torch.from_numpy(data.query_vectors[rows]),
+        torch.from_numpy(data.item_vectors[c]),
+        torch.tensor(np.stack(ys), dtype=torch.float32),
+        torch.log_softmax(torch.tensor(np.stack(rs)) / cfg.retriever_temperature, dim=-1),
+    )
 
 
 def _loss(model: CmcModel, batch, cfg: TrainConfig) -> torch.Tensor:
@@ -126,16 +137,27 @@ def _check_resume(ck: dict, meta: dict, path: Path) -> None:
         raise ValueError(
             f"{path} was trained on vectors of encoder {old['encoder_id']!r} "
             f"(dim {old['model']['dim']}); these vectors come from {meta['encoder_id']!r} "
-            f"(dim {meta['model']['dim']}). Use another --out directory or --no-resume.")
+            f"(dim {meta['model']['dim']}). Use another --out directory or --no-resume."
+        )
     for key in ("model", "train", "data"):
         if old[key] != meta[key]:
-            raise ValueError(f"{path} was written with another {key} configuration "
-                             f"({old[key]} vs {meta[key]}); use another --out or --no-resume")
+            raise ValueError(
+                f"{path} was written with another {key} configuration "
+                f"({old[key]} vs {meta[key]}); use another --out or --no-resume"
+            )
 
 
-def train(data: CmcData, out_dir, *, model_cfg: CmcConfig | None = None,
-          cfg: TrainConfig | None = None, resume: bool = True, progress: bool = True,
-          stop_after: int | None = None, threads: int | None = None) -> dict:
+def train(
+    data: CmcData,
+    out_dir,
+    *,
+    model_cfg: CmcConfig | None = None,
+    cfg: TrainConfig | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    stop_after: int | None = None,
+    threads: int | None = None,
+) -> dict:
     """Trains CMC on ``data.train`` rows and writes ``out_dir`` (see the module doc).
 
     ``resume``: continue from ``out_dir/checkpoint.pt`` when it exists (its encoder, model and
@@ -147,14 +169,29 @@ def train(data: CmcData, out_dir, *, model_cfg: CmcConfig | None = None,
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _train(data, out_dir, model_cfg=model_cfg, cfg=cfg, resume=resume,
-                      progress=progress, stop_after=stop_after)
+        return _train(
+            data,
+            out_dir,
+            model_cfg=model_cfg,
+            cfg=cfg,
+            resume=resume,
+            progress=progress,
+            stop_after=stop_after,
+        )
     finally:
         torch.set_num_threads(prev)
 
 
-def _train(data: CmcData, out_dir, *, model_cfg: CmcConfig | None, cfg: TrainConfig | None,
-           resume: bool, progress: bool, stop_after: int | None) -> dict:
+def _train(
+    data: CmcData,
+    out_dir,
+    *,
+    model_cfg: CmcConfig | None,
+    cfg: TrainConfig | None,
+    resume: bool,
+    progress: bool,
+    stop_after: int | None,
+) -> dict:
     from tqdm.auto import tqdm
 
     cfg = cfg or TrainConfig()
@@ -162,8 +199,9 @@ def _train(data: CmcData, out_dir, *, model_cfg: CmcConfig | None, cfg: TrainCon
     if model_cfg.dim != data.dim:
         raise ValueError(f"model dim {model_cfg.dim} does not match the vectors' dim {data.dim}")
     if cfg.k > data.n_items:
-        raise ValueError(f"K={cfg.k} training candidates but the corpus has only "
-                         f"{data.n_items} items")
+        raise ValueError(
+            f"K={cfg.k} training candidates but the corpus has only {data.n_items} items"
+        )
     rows_all = np.asarray(data.train, np.int64)
     if data.target == "gold":
         rows_all = rows_all[[r in data.relevant for r in rows_all.tolist()]]
@@ -171,10 +209,18 @@ def _train(data: CmcData, out_dir, *, model_cfg: CmcConfig | None, cfg: TrainCon
         raise ValueError("no training queries (with a target)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, "encoder_id": data.encoder_id, "model": model_cfg.to_dict(),
-            "train": asdict(cfg),
-            "data": {"name": data.name, "target": data.target, "n_items": data.n_items,
-                     "n_train_queries": int(rows_all.size)}}
+    meta = {
+        "format": FORMAT,
+        "encoder_id": data.encoder_id,
+        "model": model_cfg.to_dict(),
+        "train": asdict(cfg),
+        "data": {
+            "name": data.name,
+            "target": data.target,
+            "n_items": data.n_items,
+            "n_train_queries": int(rows_all.size),
+        },
+    }
     torch.manual_seed(cfg.seed)
     model = CmcModel(model_cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -192,10 +238,18 @@ def _train(data: CmcData, out_dir, *, model_cfg: CmcConfig | None, cfg: TrainCon
         torch.set_rng_state(ck["torch_rng"])
 
     def save_checkpoint() -> None:
-        _save_atomic({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
-                      "seconds": seconds + time.perf_counter() - t0,
-                      "losses": torch.tensor(losses, dtype=torch.float64),
-                      "torch_rng": torch.get_rng_state(), "meta_json": json.dumps(meta)}, ck_path)
+        _save_atomic(
+            {
+                "model": model.state_dict(),
+                "optim": opt.state_dict(),
+                "step": step,
+                "seconds": seconds + time.perf_counter() - t0,
+                "losses": torch.tensor(losses, dtype=torch.float64),
+                "torch_rng": torch.get_rng_state(),
+                "meta_json": json.dumps(meta),
+            },
+            ck_path,
+        )
 
     model.train()
     t0 = time.perf_counter()
@@ -204,7 +258,7 @@ def _train(data: CmcData, out_dir, *, model_cfg: CmcConfig | None, cfg: TrainCon
     while step < total:
         epoch, b = divmod(step, per_epoch)
         order = np.random.default_rng([cfg.seed, epoch, 1 << 30]).permutation(rows_all)
-        rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        rows = order[b * cfg.batch_size : (b + 1) * cfg.batch_size]
         for g in opt.param_groups:
             g["lr"] = cfg.lr * _lr_factor(step, total, cfg.warmup)
         loss = _loss(model, _batch(data, rows, cfg, epoch), cfg)
@@ -225,8 +279,13 @@ def _train(data: CmcData, out_dir, *, model_cfg: CmcConfig | None, cfg: TrainCon
             break
     bar.close()
     seconds += time.perf_counter() - t0
-    info = dict(meta, finished=not stopped, steps=step, train_seconds=round(seconds, 2),
-                final_epoch_loss=float(np.mean(losses[-per_epoch:])) if losses else None)
+    info = dict(
+        meta,
+        finished=not stopped,
+        steps=step,
+        train_seconds=round(seconds, 2),
+        final_epoch_loss=float(np.mean(losses[-per_epoch:])) if losses else None,
+    )
     if stopped:
         return info
     model.eval()

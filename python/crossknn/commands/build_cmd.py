@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import shutil
 import time
 from pathlib import Path
+
+from crossknn.commands._common import nonneg_int, positive_int
 
 HELP = "index a corpus (JSONL with id/text, or a BEIR folder) for crossknn search"
 
@@ -27,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--calibration-queries",
-        type=int,
+        type=positive_int,
         default=16,
         metavar="N",
         help="pseudo-queries for the CE score calibration when no train queries are "
@@ -35,65 +38,101 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--calibration-items",
-        type=int,
+        type=_calibration_items,
         default=32,
         metavar="M",
-        help="items scored per calibration query (default 32)",
+        help="items scored per calibration query (>= 2; default 32)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def read_queries(path: str) -> list[str]:
-    """Queries from a file: JSONL with 'text' per line, or plain text, one query per line."""
-    import sys
+def _calibration_items(text: str) -> int:
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2; got {text!r}")
+    return value
 
-    if path == "-":
-        lines = sys.stdin.read().splitlines()
-        src = "stdin"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"queries file not found: {p}")
-        lines = p.read_text(encoding="utf-8").splitlines()
-        src = str(p)
-    out = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{src}:{lineno}: not valid JSON ({exc.msg})") from None
-            text = rec.get("text") if isinstance(rec, dict) else None
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"{src}:{lineno}: a JSON query line needs a non-empty 'text'")
-            out.append(text)
-        else:
-            out.append(line.strip())
-    if not out:
-        raise ValueError(f"{src}: no queries found")
-    return out
+
+# what an index folder may hold: its own files and work folders (and atomic-write temp files)
+_INDEX_FILES = {"index.json", "items.jsonl"}
+_INDEX_FOLDERS = {".build", "exact"}
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def check_output_folder(index_dir: str | os.PathLike, inputs: list[str]) -> None:
+    """Refuse an output folder that is a file, contains an input, or holds files that are not
+    an index's own: ``build`` must never overwrite or mix with a user's files."""
+    out = Path(index_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder; give a new or empty folder")
+    for src in inputs:
+        p = Path(src)
+        if p.exists() and _inside(p, out):
+            raise ValueError(
+                f"the output folder {out} contains the input {src}; building there would "
+                "overwrite it: give another output folder"
+            )
+    if not out.is_dir():
+        return
+    entries = list(out.iterdir())
+    is_index = any(e.name in ("index.json", ".build") for e in entries)
+    for e in entries:
+        own = e.name.startswith(".") and e.name.endswith(".tmp")
+        if is_index:
+            own = own or (
+                e.name in _INDEX_FILES
+                or e.name in _INDEX_FOLDERS
+                and e.is_dir()
+                or e.suffix == ".npy"
+                and e.is_file()
+            )
+        if not own:
+            raise ValueError(
+                f"the output folder {out} holds {e.name!r}, which is not part of an index; "
+                "give a new or empty folder (or an index folder to rebuild or resume)"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.corpus import load_corpus
-    from crossknn.searcher import build_corpus_index
+    from crossknn.corpus_index import build_corpus_index
+    from crossknn.data import load_corpus, read_queries
 
     t0 = time.perf_counter()
+    inputs = [args.corpus] + ([args.train_queries] if args.train_queries else [])
+    check_output_folder(args.index_dir, inputs)
     corpus = load_corpus(args.corpus)
+    if len(corpus) < 2:
+        raise ValueError(
+            f"{args.corpus}: the corpus has {len(corpus)} item; an index needs at least 2 "
+            "(k-NN search over one item needs no index: use crossknn rank)"
+        )
     train = read_queries(args.train_queries) if args.train_queries else None
-    idx = build_corpus_index(
-        corpus,
-        args.index_dir,
-        train_queries=train,
-        cur=args.cur,
-        calibration_queries=args.calibration_queries,
-        calibration_items=args.calibration_items,
-        seed=args.seed,
-        progress=not args.quiet,
-    )
+    created = not Path(args.index_dir).exists()
+    try:
+        idx = build_corpus_index(
+            corpus,
+            args.index_dir,
+            train_queries=train,
+            cur=args.cur,
+            calibration_queries=args.calibration_queries,
+            calibration_items=args.calibration_items,
+            seed=args.seed,
+            progress=not args.quiet,
+        )
+    except Exception:
+        # a failed build (full disk, unreadable model ...) leaves no half index behind; an
+        # interrupted one (Ctrl-C) keeps its work folder and resumes when rerun
+        if created:
+            shutil.rmtree(args.index_dir, ignore_errors=True)
+        raise
     print(
         f"index {idx.path}: {len(corpus)} items, arrays {sorted(idx.arrays)}, "
         f"{idx.ce_calls} CE calls spent, {time.perf_counter() - t0:.1f} s"

@@ -11,16 +11,24 @@ HELP = "CMC, a trained intermediate reranker over DE vectors: train, export (ONN
 
 def _source(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--matrix", metavar="DIR",
-                   help="score-matrix folder: distill to the CE's scores (its train rows)")
-    g.add_argument("--beir", metavar="DIR",
-                   help="BEIR folder: gold labels from qrels (vectors encoded once with the "
-                        "embedded DE and cached)")
+    g.add_argument(
+        "--matrix",
+        metavar="DIR",
+        help="score-matrix folder: distill to the CE's scores (its train rows)",
+    )
+    g.add_argument(
+        "--beir",
+        metavar="DIR",
+        help="BEIR folder: gold labels from qrels (vectors encoded once with the "
+        "embedded DE and cached)",
+    )
     p.add_argument("--train-split", default="train", help="qrels split to train on (--beir)")
     p.add_argument("--test-split", default="test", help="qrels split to evaluate on (--beir)")
-    p.add_argument("--cache", metavar="DIR",
-                   help="cache for models and encoded vectors (default $CROSSKNN_CACHE or "
-                        "~/.cache/crossknn)")
+    p.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="cache for models and encoded vectors (default $CROSSKNN_CACHE or ~/.cache/crossknn)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -33,45 +41,83 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _source(t)
     t.add_argument("--out", required=True, metavar="DIR", help="model directory")
     t.add_argument("--k", type=int, default=64, help="training candidates per query (64)")
-    t.add_argument("--top-fraction", type=float, default=0.5,
-                   help="share of the K that are the DE's top items; the rest are sampled "
-                        "from the DE's score distribution (0.5)")
+    t.add_argument(
+        "--top-fraction",
+        type=float,
+        default=0.5,
+        help="share of the K that are the DE's top items; the rest are sampled "
+        "from the DE's score distribution (0.5)",
+    )
     t.add_argument("--pool", type=int, default=1024, help="DE pool the negatives come from")
     t.add_argument("--epochs", type=int, default=20)
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--lambda-ce", type=float, default=0.9, help="weight of the target loss")
-    t.add_argument("--lambda-kl", type=float, default=0.1,
-                   help="weight of KL(CMC || retriever)")
-    t.add_argument("--target-temperature", type=float, default=0.3,
-                   help="CE-score target softmax temperature (standardized scores)")
-    t.add_argument("--width", type=int, default=128,
-                   help="attention width (0: the vectors' dim; default 128, for CPU training)")
+    t.add_argument("--lambda-kl", type=float, default=0.1, help="weight of KL(CMC || retriever)")
+    t.add_argument(
+        "--target-temperature",
+        type=float,
+        default=0.3,
+        help="CE-score target softmax temperature (standardized scores)",
+    )
+    t.add_argument(
+        "--width",
+        type=int,
+        default=128,
+        help="attention width (0: the vectors' dim; default 128, for CPU training)",
+    )
     t.add_argument("--layers", type=int, default=2)
     t.add_argument("--heads", type=int, default=4)
     t.add_argument("--dropout", type=float, default=0.1)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
-    t.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: small matrices, more threads mostly wait)")
-    t.add_argument("--no-resume", action="store_true",
-                   help="start over even if DIR/checkpoint.pt exists")
+    t.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: small matrices, more threads mostly wait)",
+    )
+    t.add_argument(
+        "--no-resume", action="store_true", help="start over even if DIR/checkpoint.pt exists"
+    )
 
     e = sub.add_parser("export", help="(re-)export DIR/model.pt to DIR/model.onnx")
     e.add_argument("model", metavar="DIR")
 
-    v = sub.add_parser("eval", help="DE vs BE->CMC: CE top-k recall (--matrix) or nDCG@10 / "
-                                    "recall@100 against qrels (--beir)")
+    v = sub.add_parser(
+        "eval",
+        help="DE vs BE->CMC: CE top-k recall (--matrix) or nDCG@10 / "
+        "recall@100 against qrels (--beir)",
+    )
     v.add_argument("model", metavar="DIR", help="trained CMC model directory")
     _source(v)
-    v.add_argument("--candidates", type=int, action="append", metavar="K",
-                   help=f"DE candidates CMC reranks (repeatable; default {DEFAULT_CANDIDATES})")
-    v.add_argument("--method", action="append", metavar="NAME",
-                   help="search methods for --matrix (repeatable; default rnr)")
-    v.add_argument("--budget", type=int, action="append", metavar="B",
-                   help="CE budgets for --matrix (default 50 100 200)")
-    v.add_argument("--k", type=int, action="append", metavar="K",
-                   help="top-k for --matrix (default 1 10 50 100)")
+    v.add_argument(
+        "--candidates",
+        type=int,
+        action="append",
+        metavar="K",
+        help=f"DE candidates CMC reranks (repeatable; default {DEFAULT_CANDIDATES})",
+    )
+    v.add_argument(
+        "--method",
+        action="append",
+        metavar="NAME",
+        help="search methods for --matrix (repeatable; default rnr)",
+    )
+    v.add_argument(
+        "--budget",
+        type=int,
+        action="append",
+        metavar="B",
+        help="CE budgets for --matrix (default 50 100 200)",
+    )
+    v.add_argument(
+        "--k",
+        type=int,
+        action="append",
+        metavar="K",
+        help="top-k for --matrix (default 1 10 50 100)",
+    )
     v.add_argument("--json", metavar="OUT.json", help="write the rows here")
 
 
@@ -80,16 +126,23 @@ def _data(args):
 
     if args.matrix:
         return matrix_data(args.matrix)
-    return beir_data(args.beir, args.cache, train_split=args.train_split,
-                     test_split=args.test_split, progress=not args.quiet)
+    return beir_data(
+        args.beir,
+        args.cache,
+        train_split=args.train_split,
+        test_split=args.test_split,
+        progress=not args.quiet,
+    )
 
 
 def _require_torch(what: str) -> None:
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError:
-        raise ValueError(f"crossknn cmc {what} needs torch and onnx (the 'export' extra; install "
-                         "a pinned CPU torch first, see constraints.txt)") from None
+        raise ValueError(
+            f"crossknn cmc {what} needs torch and onnx (the 'export' extra; install "
+            "a pinned CPU torch first, see constraints.txt)"
+        ) from None
 
 
 def _train(args) -> int:
@@ -99,18 +152,41 @@ def _train(args) -> int:
     from crossknn.cmc.train import TrainConfig, train
 
     data = _data(args)
-    cfg = TrainConfig(k=args.k, top_fraction=args.top_fraction, pool=args.pool,
-                      target_temperature=args.target_temperature, lambda_ce=args.lambda_ce,
-                      lambda_kl=args.lambda_kl, epochs=args.epochs, batch_size=args.batch_size,
-                      lr=args.lr, seed=args.seed, checkpoint_every=args.checkpoint_every)
-    mcfg = CmcConfig(dim=data.dim, width=min(args.width, data.dim), layers=args.layers,
-                     heads=args.heads, dropout=args.dropout)
-    info = train(data, args.out, model_cfg=mcfg, cfg=cfg, resume=not args.no_resume,
-                 progress=not args.quiet, threads=args.threads)
+    cfg = TrainConfig(
+        k=args.k,
+        top_fraction=args.top_fraction,
+        pool=args.pool,
+        target_temperature=args.target_temperature,
+        lambda_ce=args.lambda_ce,
+        lambda_kl=args.lambda_kl,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+    )
+    mcfg = CmcConfig(
+        dim=data.dim,
+        width=min(args.width, data.dim),
+        layers=args.layers,
+        heads=args.heads,
+        dropout=args.dropout,
+    )
+    info = train(
+        data,
+        args.out,
+        model_cfg=mcfg,
+        cfg=cfg,
+        resume=not args.no_resume,
+        progress=not args.quiet,
+        threads=args.threads,
+    )
     path = export_onnx(args.out)
-    print(f"trained {data.name} ({data.target} target, {info['data']['n_train_queries']} "
-          f"queries, {info['steps']} steps) in {info['train_seconds']:.1f} s; "
-          f"final epoch loss {info['final_epoch_loss']:.4f}")
+    print(
+        f"trained {data.name} ({data.target} target, {info['data']['n_train_queries']} "
+        f"queries, {info['steps']} steps) in {info['train_seconds']:.1f} s; "
+        f"final epoch loss {info['final_epoch_loss']:.4f}"
+    )
     print(f"wrote {path}")
     return 0
 
@@ -128,13 +204,24 @@ def _eval(args) -> int:
         methods = list(dict.fromkeys(args.method or ["rnr"]))
         budgets = sorted(set(args.budget or [50, 100, 200]))
         ks = sorted(set(args.k or [1, 10, 50, 100]))
-        rows += evaluate(args.matrix, EvalConfig(methods=methods, budgets=budgets, ks=ks,
-                                                 firsts=["de"]), progress=not args.quiet)
+        rows += evaluate(
+            args.matrix,
+            EvalConfig(methods=methods, budgets=budgets, ks=ks, firsts=["de"]),
+            progress=not args.quiet,
+        )
         print(format_table(rows))
         for kc in ks_cand:
-            got = evaluate(args.matrix, EvalConfig(
-                methods=methods, budgets=budgets, ks=ks, firsts=["cmc"],
-                extra={"cmc_model": reranker, "cmc_candidates": kc}), progress=not args.quiet)
+            got = evaluate(
+                args.matrix,
+                EvalConfig(
+                    methods=methods,
+                    budgets=budgets,
+                    ks=ks,
+                    firsts=["cmc"],
+                    extra={"cmc_model": reranker, "cmc_candidates": kc},
+                ),
+                progress=not args.quiet,
+            )
             for r in got:
                 r["cmc_candidates"] = kc
             rows += got
@@ -148,12 +235,15 @@ def _eval(args) -> int:
         rows.append({"ranker": "de", **qrels_metrics(rank_de(data, test, 100), test, data)})
         for kc in ks_cand:
             ranked = rank_cmc(data, test, 100, reranker, kc)
-            rows.append({"ranker": "cmc", "cmc_candidates": kc,
-                         **qrels_metrics(ranked, test, data)})
+            rows.append(
+                {"ranker": "cmc", "cmc_candidates": kc, **qrels_metrics(ranked, test, data)}
+            )
         print(f"{'ranker':<10}{'K':>6}{'nDCG@10':>10}{'R@100':>9}{'queries':>9}")
         for r in rows:
-            print(f"{r['ranker']:<10}{r.get('cmc_candidates', ''):>6}{r['ndcg@10']:>10.4f}"
-                  f"{r['recall@100']:>9.4f}{r['n_queries']:>9}")
+            print(
+                f"{r['ranker']:<10}{r.get('cmc_candidates', ''):>6}{r['ndcg@10']:>10.4f}"
+                f"{r['recall@100']:>9.4f}{r['n_queries']:>9}"
+            )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"model": str(args.model), "rows": rows}, indent=1))

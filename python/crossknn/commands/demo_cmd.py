@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import shutil
 import sys
 import time
 from pathlib import Path
 
+from crossknn.commands._common import positive_int, print_hits, terminal_safe
 from crossknn.searcher import METHODS
 
 HELP = "build a cached index over the stdlib docstrings and answer example queries"
@@ -33,18 +35,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="a query of your own (repeatable); default: four example queries",
     )
-    p.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
-    p.add_argument("--budget", type=int, default=100, help="CE calls per query (default 100)")
+    p.add_argument(
+        "-k", "--k", type=positive_int, default=10, help="results per query (default 10)"
+    )
+    p.add_argument(
+        "--budget", type=positive_int, default=100, help="CE calls per query (default 100)"
+    )
     p.add_argument(
         "--method",
         choices=("axn", "rnr"),
         default="axn",
         help="axn (default) or rnr (DE top-B reranked)",
     )
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=positive_int, default=5)
     p.add_argument(
         "--max-items",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="use an evenly spaced subset of N docstrings (default: all)",
@@ -68,9 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     assert args.method in METHODS
     from crossknn.ce import cache_root
-    from crossknn.commands.search_cmd import print_hits
-    from crossknn.corpus import stdlib_docstrings
-    from crossknn.searcher import Searcher, build_corpus_index, open_index
+    from crossknn.corpus_index import build_corpus_index, open_index
+    from crossknn.demo_corpus import stdlib_docstrings
+    from crossknn.searcher import Searcher
 
     t0 = time.perf_counter()
     corpus = stdlib_docstrings(max_items=args.max_items)
@@ -84,15 +90,17 @@ def run(args: argparse.Namespace) -> int:
     if (index_dir / "index.json").is_file() and not args.rebuild:
         try:
             index = open_index(index_dir)
-            print(f"index: {index_dir} (cached)")
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"cached index unusable ({exc}); rebuilding", file=sys.stderr)
+            print(f"index: {terminal_safe(index_dir)} (cached)")
+        except (ValueError, OSError) as exc:
+            print(f"cached index unusable ({terminal_safe(exc)}); rebuilding", file=sys.stderr)
+            shutil.rmtree(index_dir)
     if index is None:
         if args.rebuild and index_dir.exists():
-            import shutil
-
             shutil.rmtree(index_dir)
-        print(f"index: building {index_dir} (dual-encoder vectors + CE score calibration)")
+        print(
+            f"index: building {terminal_safe(index_dir)} "
+            "(dual-encoder vectors + CE score calibration)"
+        )
         t = time.perf_counter()
         index = build_corpus_index(corpus, index_dir, progress=not args.quiet)
         print(f"index: built in {time.perf_counter() - t:.1f} s, {index.ce_calls} CE calls")

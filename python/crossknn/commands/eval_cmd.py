@@ -5,78 +5,166 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from crossknn.commands._common import (
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
+
+
+def _open_fraction(text: str) -> float:
+    value = fraction(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1); got {text!r}")
+    return value
+
+
 HELP = "Top-k-Recall@B of search methods on a precomputed CE score matrix (table, JSON, curves)."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from crossknn.eval import DEFAULT_AXN_MIX, FIRSTS, METHODS
+    from crossknn.eval import FIRSTS
+    from crossknn.search import DEFAULT_MIX, METHODS
 
     p.add_argument("matrix", metavar="MATRIX_DIR", help="score-matrix folder (BENCHMARKS.md)")
-    p.add_argument("--method", action="append", required=True, choices=sorted(METHODS),
-                   metavar="NAME", help=f"method to run (repeatable): {', '.join(METHODS)}")
-    p.add_argument("--budget", action="append", type=int, required=True, metavar="B",
-                   help="CE-call budget per query (repeatable)")
-    p.add_argument("--k", action="append", type=int, required=True, metavar="K",
-                   help="top-k to recall (repeatable; only k <= B is evaluated)")
-    p.add_argument("--rounds", action="append", type=int, metavar="R",
-                   help="rounds of adaptive methods (default 5; repeatable)")
-    p.add_argument("--first", action="append", choices=FIRSTS, metavar="NAME",
-                   help="first stage: random (default), de, tfidf, bm25, cmc (repeatable)")
-    p.add_argument("--cmc-model", metavar="DIR",
-                   help="trained CMC model directory for --first cmc (crossknn cmc train)")
-    p.add_argument("--cmc-candidates", type=int, metavar="K",
-                   help="DE candidates CMC reranks for --first cmc (default 512)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument(
+        "--method",
+        action="append",
+        required=True,
+        choices=sorted(METHODS),
+        metavar="NAME",
+        help=f"method to run (repeatable): {', '.join(METHODS)}",
+    )
+    p.add_argument(
+        "--budget",
+        action="append",
+        type=positive_int,
+        required=True,
+        metavar="B",
+        help="CE-call budget per query (repeatable)",
+    )
+    p.add_argument(
+        "--k",
+        action="append",
+        type=positive_int,
+        required=True,
+        metavar="K",
+        help="top-k to recall (repeatable; only k <= B is evaluated)",
+    )
+    p.add_argument(
+        "--rounds",
+        action="append",
+        type=positive_int,
+        metavar="R",
+        help="rounds of adaptive methods (default 5; repeatable)",
+    )
+    p.add_argument(
+        "--first",
+        action="append",
+        choices=FIRSTS,
+        metavar="NAME",
+        help="first stage: random (default), de, tfidf, bm25, cmc (repeatable)",
+    )
+    p.add_argument(
+        "--cmc-model",
+        metavar="DIR",
+        help="trained CMC model directory for --first cmc (crossknn cmc train)",
+    )
+    p.add_argument(
+        "--cmc-candidates",
+        type=positive_int,
+        metavar="K",
+        help="DE candidates CMC reranks for --first cmc (default 512)",
+    )
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed (default 0)")
     p.add_argument("--json", required=True, metavar="OUT.json", help="write the rows here")
-    p.add_argument("--plot", metavar="OUT.png",
-                   help="recall-vs-cost curves (default: next to --json, .png)")
+    p.add_argument(
+        "--plot", metavar="OUT.png", help="recall-vs-cost curves (default: next to --json, .png)"
+    )
     p.add_argument("--no-plot", action="store_true", help="do not draw curves")
-    p.add_argument("--corpus", metavar="DIR",
-                   help="BEIR folder with the texts (tfidf/bm25; default ../shared/data/<dataset>)")
-    p.add_argument("--split", type=float, metavar="F",
-                   help="fixed anchor fraction of B for anncur/adacur-split (default: chosen on "
-                        "dev train rows per B and k)")
-    p.add_argument("--paper", action="store_true",
-                   help="papers' final ranking: split methods rerank only the retrieved items")
-    p.add_argument("--temperature", type=float,
-                   help="fixed adacur-softmax temperature in units of a query's CE score spread "
-                        "(default: chosen on dev train rows per B and k)")
-    p.add_argument("--ridge", type=float, help="least-squares ridge (default: method default)")
-    p.add_argument("--mix", type=float, default=DEFAULT_AXN_MIX,
-                   help=f"AXN lambda: weight of the DE query vector (default {DEFAULT_AXN_MIX})")
-    p.add_argument("--item-vectors", metavar="V.npy",
-                   help="AXN item vectors (N x d .npy; default the matrix's de_items.npy)")
-    p.add_argument("--index", metavar="MF_DIR",
-                   help="AXN over a sparse-MF index directory (its item embeddings, query "
-                        "embeddings of the DE vectors and CE score normalization); it must be "
-                        "built from train rows only")
+    p.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="BEIR folder with the texts (tfidf/bm25; default ../shared/data/<dataset>)",
+    )
+    p.add_argument(
+        "--split",
+        type=_open_fraction,
+        metavar="F",
+        help="fixed anchor fraction of B for anncur/adacur-split (default: chosen on "
+        "dev train rows per B and k)",
+    )
+    p.add_argument(
+        "--paper",
+        action="store_true",
+        help="papers' final ranking: split methods rerank only the retrieved items",
+    )
+    p.add_argument(
+        "--temperature",
+        type=positive_float,
+        help="fixed adacur-softmax temperature in units of a query's CE score spread "
+        "(default: chosen on dev train rows per B and k)",
+    )
+    p.add_argument(
+        "--ridge", type=nonneg_float, help="least-squares ridge (default: method default)"
+    )
+    p.add_argument(
+        "--mix",
+        type=fraction,
+        default=DEFAULT_MIX,
+        help=f"AXN lambda: weight of the DE query vector (default {DEFAULT_MIX})",
+    )
+    p.add_argument(
+        "--item-vectors",
+        metavar="V.npy",
+        help="AXN item vectors (N x d .npy; default the matrix's de_items.npy)",
+    )
+    p.add_argument(
+        "--index",
+        metavar="MF_DIR",
+        help="AXN over a sparse-MF index directory (its item embeddings, query "
+        "embeddings of the DE vectors and CE score normalization); it must be "
+        "built from train rows only",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from crossknn.data import load_score_matrix
     from crossknn.eval import EvalConfig, evaluate, format_table, plot_curves, write_json
+    from crossknn.matrix import load_score_matrix
 
+    for opt, out in (("--json", args.json), ("--plot", args.plot)):
+        if out and Path(out).is_dir():
+            raise ValueError(f"{opt} {out} is a folder; give a file name")
     m = load_score_matrix(args.matrix)
-    V = P = affine = None
+    V = P = smap = None
     if args.item_vectors and args.index:
         raise ValueError("give either --item-vectors or --index, not both")
     if args.item_vectors:
-        V = np.load(args.item_vectors, allow_pickle=False)
+        try:
+            V = np.load(args.item_vectors, allow_pickle=False)
+        except (ValueError, EOFError) as exc:
+            raise ValueError(f"{args.item_vectors}: not a .npy array file ({exc})") from None
+        if not isinstance(V, np.ndarray):
+            raise ValueError(f"{args.item_vectors}: not a .npy array file (an .npz archive?)")
     if args.index:
         from crossknn.index import load_index
-        from crossknn.index.mf import axn_score_affine, query_embeddings
+        from crossknn.index.mf import mf_score_map, query_embeddings
 
         index = load_index(args.index)
         if index.kind != "mf":
-            raise ValueError(f"--index must be a sparse-MF index (kind 'mf') for axn; "
-                             f"{args.index} is kind {index.kind!r}")
+            raise ValueError(
+                f"--index must be a sparse-MF index (kind 'mf') for axn; "
+                f"{args.index} is kind {index.kind!r}"
+            )
         V = np.asarray(index["items"], np.float32)
         if m.de_queries is not None:
             P = np.asarray(query_embeddings(index, m.de_queries), np.float32)
-        affine = axn_score_affine(index)
+        smap = mf_score_map(index)
     if V is not None and (V.ndim != 2 or V.shape[0] != m.n_items):
         raise ValueError(f"AXN item vectors must be ({m.n_items}, d); got {V.shape}")
     cfg = EvalConfig(
@@ -93,25 +181,34 @@ def run(args: argparse.Namespace) -> int:
         mix=args.mix,
         item_vectors=V,
         query_vectors=P,
-        score_affine=affine,
+        score_map=smap,
         corpus=args.corpus,
         extra={"cmc_model": args.cmc_model, "cmc_candidates": args.cmc_candidates}
-        if "cmc" in (args.first or []) else {},
+        if "cmc" in (args.first or [])
+        else {},
     )
     rows = evaluate(m, cfg, progress=not args.quiet)
     print(format_table(rows))
     meta = {
-        "matrix": str(args.matrix), "dataset": m.meta.get("dataset"),
-        "n_items": m.n_items, "n_train": int(m.train.size), "n_test": int(m.test.size),
-        "seed": args.seed, "split": "dev" if args.split is None else args.split,
-        "final": cfg.final, "mix": args.mix,
+        "matrix": str(args.matrix),
+        "dataset": m.meta.get("dataset"),
+        "n_items": m.n_items,
+        "n_train": int(m.train.size),
+        "n_test": int(m.test.size),
+        "seed": args.seed,
+        "split": "dev" if args.split is None else args.split,
+        "final": cfg.final,
+        "mix": args.mix,
         "temperature": "dev" if args.temperature is None else args.temperature,
     }
     write_json(rows, args.json, meta=meta)
     print(f"wrote {args.json}")
     if not args.no_plot and rows:
         png = args.plot or str(Path(args.json).with_suffix(".png"))
-        plot_curves(rows, png, title=f"{m.meta.get('dataset', '')} ({m.n_items} items, "
-                                     f"{m.test.size} test queries)")
+        plot_curves(
+            rows,
+            png,
+            title=f"{m.meta.get('dataset', '')} ({m.n_items} items, {m.test.size} test queries)",
+        )
         print(f"wrote {png}")
     return 0

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from crossknn.commands._common import positive_int, terminal_safe
+
 HELP = "rank a corpus (JSONL or BEIR folder) for one query with the cross-encoder (exhaustive)"
 
 
@@ -18,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSONL with 'id' (or '_id') and 'text' (optional 'title') per line, or a BEIR folder",
     )
     parser.add_argument(
-        "--top-k", type=int, default=10, help="how many items to print (default 10)"
+        "--top-k", type=positive_int, default=10, help="how many items to print (default 10)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
@@ -29,9 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--int8", action="store_true", help="use the int8-quantized model")
     parser.add_argument(
-        "--threads", type=int, default=None, help="intra-op threads (default: all cores)"
+        "--threads", type=positive_int, default=None, help="intra-op threads (default: all cores)"
     )
-    parser.add_argument("--batch-size", type=int, default=16, help="pairs per batch (default 16)")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=16, help="pairs per batch (default 16)"
+    )
     parser.add_argument(
         "--provider",
         choices=["auto", "cpu", "cuda", "tensorrt"],
@@ -43,10 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from crossknn.ce import OnnxCrossEncoder, default_cross_encoder
-    from crossknn.corpus import load_corpus
+    from crossknn.data import load_corpus
 
-    if args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1; got {args.top_k}")
     if not args.query.strip():
         raise ValueError("the query is empty")
     corpus = load_corpus(args.corpus)
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         ce = OnnxCrossEncoder(args.model, **kw) if args.model else default_cross_encoder(**kw)
     except ImportError as exc:  # the embedded model cannot be built without the export extra
-        print(f"crossknn rank: error: {exc}", file=sys.stderr)
+        print(f"crossknn rank: error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
     hits = ce.rank(args.query, corpus.texts, top_k=min(args.top_k, len(corpus)))
     rows = [
@@ -86,10 +88,15 @@ def run(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    print(f"# {ce.model_id} ({ce.precision}, {ce.provider}); {len(corpus)} items scored")
-    width = max(len(r["id"]) for r in rows) if rows else 2
-    for r in rows:
+    print(
+        terminal_safe(
+            f"# {ce.model_id} ({ce.precision}, {ce.provider}); {len(corpus)} items scored"
+        )
+    )
+    ids = [terminal_safe(r["id"]) for r in rows]
+    width = max(map(len, ids)) if rows else 2
+    for r, rid in zip(rows, ids, strict=True):
         text = " ".join(r["text"].split())
         text = text if len(text) <= 80 else text[:77] + "..."
-        print(f"{r['rank']:>3}  {r['score']:+.4f}  {r['id']:<{width}}  {text}")
+        print(f"{r['rank']:>3}  {r['score']:+.4f}  {rid:<{width}}  {terminal_safe(text)}")
     return 0

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from crossknn.commands._common import nonneg_int, positive_int, print_hits
 from crossknn.searcher import METHODS
 
 HELP = "search an index built by 'crossknn build' with the cross-encoder on a budget"
@@ -20,11 +21,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="read queries from FILE (text lines or JSONL with 'text'); '-' = stdin",
     )
-    p.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
-    p.add_argument("--budget", type=int, default=100, help="CE calls per query (default 100)")
+    p.add_argument(
+        "-k", "--k", type=positive_int, default=10, help="results per query (default 10)"
+    )
+    p.add_argument(
+        "--budget", type=positive_int, default=100, help="CE calls per query (default 100)"
+    )
     p.add_argument("--method", choices=METHODS, default="axn", help="search method (default axn)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of adaptive methods (default 5)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rounds", type=positive_int, default=5, help="rounds of adaptive methods (default 5)"
+    )
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument(
         "--exact",
         action="store_true",
@@ -43,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cmc-candidates",
-        type=int,
+        type=positive_int,
         default=512,
         metavar="K",
         help="DE candidates CMC reranks (default 512)",
@@ -51,26 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def print_hits(hits, *, texts: bool = True, file=sys.stdout) -> None:
-    for h in hits:
-        print(f"\nquery: {h.query}", file=file)
-        for r, (i, s, t) in enumerate(zip(h.ids, h.scores, h.texts, strict=False), start=1):
-            mark = ""
-            if h.exact_ids is not None:
-                mark = " " if i in h.exact_ids else "*"
-            snippet = (" " + t[:70].replace("\n", " ")) if texts else ""
-            print(f"  {r:>3}{mark} {s:8.4f}  {i}{'  |' + snippet if texts else ''}", file=file)
-        line = (
-            f"  CE calls {h.ce_calls}; time CE {h.seconds_ce:.2f} s, other {h.seconds_other:.2f} s"
-        )
-        if h.recall is not None:
-            line += f"; Top-{len(h.exact_ids)}-Recall vs exact CE: {h.recall:.2f}"
-            line += " (* = not in the exact top-k)"
-        print(line, file=file)
-
-
 def run(args: argparse.Namespace) -> int:
-    from crossknn.commands.build_cmd import read_queries
+    from crossknn.data import read_queries
     from crossknn.searcher import Searcher
 
     queries = list(args.query)

@@ -1,4 +1,5 @@
-"""Offline indexes: dense CUR anchor rows and sparse-MF item embeddings, stored as directories."""
+"""Offline indexes, stored as directories (``files``): dense CUR anchor rows (``cur``) and the
+sparse-MF item embeddings of the AXN paper (``mf``: entries, fit, build)."""
 
 from crossknn.index.cur import build_cur_index, score_dense
 from crossknn.index.files import (
@@ -7,10 +8,11 @@ from crossknn.index.files import (
     IndexFormatError,
     ModelMismatchError,
     load_index,
-    model_identity,
     save_index,
 )
-from crossknn.index.mf import MFResult, build_mf_index, fit_mf, sample_g
+from crossknn.index.mf import build_mf_index, mf_score_map, query_embeddings
+from crossknn.index.mf_entries import sample_g
+from crossknn.index.mf_fit import MFResult, fit_mf
 
 __all__ = [
     "FORMAT_VERSION",
@@ -22,7 +24,8 @@ __all__ = [
     "build_mf_index",
     "fit_mf",
     "load_index",
-    "model_identity",
+    "mf_score_map",
+    "query_embeddings",
     "sample_g",
     "save_index",
     "score_dense",

@@ -5,16 +5,20 @@
     {"format": "crossknn-index", "format_version": 1, "kind": "cur" | "mf",
      "arrays": {NAME: {"file": "NAME.npy", "dtype": "float32", "shape": [...], "sha256": "..."}},
      "models": {"ce": {"model_id": ..., "model_hash": ...}, "de": {...} | null},
-     "params": {...}, "ce_calls": int, "info": {...}}
+     "params": {...}, "ce_calls": int, "info": {...}, "meta_sha256": "..."}
 
-Loading checks the format and version, the kind, every array's presence, header dtype/shape
-and content hash, and (when given) that the CE/DE used at search time are the ones the index was
-built with. No pickle: arrays are loaded with ``allow_pickle=False``; object dtypes are refused.
+``meta_sha256`` is the sha256 of the canonical JSON of every other key: a hand edit of the
+parameters is refused ("index.json was modified"); indexes written before it existed are read
+without that check. Loading checks the format and version, the type of every key (one clear
+line naming index.json and what was expected), the kind, every array's presence, header
+dtype/shape and content hash, the recorded hash, that every number in ``params``/``info`` is
+finite and that a recorded CE score map is in range, and (when given) that the CE/DE used at
+search time are the ones the index was built with. No pickle: arrays are loaded with
+``allow_pickle=False``; object dtypes and ``.npz`` archives are refused.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -24,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from crossknn.jobs import atomic_save_npy, atomic_write_bytes
+from crossknn.fileio import (
+    atomic_save_npy,
+    atomic_write_json,
+    json_bytes,
+    sha256_array,
+    sha256_bytes,
+)
+from crossknn.identity import model_identity
+from crossknn.score_map import ScoreMap
 
 __all__ = [
     "FORMAT",
@@ -32,8 +44,6 @@ __all__ = [
     "Index",
     "IndexFormatError",
     "ModelMismatchError",
-    "model_identity",
-    "matrix_identity",
     "save_index",
     "load_index",
 ]
@@ -41,6 +51,7 @@ __all__ = [
 FORMAT = "crossknn-index"
 FORMAT_VERSION = 1
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+HASH_KEY = "meta_sha256"
 
 
 class IndexFormatError(ValueError):
@@ -49,34 +60,6 @@ class IndexFormatError(ValueError):
 
 class ModelMismatchError(ValueError):
     """The index was built with another CE/DE than the one given at search time."""
-
-
-def model_identity(model: Any) -> dict | None:
-    """``{"model_id", "model_hash"}`` from a model/scorer object, a dict, or ``None``."""
-    if model is None:
-        return None
-    if isinstance(model, Mapping):
-        mid, mhash = model.get("model_id"), model.get("model_hash")
-    else:
-        mid, mhash = getattr(model, "model_id", None), getattr(model, "model_hash", None)
-    if mhash is None:
-        raise ValueError(
-            f"a model identity needs a content hash (model_hash); "
-            f"got {type(model).__name__} without one"
-        )
-    return {"model_id": None if mid is None else str(mid), "model_hash": str(mhash)}
-
-
-def _sha256_array(arr: np.ndarray, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    for s in range(0, flat.size, chunk):
-        h.update(flat[s : s + chunk])
-    return h.hexdigest()
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
 @dataclass
@@ -158,7 +141,7 @@ def save_index(
             "file": f"{name}.npy",
             "dtype": arr.dtype.str,
             "shape": list(arr.shape),
-            "sha256": _sha256_array(arr),
+            "sha256": sha256_array(arr),
         }
     doc = {
         "format": FORMAT,
@@ -170,8 +153,107 @@ def save_index(
         "ce_calls": int(ce_calls),
         "info": dict(info or {}),
     }
-    atomic_write_bytes(path / "index.json", _json_bytes(doc))
+    _check_params(doc, path / "index.json")
+    doc[HASH_KEY] = _meta_hash(doc)
+    atomic_write_json(path / "index.json", doc)
     return path
+
+
+def _meta_hash(doc: Mapping) -> str:
+    """sha256 of the canonical JSON of ``doc`` without its own hash."""
+    return sha256_bytes(json_bytes({k: v for k, v in doc.items() if k != HASH_KEY}))
+
+
+def _bad(meta_path: Path, what: str) -> IndexFormatError:
+    return IndexFormatError(f"{meta_path}: {what}; rebuild the index")
+
+
+def _finite_numbers(value: Any, where: str, meta_path: Path) -> None:
+    """Every number in ``value`` (nested lists/dicts) is finite."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, (int, float)):
+        if not np.isfinite(float(value)):
+            raise _bad(meta_path, f"{where} must be a finite number; got {value!r}")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _finite_numbers(v, f"{where}.{k}", meta_path)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite_numbers(v, f"{where}[{i}]", meta_path)
+
+
+def _check_params(doc: Mapping, meta_path: Path) -> None:
+    """Numbers finite, non-negative counts, and a recorded CE score map in range."""
+    for key in ("params", "info"):
+        _finite_numbers(doc[key], key, meta_path)
+    params = doc["params"]
+    for key in ("n_items", "dim", "n_calibration_queries", "calibration_items", "n_train_queries"):
+        v = params.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise _bad(meta_path, f"params.{key} must be a non-negative integer; got {v!r}")
+    items_file = doc["info"].get("items_file")
+    if items_file is not None and (
+        not isinstance(items_file, str) or not items_file or Path(items_file).name != items_file
+    ):
+        raise _bad(meta_path, f"info.items_file must be a plain file name; got {items_file!r}")
+    try:
+        ScoreMap.from_params(params, what="params")
+    except (ValueError, TypeError) as exc:
+        raise _bad(meta_path, str(exc)) from None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_structure(doc: dict, meta_path: Path) -> None:
+    """The type of every key of ``index.json`` (one line naming the key and what was expected)."""
+    for key in ("kind", "arrays", "models", "params", "ce_calls", "info"):
+        if key not in doc:
+            raise IndexFormatError(f"{meta_path}: missing key {key!r}")
+    if not isinstance(doc["kind"], str) or not doc["kind"]:
+        raise _bad(meta_path, f"'kind' must be a non-empty string; got {doc['kind']!r}")
+    if not _is_int(doc["ce_calls"]) or doc["ce_calls"] < 0:
+        raise _bad(meta_path, f"'ce_calls' must be a non-negative integer; got {doc['ce_calls']!r}")
+    for key in ("params", "info", "models"):
+        if not isinstance(doc[key], dict):
+            raise _bad(meta_path, f"{key!r} must be an object; got {type(doc[key]).__name__}")
+    if not isinstance(doc["arrays"], dict) or not doc["arrays"]:
+        raise _bad(meta_path, "'arrays' must be a non-empty object {name: {file, dtype, shape}}")
+    for name, ent in doc["arrays"].items():
+        where = f"arrays.{name}"
+        if not isinstance(ent, dict):
+            raise _bad(meta_path, f"{where} must be an object; got {type(ent).__name__}")
+        for key in ("file", "dtype", "sha256"):
+            if not isinstance(ent.get(key), str) or not ent[key]:
+                raise _bad(
+                    meta_path, f"{where}.{key} must be a non-empty string; got {ent.get(key)!r}"
+                )
+        shape = ent.get("shape")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise _bad(
+                meta_path, f"{where}.shape must be a list of non-negative integers; got {shape!r}"
+            )
+        if Path(ent["file"]).name != ent["file"] or not ent["file"].endswith(".npy"):
+            raise _bad(meta_path, f"{where}.file {ent['file']!r} must be a plain .npy file name")
+    for role in ("ce", "de"):
+        m = doc["models"].get(role)
+        if m is None and role == "de":
+            continue
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("model_hash"), str)
+            or not m["model_hash"]
+            or not (m.get("model_id") is None or isinstance(m.get("model_id"), str))
+        ):
+            raise _bad(
+                meta_path, f"models.{role} must be {{model_id, model_hash}} (strings); got {m!r}"
+            )
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_index(
@@ -195,9 +277,11 @@ def load_index(
     if not meta_path.is_file():
         raise FileNotFoundError(f"{path} is not an index: index.json is missing")
     try:
-        doc = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise IndexFormatError(f"{meta_path} is not valid JSON: {exc}") from exc
+        doc = json.loads(meta_path.read_bytes().decode("utf-8"), parse_constant=_no_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise IndexFormatError(f"{meta_path} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise IndexFormatError(f"{meta_path}: cannot be read ({exc.strerror or exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise IndexFormatError(
             f"{meta_path}: expected format {FORMAT!r}, got {doc.get('format')!r}"
@@ -209,18 +293,12 @@ def load_index(
             f"{meta_path}: format_version {doc.get('format_version')!r} is not supported "
             f"(this crossknn reads version {FORMAT_VERSION}); rebuild the index"
         )
-    for key in ("kind", "arrays", "models", "params", "ce_calls", "info"):
-        if key not in doc:
-            raise IndexFormatError(f"{meta_path}: missing key {key!r}")
+    _check_structure(doc, meta_path)
     if kind is not None and doc["kind"] != kind:
         raise IndexFormatError(f"{path} is a {doc['kind']!r} index; expected a {kind!r} index")
     arrays = {}
     for name, ent in doc["arrays"].items():
         f = path / ent["file"]
-        if Path(ent["file"]).name != ent["file"]:
-            raise IndexFormatError(
-                f"{meta_path}: array file {ent['file']!r} must be a plain file name"
-            )
         if not f.is_file():
             raise FileNotFoundError(f"index {path}: array file {ent['file']} is missing")
         try:
@@ -228,61 +306,33 @@ def load_index(
         except (ValueError, OSError, EOFError) as exc:
             raise IndexFormatError(
                 f"index {path}: {ent['file']} is corrupt or truncated ({exc})"
-            ) from exc
+            ) from None
+        if not isinstance(arr, np.ndarray):  # an .npz archive under a .npy name
+            raise IndexFormatError(f"index {path}: {ent['file']} is not a .npy array file")
         if arr.dtype.str != ent["dtype"] or list(arr.shape) != list(ent["shape"]):
             raise IndexFormatError(
                 f"index {path}: {ent['file']} has dtype {arr.dtype.str} shape {list(arr.shape)}, "
                 f"index.json expects dtype {ent['dtype']} shape {ent['shape']}"
             )
-        if verify and _sha256_array(arr) != ent["sha256"]:
+        if verify and sha256_array(arr) != ent["sha256"]:
             raise IndexFormatError(
                 f"index {path}: {ent['file']} is corrupt (content hash mismatch)"
             )
         arrays[name] = arr
+    if HASH_KEY in doc and doc[HASH_KEY] != _meta_hash(doc):
+        raise IndexFormatError(
+            f"{meta_path}: index.json was modified after the index was built (its recorded "
+            f"{HASH_KEY} does not match); rebuild the index"
+        )
+    _check_params(doc, meta_path)
     idx = Index(
         kind=doc["kind"],
         arrays=arrays,
         models=doc["models"],
         params=doc["params"],
-        ce_calls=int(doc["ce_calls"]),
+        ce_calls=doc["ce_calls"],
         info=doc["info"],
         path=path,
     )
     idx.check_models(ce=ce, de=de)
     return idx
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def matrix_identity(matrix_dir: str | os.PathLike) -> tuple[dict, dict | None]:
-    """(CE identity, DE identity) of a score-matrix folder, for indexes built from it.
-
-    A matrix written by ``crossknn score-matrix`` records the real models (``meta.json`` keys
-    ``ce`` and ``de_model``); for other matrices (e.g. ``shared/matrices/cisi-minilm``) the CE is
-    the matrix itself: ``model_id`` is meta's ``model`` and ``model_hash`` the sha256 of
-    ``scores.npy`` (resp. ``de_items.npy`` for the DE).
-    """
-    d = Path(matrix_dir)
-    meta_path = d / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    ce = meta.get("ce")
-    if not (isinstance(ce, dict) and ce.get("model_hash")):
-        ce = {
-            "model_id": str(meta.get("model", d.name)),
-            "model_hash": "scores.npy:" + _file_sha256(d / "scores.npy"),
-        }
-    de = meta.get("de_model")
-    if not (isinstance(de, dict) and de.get("model_hash")):
-        de = None
-        if (d / "de_items.npy").is_file():
-            de = {
-                "model_id": str(meta.get("de", "de")),
-                "model_hash": "de_items.npy:" + _file_sha256(d / "de_items.npy"),
-            }
-    return ce, de

@@ -8,24 +8,30 @@ Quick use (a precomputed score matrix as the CE)::
     index = CurIndex.from_matrix(scores, train_rows, test_rows=test_rows)
     scores_k, items_k = ADACUR(index, rounds=5).search(MatrixScorer(scores), test_rows,
                                                        budget=100, k=10)
+
+Modules: ``rounds`` (the loop), ``methods`` (what each method scores), ``factory`` (methods by
+name), ``tuning`` (free parameters chosen on held-out train rows).
 """
 
-from crossknn.search.engine import SearchResult, Step, query_seed, run_rounds, split_sizes
+from crossknn.search.factory import METHODS, make_method
 from crossknn.search.methods import (
     ADACUR,
     ANNCUR,
     AXN,
+    DEFAULT_MIX,
     RNR,
     CurIndex,
     RoundMethod,
-    fit_score_affine,
 )
-from crossknn.search.tuning import choose_on_dev, dev_split, exact_top_k, topk_recall
+from crossknn.search.rounds import SearchResult, Step, query_seed, run_rounds, split_sizes
+from crossknn.search.tuning import choose_on_dev, dev_split
 
 __all__ = [
     "ADACUR",
     "ANNCUR",
     "AXN",
+    "DEFAULT_MIX",
+    "METHODS",
     "RNR",
     "CurIndex",
     "RoundMethod",
@@ -33,10 +39,8 @@ __all__ = [
     "Step",
     "choose_on_dev",
     "dev_split",
-    "exact_top_k",
-    "fit_score_affine",
+    "make_method",
     "query_seed",
     "run_rounds",
     "split_sizes",
-    "topk_recall",
 ]

@@ -1,4 +1,4 @@
-"""Search methods: small objects that say which items to score; the loop is ``engine.run_rounds``.
+"""Search methods: small objects that say which items to score; the loop is ``rounds.run_rounds``.
 
 - :class:`RNR` — retrieve-and-rerank: score the first stage's top-B items.
 - :class:`ANNCUR` — CUR index with ``k_i`` anchor items, then the top ``B - k_i`` approximate items.
@@ -19,15 +19,16 @@ be chosen on held-out train queries (:func:`crossknn.search.tuning.choose_on_dev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from crossknn.engine import ItemFeatures
-from crossknn.search.engine import SearchResult, Step, run_rounds, split_sizes
+from crossknn.core import ItemFeatures
+from crossknn.score_map import ScoreMap
+from crossknn.search.rounds import SearchResult, Step, run_rounds, split_sizes
 
-__all__ = ["ADACUR", "ANNCUR", "AXN", "RNR", "CurIndex", "RoundMethod", "fit_score_affine"]
+__all__ = ["ADACUR", "ANNCUR", "AXN", "DEFAULT_MIX", "RNR", "CurIndex", "RoundMethod"]
 
 DEFAULT_RCOND = 1e-6
 # Ridge of the least squares of CUR methods (ANNCUR's E, ADACUR's query weights). CE scores of one
@@ -35,6 +36,9 @@ DEFAULT_RCOND = 1e-6
 # badly conditioned once |A| nears k_q; a small ridge keeps the solution stable. 0 = the papers'
 # plain pseudo-inverse.
 DEFAULT_RIDGE = 1e-2  # chosen on dev rows of the cisi-minilm train split (docs/search.md)
+# AXN's lambda (mix of the least-squares query embedding with the DE query vector): 0.5 was chosen
+# on the train rows of cisi-minilm (docs/search.md); it is a property of the CE/DE pair.
+DEFAULT_MIX = 0.5
 
 
 @dataclass
@@ -101,8 +105,9 @@ class CurIndex:
             self._features = ItemFeatures(self.R.T, storage=self.storage)
         return self._features
 
-    def anncur_embedding(self, anchors, *, ridge: float = DEFAULT_RIDGE,
-                         rcond: float = DEFAULT_RCOND) -> np.ndarray:
+    def anncur_embedding(
+        self, anchors, *, ridge: float = DEFAULT_RIDGE, rcond: float = DEFAULT_RCOND
+    ) -> np.ndarray:
         """``E`` (k_i x N) in float64: ``(CᵀC + ridge I)⁻¹ Cᵀ R`` with ``C = R[:, anchors]``
         when ``ridge > 0`` (computed through the smaller of the two Gram matrices), else
         ``pinv(C, rcond) R``."""
@@ -121,36 +126,8 @@ class CurIndex:
         E = np.empty((k_i, self.n_items), np.float64)
         block = 1 << 16  # columns at a time: R is never copied whole to float64
         for lo in range(0, self.n_items, block):
-            E[:, lo:lo + block] = W @ self.R[:, lo:lo + block].astype(np.float64)
+            E[:, lo : lo + block] = W @ self.R[:, lo : lo + block].astype(np.float64)
         return E
-
-
-def fit_score_affine(ce_scores, approx_scores) -> tuple[float, float]:
-    """(alpha, beta) with ``ce ≈ alpha * approx + beta`` by least squares (AXN's CE score
-    normalization: fit on train rows, e.g. CE scores against DE inner products). Accumulates
-    row by row in float64, so (train queries x 10^6 items) inputs need no big temporaries."""
-    x_all = np.asarray(approx_scores)
-    y_all = np.asarray(ce_scores)
-    if x_all.shape != y_all.shape or x_all.size < 2:
-        raise ValueError(f"need matching arrays of >= 2 scores; got {x_all.shape} and "
-                         f"{y_all.shape}")
-    x_rows = x_all.reshape(-1, x_all.shape[-1]) if x_all.ndim > 1 else x_all[None]
-    y_rows = y_all.reshape(-1, y_all.shape[-1]) if y_all.ndim > 1 else y_all[None]
-    n = sx = sy = 0.0
-    for x, y in zip(x_rows, y_rows, strict=True):
-        n += x.size
-        sx += float(x.sum(dtype=np.float64))
-        sy += float(y.sum(dtype=np.float64))
-    mx, my = sx / n, sy / n
-    sxx = sxy = 0.0
-    for x, y in zip(x_rows, y_rows, strict=True):
-        dx = x.astype(np.float64) - mx
-        sxx += float(dx @ dx)
-        sxy += float(dx @ (y.astype(np.float64) - my))
-    if not np.isfinite(sxx) or sxx <= 1e-300 or abs(sxy / sxx) < 1e-12:
-        raise ValueError("CE scores do not depend on the approximate scores (alpha ~ 0)")
-    alpha = sxy / sxx
-    return float(alpha), float(my - alpha * mx)
 
 
 def _first_spec(first):
@@ -188,7 +165,12 @@ class RoundMethod:
 
     # ---- hooks -------------------------------------------------------------------------------
     def plan(self, budget: int) -> list[Step]:
+        """The steps for one query at this budget (no side effects: methods are shared)."""
         raise NotImplementedError
+
+    def features_for(self, budget: int) -> ItemFeatures | None:
+        """The item features the rounds use at this budget (default: the method's own)."""
+        return self.features
 
     def priors(self, queries: Sequence) -> list[np.ndarray | None]:
         return [None] * len(queries)
@@ -197,7 +179,7 @@ class RoundMethod:
         return scores
 
     def query_embedding(self, state) -> np.ndarray:
-        """The query embedding ``u`` for the next step (default: the engine's least squares)."""
+        """The query embedding ``u`` for the next step (default: the core's least squares)."""
         return state.solve()
 
     def first_items(self, queries: Sequence, n: int, seeds: Sequence[int]) -> list[np.ndarray]:
@@ -210,13 +192,20 @@ class RoundMethod:
             return [feats.sample_random(n, seed=s) for s in seeds]
         top = np.asarray(self.first.retrieve(list(queries), n), np.int64)
         if top.shape != (len(queries), n):
-            raise ValueError(f"the first-stage retriever returned {top.shape}; expected "
-                             f"({len(queries)}, {n})")
+            raise ValueError(
+                f"the first-stage retriever returned {top.shape}; expected ({len(queries)}, {n})"
+            )
         return list(top)
 
     # ---- public ------------------------------------------------------------------------------
     def search(
-        self, scorer, queries: Sequence, *, budget: int, k: int, seed: int = 0,
+        self,
+        scorer,
+        queries: Sequence,
+        *,
+        budget: int,
+        k: int,
+        seed: int = 0,
         query_ids: Sequence | None = None,
     ) -> SearchResult:
         """Top-k items per query by exact CE score, spending at most ``budget`` CE calls each."""
@@ -225,8 +214,9 @@ class RoundMethod:
 
 def _n_anchors(split: float, budget: int) -> int:
     if not 0.0 < split <= 1.0:
-        raise ValueError(f"split (fraction of the budget for anchor items) must be in (0, 1]; "
-                         f"got {split}")
+        raise ValueError(
+            f"split (fraction of the budget for anchor items) must be in (0, 1]; got {split}"
+        )
     return int(min(budget, max(1, round(split * budget))))
 
 
@@ -258,9 +248,17 @@ class ANNCUR(RoundMethod):
 
     name = "anncur"
 
-    def __init__(self, index: CurIndex, *, split: float = 0.5, first="random",
-                 anchor_seed: int = 0, ridge: float = DEFAULT_RIDGE, rcond: float = DEFAULT_RCOND,
-                 final: str = "all") -> None:
+    def __init__(
+        self,
+        index: CurIndex,
+        *,
+        split: float = 0.5,
+        first="random",
+        anchor_seed: int = 0,
+        ridge: float = DEFAULT_RIDGE,
+        rcond: float = DEFAULT_RCOND,
+        final: str = "all",
+    ) -> None:
         super().__init__(first=first, n_items=index.n_items)
         self.index, self.split, self.anchor_seed, self.rcond = index, split, anchor_seed, rcond
         if ridge < 0:
@@ -280,18 +278,19 @@ class ANNCUR(RoundMethod):
 
     def plan(self, budget):
         k_i = _n_anchors(self.split, budget)
-        if isinstance(self.first, str):
-            self._anchors, self.features = self.anchors(k_i)
-        else:
-            self.features = self.index.item_features()
         steps = [Step("first", k_i)]
         if budget > k_i:
             steps.append(Step("retrieve", budget - k_i))
         return steps
 
+    def features_for(self, budget):
+        if isinstance(self.first, str):  # fixed anchors: the features are Eᵀ for k_i anchors
+            return self.anchors(_n_anchors(self.split, budget))[1]
+        return self.index.item_features()
+
     def first_items(self, queries, n, seeds):
-        if isinstance(self.first, str):
-            return [self._anchors] * len(queries)
+        if isinstance(self.first, str):  # the first step scores exactly the k_i fixed anchors
+            return [self.anchors(n)[0]] * len(queries)
         return super().first_items(queries, n, seeds)
 
     def query_embedding(self, state) -> np.ndarray:
@@ -332,9 +331,18 @@ class ADACUR(RoundMethod):
 
     name = "adacur"
 
-    def __init__(self, index: CurIndex, *, rounds: int = 5, split: float | None = None,
-                 strategy: str = "topk", first="random", temperature: float = 1.0,
-                 ridge: float = DEFAULT_RIDGE, final: str = "all") -> None:
+    def __init__(
+        self,
+        index: CurIndex,
+        *,
+        rounds: int = 5,
+        split: float | None = None,
+        strategy: str = "topk",
+        first="random",
+        temperature: float = 1.0,
+        ridge: float = DEFAULT_RIDGE,
+        final: str = "all",
+    ) -> None:
         super().__init__(first=first, n_items=index.n_items)
         if int(rounds) < 1:
             raise ValueError(f"rounds must be >= 1; got {rounds}")
@@ -365,17 +373,25 @@ class AXN(RoundMethod):
 
     ``prior``: the parametric query embedding (e.g. the DE query vector): a callable
     ``query -> (d,) vector`` or an array indexed by query row; mixed in as
-    ``u = (1 - mix) u_lstsq + mix u_prior``. ``score_affine=(alpha, beta)`` maps CE scores to the
-    scale of ``V``'s inner products before the least squares (``(a - beta) / alpha``), AXN's CE
-    score normalization; fit it on train rows with :func:`fit_score_affine`.
+    ``u = (1 - mix) u_lstsq + mix u_prior``. ``score_map`` (a :class:`crossknn.score_map.ScoreMap`,
+    ``ce ≈ scale * approx + offset``) maps CE scores to the scale of ``V``'s inner products before
+    the least squares, AXN's CE score normalization; fit it on train rows.
     """
 
     name = "axn"
 
-    def __init__(self, V, *, rounds: int = 5, first="random", prior=None, mix: float = 0.0,
-                 ridge: float = 0.0, score_affine: tuple[float, float] | None = None,
-                 storage: str = "float32") -> None:
-        self.features_in = V
+    def __init__(
+        self,
+        V,
+        *,
+        rounds: int = 5,
+        first="random",
+        prior=None,
+        mix: float = 0.0,
+        ridge: float = 0.0,
+        score_map: ScoreMap | None = None,
+        storage: str = "float32",
+    ) -> None:
         features = V if isinstance(V, ItemFeatures) else ItemFeatures(V, storage=storage)
         super().__init__(first=first, n_items=features.n_items)
         self.features = features
@@ -387,9 +403,9 @@ class AXN(RoundMethod):
             raise ValueError("mix > 0 needs a prior (the DE query embedding)")
         self.rounds, self.mix, self.ridge = int(rounds), float(mix), float(ridge)
         self.prior = prior
-        self.score_affine = score_affine
-        if score_affine is not None and abs(score_affine[0]) < 1e-12:
-            raise ValueError(f"score_affine alpha must be non-zero; got {score_affine}")
+        if score_map is not None and not isinstance(score_map, ScoreMap):
+            raise TypeError(f"score_map must be a ScoreMap or None; got {type(score_map).__name__}")
+        self.score_map = score_map
 
     def plan(self, budget):
         if self.rounds > budget:
@@ -404,16 +420,13 @@ class AXN(RoundMethod):
             v = self.prior(q) if callable(self.prior) else np.asarray(self.prior)[int(q)]
             v = np.asarray(v, np.float64).ravel()
             if v.shape != (self.features.dim,):
-                raise ValueError(f"prior query vector must have shape ({self.features.dim},); "
-                                 f"got {v.shape}")
+                raise ValueError(
+                    f"prior query vector must have shape ({self.features.dim},); got {v.shape}"
+                )
             out.append(v)
         return out
 
     def transform_targets(self, scores):
-        if self.score_affine is None:
+        if self.score_map is None:
             return scores
-        alpha, beta = self.score_affine
-        return (np.asarray(scores, np.float64) - beta) / alpha
-
-
-MethodFactory = Callable[..., RoundMethod]
+        return self.score_map.to_approx(scores)

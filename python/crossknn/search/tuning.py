@@ -12,8 +12,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from crossknn.scorers import MatrixScorer
+from crossknn.topk import topk_recall
 
-__all__ = ["choose_on_dev", "dev_split", "exact_top_k", "topk_recall"]
+__all__ = ["choose_on_dev", "dev_split"]
 
 
 def dev_split(train_rows, *, fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -26,22 +27,6 @@ def dev_split(train_rows, *, fraction: float = 0.2, seed: int = 0) -> tuple[np.n
     n_dev = int(min(rows.size - 1, max(1, round(fraction * rows.size))))
     perm = np.random.default_rng([int(seed), 0xDE5]).permutation(rows.size)
     return np.sort(rows[perm[n_dev:]]), np.sort(rows[perm[:n_dev]])
-
-
-def exact_top_k(scores_row, k: int) -> np.ndarray:
-    """The exact top-k item indices of one score row (ties to the lower index)."""
-    s = np.asarray(scores_row, np.float64)
-    return np.lexsort((np.arange(s.size), -s))[:k]
-
-
-def topk_recall(scores, rows, indices, k: int) -> np.ndarray:
-    """Top-k-Recall per query: |exact top-k ∩ returned top-k| / k (BENCHMARKS.md)."""
-    out = np.empty(len(rows), np.float64)
-    for j, r in enumerate(rows):
-        exact = exact_top_k(scores[r], k)
-        got = np.asarray(indices[j][:k])
-        out[j] = np.intersect1d(exact, got[got >= 0]).size / k
-    return out
 
 
 def choose_on_dev(

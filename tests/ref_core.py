@@ -1,6 +1,6 @@
-"""Independent numpy reference of the crossknn.engine contract (slow, simple, obviously right).
+"""Independent numpy reference of the crossknn.core contract (slow, simple, obviously right).
 
-Used by tests/test_engine*.py. Sampling uses numpy's RNG, so only its distribution (not its
+Used by tests/test_core.py. Sampling uses numpy's RNG, so only its distribution (not its
 draws) is comparable with the C++ engine. ``rows`` reproduces the engine's storage rounding
 (float16 round-to-nearest-even, int8 per-row scale max|v|/127 with round-half-even).
 """

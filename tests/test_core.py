@@ -1,4 +1,4 @@
-"""The C++ round engine (crossknn.engine) vs the independent numpy reference tests/ref_engine.py."""
+"""The C++ round engine (crossknn.core) vs the independent numpy reference tests/ref_core.py."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from crossknn import _core
-from crossknn.engine import ItemFeatures, RoundState
+from crossknn.core import ItemFeatures, RoundState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ref_engine  # noqa: E402
+import ref_core  # noqa: E402
 
 STORAGES = ["float32", "float16", "int8"]
 HSET = settings(
@@ -38,7 +38,7 @@ def _pinv_solution(X, a):
 def test_rows_match_reference(storage, shape):
     V = _rng(1).standard_normal(shape) * 3
     f = ItemFeatures(V, storage=storage)
-    r = ref_engine.ItemFeatures(V, storage=storage)
+    r = ref_core.ItemFeatures(V, storage=storage)
     items = np.arange(shape[0])[::-1].copy()
     np.testing.assert_array_equal(f.rows(items), r.rows(items))
     assert f.rows(items).dtype == np.float64
@@ -342,7 +342,7 @@ def test_gumbel_top_k_matches_softmax_distribution():
     keep = q2 > 0
     assert stats.chisquare(c2[keep], q2[keep] * sel.sum()).pvalue > 1e-3
     # the reference sampler agrees in distribution
-    ref = ref_engine.ItemFeatures(V)
+    ref = ref_core.ItemFeatures(V)
     rc = np.bincount(
         [ref.sample_softmax(u, 1, exclude=[5], temperature=T, seed=s)[1][0] for s in range(3000)],
         minlength=5,
@@ -521,7 +521,7 @@ def test_generic_and_simd_kernels_agree():
 
     code = (
         "import json, numpy as np\n"
-        "from crossknn.engine import ItemFeatures, kernel_name\n"
+        "from crossknn.core import ItemFeatures, kernel_name\n"
         "rng = np.random.default_rng(0)\n"
         "V = rng.standard_normal((3000, 77)).astype(np.float32)\n"
         "U = rng.standard_normal((3, 77)).astype(np.float32)\n"

@@ -11,7 +11,7 @@ new items per query, of one of three kinds:
 
 :func:`run_rounds` executes the plan for a batch of queries: every step sends the CE calls of all
 queries to the scorer in one ``score_batch``, all least squares / top-k / sampling go through the
-engine (:class:`crossknn.engine.ItemFeatures`, :class:`crossknn.engine.RoundState`), and the final
+C++ core (:class:`crossknn.core.ItemFeatures`, :class:`crossknn.core.RoundState`), and the final
 top-k is ranked by exact CE scores. Randomness is keyed by ``(seed, query id)`` so a query gets the
 same result alone or inside any batch.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crossknn.engine import RoundState
+from crossknn.core import RoundState
 from crossknn.scorers import BudgetedScorer
 
 __all__ = ["SearchResult", "Step", "query_seed", "run_rounds", "split_sizes"]
@@ -123,8 +123,9 @@ def run_rounds(
             f"the method's index has {method.n_items} items but the scorer has {n_items}"
         )
     if query_ids is None:
-        query_ids = [q if isinstance(q, (int, np.integer, str)) else i
-                     for i, q in enumerate(queries)]
+        query_ids = [
+            q if isinstance(q, (int, np.integer, str)) else i for i, q in enumerate(queries)
+        ]
     query_ids = list(query_ids)
     if len(query_ids) != nq:
         raise ValueError(f"{nq} queries but {len(query_ids)} query ids")
@@ -133,7 +134,7 @@ def run_rounds(
     plan = method.plan(budget)
     _check_plan(plan, budget, n_items)
     ce = BudgetedScorer(scorer, queries, budget)
-    features = method.features
+    features = method.features_for(budget)
     states = None
     if features is not None and any(s.kind != "first" for s in plan):
         priors = method.priors(queries)
@@ -158,7 +159,10 @@ def run_rounds(
             elif strategy == "softmax":
                 chosen = [
                     features.sample_softmax(
-                        U[i], step.n, exclude=exclude[i], temperature=method.temperature,
+                        U[i],
+                        step.n,
+                        exclude=exclude[i],
+                        temperature=method.temperature,
                         seed=query_seed(seeds[i], r),
                     )[1]
                     for i in range(nq)
@@ -181,8 +185,10 @@ def run_rounds(
         chosen = [np.asarray(c, np.int64).ravel() for c in chosen]
         for i, c in enumerate(chosen):
             if c.shape != (step.n,) or np.unique(c).size != step.n:
-                raise ValueError(f"step {r} ({step.kind}) chose {c.size} items for query {i}; "
-                                 f"expected {step.n} distinct")
+                raise ValueError(
+                    f"step {r} ({step.kind}) chose {c.size} items for query {i}; "
+                    f"expected {step.n} distinct"
+                )
             if np.isin(c, exclude[i]).any():
                 raise ValueError(f"step {r} ({step.kind}) chose an item already scored (query {i})")
         new_scores = ce.score_batch(range(nq), chosen)

@@ -1,0 +1,7 @@
+#pragma once
+// crossknn/crossknn.h: the whole C++ API of crossknn::core.
+#include "crossknn/features.h"
+#include "crossknn/least_squares.h"
+#include "crossknn/npy.h"
+#include "crossknn/search.h"
+#include "crossknn/version.h"

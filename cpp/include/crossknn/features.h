@@ -1,0 +1,118 @@
+#pragma once
+// crossknn/features.h: item features V (N x d) in one storage type, with streaming top-k,
+// Gumbel-top-k (SoftMax) sampling and uniform random sampling over the items a query has not
+// scored yet.
+//
+// Errors are std exceptions: std::invalid_argument for bad values or shapes, std::out_of_range
+// for item ids outside [0, N), std::length_error for sizes that overflow, std::runtime_error for
+// files that cannot be opened or read, std::bad_alloc when memory runs out. Nothing aborts.
+//
+// Ownership. A Features object is a cheap handle (copy = shared reference, no data copied) to an
+// immutable matrix that is either owned (the copying constructor), a view of memory the caller
+// owns (view_*: the caller keeps it alive and unchanged while any handle exists, or passes an
+// `owner` that does), or a read-only memory map of a .npy file (open_npy; the map lives as long
+// as the last handle).
+//
+// Threads. All const calls (top_k, sample_*, rows, accessors) may run concurrently on one object
+// and on copies of it; each call also uses up to threads() worker threads internally, and its
+// results never depend on that number. set_threads() must not run concurrently with any other
+// call on the same handle (copies have their own thread count).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace crossknn {
+
+enum class Storage { Float32, Float16, Int8 };
+
+Storage parse_storage(const std::string& name);  // "float32" | "float16" | "int8"
+const char* storage_name(Storage s) noexcept;
+// Score kernel set in use: "avx2" or "generic" (chosen once per process; CROSSKNN_NO_SIMD=1
+// in the environment forces "generic").
+const char* kernel_name() noexcept;
+
+// Exclusion lists for Q queries in CSR form: ids of query q are ids[offsets[q] .. offsets[q+1]).
+// Entries equal to -1 are padding and ignored; other ids must lie in [0, N). Duplicates are fine.
+struct ExcludeLists {
+  const int64_t* ids = nullptr;
+  const int64_t* offsets = nullptr;  // Q + 1 entries, or nullptr for "no exclusion"
+};
+
+class Features;
+namespace detail {
+struct FeatureData;  // the stored matrix (private: cpp/src/features_impl.h)
+const FeatureData& data(const Features& f) noexcept;
+}  // namespace detail
+
+class Features {
+ public:
+  // V: n x d row-major float32, copied and converted to `storage` (int8: per-row scale
+  // max|v|/127, q = round-to-nearest-even(v / scale) clamped to [-127, 127]; zero rows get
+  // scale 1). threads = 0 means std::thread::hardware_concurrency(). V must be finite.
+  Features(const float* V, int64_t n, int64_t d, Storage storage, int threads = 0);
+
+  // Zero-copy views (no conversion, nothing copied). `owner` (optional) is kept alive as long
+  // as any handle to the view exists; without one the caller keeps the memory alive. With
+  // check_finite the matrix is read once to refuse NaN/inf (float32, float16) or bad scales.
+  // The memory must stay unchanged while the view is used.
+  static Features view_float32(const float* V, int64_t n, int64_t d, int threads = 0,
+                               std::shared_ptr<const void> owner = nullptr,
+                               bool check_finite = true);
+  // IEEE binary16 bit patterns
+  static Features view_float16(const uint16_t* V, int64_t n, int64_t d, int threads = 0,
+                               std::shared_ptr<const void> owner = nullptr,
+                               bool check_finite = true);
+  // int8 rows q (n x d) with one float32 scale per row (> 0, finite): v_ij = q_ij * scale_i.
+  static Features view_int8(const int8_t* V, const float* scales, int64_t n, int64_t d,
+                            int threads = 0, std::shared_ptr<const void> owner = nullptr,
+                            bool check_finite = true);
+
+  // Memory-maps a .npy item matrix read-only (2-D, C order, little-endian; '<f4' float32,
+  // '<f2' float16 or '|i1' int8). int8 needs `scales_path`: a .npy of n float32 row scales
+  // (e.g. ITEMS.scales.npy written next to ITEMS.npy). The storage follows the file's dtype.
+  // Pages are read on demand by the kernels; nothing is copied. POSIX only.
+  static Features open_npy(const std::string& path, int threads = 0,
+                           const std::string& scales_path = "", bool check_finite = true);
+
+  int64_t n_items() const noexcept;
+  int64_t dim() const noexcept;
+  Storage storage() const noexcept;
+  int threads() const noexcept { return threads_; }
+  void set_threads(int threads);
+  // bytes of the stored matrix (what one pass of top_k reads)
+  int64_t nbytes() const noexcept;
+  // true when the matrix is the caller's memory or a file map (view_* / open_npy)
+  bool is_view() const noexcept;
+
+  // Dequantized rows V[items] as double, out is m x d row-major.
+  void rows(const int64_t* items, int64_t m, double* out) const;
+
+  // Q queries U (Q x d float32, row-major). Writes Q x k scores and indices, each row sorted by
+  // score descending, ties to the lower index. Throws invalid_argument when k exceeds the number
+  // of unmasked items of some query.
+  void top_k(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex, float* out_scores,
+             int64_t* out_idx) const;
+
+  // Gumbel-top-k: key_i = (V u)_i / T + G(seed, q, i), G a standard Gumbel drawn from a
+  // counter-based hash of (seed, query row q, item i); the top-k keys are k draws without
+  // replacement from softmax(V u / T) over unmasked items. Writes keys and indices.
+  void sample_softmax(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex,
+                      double temperature, uint64_t seed, float* out_keys, int64_t* out_idx) const;
+
+  // k distinct items uniformly from the unmasked ones, for each of Q queries (row q uses the
+  // stream (seed, q)). Writes Q x k ids.
+  void sample_random(int64_t Q, int64_t k, const ExcludeLists& ex, uint64_t seed,
+                     int64_t* out_idx) const;
+
+ private:
+  explicit Features(std::shared_ptr<const detail::FeatureData> data, int threads);
+  void select_(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex, bool gumbel,
+               double temperature, uint64_t seed, float* out_s, int64_t* out_i) const;
+  friend const detail::FeatureData& detail::data(const Features& f) noexcept;
+
+  std::shared_ptr<const detail::FeatureData> data_;
+  int threads_ = 1;
+};
+
+}  // namespace crossknn

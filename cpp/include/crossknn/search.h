@@ -1,0 +1,118 @@
+#pragma once
+// crossknn/search.h: the round loop of adaptive k-NN search with an expensive exact scorer (a
+// cross-encoder, CE) on a budget of B calls per query: the same loop as Python's
+// crossknn.search.run_rounds, for the plans ADACUR and AXN use.
+//
+// A plan is a list of steps, each scoring `n` new items per query:
+//   First    items that need no feedback: given by the caller (a first-stage retriever's top
+//            items, fixed anchors) or uniform random (Features::sample_random, query seed);
+//   Round    items chosen from the approximate scores V u among the items not scored yet, u the
+//            least squares on the items scored so far (optionally mixed with a prior, lambda):
+//            TopK, SoftMax (Gumbel-top-k, temperature T) or Random;
+//   Retrieve the top approximate items not scored yet (last step of Split plans).
+// The result is the top-k of all scored items by exact score (ties to the lower id).
+//
+// Budget accounting is exact: a query never gets more than B scorer calls, never the same item
+// twice; a plan that would break either is refused before the first call. Randomness is keyed by
+// (seed, query id) exactly as in Python (query_seed below), so a query gets the same items alone
+// or in any batch, and the same items as the Python loop.
+//
+// Threads. search() is reentrant: concurrent calls (on the same Features) are safe; one call
+// drives its scorer from the calling thread only, one step at a time. Exceptions thrown by the
+// scorer propagate unchanged out of search(); bad input throws std::invalid_argument.
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "crossknn/features.h"
+
+namespace crossknn {
+
+enum class StepKind { First, Round, Retrieve };
+enum class Strategy { TopK, SoftMax, Random };
+
+struct Step {
+  StepKind kind = StepKind::First;
+  int64_t n = 0;  // new items per query
+};
+
+// `n` items over `parts` rounds, as even as possible, larger rounds first (Python split_sizes).
+std::vector<int64_t> split_sizes(int64_t n, int64_t parts);
+// No-Split: the whole budget over `rounds` rounds (first round = First, then Round steps).
+std::vector<Step> no_split_plan(int64_t budget, int64_t rounds);
+// Split: k_i = round(split * budget) items over the rounds, then one Retrieve of the rest.
+std::vector<Step> split_plan(int64_t budget, int64_t rounds, double split);
+
+// The per-query seed of Python's crossknn.search.query_seed(seed, query_id) for integer ids:
+// a 63-bit value from NumPy's SeedSequence([seed, query_id]).
+uint64_t query_seed(uint64_t seed, uint64_t query_id) noexcept;
+
+// One scorer call: exact scores of `m` items for query `query` (its position in the batch).
+struct ScoreRequest {
+  int64_t query = 0;
+  const int64_t* items = nullptr;
+  int64_t m = 0;
+  float* out = nullptr;  // m scores to write
+};
+
+// The exact scorer (a CE, a score matrix, a remote service). The loop calls score_batch once per
+// step with every query's new items (override it to batch the CE); the default calls score()
+// for each request. Scores must be finite. A scorer object is used by one search() at a time.
+class Scorer {
+ public:
+  virtual ~Scorer() = default;
+  virtual void score(int64_t query, const int64_t* items, int64_t m, float* out) = 0;
+  virtual void score_batch(const ScoreRequest* requests, int64_t n_requests);
+};
+
+// A Scorer over a callable (per-query calls).
+class FunctionScorer final : public Scorer {
+ public:
+  using Fn = std::function<void(int64_t query, const int64_t* items, int64_t m, float* out)>;
+  explicit FunctionScorer(Fn fn) : fn_(std::move(fn)) {}
+  void score(int64_t query, const int64_t* items, int64_t m, float* out) override {
+    fn_(query, items, m, out);
+  }
+
+ private:
+  Fn fn_;
+};
+
+struct SearchOptions {
+  int64_t budget = 100;                // B: scorer calls per query, never exceeded
+  int64_t k = 10;                      // results per query (1 <= k <= B)
+  Strategy strategy = Strategy::TopK;  // how Round steps choose (Retrieve is always TopK)
+  double temperature = 1.0;            // SoftMax: probabilities ~ exp(V u / T)
+  double ridge = 0.0;                  // least squares (see least_squares.h)
+  int refine = 3;
+  double jitter_rel = 1e-10;
+  double mix = 0.0;  // lambda: u = (1 - mix) u_lstsq + mix prior; > 0 needs a prior per query
+  uint64_t seed = 0;
+  // targets of the least squares: (score - score_beta) / score_alpha (AXN's score normalization)
+  double score_alpha = 1.0, score_beta = 0.0;
+};
+
+struct SearchQuery {
+  uint64_t id = 0;                       // seeds: query_seed(options.seed, id)
+  const int64_t* first_items = nullptr;  // plan[0].n items, or nullptr for uniform random
+  const double* prior = nullptr;         // d doubles (e.g. the DE query vector), for mix > 0
+};
+
+struct SearchResult {
+  std::vector<int64_t> ids;           // k ids by exact score descending, padded with -1
+  std::vector<float> scores;          // their exact scores, padded with -inf
+  int64_t calls = 0;                  // scorer calls spent (<= budget)
+  std::vector<int64_t> scored_items;  // every item scored, in scoring order
+  std::vector<float> scored_scores;
+};
+
+// Runs `plan` for a batch of queries; one score_batch per step for all of them.
+std::vector<SearchResult> search(const Features& features, Scorer& scorer,
+                                 const std::vector<Step>& plan, const SearchOptions& options,
+                                 const std::vector<SearchQuery>& queries);
+// One query (its scorer calls carry query index 0).
+SearchResult search_one(const Features& features, Scorer& scorer, const std::vector<Step>& plan,
+                        const SearchOptions& options, const SearchQuery& query = {});
+
+}  // namespace crossknn

@@ -1,0 +1,297 @@
+// The round loop (see crossknn/search.h): plans, query seeds, budget accounting.
+#include "crossknn/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+
+#include "crossknn/least_squares.h"
+
+namespace crossknn {
+
+void Scorer::score_batch(const ScoreRequest* requests, int64_t n_requests) {
+  for (int64_t r = 0; r < n_requests; ++r)
+    score(requests[r].query, requests[r].items, requests[r].m, requests[r].out);
+}
+
+std::vector<int64_t> split_sizes(int64_t n, int64_t parts) {
+  if (parts <= 0) throw std::invalid_argument("rounds must be >= 1; got " + std::to_string(parts));
+  if (n < parts)
+    throw std::invalid_argument("cannot spread " + std::to_string(n) + " calls over " +
+                                std::to_string(parts) + " rounds (rounds > budget)");
+  std::vector<int64_t> out(static_cast<size_t>(parts), n / parts);
+  for (int64_t r = 0; r < n % parts; ++r) ++out[r];
+  return out;
+}
+
+namespace {
+
+std::vector<Step> round_plan(int64_t n, int64_t rounds, int64_t retrieve) {
+  const auto sizes = split_sizes(n, std::min(rounds, n));
+  std::vector<Step> plan{{StepKind::First, sizes[0]}};
+  for (size_t r = 1; r < sizes.size(); ++r) plan.push_back({StepKind::Round, sizes[r]});
+  if (retrieve > 0) plan.push_back({StepKind::Retrieve, retrieve});
+  return plan;
+}
+
+// NumPy SeedSequence (pool size 4) on a list of non-negative integers, 2 output words.
+constexpr uint32_t kInitA = 0x43b0d7e5u, kMultA = 0x931e8875u, kInitB = 0x8b51f9ddu,
+                   kMultB = 0x58f38dedu, kMixL = 0xca01f9ddu, kMixR = 0x4973f715u;
+
+inline uint32_t hashmix(uint32_t value, uint32_t& hc) {
+  value ^= hc;
+  hc *= kMultA;
+  value *= hc;
+  value ^= value >> 16;
+  return value;
+}
+inline uint32_t mix(uint32_t x, uint32_t y) {
+  uint32_t r = kMixL * x - kMixR * y;
+  r ^= r >> 16;
+  return r;
+}
+// an integer as NumPy's _int_to_uint32_array: little-endian 32-bit words, [0] for zero
+void push_words(uint64_t v, std::vector<uint32_t>& out) {
+  if (v == 0) out.push_back(0);
+  while (v > 0) {
+    out.push_back(static_cast<uint32_t>(v & 0xffffffffu));
+    v >>= 32;
+  }
+}
+
+}  // namespace
+
+std::vector<Step> no_split_plan(int64_t budget, int64_t rounds) {
+  if (rounds < 1) throw std::invalid_argument("rounds must be >= 1; got " + std::to_string(rounds));
+  if (rounds > budget)
+    throw std::invalid_argument("rounds=" + std::to_string(rounds) +
+                                " exceeds the budget B=" + std::to_string(budget));
+  return round_plan(budget, rounds, 0);
+}
+
+std::vector<Step> split_plan(int64_t budget, int64_t rounds, double split) {
+  if (!(split > 0.0 && split <= 1.0))
+    throw std::invalid_argument(
+        "split (fraction of the budget for the rounds) must be in (0, 1]; "
+        "got " +
+        std::to_string(split));
+  if (rounds < 1) throw std::invalid_argument("rounds must be >= 1; got " + std::to_string(rounds));
+  if (rounds > budget)
+    throw std::invalid_argument("rounds=" + std::to_string(rounds) +
+                                " exceeds the budget B=" + std::to_string(budget));
+  // Python: int(min(budget, max(1, round(split * budget)))), round half to even
+  const double r = std::nearbyint(split * static_cast<double>(budget));
+  const int64_t k_i = std::min<int64_t>(budget, std::max<int64_t>(1, static_cast<int64_t>(r)));
+  return round_plan(k_i, rounds, budget - k_i);
+}
+
+uint64_t query_seed(uint64_t seed, uint64_t query_id) noexcept {
+  std::vector<uint32_t> entropy;
+  push_words(seed, entropy);
+  push_words(query_id, entropy);
+  uint32_t pool[4];
+  uint32_t hc = kInitA;
+  for (size_t i = 0; i < 4; ++i) pool[i] = hashmix(i < entropy.size() ? entropy[i] : 0u, hc);
+  for (size_t s = 0; s < 4; ++s)
+    for (size_t d = 0; d < 4; ++d)
+      if (s != d) pool[d] = mix(pool[d], hashmix(pool[s], hc));
+  for (size_t s = 4; s < entropy.size(); ++s)
+    for (size_t d = 0; d < 4; ++d) pool[d] = mix(pool[d], hashmix(entropy[s], hc));
+  uint32_t state[2];
+  uint32_t hb = kInitB;
+  for (size_t i = 0; i < 2; ++i) {
+    uint32_t v = pool[i % 4];
+    v ^= hb;
+    hb *= kMultB;
+    v *= hb;
+    v ^= v >> 16;
+    state[i] = v;
+  }
+  return (static_cast<uint64_t>(state[0]) << 31) ^ static_cast<uint64_t>(state[1]);
+}
+
+namespace {
+
+void check_plan(const std::vector<Step>& plan, const SearchOptions& o, int64_t n_items) {
+  if (o.k < 1) throw std::invalid_argument("k must be >= 1; got " + std::to_string(o.k));
+  if (o.budget < 1)
+    throw std::invalid_argument("the budget must be >= 1 call; got " + std::to_string(o.budget));
+  if (o.k > o.budget)
+    throw std::invalid_argument("k=" + std::to_string(o.k) + " exceeds the budget B=" +
+                                std::to_string(o.budget) + ": at most B items can be ranked");
+  if (o.budget > n_items)
+    throw std::invalid_argument("the budget B=" + std::to_string(o.budget) +
+                                " exceeds the number of items (" + std::to_string(n_items) + ")");
+  if (plan.empty()) throw std::invalid_argument("the plan is empty");
+  if (plan[0].kind != StepKind::First)
+    throw std::invalid_argument("a plan must start with a First step (nothing to solve on yet)");
+  int64_t total = 0;
+  for (size_t r = 0; r < plan.size(); ++r) {
+    if (plan[r].n <= 0)
+      throw std::invalid_argument("every step must score at least one item; step " +
+                                  std::to_string(r) + " has n=" + std::to_string(plan[r].n));
+    if (r > 0 && plan[r].kind == StepKind::First)
+      throw std::invalid_argument("only step 0 may be a First step; step " + std::to_string(r) +
+                                  " is one");
+    total += plan[r].n;
+  }
+  if (total > o.budget)
+    throw std::invalid_argument("the plan scores " + std::to_string(total) +
+                                " items per query; the budget is " + std::to_string(o.budget));
+  if (!(o.mix >= 0.0 && o.mix <= 1.0))
+    throw std::invalid_argument("mix (lambda) must be in [0, 1]; got " + std::to_string(o.mix));
+  if (!(o.temperature > 0.0) || !std::isfinite(o.temperature))
+    throw std::invalid_argument("temperature must be a finite number > 0; got " +
+                                std::to_string(o.temperature));
+  if (!std::isfinite(o.score_alpha) || std::fabs(o.score_alpha) < 1e-12 ||
+      !std::isfinite(o.score_beta))
+    throw std::invalid_argument("score_alpha must be finite and non-zero, score_beta finite");
+}
+
+}  // namespace
+
+std::vector<SearchResult> search(const Features& features, Scorer& scorer,
+                                 const std::vector<Step>& plan, const SearchOptions& o,
+                                 const std::vector<SearchQuery>& queries) {
+  const int64_t n_items = features.n_items(), d = features.dim();
+  const int64_t Q = static_cast<int64_t>(queries.size());
+  check_plan(plan, o, n_items);
+  for (int64_t i = 0; i < Q; ++i)
+    if (o.mix > 0.0 && !queries[i].prior)
+      throw std::invalid_argument("mix > 0 needs a prior for every query; query " +
+                                  std::to_string(i) + " has none");
+  std::vector<SearchResult> res(static_cast<size_t>(Q));
+  if (Q == 0) return res;
+
+  std::vector<uint64_t> seeds(static_cast<size_t>(Q));
+  for (int64_t i = 0; i < Q; ++i) seeds[i] = query_seed(o.seed, queries[i].id);
+  const bool rounds = std::any_of(plan.begin(), plan.end(),
+                                  [](const Step& s) { return s.kind != StepKind::First; });
+  std::vector<LeastSquares> states;
+  if (rounds) {
+    states.reserve(static_cast<size_t>(Q));
+    for (int64_t i = 0; i < Q; ++i) {
+      states.emplace_back(features, o.ridge, o.refine, o.jitter_rel);
+      if (o.mix > 0.0) states.back().set_prior(queries[i].prior, o.mix);
+    }
+  }
+  std::vector<std::unordered_set<int64_t>> seen(static_cast<size_t>(Q));
+
+  std::vector<int64_t> chosen, ex_ids, ex_off;
+  std::vector<float> U, keys, new_scores;
+  std::vector<double> u(static_cast<size_t>(d)), targets;
+  for (size_t r = 0; r < plan.size(); ++r) {
+    const Step& step = plan[r];
+    const int64_t n = step.n;
+    chosen.assign(static_cast<size_t>(Q * n), -1);
+    if (step.kind == StepKind::First) {
+      for (int64_t i = 0; i < Q; ++i) {
+        if (queries[i].first_items)
+          std::copy(queries[i].first_items, queries[i].first_items + n, chosen.begin() + i * n);
+        else
+          features.sample_random(1, n, ExcludeLists{}, seeds[i], chosen.data() + i * n);
+      }
+    } else {
+      U.resize(static_cast<size_t>(Q * d));
+      for (int64_t i = 0; i < Q; ++i) {
+        states[i].solve(u.data());
+        for (int64_t j = 0; j < d; ++j) U[i * d + j] = static_cast<float>(u[j]);
+      }
+      ex_ids.clear();
+      ex_off.assign(1, 0);
+      for (int64_t i = 0; i < Q; ++i) {
+        ex_ids.insert(ex_ids.end(), res[i].scored_items.begin(), res[i].scored_items.end());
+        ex_off.push_back(static_cast<int64_t>(ex_ids.size()));
+      }
+      const Strategy strategy = step.kind == StepKind::Retrieve ? Strategy::TopK : o.strategy;
+      keys.resize(static_cast<size_t>(Q * n));
+      if (strategy == Strategy::TopK) {
+        features.top_k(U.data(), Q, n, ExcludeLists{ex_ids.data(), ex_off.data()}, keys.data(),
+                       chosen.data());
+      } else {
+        for (int64_t i = 0; i < Q; ++i) {
+          // one query (row 0, as Python's single calls): offsets {0, m} over its own ids
+          const int64_t off1[2] = {0, ex_off[i + 1] - ex_off[i]};
+          const ExcludeLists ex1{ex_ids.data() + ex_off[i], off1};
+          const uint64_t rs = query_seed(seeds[i], static_cast<uint64_t>(r));
+          if (strategy == Strategy::SoftMax)
+            features.sample_softmax(U.data() + i * d, 1, n, ex1, o.temperature, rs,
+                                    keys.data() + i * n, chosen.data() + i * n);
+          else
+            features.sample_random(1, n, ex1, rs, chosen.data() + i * n);
+        }
+      }
+    }
+    // budget accounting: every item new, distinct, in range, within B
+    for (int64_t i = 0; i < Q; ++i) {
+      if (static_cast<int64_t>(seen[i].size()) + n > o.budget)
+        throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
+                                    " would exceed the budget B=" + std::to_string(o.budget));
+      std::unordered_set<int64_t> fresh;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t it = chosen[i * n + t];
+        if (it < 0 || it >= n_items)
+          throw std::invalid_argument("query " + std::to_string(i) + ": first item " +
+                                      std::to_string(it) + " is outside [0, " +
+                                      std::to_string(n_items) + ")");
+        if (seen[i].count(it) || !fresh.insert(it).second)
+          throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
+                                      " chose item " + std::to_string(it) +
+                                      " twice (each item is scored once per query)");
+      }
+    }
+    new_scores.assign(static_cast<size_t>(Q * n), std::numeric_limits<float>::quiet_NaN());
+    std::vector<ScoreRequest> reqs(static_cast<size_t>(Q));
+    for (int64_t i = 0; i < Q; ++i)
+      reqs[i] = ScoreRequest{i, chosen.data() + i * n, n, new_scores.data() + i * n};
+    scorer.score_batch(reqs.data(), Q);
+    for (int64_t i = 0; i < Q; ++i) {
+      for (int64_t t = 0; t < n; ++t)
+        if (!std::isfinite(new_scores[i * n + t]))
+          throw std::invalid_argument("the scorer returned a NaN/inf score (or none) for query " +
+                                      std::to_string(i) + ", item " +
+                                      std::to_string(chosen[i * n + t]));
+      SearchResult& R = res[i];
+      R.scored_items.insert(R.scored_items.end(), chosen.begin() + i * n,
+                            chosen.begin() + (i + 1) * n);
+      R.scored_scores.insert(R.scored_scores.end(), new_scores.begin() + i * n,
+                             new_scores.begin() + (i + 1) * n);
+      R.calls += n;
+      seen[i].insert(chosen.begin() + i * n, chosen.begin() + (i + 1) * n);
+      if (rounds) {
+        targets.resize(static_cast<size_t>(n));
+        for (int64_t t = 0; t < n; ++t)
+          targets[t] = (static_cast<double>(new_scores[i * n + t]) - o.score_beta) / o.score_alpha;
+        states[i].append(chosen.data() + i * n, targets.data(), n);
+      }
+    }
+  }
+
+  // final ranking: exact score descending, ties to the lower id
+  for (auto& R : res) {
+    std::vector<int64_t> order(R.scored_items.size());
+    for (size_t t = 0; t < order.size(); ++t) order[t] = static_cast<int64_t>(t);
+    const int64_t kk = std::min<int64_t>(o.k, static_cast<int64_t>(order.size()));
+    std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](int64_t a, int64_t b) {
+      const float sa = R.scored_scores[a], sb = R.scored_scores[b];
+      return sa > sb || (sa == sb && R.scored_items[a] < R.scored_items[b]);
+    });
+    R.ids.assign(static_cast<size_t>(o.k), -1);
+    R.scores.assign(static_cast<size_t>(o.k), -std::numeric_limits<float>::infinity());
+    for (int64_t t = 0; t < kk; ++t) {
+      R.ids[t] = R.scored_items[order[t]];
+      R.scores[t] = R.scored_scores[order[t]];
+    }
+  }
+  return res;
+}
+
+SearchResult search_one(const Features& features, Scorer& scorer, const std::vector<Step>& plan,
+                        const SearchOptions& options, const SearchQuery& query) {
+  return std::move(search(features, scorer, plan, options, {query})[0]);
+}
+
+}  // namespace crossknn

@@ -1,0 +1,135 @@
+"""Pieces shared by several commands: job options, printing hits, text safe for a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from crossknn.jobs import JobOptions
+
+__all__ = [
+    "add_job_arguments",
+    "fraction",
+    "job_options",
+    "nonneg_float",
+    "nonneg_int",
+    "positive_float",
+    "positive_int",
+    "print_hits",
+    "terminal_safe",
+]
+
+# C0 and C1 control characters (ESC, BEL, CSI ...) and DEL; newlines and tabs included: one hit
+# is one line
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``), so a hostile corpus
+    cannot move the cursor, clear the screen or retitle the window when printed."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
+def _number(text: str, kind, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
+    if kind is float and value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = _number(text, int, "an integer >= 1")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = _number(text, int, "an integer >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in [0, 1]."""
+    value = _number(text, float, "a number in [0, 1]")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1]; got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = _number(text, float, "a number > 0")
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0; got {text!r}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    value = _number(text, float, "a number >= 0")
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}")
+    return value
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """Shards, Ray and progress options of a :class:`crossknn.jobs.ScoreJob`."""
+    p.add_argument(
+        "--shard-pairs", type=positive_int, default=2048, help="pairs per shard file (default 2048)"
+    )
+    p.add_argument("--ray", action="store_true", help="score the shards as Ray actors (ray.init())")
+    p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
+    p.add_argument(
+        "--ray-workers", type=positive_int, help="Ray actors (default: the cluster's CPUs)"
+    )
+    p.add_argument(
+        "--ray-gpus",
+        type=nonneg_float,
+        default=0.0,
+        help="GPUs each Ray actor reserves (e.g. 1 on a GPU cluster; default 0)",
+    )
+    p.add_argument("--keep-job", action="store_true", help="keep OUT_DIR/.job after finishing")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def job_options(args: argparse.Namespace) -> JobOptions:
+    """The :class:`JobOptions` of the arguments added by :func:`add_job_arguments`."""
+    return JobOptions(
+        shard_pairs=args.shard_pairs,
+        backend="ray" if args.ray else "local",
+        progress=not args.quiet,
+        ray_address=args.ray_address,
+        ray_workers=args.ray_workers,
+        ray_gpus_per_worker=args.ray_gpus,
+        keep_job=args.keep_job,
+    )
+
+
+def print_hits(hits, *, texts: bool = True, file=None) -> None:
+    """Hits as a table: rank, (``*`` = not in the exact top-k), CE score, id, a snippet."""
+    file = file or sys.stdout
+    for h in hits:
+        print(f"\nquery: {terminal_safe(h.query)}", file=file)
+        for r, (i, s, t) in enumerate(zip(h.ids, h.scores, h.texts, strict=False), start=1):
+            mark = ""
+            if h.exact_ids is not None:
+                mark = " " if i in h.exact_ids else "*"
+            snippet = " " + terminal_safe(t[:70]) if texts else ""
+            tail = "  |" + snippet if texts else ""
+            print(f"  {r:>3}{mark} {s:8.4f}  {terminal_safe(i)}{tail}", file=file)
+        line = (
+            f"  CE calls {h.ce_calls}; time CE {h.seconds_ce:.2f} s, other {h.seconds_other:.2f} s"
+        )
+        if h.recall is not None:
+            line += f"; Top-{len(h.exact_ids)}-Recall vs exact CE: {h.recall:.2f}"
+            line += " (* = not in the exact top-k)"
+        print(line, file=file)

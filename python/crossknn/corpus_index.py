@@ -1,0 +1,384 @@
+"""A user's corpus as an index: build it (DE vectors, CE calibration, optional CUR rows), open it.
+
+An index built by :func:`build_corpus_index` is an index directory (``crossknn.index.files``) of
+kind ``"corpus"``: the item texts (``items.jsonl``, hash recorded), the dual-encoder item vectors
+``de_items``, the CE score map used by AXN (``params.score_map``), and, when train queries were
+given, the dense CUR rows ``R`` (train queries x all items) that ADACUR and ANNCUR need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from crossknn.data import Corpus
+from crossknn.fileio import (
+    atomic_save_npy,
+    atomic_write_bytes,
+    atomic_write_json,
+    fingerprint,
+    folder_lock,
+    read_json,
+    sha256_bytes,
+    sha256_texts,
+)
+from crossknn.identity import model_identity
+from crossknn.index.cur import score_dense
+from crossknn.index.files import Index, load_index, save_index
+from crossknn.jobs import JobOptions
+from crossknn.score_map import ScoreMap
+from crossknn.topk import top_k_rows
+
+__all__ = [
+    "CORPUS_KIND",
+    "CorpusIndex",
+    "build_corpus_index",
+    "open_index",
+    "pseudo_queries",
+]
+
+CORPUS_KIND = "corpus"
+ITEMS_FILE = "items.jsonl"
+
+
+def _items_jsonl(corpus: Corpus) -> bytes:
+    lines = [
+        json.dumps({"id": i, "text": t}, ensure_ascii=False)
+        for i, t in zip(corpus.ids, corpus.texts, strict=False)
+    ]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def pseudo_queries(corpus: Corpus, n: int, *, seed: int = 0, words: int = 10) -> list[str]:
+    """``n`` short pseudo-queries: the first ``words`` words of random items (seeded).
+
+    Used to calibrate the CE score scale when the user gives no train queries.
+    """
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(corpus), size=min(n, len(corpus)), replace=False)
+    return [" ".join(corpus.texts[i].split()[:words]) for i in sorted(picks.tolist())]
+
+
+def _model_key(model: Any) -> dict:
+    """What a model's outputs depend on: its identity, max length, precision (and type)."""
+    ident = model_identity(model, require_hash=False)
+    return {
+        **ident,
+        "type": type(model).__name__,
+        "max_length": getattr(model, "max_length", None),
+        "precision": getattr(model, "precision", None),
+    }
+
+
+def _fresh_work(folder: Path, key: dict, what: str) -> None:
+    """Make ``folder`` hold resumable state for ``key`` only: state of other inputs (or of
+    unknown inputs) is discarded, saying so on stderr; ``folder/key.json`` records the key
+    (removed before the stale state, written after it is gone)."""
+    key_path = folder / "key.json"
+    fp = fingerprint(key)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        old = read_json(key_path).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    if old == fp:
+        return
+    stale = [p for p in folder.iterdir() if p.name != "key.json"]
+    if stale:
+        print(
+            f"crossknn: {folder}: discarding the {what} of an earlier build with different "
+            "inputs (corpus, model or settings changed)",
+            file=sys.stderr,
+        )
+    # the new key first: from here on, whatever is in the folder belongs to it
+    _remove(key_path)
+    for p in stale:
+        _remove(p)
+    atomic_write_json(key_path, {"fingerprint": fp, "key": key})
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _encode_resumable(
+    de, texts: list[str], work: Path, *, chunk: int = 1024, progress: bool = True, ids=None
+) -> np.ndarray:
+    """DE vectors of ``texts``, encoded in chunks saved atomically under ``work`` (resumable).
+
+    The chunks are keyed by a fingerprint of the item ids and texts, the DE (identity, max
+    length, precision) and the chunk size: chunks of other inputs are discarded, never reused."""
+    key = {
+        "what": "de_items",
+        "de": _model_key(de),
+        "chunk": int(chunk),
+        "n": len(texts),
+        "ids_sha256": None if ids is None else sha256_texts(map(str, ids)),
+        "texts_sha256": sha256_texts(texts),
+    }
+    _fresh_work(work, key, "DE vectors")
+    n_chunks = (len(texts) + chunk - 1) // chunk
+    parts = []
+    with tqdm(total=len(texts), desc="encode items (DE)", unit="item", disable=not progress) as bar:
+        for c in range(n_chunks):
+            lo, hi = c * chunk, min(len(texts), (c + 1) * chunk)
+            path = work / f"de_{c:06d}_{lo}_{hi}.npy"
+            arr = None
+            if path.is_file():
+                try:
+                    arr = np.load(path, allow_pickle=False)
+                except (ValueError, OSError, EOFError):
+                    arr = None
+                if arr is not None and (arr.shape != (hi - lo, de.dim) or arr.dtype != np.float32):
+                    arr = None
+            if arr is None:
+                arr = np.asarray(de.encode(texts[lo:hi]), np.float32)
+                atomic_save_npy(path, arr)
+            parts.append(arr)
+            bar.update(hi - lo)
+    return np.concatenate(parts) if parts else np.empty((0, de.dim), np.float32)
+
+
+def _calibrate(
+    ce, de, V: np.ndarray, queries: list[str], *, items_per_query: int, seed: int
+) -> tuple[ScoreMap, int]:
+    """The CE score map (CE ~ scale * DE + offset), fitted on ``queries`` against their DE-top
+    half and a random half of ``items_per_query`` items; returns it and the CE calls spent."""
+    n = V.shape[0]
+    m = min(items_per_query, n)
+    Q = np.asarray(de.encode(queries), np.float32)
+    rng = np.random.default_rng(seed)
+    items, de_scores = [], []
+    for qv in Q:
+        s = V @ qv
+        top = top_k_rows(s, m // 2)[0]
+        rest = np.setdiff1d(np.arange(n), top)
+        rand = rng.choice(rest, size=min(m - top.size, rest.size), replace=False)
+        it = np.concatenate([top, rand]).astype(np.int64)
+        items.append(it)
+        de_scores.append(s[it])
+    ce_scores = ce.score_batch(list(queries), items)
+    smap = ScoreMap.fit(np.concatenate(ce_scores), np.concatenate(de_scores))
+    return smap, int(sum(len(i) for i in items))
+
+
+def build_corpus_index(
+    corpus: Corpus,
+    out_dir: str | os.PathLike,
+    *,
+    ce=None,
+    de=None,
+    train_queries: Sequence[str] | None = None,
+    cur: bool = False,
+    calibration_queries: int = 16,
+    calibration_items: int = 32,
+    seed: int = 0,
+    progress: bool = True,
+    chunk: int = 1024,
+) -> CorpusIndex:
+    """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
+
+    - always: ``de_items`` (N x d) and the CE->DE score normalization (alpha, beta) fitted on
+      ``train_queries`` (or ``calibration_queries`` pseudo-queries made from item texts), each
+      scored against ``calibration_items`` items;
+    - ``cur=True`` (needs ``train_queries``): the dense rows ``R`` = CE(train queries x all items)
+      for ADACUR/ANNCUR, through a resumable sharded job.
+
+    Work in progress lives in ``OUT_DIR/.build`` and is resumed after an interruption (DE
+    vectors in chunks of ``chunk`` items); each piece of it is keyed by a fingerprint of its
+    inputs (items, models, settings), so a rerun on a changed corpus discards it (one line on
+    stderr) instead of reusing it. The index is complete once ``index.json`` exists: an old one
+    is removed before anything else in ``OUT_DIR`` is replaced, and written last. A build holds
+    ``OUT_DIR/.lock`` (with its PID): a second build into the same folder fails at once.
+    """
+    if len(corpus) == 0:
+        raise ValueError("the corpus is empty: nothing to index")
+    if cur and not train_queries:
+        raise ValueError("a CUR index (--cur) needs train queries (--train-queries FILE)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out / ".lock", what=f"index folder {out}"):
+        _build_locked(
+            corpus,
+            out,
+            ce=ce,
+            de=de,
+            train_queries=train_queries,
+            cur=cur,
+            calibration_queries=calibration_queries,
+            calibration_items=calibration_items,
+            seed=seed,
+            progress=progress,
+            chunk=chunk,
+        )
+    return open_index(out)
+
+
+def _build_locked(
+    corpus: Corpus,
+    out: Path,
+    *,
+    ce,
+    de,
+    train_queries,
+    cur: bool,
+    calibration_queries: int,
+    calibration_items: int,
+    seed: int,
+    progress: bool,
+    chunk: int,
+) -> None:
+    from crossknn.ce import default_cross_encoder, default_dual_encoder
+
+    # the old index stops being one before any of its files is replaced
+    try:
+        os.unlink(out / "index.json")
+        _fsync_dir(out)
+    except FileNotFoundError:
+        pass
+    work = out / ".build"
+    de = de if de is not None else default_dual_encoder(show_progress_bar=False)
+    ce = ce if ce is not None else default_cross_encoder()
+
+    items_bytes = _items_jsonl(corpus)
+    atomic_write_bytes(out / ITEMS_FILE, items_bytes)
+    V = _encode_resumable(
+        de, list(corpus.texts), work / "de", chunk=chunk, progress=progress, ids=corpus.ids
+    )
+    ce.set_items(list(corpus.texts))
+
+    cal = (
+        list(train_queries)
+        if train_queries
+        else pseudo_queries(corpus, calibration_queries, seed=seed)
+    )
+    smap, ce_calls = _calibrate(ce, de, V, cal, items_per_query=calibration_items, seed=seed)
+    arrays: dict[str, np.ndarray] = {"de_items": V}
+    if cur:
+        cur_key = {
+            "what": "cur_rows",
+            "ce": _model_key(ce),
+            "items_sha256": sha256_bytes(items_bytes),
+            "train_queries_sha256": sha256_texts(train_queries),
+        }
+        _fresh_work(work / "cur", cur_key, "CUR rows")
+        R, _ = score_dense(
+            ce,
+            list(train_queries),
+            work / "cur" / "job",
+            options=JobOptions(progress=progress),
+            extra={"items_sha256": cur_key["items_sha256"]},
+        )
+        arrays["R"] = R
+        ce_calls += int(R.size)
+    params = {
+        "n_items": len(corpus),
+        "dim": int(V.shape[1]),
+        "score_map": smap.to_list(),
+        "calibration": "train queries" if train_queries else "pseudo-queries from item texts",
+        "n_calibration_queries": len(cal),
+        "calibration_items": int(calibration_items),
+        "n_train_queries": len(train_queries) if train_queries else 0,
+        "seed": int(seed),
+    }
+    info = {
+        "items_file": ITEMS_FILE,
+        "items_sha256": sha256_bytes(items_bytes),
+        "source": corpus.source,
+    }
+    # arrays of an earlier build that this one does not have would linger beside the new index
+    for stale in {"de_items", "R"} - set(arrays):
+        try:
+            os.unlink(out / f"{stale}.npy")
+        except FileNotFoundError:
+            pass
+    save_index(out, CORPUS_KIND, arrays, ce=ce, de=de, params=params, ce_calls=ce_calls, info=info)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class CorpusIndex:
+    """A loaded corpus index: the index directory's arrays and metadata, and its corpus."""
+
+    index: Index
+    corpus: Corpus
+
+    @property
+    def path(self) -> Path | None:
+        return self.index.path
+
+    @property
+    def params(self) -> dict:
+        return self.index.params
+
+    @property
+    def info(self) -> dict:
+        return self.index.info
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        return self.index.arrays
+
+    @property
+    def ce_calls(self) -> int:
+        return self.index.ce_calls
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.index[name]
+
+    def __len__(self) -> int:
+        return len(self.corpus)
+
+    def __repr__(self) -> str:
+        return (
+            f"CorpusIndex(path={str(self.path)!r}, n_items={len(self)}, "
+            f"arrays={sorted(self.arrays)}, ce_calls={self.ce_calls})"
+        )
+
+    def check_models(self, *, ce: Any = None, de: Any = None) -> None:
+        self.index.check_models(ce=ce, de=de)
+
+
+def open_index(path: str | os.PathLike, *, verify: bool = True) -> CorpusIndex:
+    """Load a corpus index directory and check its items file against the recorded hash."""
+    idx = load_index(path, kind=CORPUS_KIND, verify=verify)
+    items_path = Path(path) / idx.info.get("items_file", ITEMS_FILE)
+    if not items_path.is_file():
+        raise FileNotFoundError(f"index {path}: {items_path.name} (the item texts) is missing")
+    data = items_path.read_bytes()
+    if verify and sha256_bytes(data) != idx.info.get("items_sha256"):
+        raise ValueError(
+            f"index {path}: {items_path.name} does not match the recorded hash "
+            "(changed or corrupt); rebuild the index"
+        )
+    ids, texts = [], []
+    for line in data.decode("utf-8").splitlines():
+        rec = json.loads(line)
+        ids.append(rec["id"])
+        texts.append(rec["text"])
+    if len(ids) != idx["de_items"].shape[0]:
+        raise ValueError(f"index {path}: {len(ids)} items but {idx['de_items'].shape[0]} vectors")
+    return CorpusIndex(idx, Corpus(ids, texts, str(items_path)))

@@ -1,0 +1,233 @@
+"""Issue 10: a corpus build killed anywhere and rerun on another corpus ends in exactly the index
+a clean build of the new corpus writes; stale state is never reused; one build per folder;
+files honour the umask. Cheap deterministic stand-in models keep it fast."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crossknn.corpus_index import build_corpus_index, open_index
+from crossknn.data import Corpus
+from crossknn.fileio import FolderInUse, atomic_write_bytes, folder_lock
+
+HERE = Path(__file__).resolve()
+CHUNK = 2
+TRAIN = ["alpha beta", "gamma delta"]
+
+
+def _vec(text: str, dim: int) -> np.ndarray:
+    h = hashlib.sha256(text.encode()).digest()
+    v = np.frombuffer(h, np.uint8)[:dim].astype(np.float32) - 127.5
+    return v / np.linalg.norm(v)
+
+
+class StubDE:
+    model_id, model_hash, max_length, precision, dim = "stub-de", "de-hash-1", 64, "fp32", 8
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+
+    def encode(self, texts, **_):
+        time.sleep(self.delay)
+        return np.stack([_vec(t, self.dim) for t in texts])
+
+
+class StubCE:
+    model_id, model_hash, max_length, precision = "stub-ce", "ce-hash-1", 64, "fp32"
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay, self.items = delay, []
+
+    def set_items(self, texts) -> None:
+        self.items = list(texts)
+
+    @property
+    def n_items(self) -> int:
+        return len(self.items)
+
+    def score(self, query, items):
+        return self.score_batch([query], [items])[0]
+
+    def score_batch(self, queries, items_list):
+        time.sleep(self.delay)
+        return [
+            np.array([_vec(q + "|" + self.items[int(i)], 4)[0] for i in its], np.float32)
+            for q, its in zip(queries, items_list, strict=True)
+        ]
+
+
+def corpus(name: str) -> Corpus:
+    n = {"A": 16, "B": 16, "C": 10}[name]
+    ids = [f"d{i}" for i in range(n)] if name != "B" else [f"d{i}" for i in range(n)]
+    texts = [f"{name} item number {i} about topic {i % 3} words words" for i in range(n)]
+    return Corpus(ids, texts, f"stub:{name}")
+
+
+def build(name: str, out, *, delay: float = 0.0, **kw):
+    return build_corpus_index(
+        corpus(name),
+        out,
+        ce=StubCE(delay),
+        de=StubDE(delay),
+        train_queries=TRAIN,
+        cur=True,
+        calibration_items=6,
+        progress=False,
+        chunk=CHUNK,
+        **kw,
+    )
+
+
+def snapshot(out: Path) -> dict:
+    """Every file of an index folder (index.json without timing fields)."""
+    snap = {}
+    for p in sorted(out.iterdir()):
+        if p.name == "index.json":
+            doc = json.loads(p.read_text())
+            snap[p.name] = {k: v for k, v in doc.items() if "time" not in k and "second" not in k}
+        else:
+            snap[p.name] = p.read_bytes() if p.is_file() else "dir"
+    return snap
+
+
+def _spawn(name: str, out: Path, delay: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(HERE), name, str(out), str(delay)],
+        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _chunks(out: Path) -> int:
+    return len(list((out / ".build" / "de").glob("de_*.npy")))
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    snaps = {}
+    for name in ("B", "C"):
+        d = tmp_path_factory.mktemp(f"clean{name}")
+        build(name, d)
+        snaps[name] = snapshot(d)
+    return snaps
+
+
+def test_build_discards_stale_de_chunks_of_another_corpus(tmp_path, clean):
+    out = tmp_path / "idx"
+    p = _spawn("A", out, 0.05)
+    t0 = time.monotonic()
+    while _chunks(out) < 1 and time.monotonic() - t0 < 20:
+        time.sleep(0.002)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert _chunks(out) >= 1
+    r = subprocess.run(
+        [sys.executable, str(HERE), "B", str(out), "0"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert "discarding the DE vectors of an earlier build" in r.stderr
+    assert snapshot(out) == clean["B"]
+
+
+def test_build_killed_anywhere_then_rerun_on_changed_corpus_equals_clean_build(tmp_path, clean):
+    rng = np.random.default_rng(10)
+    for it in range(8):
+        out = tmp_path / f"idx{it}"
+        over_complete = it % 2 == 1
+        if over_complete:  # the folder holds a finished index of another corpus
+            build("C", out)
+        p = _spawn("A", out, 0.02)
+        target = int(rng.integers(0, 16 // CHUNK + 1))
+        t0 = time.monotonic()
+        while _chunks(out) < target and p.poll() is None and time.monotonic() - t0 < 20:
+            time.sleep(0.001)
+        time.sleep(float(rng.uniform(0, 0.03)))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        # whatever was left opens as one whole index (the old one) or not at all
+        if (out / "index.json").exists():
+            idx = open_index(out)
+            assert snapshot(out)["index.json"] == clean["C"]["index.json"]
+            assert idx.corpus.texts == corpus("C").texts
+        r = subprocess.run(
+            [sys.executable, str(HERE), "B", str(out), "0"], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        assert snapshot(out) == clean["B"], f"iteration {it} (chunks {target})"
+
+
+def test_build_removes_old_index_json_before_replacing_arrays(tmp_path, monkeypatch):
+    out = tmp_path / "idx"
+    build("C", out)
+    import crossknn.corpus_index as ci
+
+    seen = []
+
+    def spy(path, data):
+        seen.append((Path(path).name, (out / "index.json").exists()))
+        atomic_write_bytes(path, data)
+
+    monkeypatch.setattr(ci, "atomic_write_bytes", spy)
+    build("B", out)
+    assert seen and seen[0] == ("items.jsonl", False)
+
+
+def test_second_build_into_same_folder_fails_naming_holder(tmp_path):
+    out = tmp_path / "idx"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from crossknn.fileio import folder_lock\n"
+            "with folder_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(30)",
+            str(out / ".lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderInUse, match=f"in use by process {holder.pid}"):
+            build("B", out)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    build("B", out)  # the lock dies with its holder
+    assert not (out / ".lock").exists()
+
+
+def test_folder_lock_is_exclusive_in_one_process_and_removed(tmp_path):
+    lock = tmp_path / "d" / ".lock"
+    with folder_lock(lock):
+        assert lock.read_text().strip() == str(os.getpid())
+        with pytest.raises(FolderInUse, match=str(os.getpid())):
+            with folder_lock(lock):
+                pass
+    assert not lock.exists()
+
+
+def test_output_files_respect_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write_bytes(tmp_path / "f", b"x")
+        assert (tmp_path / "f").stat().st_mode & 0o777 == 0o640
+        os.umask(0o002)
+        atomic_write_bytes(tmp_path / "f", b"y")
+        assert (tmp_path / "f").stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)
+
+
+if __name__ == "__main__":  # the build a test kills: NAME OUT DELAY
+    build(sys.argv[1], sys.argv[2], delay=float(sys.argv[3]))

@@ -1,0 +1,228 @@
+"""Issue 10 (CLI): one clear line for every user error, nothing overwritten or half-written, no
+raw control characters on the terminal. One small index per module, built with the real models."""
+
+import errno
+import json
+import re
+
+import numpy as np
+import pytest
+
+from crossknn import fileio
+from crossknn.cli import main
+
+pytestmark = [pytest.mark.slow]
+
+EVIL_ID = "evil\x1b[2J"
+EVIL_TEXT = "evil \x1b]0;title\x07 text \x1b[31mred\x1b[0m document"
+RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # newline and tab are layout
+
+
+def _write_corpus(path, n=12, extra=()):
+    lines = [
+        json.dumps({"id": f"d{i}", "text": f"document {i} about topic {i % 3}"}) for i in range(n)
+    ]
+    lines += [json.dumps(r) for r in extra]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(model_cache, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CROSSKNN_CACHE", str(model_cache))
+    root = tmp_path_factory.mktemp("reliability-cli")
+    corpus = _write_corpus(root / "c.jsonl", extra=[{"id": EVIL_ID, "text": EVIL_TEXT}])
+    idx = root / "idx"
+    args = ["--calibration-queries", "2", "--calibration-items", "4", "--quiet"]
+    assert main(["build", str(corpus), str(idx), *args]) == 0
+    yield {"root": root, "corpus": corpus, "idx": idx, "args": args}
+    mp.undo()
+
+
+def _one_line_error(capsys, argv, rc=2):
+    capsys.readouterr()
+    assert main(argv) == rc
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert not RAW_CONTROL.search(err)
+    return last
+
+
+# -- 4: build never overwrites its input or mixes with other files ------------------------------
+
+
+def test_build_refuses_output_folder_holding_its_input(env, tmp_path, capsys, monkeypatch):
+    (tmp_path / "items.jsonl").write_bytes(env["corpus"].read_bytes())
+    before = (tmp_path / "items.jsonl").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    line = _one_line_error(capsys, ["build", "items.jsonl", ".", *env["args"]])
+    assert "contains the input items.jsonl" in line
+    assert (tmp_path / "items.jsonl").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["items.jsonl"]
+
+
+def test_build_refuses_output_folder_with_foreign_files(env, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    line = _one_line_error(capsys, ["build", str(env["corpus"]), str(tmp_path), *env["args"]])
+    assert "'notes.txt', which is not part of an index" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_build_refuses_existing_file_as_output(env, tmp_path, capsys):
+    f = tmp_path / "EXISTING"
+    f.write_text("keep")
+    line = _one_line_error(capsys, ["build", str(env["corpus"]), str(f)])
+    assert "exists and is not a folder" in line and f.read_text() == "keep"
+
+
+def test_build_rebuilds_into_its_own_index_folder(env, capsys):
+    # an index folder (index.json, items.jsonl, *.npy, exact/) is accepted as the output
+    (env["idx"] / "exact").mkdir(exist_ok=True)
+    assert main(["build", str(env["corpus"]), str(env["idx"]), *env["args"]]) == 0
+
+
+# -- 5: no raw control characters from search / rank / demo -------------------------------------
+
+
+def test_search_output_escapes_control_characters(env, capsys):
+    capsys.readouterr()
+    assert main(["search", str(env["idx"]), "evil\x1b[2Jred", "-k", "13", "--budget", "13"]) == 0
+    out = capsys.readouterr().out
+    assert "evil\\x1b[2J" in out and not RAW_CONTROL.search(out)
+
+
+def test_rank_output_escapes_control_characters(env, capsys):
+    capsys.readouterr()
+    assert main(["rank", "evil red", "--corpus", str(env["corpus"]), "--top-k", "13"]) == 0
+    out = capsys.readouterr().out
+    assert "evil\\x1b[2J" in out and "\\x07" in out and not RAW_CONTROL.search(out)
+
+
+def test_demo_output_escapes_control_characters(env, tmp_path, capsys, monkeypatch):
+    from crossknn import demo_corpus
+    from crossknn.data import load_corpus
+
+    monkeypatch.setattr(
+        demo_corpus, "stdlib_docstrings", lambda max_items=None: load_corpus(env["corpus"])
+    )
+    capsys.readouterr()
+    argv = ["demo", "--query", "evil\x1b]0;x\x07", "-k", "13", "--budget", "13", "--quiet"]
+    assert main([*argv, "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "evil\\x1b[2J" in out and not RAW_CONTROL.search(out)
+
+
+def test_error_messages_escape_control_characters(env, capsys):
+    line = _one_line_error(capsys, ["search", str(env["root"] / "no\x1b[2Jindex"), "q"])
+    assert "no\\x1b[2Jindex" in line
+    with pytest.raises(SystemExit):
+        main(["search", str(env["idx"]), "q", "--method", "x\x1b[2J"])
+    err = capsys.readouterr().err
+    assert "x\\x1b[2J" in err and not RAW_CONTROL.search(err)
+
+
+# -- 10: OSErrors are one line naming the file; no partial files --------------------------------
+
+
+def test_build_disk_full_is_one_line_and_leaves_nothing(env, tmp_path, capsys, monkeypatch):
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(fileio, "atomic_write_bytes", full)
+    import crossknn.corpus_index as ci
+
+    monkeypatch.setattr(ci, "atomic_write_bytes", full)
+    out = tmp_path / "new"
+    line = _one_line_error(capsys, ["build", str(env["corpus"]), str(out), *env["args"]])
+    assert "No space left on device" in line and "items.jsonl" in line
+    assert not out.exists()
+
+
+def test_score_matrix_disk_full_is_one_line(env, tmp_path, capsys, monkeypatch, shared_dir):
+    import crossknn.score_matrix_job as smj
+
+    def boom(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m" / "scores.npy"))
+
+    monkeypatch.setattr(smj, "build_score_matrix", boom)
+    line = _one_line_error(capsys, ["score-matrix", str(shared_dir), str(tmp_path / "m")])
+    assert line.endswith("scores.npy: No space left on device")
+
+
+def test_argparse_ranges_are_checked(env, capsys):
+    for argv, what in [
+        (["build", "c", "o", "--calibration-queries", "-5"], "--calibration-queries"),
+        (["build", "c", "o", "--calibration-items", "0"], "--calibration-items"),
+        (["search", "i", "q", "--budget", "0"], "--budget"),
+        (["search", "i", "q", "--k", "x"], "--k"),
+        (["rank", "q", "--corpus", "c", "--top-k", "0"], "--top-k"),
+        (["score-matrix", "d", "o", "--n-test", "-1"], "--n-test"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert what in capsys.readouterr().err
+
+
+def test_score_matrix_has_overwrite_option():
+    from crossknn.cli import build_parser
+
+    args = build_parser().parse_args(["score-matrix", "d", "o", "--overwrite"])
+    assert args.overwrite is True
+
+
+# -- 11: helpful messages ------------------------------------------------------------------------
+
+
+def test_build_one_item_corpus_is_a_clear_error(env, tmp_path, capsys):
+    one = _write_corpus(tmp_path / "one.jsonl", n=1)
+    line = _one_line_error(capsys, ["build", str(one), str(tmp_path / "o"), *env["args"]])
+    assert "has 1 item; an index needs at least 2" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_build_lone_surrogate_names_file_and_line(env, tmp_path, capsys):
+    bad = tmp_path / "s.jsonl"
+    bad.write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text": "x \\ud800 y"}\n')
+    line = _one_line_error(capsys, ["build", str(bad), str(tmp_path / "o"), *env["args"]])
+    assert f"{bad}:2:" in line and "U+D800" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_non_utf8_corpus_names_file_and_line(env, tmp_path, capsys):
+    bad = tmp_path / "b.jsonl"
+    bad.write_bytes(b'{"id": "a", "text": "ok"}\n{"id": "b", "text": "\xff"}\n')
+    for argv in (["build", str(bad), str(tmp_path / "o")], ["rank", "q", "--corpus", str(bad)]):
+        assert f"{bad}:2: not UTF-8" in _one_line_error(capsys, argv)
+
+
+def test_build_reads_a_corpus_from_a_pipe(env, tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    data = env["corpus"].read_bytes()
+
+    def feed():
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    t = threading.Thread(target=feed)
+    t.start()
+    assert main(["build", str(fifo), str(tmp_path / "o"), *env["args"]]) == 0
+    t.join()
+    assert (tmp_path / "o" / "index.json").is_file()
+
+
+def test_pickled_exact_cache_file_is_rescored(env, capsys):
+    exact = env["idx"] / "exact"
+    assert main(["search", str(env["idx"]), "topic", "-k", "2", "--budget", "5", "--exact"]) == 0
+    files = list(exact.glob("exact-*.npy"))
+    assert files
+    np.save(files[0], np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    capsys.readouterr()
+    assert main(["search", str(env["idx"]), "topic", "-k", "2", "--budget", "5", "--exact"]) == 0
+    assert np.load(files[0], allow_pickle=False).dtype == np.float32
