@@ -88,11 +88,7 @@ def _tree_hash(path: Path) -> str:
 
 def build_index(root: Path, max_items: int | None):
     from crossknn.ce import default_cross_encoder, default_dual_encoder
-
-    try:  # the refactor moved it (crossknn.corpus -> crossknn.demo_corpus)
-        from crossknn.demo_corpus import stdlib_docstrings
-    except ImportError:
-        from crossknn.corpus import stdlib_docstrings
+    from crossknn.demo_corpus import stdlib_docstrings
 
     corpus = stdlib_docstrings(max_items=max_items)
     key = hashlib.sha256("\0".join(corpus.ids).encode()).hexdigest()[:12]

@@ -43,10 +43,7 @@ QUERIES = [
 
 @pytest.fixture(scope="module")
 def env(model_cache, tmp_path_factory):
-    try:  # the refactor moved it (crossknn.corpus -> crossknn.demo_corpus)
-        from crossknn.demo_corpus import stdlib_docstrings
-    except ImportError:
-        from crossknn.corpus import stdlib_docstrings
+    from crossknn.demo_corpus import stdlib_docstrings
 
     mp = pytest.MonkeyPatch()
     mp.setenv("CROSSKNN_CACHE", str(model_cache))
