@@ -12,37 +12,9 @@
 
 #include "crossknn/features.h"
 #include "crossknn/least_squares.h"
+#include "check.h"
 
 using namespace crossknn;
-
-static int failures = 0;
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                                   \
-    }                                                                               \
-  } while (0)
-
-template <class E>
-static bool throws(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-  return false;
-}
-
-static std::vector<float> randn(size_t n, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
 
 static void test_top_k(Storage st) {
   const int64_t n = 20000, d = 37, Q = 3, k = 25;

@@ -16,37 +16,9 @@
 #include <vector>
 
 #include "crossknn/crossknn.h"
+#include "check.h"
 
 using namespace crossknn;
-
-static int failures = 0;
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                                   \
-    }                                                                               \
-  } while (0)
-
-template <class E>
-static bool throws(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-  return false;
-}
-
-static std::vector<float> randn(size_t n, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
 
 // IEEE half bits of a float that is exactly representable as a half
 static uint16_t half_bits(float x) {
