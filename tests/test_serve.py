@@ -246,8 +246,17 @@ def test_over_the_time_limit_is_504_and_its_ce_work_dropped(tight):
     scored = after["crossknn_ce_pairs_total"] - before["crossknn_ce_pairs_total"]
     assert scored < 8 * 2 * N_ITEMS  # most of the 3,200 pairs were never run
     assert after["crossknn_timeouts_total"] >= before.get("crossknn_timeouts_total", 0) + 1
-    # and the server goes on serving
-    out = client.search(tight.url, QUERIES[1], k=1, budget=3, rounds=1)
+    # and the server goes on serving: the CE batch that was running when the request was
+    # cancelled still finishes, so on a loaded machine a small request may first time out too
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            out = client.search(tight.url, QUERIES[1], k=1, budget=3, rounds=1)
+            break
+        except client.ServeError as exc:
+            if exc.status != 504 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     assert out["hits"][0]["ce_calls"] == 3
 
 
