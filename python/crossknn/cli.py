@@ -19,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "demo": "demo_cmd",
     "cmc": "cmc_cmd",
     "serve": "serve_cmd",
+    "export": "export_cmd",
+    "evaluate": "evaluate_cmd",
 }
 
 

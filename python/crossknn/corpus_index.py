@@ -33,7 +33,7 @@ from crossknn.fileio import (
 )
 from crossknn.identity import model_identity
 from crossknn.index.cur import score_dense
-from crossknn.index.files import Index, load_index, save_index
+from crossknn.index.files import Index, ModelMismatchError, load_index, save_index
 from crossknn.jobs import JobOptions
 from crossknn.score_map import ScoreMap
 from crossknn.topk import top_k_rows
@@ -155,7 +155,14 @@ def _encode_resumable(
 
 
 def _calibrate(
-    ce, de, V: np.ndarray, queries: list[str], *, items_per_query: int, seed: int
+    ce,
+    de,
+    V: np.ndarray,
+    queries: list[str],
+    *,
+    items_per_query: int,
+    seed: int,
+    progress: bool = False,
 ) -> tuple[ScoreMap, int]:
     """The CE score map (CE ~ scale * DE + offset), fitted on ``queries`` against their DE-top
     half and a random half of ``items_per_query`` items; returns it and the CE calls spent."""
@@ -172,7 +179,12 @@ def _calibrate(
         it = np.concatenate([top, rand]).astype(np.int64)
         items.append(it)
         de_scores.append(s[it])
-    ce_scores = ce.score_batch(list(queries), items)
+    ce_scores: list[np.ndarray] = []
+    total = int(sum(len(i) for i in items))
+    with tqdm(total=total, desc="calibrate (CE)", unit="pair", disable=not progress) as bar:
+        for lo in range(0, len(queries), 4):
+            ce_scores += ce.score_batch(list(queries[lo : lo + 4]), items[lo : lo + 4])
+            bar.update(sum(len(i) for i in items[lo : lo + 4]))
     smap = ScoreMap.fit(np.concatenate(ce_scores), np.concatenate(de_scores))
     return smap, int(sum(len(i) for i in items))
 
@@ -244,6 +256,7 @@ def _build_locked(
     chunk: int,
 ) -> None:
     from crossknn.ce import default_cross_encoder, default_dual_encoder
+    from crossknn.ce.folders import model_record
 
     # the old index stops being one before any of its files is replaced
     try:
@@ -267,7 +280,9 @@ def _build_locked(
         if train_queries
         else pseudo_queries(corpus, calibration_queries, seed=seed)
     )
-    smap, ce_calls = _calibrate(ce, de, V, cal, items_per_query=calibration_items, seed=seed)
+    smap, ce_calls = _calibrate(
+        ce, de, V, cal, items_per_query=calibration_items, seed=seed, progress=progress
+    )
     arrays: dict[str, np.ndarray] = {"de_items": V}
     if cur:
         cur_key = {
@@ -300,6 +315,8 @@ def _build_locked(
         "items_file": ITEMS_FILE,
         "items_sha256": sha256_bytes(items_bytes),
         "source": corpus.source,
+        # what search reopens by default: identity, hash, kind, precision, where found
+        "models": {"ce": model_record(ce), "de": model_record(de)},
     }
     # arrays of an earlier build that this one does not have would linger beside the new index
     for stale in {"de_items", "R"} - set(arrays):
@@ -358,7 +375,36 @@ class CorpusIndex:
             f"arrays={sorted(self.arrays)}, ce_calls={self.ce_calls})"
         )
 
+    @property
+    def model_records(self) -> dict[str, dict | None]:
+        """The CE and DE the index was built with: ``info["models"]`` (identity, hash, kind,
+        precision, where found), else (older indexes) the recorded identities, fp32."""
+        recs = self.info.get("models")
+        if isinstance(recs, dict):
+            return {role: recs.get(role) for role in ("ce", "de")}
+        return {role: self.index.models.get(role) for role in ("ce", "de")}
+
     def check_models(self, *, ce: Any = None, de: Any = None) -> None:
+        """ModelMismatchError naming the first field that differs (precision, model, hash)
+        between the recorded CE/DE and ``ce``/``de``, with both values."""
+        recs = self.model_records
+        for role, given in (("ce", ce), ("de", de)):
+            have = recs.get(role)
+            if given is None or have is None:
+                continue
+            want = model_identity(given)
+            pairs = (
+                ("precision", have.get("precision"), getattr(given, "precision", None)),
+                ("model", have.get("model_id"), want["model_id"]),
+                ("hash", have.get("model_hash"), want["model_hash"]),
+            )
+            for name, built, now in pairs:
+                if built is not None and now is not None and built != now:
+                    raise ModelMismatchError(
+                        f"index {self.path} was built with {role.upper()} {name} {built!r}, but "
+                        f"this run uses {name} {now!r} ({role.upper()} {want['model_id']!r}); "
+                        f"use the index's model (the default), or rebuild the index with this one"
+                    )
         self.index.check_models(ce=ce, de=de)
 
 

@@ -4,7 +4,9 @@
 - :func:`load_corpus`: a user's corpus (``id``/``_id``, ``text``, optional ``title``), from a JSONL
   file or a BEIR folder, as a :class:`Corpus` (ids and item texts).
 - :func:`load_beir`: a BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``).
-- :func:`read_queries`: queries from JSONL (``text``) or plain text, one per line.
+- :func:`read_queries`: queries from JSONL (``text``) or plain text, one per line;
+  :func:`read_query_file` also their ids (JSONL ``_id``/``id``, else the line number).
+- :func:`read_qrels`: relevance judgments from a BEIR ``.tsv`` or a TREC qrels file.
 
 Item text convention (the benchmark matrices'): ``text`` if the title is empty or ``text``
 already starts with it, else ``title + " " + text`` (:func:`item_text`).
@@ -27,7 +29,9 @@ __all__ = [
     "load_beir",
     "load_corpus",
     "read_jsonl",
+    "read_qrels",
     "read_queries",
+    "read_query_file",
 ]
 
 
@@ -208,9 +212,47 @@ def load_beir(folder: str | os.PathLike) -> BeirCorpus:
     )
 
 
-def read_queries(path: str) -> list[str]:
+def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
+    """``{qid: {docid: relevance}}`` from a BEIR qrels ``.tsv`` (``query-id corpus-id score``,
+    header line) or a TREC qrels file (``qid 0 docid rel``, whitespace-separated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"qrels file not found: {path}")
+    first = next((line for _, line in _lines(path) if line.strip()), "")
+    if len(first.split()) == 3:
+        return _read_qrels(path)
+    qrels: dict[str, dict[str, int]] = {}
+    for lineno, line in _lines(path):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 4:
+            raise ValueError(
+                f"{path}:{lineno}: expected 'qid 0 docid relevance' (TREC) or a BEIR "
+                f"'query-id corpus-id score' .tsv; got {len(parts)} columns"
+            )
+        try:
+            rel = int(float(parts[3]))
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: relevance {parts[3]!r} is not a number") from None
+        qrels.setdefault(parts[0], {})[parts[2]] = rel
+    if not qrels:
+        raise ValueError(f"{path}: no relevance judgments found")
+    return qrels
+
+
+def read_query_file(path: str) -> tuple[list[str], list[str]]:
+    """``(ids, texts)`` of a query file: JSONL lines keep their ``_id``/``id`` (a line without
+    one, or a plain-text line, gets its line number as id)."""
+    ids: list[str] = []
+    texts = read_queries(path, ids=ids)
+    return ids, texts
+
+
+def read_queries(path: str, *, ids: list[str] | None = None) -> list[str]:
     """Queries from a file (``-``: standard input): JSONL with ``text`` per line, or plain text,
-    one query per line."""
+    one query per line. ``ids`` (a list) receives each query's id (see
+    :func:`read_query_file`)."""
     if path == "-":
         numbered = list(enumerate(sys.stdin.read().splitlines(), start=1))
         src = "stdin"
@@ -234,8 +276,12 @@ def read_queries(path: str) -> list[str]:
                 raise ValueError(f"{src}:{lineno}: a JSON query line needs a non-empty 'text'")
             _check_unicode(src, lineno, text, "the query")
             out.append(text)
+            qid = rec.get("_id", rec.get("id"))
         else:
             out.append(line.strip())
+            qid = None
+        if ids is not None:
+            ids.append(str(lineno) if qid is None else str(qid))
     if not out:
         raise ValueError(f"{src}: no queries found")
     return out

@@ -70,6 +70,15 @@ class ExactScores:
         return s
 
     def top_k(self, queries: Sequence[str], *, k: int, progress: bool = False) -> list[np.ndarray]:
+        return [exact_top_k(row, k).astype(np.int64) for row in self.rows(queries, progress)]
+
+    def rows(self, queries: Sequence[str], progress: bool = False) -> list[np.ndarray]:
+        """The full score row of each query (progress by pairs, cached rows count at once)."""
         qs = list(queries)
-        bar = tqdm(qs, desc="exact CE top-k", unit="query", disable=not progress)
-        return [exact_top_k(self.row(q), k).astype(np.int64) for q in bar]
+        out = []
+        total = len(qs) * self.n_items
+        with tqdm(total=total, desc="exact CE", unit="pair", disable=not progress) as bar:
+            for q in qs:
+                out.append(self.row(q))
+                bar.update(self.n_items)
+        return out

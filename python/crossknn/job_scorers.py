@@ -1,40 +1,71 @@
-"""The embedded CE as the scorer of an offline job, in this process or on Ray actors.
+"""A CE as the scorer of an offline job, in this process or on Ray actors.
 
 An ONNX Runtime session cannot be pickled, so a Ray job gets a :class:`crossknn.jobs.LazyScorer`
 that opens its own session in each actor; the identity is read once here so the job can be
-fingerprinted without opening the model again.
+fingerprinted without opening the model again. A Hugging Face folder is exported (into the cache)
+here, once, before any actor starts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["embedded_ce_scorer"]
+__all__ = ["ce_scorer", "embedded_ce_scorer"]
 
 
-def _open_embedded_ce(items: list[str], threads: int | None, batch_size: int):
-    from crossknn.ce import default_cross_encoder
+def _open_ce(
+    items: list[str] | None,
+    threads: int | None,
+    batch_size: int,
+    model_dir: str | None = None,
+    precision: str = "fp32",
+    provider: str = "auto",
+):
+    from crossknn.ce import OnnxCrossEncoder, default_cross_encoder
 
-    return default_cross_encoder(items=items, threads=threads, batch_size=batch_size)
+    opts = {"threads": threads, "batch_size": batch_size, "provider": provider}
+    if model_dir is None:
+        return default_cross_encoder(items=items, precision=precision, **opts)
+    return OnnxCrossEncoder(model_dir, items=items, precision=precision, **opts)
+
+
+def ce_scorer(
+    item_texts: list[str],
+    *,
+    model: str | None = None,
+    precision: str = "fp32",
+    provider: str = "auto",
+    threads: int | None,
+    batch_size: int,
+    lazy: bool,
+) -> Any:
+    """The CE of ``model`` (a crossknn or Hugging Face folder; ``None``: the embedded one) over
+    ``item_texts``; ``lazy=True`` (for Ray): a picklable stand-in with one intra-op thread per
+    actor unless ``threads`` says otherwise."""
+    from crossknn.ce.folders import resolve_model
+
+    model_dir = None if model is None else str(resolve_model(model, precision=precision))
+    if not lazy:
+        return _open_ce(item_texts, threads, batch_size, model_dir, precision, provider)
+    from crossknn.jobs import LazyScorer
+
+    probe = _open_ce(None, 1, batch_size, model_dir, precision, "cpu")  # identity only
+    return LazyScorer(
+        _open_ce,
+        item_texts,
+        threads or 1,
+        batch_size,
+        model_dir,
+        precision,
+        provider,
+        model_id=probe.model_id,
+        model_hash=probe.model_hash,
+        n_items=len(item_texts),
+    )
 
 
 def embedded_ce_scorer(
     item_texts: list[str], *, threads: int | None, batch_size: int, lazy: bool
 ) -> Any:
-    """The embedded CE over ``item_texts``; ``lazy=True`` (for Ray): a picklable stand-in with
-    one intra-op thread per actor unless ``threads`` says otherwise."""
-    if not lazy:
-        return _open_embedded_ce(item_texts, threads, batch_size)
-    from crossknn.ce import default_cross_encoder
-    from crossknn.jobs import LazyScorer
-
-    probe = default_cross_encoder()  # identity only; the workers open their own sessions
-    return LazyScorer(
-        _open_embedded_ce,
-        item_texts,
-        threads or 1,
-        batch_size,
-        model_id=probe.model_id,
-        model_hash=probe.model_hash,
-        n_items=len(item_texts),
-    )
+    """The embedded CE over ``item_texts`` (see :func:`ce_scorer`)."""
+    return ce_scorer(item_texts, threads=threads, batch_size=batch_size, lazy=lazy)

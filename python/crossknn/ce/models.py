@@ -34,7 +34,9 @@ from crossknn.ce.runtime import OnnxCrossEncoder, OnnxDualEncoder
 __all__ = [
     "DEFAULT_CE",
     "DEFAULT_DE",
+    "PRECISIONS",
     "cache_root",
+    "cached_export",
     "minilm_checkpoint_dir",
     "ensure_model",
     "default_cross_encoder",
@@ -46,7 +48,8 @@ log = logging.getLogger("crossknn.ce")
 DEFAULT_CE = "minilm-l6-joint"
 DEFAULT_DE = "minilm-l6-de"
 _MAX_LENGTH = 128
-_PRECISIONS = ("fp32", "int8")
+#: the precisions a model folder may hold (``--precision`` of every command); one place
+PRECISIONS = ("fp32", "int8")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -120,11 +123,16 @@ def ensure_model(
         raise ValueError(
             f"unknown embedded model {name!r}; expected {DEFAULT_CE!r} or {DEFAULT_DE!r}"
         )
-    if precision not in _PRECISIONS:
-        raise ValueError(f"precision must be one of {_PRECISIONS}; got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
     src = minilm_checkpoint_dir()
-    models = cache_root(cache_dir) / "models"
-    final = models / f"{name}-{precision}-{_source_key(src)}"
+    final = cache_root(cache_dir) / "models" / f"{name}-{precision}-{_source_key(src)}"
+    return cached_export(final, lambda out: _build(name, precision, src, out), what=name)
+
+
+def cached_export(final: Path, build, *, what: str) -> Path:
+    """``final`` if it holds a usable export, else ``build(tmp)`` into a temporary folder beside
+    it, renamed into place when complete (a damaged entry is set aside and rebuilt)."""
     if final.exists():
         try:
             read_manifest(final)
@@ -137,11 +145,12 @@ def ensure_model(
                 os.rename(final, broken)
             except OSError:
                 pass
+    models = final.parent
     models.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=models))
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name[:40]}-", dir=models))
     try:
-        log.info("crossknn.ce: exporting %s (%s) into %s (first use)", name, precision, final)
-        _build(name, precision, src, tmp)
+        log.info("crossknn.ce: exporting %s into %s (first use)", what, final)
+        build(tmp)
         try:
             os.rename(tmp, final)
         except OSError:

@@ -42,7 +42,13 @@ from crossknn.ce.tokenize import (
     longest_first,
 )
 
-__all__ = ["OnnxCrossEncoder", "OnnxDualEncoder", "available_providers"]
+__all__ = [
+    "PROVIDERS",
+    "OnnxCrossEncoder",
+    "OnnxDualEncoder",
+    "ProviderUnavailableError",
+    "available_providers",
+]
 
 log = logging.getLogger("crossknn.ce")
 
@@ -51,7 +57,14 @@ _PROVIDERS = {
     "cuda": "CUDAExecutionProvider",
     "tensorrt": "TensorrtExecutionProvider",
 }
+#: the ``provider`` names every entry point accepts ("auto": the best one installed)
+PROVIDERS = ("auto", *_PROVIDERS)
 _ENCODE_CHUNK = 8192
+
+
+class ProviderUnavailableError(RuntimeError, ValueError):
+    """An execution provider was asked for that this onnxruntime does not offer (a user error:
+    the CLI prints it as one line)."""
 
 
 def available_providers() -> list[str]:
@@ -72,10 +85,11 @@ def _choose_provider(provider: str) -> str:
         raise ValueError(f"provider must be 'auto', 'cpu', 'cuda' or 'tensorrt'; got {provider!r}")
     name = _PROVIDERS[provider]
     if name not in avail:
-        raise RuntimeError(
+        raise ProviderUnavailableError(
             f"provider {provider!r} ({name}) was requested but this onnxruntime offers "
             f"only {avail}; "
-            "install onnxruntime-gpu with a matching CUDA/TensorRT, or use provider='cpu'"
+            "install the GPU build (pip install 'crossknn[gpu]', i.e. onnxruntime-gpu with a "
+            "matching CUDA/TensorRT), or use provider 'cpu'"
         )
     return name
 
@@ -257,6 +271,17 @@ class _OnnxModel:
         return self._s.precision
 
     @property
+    def model_dir(self) -> Path:
+        """The exported model directory this scorer runs."""
+        return self._s.model_dir
+
+    @property
+    def source(self) -> str | None:
+        """The Hugging Face folder the model was exported from (per its manifest), if known."""
+        src = self._s.manifest.get("source") or {}
+        return src.get("path")
+
+    @property
     def kind(self) -> str:
         return str(self._s.manifest["kind"])
 
@@ -401,10 +426,24 @@ class OnnxCrossEncoder(_OnnxModel):
         """Scores of ``(query, document)`` string pairs, float32, in input order.
 
         ``apply_activation=False`` returns raw logits of a [CLS]-CE (the joint CE has no
-        activation). An empty list gives an empty array.
+        activation). An empty list gives an empty array. One pair ``(query, document)`` (as
+        sentence-transformers' ``CrossEncoder.predict`` accepts) gives its score alone (a numpy
+        float32 scalar, or the label vector of a multi-label model).
         """
         if isinstance(pairs, (str, bytes)):
             raise TypeError("pairs must be a list of (query, document) string pairs, got a string")
+        if (
+            isinstance(pairs, (tuple, list))
+            and len(pairs) == 2
+            and isinstance(pairs[0], str)
+            and isinstance(pairs[1], str)
+        ):
+            return self.predict(
+                [tuple(pairs)],
+                batch_size=batch_size,
+                apply_activation=apply_activation,
+                show_progress_bar=show_progress_bar,
+            )[0]
         pairs = list(pairs)
         qs: dict[str, int] = {}
         ds: dict[str, int] = {}
@@ -442,17 +481,26 @@ class OnnxCrossEncoder(_OnnxModel):
         top_k: int | None = None,
         *,
         return_documents: bool = False,
+        doc_ids: list | None = None,
         batch_size: int | None = None,
         apply_activation: bool = True,
         show_progress_bar: bool | None = None,
     ) -> list[dict[str, Any]]:
-        """Documents sorted by score: ``[{"corpus_id": i, "score": s, ("text": doc)}, ...]``.
+        """Documents sorted by score: ``[{"corpus_id": i, "score": s, ("id": doc_ids[i]),
+        ("text": doc)}, ...]``.
 
-        Ties keep the lower ``corpus_id`` first; ``top_k=None`` returns all.
+        Ties keep the lower ``corpus_id`` first; ``top_k=None`` returns all. ``doc_ids`` (one per
+        document) are passed through as ``id``.
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a string; got {type(query).__name__}")
         documents = check_texts(documents, "documents")
+        if doc_ids is not None:
+            doc_ids = list(doc_ids)
+            if len(doc_ids) != len(documents):
+                raise ValueError(
+                    f"doc_ids and documents differ in length: {len(doc_ids)} vs {len(documents)}"
+                )
         _check_positive("top_k", top_k, allow_none=True)
         if self.num_labels != 1:
             raise ValueError(f"rank needs a one-score model; this one has {self.num_labels} labels")
@@ -470,6 +518,8 @@ class OnnxCrossEncoder(_OnnxModel):
         out = []
         for i in order:
             row: dict[str, Any] = {"corpus_id": int(i), "score": float(scores[i])}
+            if doc_ids is not None:
+                row["id"] = doc_ids[i]
             if return_documents:
                 row["text"] = documents[i]
             out.append(row)

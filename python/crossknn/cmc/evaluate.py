@@ -1,8 +1,9 @@
 """Downstream metrics against qrels (nDCG@10, recall@100) for DE, BE -> CMC and (optional) CE.
 
-nDCG uses linear gains (the relevance grade) and ``log2(rank + 1)`` discounts, the ideal DCG over
-all of the query's relevant items (as BEIR's pytrec_eval setup); recall@k is the share of the
-relevant items (grade > 0) in the top k.
+Computed by ``ir_measures`` (the library ``crossknn search --metrics`` and ``crossknn evaluate``
+use): nDCG with linear gains (the relevance grade) and ``log2(rank + 1)`` discounts, the ideal DCG
+over all of the query's relevant items (BEIR's pytrec_eval setup); recall@k the share of the
+relevant items (grade > 0) in the top k. A query without relevant items scores 0.
 """
 
 from __future__ import annotations
@@ -16,24 +17,45 @@ from crossknn.cmc.data import CmcData
 __all__ = ["ndcg_at", "qrels_metrics", "recall_at", "rank_de", "rank_cmc"]
 
 
+def _per_query(rankings, relevants, measure) -> list[float]:
+    """``measure`` of each ranked list against its ``{item: grade}`` (ir_measures)."""
+    import ir_measures
+
+    run = {
+        str(q): {str(int(d)): float(len(r) - p) for p, d in enumerate(r)}
+        for q, r in enumerate(rankings)
+        if len(r)
+    }
+    qrels = {
+        str(q): {str(int(d)): int(g) for d, g in rel.items()}
+        for q, rel in enumerate(relevants)
+        if rel
+    }
+    got = {m.query_id: float(m.value) for m in ir_measures.iter_calc([measure], qrels, run)}
+    return [got.get(str(q), 0.0) for q in range(len(rankings))]
+
+
 def ndcg_at(ranked: Sequence[int], relevant: dict[int, int], k: int) -> float:
-    gains = np.array([relevant.get(int(i), 0) for i in ranked[:k]], np.float64)
-    dcg = float((gains / np.log2(np.arange(2, gains.size + 2))).sum())
-    ideal = np.sort(np.array(list(relevant.values()), np.float64))[::-1][:k]
-    idcg = float((ideal / np.log2(np.arange(2, ideal.size + 2))).sum())
-    return dcg / idcg if idcg > 0 else 0.0
+    from ir_measures import nDCG
+
+    return _per_query([list(ranked)], [relevant], nDCG @ k)[0]
 
 
 def recall_at(ranked: Sequence[int], relevant: dict[int, int], k: int) -> float:
-    rel = {i for i, g in relevant.items() if g > 0}
-    if not rel:
-        return 0.0
-    return len(rel.intersection(int(i) for i in ranked[:k])) / len(rel)
+    from ir_measures import R
+
+    return _per_query([list(ranked)], [relevant], R @ k)[0]
 
 
 def qrels_metrics(rankings: np.ndarray, rows: Sequence[int], data: CmcData) -> dict[str, float]:
-    nd = [ndcg_at(r, data.relevant[q], 10) for r, q in zip(rankings, rows, strict=True)]
-    rc = [recall_at(r, data.relevant[q], 100) for r, q in zip(rankings, rows, strict=True)]
+    from ir_measures import R, nDCG
+
+    ranked = [list(r) for r in rankings]
+    rel = [data.relevant[q] for q in rows]
+    if len(ranked) != len(rel):
+        raise ValueError(f"{len(ranked)} rankings for {len(rel)} query rows")
+    nd = _per_query(ranked, rel, nDCG @ 10)
+    rc = _per_query(ranked, rel, R @ 100)
     return {"ndcg@10": float(np.mean(nd)), "recall@100": float(np.mean(rc)), "n_queries": len(rows)}
 
 

@@ -10,6 +10,8 @@ from crossknn.jobs import JobOptions
 
 __all__ = [
     "add_job_arguments",
+    "add_model_arguments",
+    "model_options",
     "fraction",
     "job_options",
     "nonneg_float",
@@ -81,6 +83,70 @@ def nonneg_float(text: str) -> float:
     return value
 
 
+def add_model_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    de: bool = True,
+    precision_default: str | None = "fp32",
+    batch_size: bool = True,
+) -> None:
+    """The model options, with the same names and meaning on every command: ``--model``,
+    ``--de-model``, ``--precision``, ``--provider``, ``--threads``, ``--batch-size``."""
+    from crossknn.ce.models import PRECISIONS
+    from crossknn.ce.runtime import PROVIDERS
+
+    g = p.add_argument_group("models")
+    g.add_argument(
+        "--model",
+        metavar="DIR",
+        help="the cross-encoder: a crossknn model folder (crossknn export) or a Hugging Face "
+        "folder (exported into the cache on first use); default: the embedded minilm-l6-joint"
+        + ("" if precision_default else ", or the one the index was built with"),
+    )
+    if de:
+        g.add_argument(
+            "--de-model",
+            metavar="DIR",
+            help="the dual encoder (first stage): a crossknn model folder, or a "
+            "sentence-transformers / Hugging Face folder (mean pooling); default: the embedded "
+            "minilm-l6-de" + ("" if precision_default else ", or the one the index was built with"),
+        )
+    g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=precision_default,
+        help="model precision"
+        + (f" (default {precision_default})" if precision_default else " (default: the index's)"),
+    )
+    g.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        default="auto",
+        help="ONNX Runtime execution provider (default auto: TensorRT, CUDA, then CPU, "
+        "whichever is installed; GPU ones need pip install 'crossknn[gpu]')",
+    )
+    g.add_argument(
+        "--threads", type=positive_int, default=None, help="CE/DE threads (default: all cores)"
+    )
+    if batch_size:
+        g.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="CE pairs per batch (default 16)",
+        )
+
+
+def model_options(args: argparse.Namespace) -> dict:
+    """The :func:`crossknn.ce.folders.open_cross_encoder` options of
+    :func:`add_model_arguments` (provider, threads, batch size)."""
+    return {
+        "provider": args.provider,
+        "threads": args.threads,
+        "batch_size": getattr(args, "batch_size", None),
+    }
+
+
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Shards, Ray and progress options of a :class:`crossknn.jobs.ScoreJob`."""
     p.add_argument(
@@ -114,18 +180,23 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     )
 
 
-def print_hits(hits, *, texts: bool = True, file=None) -> None:
-    """Hits as a table: rank, (``*`` = not in the exact top-k), CE score, id, a snippet."""
+def print_hits(hits, *, texts: bool = True, file=None, width: int = 70) -> None:
+    """Hits as aligned columns: rank (``*`` = not in the exact top-k), CE score, id, a snippet
+    of ``width`` characters (whitespace folded, control characters escaped)."""
     file = file or sys.stdout
     for h in hits:
-        print(f"\nquery: {terminal_safe(h.query)}", file=file)
-        for r, (i, s, t) in enumerate(zip(h.ids, h.scores, h.texts, strict=False), start=1):
+        qid = f"[{terminal_safe(h.qid)}] " if getattr(h, "qid", None) is not None else ""
+        print(f"\nquery {qid}{terminal_safe(h.query)}", file=file)
+        ids = [terminal_safe(i) for i in h.ids]
+        id_width = min(max(map(len, ids), default=2), 32)
+        for r, (i, s, t) in enumerate(zip(ids, h.scores, h.texts, strict=False), start=1):
             mark = ""
             if h.exact_ids is not None:
-                mark = " " if i in h.exact_ids else "*"
-            snippet = " " + terminal_safe(t[:70]) if texts else ""
-            tail = "  |" + snippet if texts else ""
-            print(f"  {r:>3}{mark} {s:8.4f}  {terminal_safe(i)}{tail}", file=file)
+                mark = " " if h.ids[r - 1] in h.exact_ids else "*"
+            text = " ".join(t.split())
+            text = text if len(text) <= width else text[: width - 3] + "..."
+            tail = "  " + terminal_safe(text) if texts else ""
+            print(f"  {r:>3}{mark} {s:+9.4f}  {i:<{id_width}}{tail}", file=file)
         line = (
             f"  CE calls {h.ce_calls}; time CE {h.seconds_ce:.2f} s, other {h.seconds_other:.2f} s"
         )

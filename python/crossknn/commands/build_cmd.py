@@ -8,7 +8,12 @@ import shutil
 import time
 from pathlib import Path
 
-from crossknn.commands._common import nonneg_int, positive_int
+from crossknn.commands._common import (
+    add_model_arguments,
+    model_options,
+    nonneg_int,
+    positive_int,
+)
 
 HELP = "index a corpus (JSONL with id/text, or a BEIR folder) for crossknn search"
 
@@ -45,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_model_arguments(p)
 
 
 def _calibration_items(text: str) -> int:
@@ -102,6 +108,7 @@ def check_output_folder(index_dir: str | os.PathLike, inputs: list[str]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
     from crossknn.corpus_index import build_corpus_index
     from crossknn.data import load_corpus, read_queries
 
@@ -116,10 +123,16 @@ def run(args: argparse.Namespace) -> int:
         )
     train = read_queries(args.train_queries) if args.train_queries else None
     created = not Path(args.index_dir).exists()
+    opts = model_options(args)
+    # the models first: a wrong folder or provider fails before the output folder is made
+    ce = open_cross_encoder(args.model, precision=args.precision, **opts)
+    de = open_dual_encoder(args.de_model, precision=args.precision, **{**opts, "batch_size": None})
     try:
         idx = build_corpus_index(
             corpus,
             args.index_dir,
+            ce=ce,
+            de=de,
             train_queries=train,
             cur=args.cur,
             calibration_queries=args.calibration_queries,
@@ -135,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     print(
         f"index {idx.path}: {len(corpus)} items, arrays {sorted(idx.arrays)}, "
-        f"{idx.ce_calls} CE calls spent, {time.perf_counter() - t0:.1f} s"
+        f"{idx.ce_calls} CE calls spent, {time.perf_counter() - t0:.1f} s; "
+        f"CE {ce.model_id} ({ce.precision}), DE {de.model_id} ({de.precision})"
     )
     return 0

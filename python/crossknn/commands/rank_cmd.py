@@ -6,7 +6,12 @@ import argparse
 import json
 import sys
 
-from crossknn.commands._common import positive_int, terminal_safe
+from crossknn.commands._common import (
+    add_model_arguments,
+    model_options,
+    positive_int,
+    terminal_safe,
+)
 
 HELP = "rank a corpus (JSONL or BEIR folder) for one query with the cross-encoder (exhaustive)"
 
@@ -23,53 +28,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--top-k", type=positive_int, default=10, help="how many items to print (default 10)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument(
-        "--model",
-        metavar="DIR",
-        default=None,
-        help="an exported CE directory (default: the embedded minilm-l6-joint, built on first use)",
-    )
-    parser.add_argument("--int8", action="store_true", help="use the int8-quantized model")
-    parser.add_argument(
-        "--threads", type=positive_int, default=None, help="intra-op threads (default: all cores)"
-    )
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=16, help="pairs per batch (default 16)"
-    )
-    parser.add_argument(
-        "--provider",
-        choices=["auto", "cpu", "cuda", "tensorrt"],
-        default="auto",
-        help="execution provider (default auto: TensorRT, CUDA, then CPU, whichever is installed)",
-    )
+    add_model_arguments(parser, de=False)
+    parser.add_argument("--int8", action="store_true", help="the same as --precision int8")
     parser.add_argument("--progress", action="store_true", help="show a progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.ce import OnnxCrossEncoder, default_cross_encoder
+    from crossknn.ce.folders import open_cross_encoder
     from crossknn.data import load_corpus
 
     if not args.query.strip():
         raise ValueError("the query is empty")
     corpus = load_corpus(args.corpus)
-    precision = "int8" if args.int8 else "fp32"
-    kw = {
-        "precision": precision,
-        "threads": args.threads,
-        "batch_size": args.batch_size,
-        "provider": args.provider,
-        "show_progress_bar": args.progress,
-    }
+    precision = "int8" if args.int8 else args.precision
     try:
-        ce = OnnxCrossEncoder(args.model, **kw) if args.model else default_cross_encoder(**kw)
+        ce = open_cross_encoder(
+            args.model,
+            precision=precision,
+            show_progress_bar=args.progress,
+            **model_options(args),
+        )
     except ImportError as exc:  # the embedded model cannot be built without the export extra
         print(f"crossknn rank: error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
-    hits = ce.rank(args.query, corpus.texts, top_k=min(args.top_k, len(corpus)))
+    hits = ce.rank(args.query, corpus.texts, top_k=min(args.top_k, len(corpus)), doc_ids=corpus.ids)
     rows = [
         {
             "rank": r + 1,
-            "id": corpus.ids[h["corpus_id"]],
+            "id": h["id"],
             "score": h["score"],
             "text": corpus.texts[h["corpus_id"]],
         }

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import argparse
 
-from crossknn.commands._common import add_job_arguments, job_options, nonneg_int, positive_int
+from crossknn.commands._common import (
+    add_job_arguments,
+    add_model_arguments,
+    job_options,
+    nonneg_int,
+    positive_int,
+)
 
 HELP = "exact CE score matrix of a BEIR folder's queries x items (BENCHMARKS.md format), resumable"
 
@@ -47,10 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="seed of the query sample and the split (default 0)",
     )
-    p.add_argument(
-        "--threads", type=positive_int, help="CE intra-op threads (default: one per core)"
-    )
-    p.add_argument("--batch-size", type=positive_int, default=16, help="CE batch size (default 16)")
+    add_model_arguments(p)
     p.add_argument("--no-de", action="store_true", help="skip the DE vectors")
     p.add_argument(
         "--overwrite",
@@ -73,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
         n_test=args.n_test,
         seed=args.seed,
         threads=args.threads,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size or 16,
+        model=args.model,
+        de_model=args.de_model,
+        precision=args.precision,
+        provider=args.provider,
         de=not args.no_de,
         options=job_options(args),
         overwrite=args.overwrite,

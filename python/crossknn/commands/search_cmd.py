@@ -1,4 +1,9 @@
-"""``crossknn search INDEX_DIR "query"``: the CE's top-k on a budget of CE calls."""
+"""``crossknn search INDEX_DIR "query"``: the CE's top-k on a budget of CE calls.
+
+Queries come from the command line, ``--queries FILE`` (JSONL ids kept) or ``--beir DIR``
+(``--split``'s queries, ids and qrels); ``--run`` writes a TREC run, ``--first-stage-run`` the
+DE-only run of the same queries, ``--metrics`` the ir_measures metrics against the qrels.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,13 @@ import json
 import sys
 from pathlib import Path
 
-from crossknn.commands._common import nonneg_int, positive_int, print_hits
+from crossknn.commands._common import (
+    add_model_arguments,
+    model_options,
+    nonneg_int,
+    positive_int,
+    print_hits,
+)
 from crossknn.searcher import METHODS
 
 HELP = "search an index built by 'crossknn build' with the cross-encoder on a budget"
@@ -15,11 +26,36 @@ HELP = "search an index built by 'crossknn build' with the cross-encoder on a bu
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("index_dir", help="index directory from 'crossknn build'")
-    p.add_argument("query", nargs="*", help="query text(s); or use --queries")
-    p.add_argument(
+    p.add_argument("query", nargs="*", help="query text(s); or use --queries / --beir")
+    q = p.add_argument_group("queries, qrels and run files")
+    q.add_argument(
         "--queries",
         metavar="FILE",
-        help="read queries from FILE (text lines or JSONL with 'text'); '-' = stdin",
+        help="read queries from FILE (text lines, or JSONL with 'text' and '_id'/'id'); "
+        "'-' = stdin",
+    )
+    q.add_argument(
+        "--beir",
+        metavar="DIR",
+        help="a BEIR folder: the queries of --split that have qrels, with their ids and qrels",
+    )
+    q.add_argument("--split", default="test", help="qrels split of --beir (default test)")
+    q.add_argument(
+        "--qrels",
+        metavar="FILE",
+        help="relevance judgments (BEIR .tsv or TREC qrels) for --metrics with --queries",
+    )
+    q.add_argument("--run", metavar="FILE", help="write the results as a TREC run file")
+    q.add_argument(
+        "--first-stage-run",
+        metavar="FILE",
+        help="also write the DE-only (first stage) top-k of the same queries as a TREC run",
+    )
+    q.add_argument(
+        "--metrics",
+        metavar="FILE",
+        help="write nDCG@10, RR@10, R@100 (k >= 100; ir_measures) and CE calls/query as JSON "
+        "(needs qrels: --beir or --qrels)",
     )
     p.add_argument(
         "-k", "--k", type=positive_int, default=10, help="results per query (default 10)"
@@ -35,14 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--exact",
         action="store_true",
-        help="also score every item with the CE and report Top-k-Recall@budget",
+        help="also score every item with the CE: the exact top-k, its scores, the missed ids "
+        "and Top-k-Recall@budget",
     )
-    p.add_argument(
-        "--precision",
-        choices=("fp32", "int8"),
-        default="fp32",
-        help="CE/DE precision (an index is tied to the model it was built with)",
-    )
+    add_model_arguments(p, precision_default=None)
     p.add_argument(
         "--cmc-model",
         metavar="DIR",
@@ -56,24 +88,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="DE candidates CMC reranks (default 512)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, no table")
+
+
+def _queries(args) -> tuple[list[str], list[str], dict | None]:
+    """(ids, texts, qrels or None) from the arguments."""
+    from crossknn.data import load_beir, read_qrels, read_query_file
+
+    ids, texts = [], []
+    qrels = None
+    if args.beir:
+        if args.query or args.queries:
+            raise ValueError("--beir brings its own queries: give no query text or --queries")
+        beir = load_beir(args.beir)
+        if args.split not in beir.qrels:
+            raise ValueError(
+                f"{args.beir}: no qrels/{args.split}.tsv (splits: {sorted(beir.qrels) or 'none'})"
+            )
+        qrels = beir.qrels[args.split]
+        known = set(beir.query_ids)
+        ids = [q for q in beir.query_ids if q in qrels]
+        if not ids:
+            missing = next(iter(qrels), None)
+            raise ValueError(
+                f"{args.beir}: none of the {args.split} qrels' queries is in queries.jsonl "
+                f"(e.g. {missing!r}, known: {len(known)} queries)"
+            )
+        texts = beir.queries_in_order(ids)
+    else:
+        texts = list(args.query)
+        ids = [str(i) for i in range(1, len(texts) + 1)]
+        if args.queries:
+            fids, ftexts = read_query_file(args.queries)
+            ids, texts = ids + fids, texts + ftexts
+    if args.qrels:
+        qrels = read_qrels(args.qrels)
+    if not texts:
+        raise ValueError(
+            "no query given: pass query text(s), --queries FILE ('-' = stdin) or --beir DIR"
+        )
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"query id {dup!r} appears more than once")
+    return ids, texts, qrels
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.data import read_queries
-    from crossknn.searcher import Searcher
+    import numpy as np
 
-    queries = list(args.query)
-    if args.queries:
-        queries += read_queries(args.queries)
-    if not queries:
-        raise ValueError("no query given: pass query text(s) or --queries FILE ('-' = stdin)")
+    from crossknn.searcher import Searcher
+    from crossknn.trec import run_metrics, run_tag, write_run
+
+    ids, queries, qrels = _queries(args)
+    if args.metrics and qrels is None:
+        raise ValueError("--metrics needs relevance judgments: --beir DIR or --qrels FILE")
     searcher = Searcher(
         args.index_dir,
+        model=args.model,
+        de_model=args.de_model,
         method=args.method,
         rounds=args.rounds,
         precision=args.precision,
         cmc_model=args.cmc_model,
         cmc_candidates=args.cmc_candidates,
+        **model_options(args),
     )
     # exact CE rows are kept under INDEX_DIR/exact (keyed by query, items and CE hash)
     hits = searcher.search(
@@ -83,23 +161,78 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         exact=args.exact,
         exact_cache=Path(args.index_dir) / "exact",
-        progress=args.exact and not args.json,
+        query_ids=ids,
+        show_progress_bar=not args.quiet and (len(queries) > 1 or args.exact),
     )
+    tag = run_tag(args.method, args.budget)
+    if args.run:
+        write_run(args.run, [(h.qid, h.ids, h.scores) for h in hits], tag)
+    first = None
+    if args.first_stage_run or args.metrics:
+        top = searcher.first.retrieve(queries, min(args.k, searcher.n_items))
+        V, Q = searcher.V, searcher.qvec.encode(queries)
+        first = []
+        for qid, row, qv in zip(ids, top, Q, strict=True):
+            row = row[row >= 0]
+            first.append((qid, [searcher.corpus.ids[j] for j in row], V[row] @ qv))
+        if args.first_stage_run:
+            write_run(args.first_stage_run, first, run_tag("de"))
+    records = _models(searcher)
+    if args.metrics:
+        from crossknn.fileio import atomic_write_json
+
+        run_ = {h.qid: dict(zip(h.ids, map(float, h.scores), strict=True)) for h in hits}
+        de_run = {q: dict(zip(d, map(float, s), strict=True)) for q, d, s in first}
+        metrics = {
+            "run": {
+                **run_metrics(run_, qrels),
+                "ce_calls_per_query": float(np.mean([h.ce_calls for h in hits])),
+            },
+            "first_stage": {**run_metrics(de_run, qrels), "ce_calls_per_query": 0.0},
+            "tag": tag,
+            "method": args.method,
+            "budget": args.budget,
+            "k": args.k,
+            "rounds": args.rounds,
+            "models": records,
+            "computed_with": "ir_measures",
+        }
+        atomic_write_json(args.metrics, metrics)
     if args.json:
+        titles = None
         json.dump(
             {
                 "method": args.method,
                 "k": args.k,
                 "budget": args.budget,
-                "hits": [h.to_dict() for h in hits],
+                "rounds": args.rounds,
+                "tag": tag,
+                "precision": searcher.ce.precision,
+                "models": records,
+                "hits": [h.to_dict(titles=titles) for h in hits],
             },
             sys.stdout,
             indent=2,
         )
         print()
-    else:
+    elif not args.quiet:
         print_hits(hits)
         if args.exact:
             mean = sum(h.recall for h in hits) / len(hits)
             print(f"\nmean Top-{args.k}-Recall@{args.budget}: {mean:.3f} over {len(hits)} queries")
+    if args.metrics and not args.json:
+        m = metrics["run"]
+        fs = metrics["first_stage"]
+        print(
+            f"{tag}: nDCG@10 {m['nDCG@10']:.4f} (DE alone {fs['nDCG@10']:.4f}), RR@10 "
+            f"{m['RR@10']:.4f}, CE calls/query {m['ce_calls_per_query']:.1f}, "
+            f"{m['n_queries']} queries; wrote {args.metrics}",
+            file=sys.stderr if args.quiet else sys.stdout,
+        )
     return 0
+
+
+def _models(searcher) -> dict:
+    from crossknn.ce.folders import model_record
+
+    return {"ce": model_record(searcher.ce), "de": model_record(searcher.de)}

@@ -11,6 +11,9 @@ import argparse
 import logging
 import sys
 
+from crossknn.ce.models import PRECISIONS
+from crossknn.ce.runtime import PROVIDERS
+
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
 
 
@@ -21,13 +24,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         metavar="DIR",
-        help="an exported CE model directory (default: the embedded CE the index was built with)",
+        help="the CE: a crossknn or Hugging Face folder (default: the one the index was built "
+        "with)",
+    )
+    p.add_argument(
+        "--de-model",
+        metavar="DIR",
+        help="the DE: a crossknn or sentence-transformers folder (default: the index's)",
     )
     p.add_argument(
         "--precision",
-        choices=("fp32", "int8"),
-        default="fp32",
-        help="CE/DE precision, as the index was built (default fp32)",
+        choices=PRECISIONS,
+        default=None,
+        help="CE/DE precision (default: the index's)",
+    )
+    p.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        default="auto",
+        help="ONNX Runtime execution provider (default auto)",
     )
     p.add_argument(
         "--threads",
@@ -101,7 +116,9 @@ def config_from_args(args: argparse.Namespace):
     return ServeConfig(
         index=args.index_dir,
         model=args.model,
+        de_model=args.de_model,
         precision=args.precision,
+        provider=args.provider,
         threads=args.threads,
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,

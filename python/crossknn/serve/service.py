@@ -35,8 +35,12 @@ class ServeConfig:
     """Everything ``crossknn serve`` is told on its command line (see docs/serve.md)."""
 
     index: str
-    model: str | None = None  # an exported CE model directory; default: the embedded CE
-    precision: str = "fp32"
+    model: str | None = None  # a crossknn or HF CE folder; default: the index's CE
+    precision: str | None = None  # default: the index's
+    de_model: str | None = (
+        None  # a crossknn / sentence-transformers DE folder; default: the index's
+    )
+    provider: str = "auto"
     threads: int | None = None  # CE (and DE) intra-op threads; None: one per physical core
     max_batch_pairs: int = 256  # 0: no cross-request merging
     max_wait_ms: float = 2.0
@@ -60,8 +64,12 @@ class ServeConfig:
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"serve: {name}={getattr(self, name)!r} is out of range")
-        if self.precision not in ("fp32", "int8"):
-            raise ValueError(f"serve: precision must be fp32 or int8; got {self.precision!r}")
+        from crossknn.ce.models import PRECISIONS
+
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ValueError(
+                f"serve: precision must be one of {PRECISIONS}; got {self.precision!r}"
+            )
 
 
 def _model_info(m) -> dict[str, Any]:
@@ -100,19 +108,21 @@ class SearchService:
     # -- loading --------------------------------------------------------------------------------
     def load(self) -> None:
         import crossknn
-        from crossknn.ce import OnnxCrossEncoder, default_cross_encoder, default_dual_encoder
+        from crossknn.searcher import open_models
 
         t = time.perf_counter()
         c = self.config
         try:
             index = self._index if self._index is not None else crossknn.open_index(c.index)
             threads = c.threads
-            ce = (
-                OnnxCrossEncoder(c.model, precision=c.precision, threads=threads)
-                if c.model
-                else default_cross_encoder(precision=c.precision, threads=threads)
+            ce, de = open_models(
+                index,
+                model=c.model,
+                de_model=c.de_model,
+                precision=c.precision,
+                provider=c.provider,
+                threads=threads,
             )
-            de = default_dual_encoder(precision=c.precision, threads=threads)
             m = self.metrics
             batcher = Batcher(
                 ce,

