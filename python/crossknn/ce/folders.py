@@ -34,8 +34,6 @@ from crossknn.ce.models import (
     PRECISIONS,
     cache_root,
     cached_export,
-    default_cross_encoder,
-    default_dual_encoder,
 )
 from crossknn.ce.runtime import OnnxCrossEncoder, OnnxDualEncoder
 
@@ -218,7 +216,10 @@ def open_cross_encoder(
     ``None`` values mean "the default"."""
     opts = _options(options)
     if model is None:
-        return default_cross_encoder(precision=precision, cache_dir=cache_dir, **opts)
+        # looked up on the package at call time (one place to substitute the default)
+        import crossknn.ce
+
+        return crossknn.ce.default_cross_encoder(precision=precision, cache_dir=cache_dir, **opts)
     path = resolve_model(model, role="ce", kind=kind, precision=precision, cache_dir=cache_dir)
     return OnnxCrossEncoder(path, precision=precision, **opts)
 
@@ -234,7 +235,9 @@ def open_dual_encoder(
     the embedded one); ``options`` as for :func:`open_cross_encoder`."""
     opts = _options(options)
     if model is None:
-        return default_dual_encoder(precision=precision, cache_dir=cache_dir, **opts)
+        import crossknn.ce
+
+        return crossknn.ce.default_dual_encoder(precision=precision, cache_dir=cache_dir, **opts)
     path = resolve_model(model, role="de", precision=precision, cache_dir=cache_dir)
     return OnnxDualEncoder(path, precision=precision, **opts)
 

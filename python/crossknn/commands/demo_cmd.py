@@ -20,6 +20,16 @@ from crossknn.searcher import METHODS
 
 HELP = "build a cached index over the stdlib docstrings and answer example queries"
 
+# measured by bench/beir_bench.py (bench/results/beir_ndcg.json); README "The embedded CE"
+ZERO_SHOT_NOTE = """
+note: the embedded CE (minilm-l6-joint: all-MiniLM-L6-v2, a bi-encoder, run as a joint
+cross-encoder) is a zero-shot demonstration model. crossknn finds its top-k faithfully, but it is
+a weak relevance model: on BEIR test queries it ranks worse than the DE alone (see README, "The
+embedded CE"). Use your own trained CE:
+  crossknn export HF_DIR MY_CE            # a Hugging Face cross-encoder folder -> ONNX
+  crossknn build CORPUS INDEX --model MY_CE
+  crossknn search INDEX --beir DIR --run run.trec --metrics metrics.json"""
+
 EXAMPLE_QUERIES = [
     "parse a date string into a datetime object",
     "compress data with gzip and write it to a file",
@@ -107,14 +117,14 @@ def run(args: argparse.Namespace) -> int:
 
     searcher = Searcher(index, method=args.method, rounds=args.rounds)
     queries = args.query or EXAMPLE_QUERIES
-    hits = searcher.search(queries, k=args.k, budget=args.budget)
-    if args.exact:
-        tops = searcher.exact_top_k(
-            queries, k=args.k, progress=not args.quiet, cache_dir=index_dir / "exact"
-        )
-        for h, top in zip(hits, tops, strict=False):
-            h.exact_ids = [searcher.corpus.ids[j] for j in top]
-            h.recall = len(set(h.indices.tolist()) & set(top.tolist())) / len(top)
+    hits = searcher.search(
+        queries,
+        k=args.k,
+        budget=args.budget,
+        exact=args.exact,
+        exact_cache=index_dir / "exact",
+        show_progress_bar=not args.quiet and args.exact,
+    )
     print(
         f"\nmethod {args.method}, budget {args.budget} CE calls per query "
         f"({args.budget / len(corpus):.1%} of the corpus), top-{args.k}"
@@ -127,4 +137,5 @@ def run(args: argparse.Namespace) -> int:
             f"over {len(hits)} queries (exact search costs {len(corpus)} CE calls per query)"
         )
     print(f"\ntotal time {time.perf_counter() - t0:.1f} s")
+    print(ZERO_SHOT_NOTE)
     return 0

@@ -199,7 +199,6 @@ def run(args: argparse.Namespace) -> int:
         }
         atomic_write_json(args.metrics, metrics)
     if args.json:
-        titles = None
         json.dump(
             {
                 "method": args.method,
@@ -209,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
                 "tag": tag,
                 "precision": searcher.ce.precision,
                 "models": records,
-                "hits": [h.to_dict(titles=titles) for h in hits],
+                "hits": [h.to_dict() for h in hits],
             },
             sys.stdout,
             indent=2,
