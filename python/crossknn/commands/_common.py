@@ -100,16 +100,16 @@ def add_model_arguments(
         "--model",
         metavar="DIR",
         help="the cross-encoder: a crossknn model folder (crossknn export) or a Hugging Face "
-        "folder (exported into the cache on first use); default: the embedded minilm-l6-joint"
-        + ("" if precision_default else ", or the one the index was built with"),
+        "folder (exported into the cache on first use); default: "
+        + ("the embedded minilm-l6-joint" if precision_default else "the index's CE"),
     )
     if de:
         g.add_argument(
             "--de-model",
             metavar="DIR",
             help="the dual encoder (first stage): a crossknn model folder, or a "
-            "sentence-transformers / Hugging Face folder (mean pooling); default: the embedded "
-            "minilm-l6-de" + ("" if precision_default else ", or the one the index was built with"),
+            "sentence-transformers / Hugging Face folder (mean pooling); default: "
+            + ("the embedded minilm-l6-de" if precision_default else "the index's DE"),
         )
     g.add_argument(
         "--precision",
@@ -126,13 +126,18 @@ def add_model_arguments(
         "whichever is installed; GPU ones need pip install 'crossknn[gpu]')",
     )
     g.add_argument(
-        "--threads", type=positive_int, default=None, help="CE/DE threads (default: all cores)"
+        "--threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="CE/DE threads (default: all cores)",
     )
     if batch_size:
         g.add_argument(
             "--batch-size",
             type=positive_int,
             default=None,
+            metavar="N",
             help="CE pairs per batch (default 16)",
         )
 
