@@ -49,6 +49,10 @@ class CachedCE:
     def set_items(self, texts) -> None:
         self.ce.set_items(texts)
 
+    @property
+    def n_items(self) -> int:
+        return self.ce.n_items
+
     def save(self) -> None:
         from crossknn.fileio import atomic_write_bytes
 

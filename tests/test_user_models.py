@@ -314,7 +314,8 @@ def test_int8_index_from_a_hugging_face_folder(world, capsys):
 
 
 def test_exact_reports_scores_and_missed_ids(world, built, capsys):
-    args = ["search", str(built), "library search", "-k", "3", "--budget", "6", "--rounds", "2", "--exact"]
+    args = ["search", str(built), "library search", "-k", "3", "--budget", "6", "--exact"]
+    args += ["--rounds", "2"]
     assert main([*args, "--json", "--quiet"]) == 0
     h = json.loads(capsys.readouterr().out)["hits"][0]
     ex = h["exact"]
