@@ -22,7 +22,7 @@ import numpy as np
 
 from crossknn.data import load_beir
 from crossknn.fileio import fingerprint, folder_lock, read_json, sha256_texts
-from crossknn.job_scorers import ce_scorer
+from crossknn.job_scorers import ce_scorer, embedded_ce_scorer
 from crossknn.jobs import DensePairs, JobOptions, ScoreJob
 from crossknn.matrix import make_splits, save_score_matrix
 
@@ -116,15 +116,19 @@ def build_score_matrix(
     )
     qids = [corpus.query_ids[i] for i in qpos]
     query_texts = [corpus.query_texts[i] for i in qpos]
-    scorer = ce_scorer(
-        item_texts,
-        model=None if model is None else str(model),
-        precision=precision,
-        provider=provider,
-        threads=threads,
-        batch_size=batch_size,
-        lazy=options.backend == "ray",
-    )
+    lazy = options.backend == "ray"
+    if model is None and precision == "fp32" and provider == "auto":
+        scorer = embedded_ce_scorer(item_texts, threads=threads, batch_size=batch_size, lazy=lazy)
+    else:
+        scorer = ce_scorer(
+            item_texts,
+            model=None if model is None else str(model),
+            precision=precision,
+            provider=provider,
+            threads=threads,
+            batch_size=batch_size,
+            lazy=lazy,
+        )
     ce_ident = {"model_id": scorer.model_id, "model_hash": scorer.model_hash}
     enc = (
         open_dual_encoder(de_model, precision=precision, threads=threads, provider=provider)
