@@ -37,14 +37,14 @@ import numpy as np
 from _common import REPO, RESULTS, machine, utc_now, write_json
 from crossknn.core import ItemFeatures
 from crossknn.search import AXN
-from crossknn.synthetic import EmbeddingTestbed
+from crossknn.synthetic import NOISE_CLIP, EmbeddingTestbed, pair_noise
 
 OUT = RESULTS / "scale_bench.json"
 CACHE = REPO / "cache" / "scale_bench"
 B, ROUNDS, K, MIX = 100, 10, 10, 0.5
 INT8_ONLY_FROM = 5_000_000  # items stored as int8 only (f32 would not fit beside the others)
 WIDTHS = {"ivf": [4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256], "hnsw": [16, 32, 64, 128, 256, 512]}
-NLIST = {100_000: 1024, 1_000_000: 4096, 10_000_000: 16384}
+NLIST = {100_000: 1024, 1_000_000: 4096, 10_000_000: 8192}
 
 
 def peak_rss_mb() -> float:
@@ -114,10 +114,8 @@ class TestbedScorer:
     def score_batch(self, qs, items):
         t0 = time.perf_counter()
         out = [
-            self.bed.score(int(q), self.W[q], self.Y[q], self.truth.rows(it), it).astype(
-                np.float32
-            )
-            for q, it in zip(qs, items)
+            self.bed.score(int(q), self.W[q], self.Y[q], self.truth.rows(it), it).astype(np.float32)
+            for q, it in zip(qs, items, strict=True)
         ]
         self.seconds += time.perf_counter() - t0
         return out
@@ -141,9 +139,12 @@ def exact_top(n: int, d: int, nq: int) -> np.ndarray:
         hi = min(n, lo + bed.block)
         ids = np.arange(lo, hi)
         X = truth.rows(ids)
+        S0 = bed.noiseless(W, Y, X)
         for q in range(nq):
-            s = bed.score(q, W[q], Y[q], X, ids)
-            cs, ci = np.concatenate([best_s[q], s]), np.concatenate([best_i[q], ids])
+            # the noise is within +-NOISE_CLIP * noise: items far below the 10th best are out
+            keep = S0[:, q] >= best_s[q, -1] - 2 * NOISE_CLIP * bed.noise
+            s = S0[keep, q] + bed.noise * pair_noise(q, ids[keep], bed.seed)
+            cs, ci = np.concatenate([best_s[q], s]), np.concatenate([best_i[q], ids[keep]])
             o = np.lexsort((ci, -cs))[:K]
             best_s[q], best_i[q] = cs[o], ci[o]
     np.save(path, best_i)
@@ -161,7 +162,9 @@ class RoundRetriever:
 
 
 def method_for(features, W, beta):
-    return AXN(features, rounds=ROUNDS, first=RoundRetriever(features, W), prior=W * beta / 2, mix=MIX)
+    return AXN(
+        features, rounds=ROUNDS, first=RoundRetriever(features, W), prior=W * beta / 2, mix=MIX
+    )
 
 
 def index_path(n: int, d: int, kind: str) -> Path:
@@ -181,7 +184,11 @@ def build_worker(n: int, d: int, kind: str) -> dict:
     path = index_path(n, d, kind)
     faiss.write_index(index, str(path) + ".partial")
     os.replace(str(path) + ".partial", path)
-    meta = {"build_s": build_s, "build_rss_mb": peak_rss_mb(), "index_mb": path.stat().st_size / 2**20}
+    meta = {
+        "build_s": build_s,
+        "build_rss_mb": peak_rss_mb(),
+        "index_mb": path.stat().st_size / 2**20,
+    }
     (CACHE / f"{kind}_{n}_{d}.json").write_text(json.dumps(meta))
     return meta
 
@@ -206,6 +213,7 @@ def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: i
     if kind != "exact":
         import faiss
 
+        faiss.omp_set_num_threads(1)  # one query at a time: threads only contend
         index = faiss.read_index(str(index_path(n, d, kind)))
         features = IndexedFeatures(base, index, oversample=2.0)
         records = record_round_queries(
@@ -214,9 +222,12 @@ def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: i
         width, table = tune_width(features, records, candidates=WIDTHS[kind], target=target)
         row.update(json.loads((CACHE / f"{kind}_{n}_{d}.json").read_text()))
         per_round = round_recall(features, records)
-        row.update(width=width, width_name="nprobe" if kind == "ivf" else "efSearch",
-                   dev_round_recall={str(k): v for k, v in table.items()},
-                   dev_round_recall_per_step=[round(float(x), 4) for x in per_round[: ROUNDS]])
+        row.update(
+            width=width,
+            width_name="nprobe" if kind == "ivf" else "efSearch",
+            dev_round_recall={str(k): v for k, v in table.items()},
+            dev_round_recall_per_step=[round(float(x), 4) for x in per_round[:ROUNDS]],
+        )
     method = method_for(features, W, bed.beta)
     method.search(scorer, test[:1], budget=B, k=K)  # warm-up (page faults of the first query)
     scorer.seconds = 0.0
@@ -226,7 +237,7 @@ def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: i
         found.append(method.search(scorer, [q], budget=B, k=K).indices[0])
     wall = time.perf_counter() - t0
     top = exact_top(n, d, n_dev + n_test)[test]
-    rec = [np.intersect1d(t, f).size / K for t, f in zip(top, found)]
+    rec = [np.intersect1d(t, f).size / K for t, f in zip(top, found, strict=True)]
     row.update(
         engine_ms_per_query=1000 * (wall - scorer.seconds) / len(test),
         ce_ms_per_query=1000 * scorer.seconds / len(test),
@@ -278,8 +289,12 @@ def main() -> None:
             if kind not in kinds:
                 continue
             if kind == "hnsw" and n > args.hnsw_max:
-                reason = f"HNSW not built above N = {args.hnsw_max:.0e} (build time on 2 shared cores)"
-                doc["skipped"] = [s for s in doc["skipped"] if (s["N"], s["d"], s["round_index"]) != (n, d, kind)]
+                reason = (
+                    f"HNSW not built above N = {args.hnsw_max:.0e} (build time on 2 shared cores)"
+                )
+                doc["skipped"] = [
+                    s for s in doc["skipped"] if (s["N"], s["d"], s["round_index"]) != (n, d, kind)
+                ]
                 doc["skipped"].append({"N": n, "d": d, "round_index": kind, "reason": reason})
                 continue
             if not index_path(n, d, kind).is_file():
@@ -293,9 +308,20 @@ def main() -> None:
                 continue
             print(f"searching N={n} d={d} {kind} {storage} ...", file=sys.stderr, flush=True)
             row = run_child(
-                ["--worker", "search", str(n), str(d), kind, storage,
-                 "--dev-queries", str(args.dev_queries), "--queries", str(args.queries),
-                 "--target", str(args.target)]
+                [
+                    "--worker",
+                    "search",
+                    str(n),
+                    str(d),
+                    kind,
+                    storage,
+                    "--dev-queries",
+                    str(args.dev_queries),
+                    "--queries",
+                    str(args.queries),
+                    "--target",
+                    str(args.target),
+                ]
             )
             doc["rows"].append(row)
             done.add((n, d, storage, kind))
@@ -308,8 +334,12 @@ def finish(doc: dict) -> None:
     """recall_vs_exact against exact float32 (or int8 where only int8 exists) rounds, and save."""
     for r in doc["rows"]:
         ref_storage = "int8" if r["N"] >= INT8_ONLY_FROM else "float32"
-        ref = [x for x in doc["rows"] if (x["N"], x["d"], x["storage"], x["round_index"])
-               == (r["N"], r["d"], ref_storage, "exact")]
+        ref = [
+            x
+            for x in doc["rows"]
+            if (x["N"], x["d"], x["storage"], x["round_index"])
+            == (r["N"], r["d"], ref_storage, "exact")
+        ]
         if ref:
             r["recall_vs_exact"] = r["recall"] - ref[0]["recall"]
             r["engine_ratio_vs_exact"] = r["engine_ms_per_query"] / ref[0]["engine_ms_per_query"]
@@ -319,26 +349,45 @@ def finish(doc: dict) -> None:
         benchmark="scale_bench",
         date=utc_now(),
         machine=machine("numpy", "faiss-cpu"),
-        settings={"B": B, "rounds": ROUNDS, "k": K, "mix": MIX, "method": "axn",
-                  "first": "DE top-10 through the round features", "oversample": 2.0,
-                  "queries": "one at a time"},
+        settings={
+            "B": B,
+            "rounds": ROUNDS,
+            "k": K,
+            "mix": MIX,
+            "method": "axn",
+            "first": "DE top-10 through the round features",
+            "oversample": 2.0,
+            "queries": "one at a time",
+        },
     )
-    doc["rows"].sort(key=lambda r: (r["N"], r["d"], r["round_index"] != "exact", r["round_index"], r["storage"]))
+    doc["rows"].sort(
+        key=lambda r: (r["N"], r["d"], r["round_index"] != "exact", r["round_index"], r["storage"])
+    )
     write_json(OUT, doc)
 
 
 def print_table(doc: dict) -> None:
-    hdr = f"{'N':>9} {'d':>4} {'storage':>8} {'index':>6} {'width':>6} {'engine ms/q':>11} {'x exact':>8} {'recall':>7} {'vs exact':>9} {'RSS MB':>8} {'build s':>8}"
-    print(hdr)
+    cols = ["N", "d", "storage", "index", "width", "engine ms/q", "x exact", "recall"]
+    cols += ["vs exact", "RSS MB", "build s"]
+    widths = [9, 4, 8, 6, 6, 11, 8, 7, 9, 8, 8]
+    print(" ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
+    nan = float("nan")
     for r in doc["rows"]:
-        w = r.get("width", "")
         b = r.get("build_s")
-        print(
-            f"{r['N']:>9} {r['d']:>4} {r['storage']:>8} {r['round_index']:>6} {w!s:>6} "
-            f"{r['engine_ms_per_query']:>11.2f} {r.get('engine_ratio_vs_exact', float('nan')):>8.3f} "
-            f"{r['recall']:>7.3f} {r.get('recall_vs_exact', float('nan')):>+9.3f} "
-            f"{r['peak_rss_mb']:>8.0f} {'' if b is None else f'{b:.0f}':>8}"
-        )
+        cells = [
+            r["N"],
+            r["d"],
+            r["storage"],
+            r["round_index"],
+            r.get("width", ""),
+            f"{r['engine_ms_per_query']:.2f}",
+            f"{r.get('engine_ratio_vs_exact', nan):.3f}",
+            f"{r['recall']:.3f}",
+            f"{r.get('recall_vs_exact', nan):+.3f}",
+            f"{r['peak_rss_mb']:.0f}",
+            "" if b is None else f"{b:.0f}",
+        ]
+        print(" ".join(f"{c!s:>{w}}" for c, w in zip(cells, widths, strict=True)))
     for s in doc.get("skipped", []):
         print(f"skipped N={s['N']} d={s['d']} {s['round_index']}: {s['reason']}")
 

@@ -19,7 +19,6 @@ from crossknn.search.round_index import (  # noqa: E402
     build_round_index,
     default_round_index,
     faiss_from_array,
-    faiss_to_array,
     open_round_features,
     record_round_queries,
     round_index_arrays,

@@ -39,9 +39,7 @@ def test_sharded_search_equals_single_process(ray_local, shards):
     n, d, nq = 403, 12, 6
     V = rng.standard_normal((n, d)).astype(np.float32)
     V[7] = V[300]  # an exact tie across shards: the lower global id must win
-    S = (rng.standard_normal((nq, d)) @ V.T + 0.3 * rng.standard_normal((nq, n))).astype(
-        np.float32
-    )
+    S = (rng.standard_normal((nq, d)) @ V.T + 0.3 * rng.standard_normal((nq, n))).astype(np.float32)
     f = ItemFeatures(V)
     sharded = ShardedFeatures.start(f, shards)
     try:
@@ -59,7 +57,7 @@ def test_sharded_search_equals_single_process(ray_local, shards):
         many = AXN(sharded, rounds=4).search(scorer, list(range(nq)), budget=40, k=10, seed=3)
         np.testing.assert_array_equal(many.indices, one.indices)
         np.testing.assert_array_equal(many.scores, one.scores)
-        for a, b in zip(many.scored_items, one.scored_items):
+        for a, b in zip(many.scored_items, one.scored_items, strict=True):
             np.testing.assert_array_equal(a, b)
     finally:
         sharded.stop()

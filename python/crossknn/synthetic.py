@@ -9,7 +9,13 @@ import numpy as np
 
 from crossknn.matrix import save_score_matrix
 
-__all__ = ["synthetic_matrix", "write_synthetic_matrix"]
+__all__ = [
+    "NOISE_CLIP",
+    "EmbeddingTestbed",
+    "pair_noise",
+    "synthetic_matrix",
+    "write_synthetic_matrix",
+]
 
 
 def synthetic_matrix(
@@ -96,6 +102,9 @@ def write_synthetic_matrix(
 # ---- an embedding testbed for the scale benchmark (bench/scale_bench.py) ----------------------
 
 
+NOISE_CLIP = 6.0
+
+
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64 finalizer on uint64 (wrapping arithmetic): a counter-based hash."""
     x = x + np.uint64(0x9E3779B97F4A7C15)
@@ -105,15 +114,18 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def pair_noise(query: int, items: np.ndarray, seed: int = 0) -> np.ndarray:
-    """A standard normal per (seed, query, item), the same whatever batch it is drawn in."""
+    """A standard normal per (seed, query, item), the same whatever batch it is drawn in, clipped
+    to +-NOISE_CLIP (so exact top-k can skip items whose noiseless score is far below)."""
     items = np.asarray(items, np.uint64)
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as the hash wants
-        key = _splitmix64(np.array([seed], np.uint64) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(query))
+        key = _splitmix64(
+            np.array([seed], np.uint64) * np.uint64(0x2545F4914F6CDD1D) + np.uint64(query)
+        )
         h1 = _splitmix64(items ^ key)
         h2 = _splitmix64(h1 + np.uint64(0x632BE59BD9B4E019))
     u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
     u2 = (h2 >> np.uint64(11)).astype(np.float64) / 2.0**53
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    return np.clip(np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2), -NOISE_CLIP, NOISE_CLIP)
 
 
 class EmbeddingTestbed:
@@ -182,10 +194,13 @@ class EmbeddingTestbed:
         W /= np.linalg.norm(W, axis=1, keepdims=True)
         return W, rng.standard_normal((n, self.P.shape[1]))
 
+    def noiseless(self, W: np.ndarray, Y: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """The scores without the noise term, (rows of V) x (queries)."""
+        V = np.asarray(V, np.float64)
+        return np.logaddexp(0.0, self.beta * (V @ W.T - self.offset)) + V @ (self.P @ Y.T)
+
     def score(self, q: int, w: np.ndarray, y: np.ndarray, V: np.ndarray, items) -> np.ndarray:
         """CE-like scores of query ``q`` (DE vector ``w``, factor ``y``) for rows ``V`` of
         ``items``."""
-        V = np.asarray(V, np.float64)
-        z = self.beta * (V @ w - self.offset)
-        soft = np.logaddexp(0.0, z)
-        return soft + V @ (self.P @ y) + self.noise * pair_noise(q, items, self.seed)
+        s = self.noiseless(w[None, :], y[None, :], V)[:, 0]
+        return s + self.noise * pair_noise(q, items, self.seed)

@@ -223,10 +223,10 @@ class IndexedFeatures(ItemFeatures):
         Uf = np.ascontiguousarray(U, np.float32)
         if not np.isfinite(Uf).all():  # beyond float32: the direction is what counts
             Uf = np.ascontiguousarray(U / np.abs(U).max(axis=1, keepdims=True), np.float32)
-        _, I = self.index.search(Uf, fetch, params=self._params())
+        _, ids_k = self.index.search(Uf, fetch, params=self._params())
         out = []
         for q in range(U.shape[0]):
-            c = I[q][I[q] >= 0]
+            c = ids_k[q][ids_k[q] >= 0]
             if excl[q] is not None and excl[q].size:
                 c = c[~np.isin(c, excl[q], assume_unique=False)]
             out.append(np.unique(c))
@@ -241,7 +241,7 @@ class IndexedFeatures(ItemFeatures):
         Q = U.shape[0]
         ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
         S = np.empty((Q, k), np.float32)
-        I = np.empty((Q, k), np.int64)
+        ids_k = np.empty((Q, k), np.int64)
         if Q and k:
             cands, excl = self._candidates(U, np.full(Q, k), ids, off)
             for q in range(Q):
@@ -249,13 +249,13 @@ class IndexedFeatures(ItemFeatures):
                 if c.size < k:  # the index found too few: the exact kernel for this query
                     self.exact_fallbacks += 1
                     s, i = self.base.top_k(U[q], k, exclude=excl[q])
-                    S[q], I[q] = s, i
+                    S[q], ids_k[q] = s, i
                     continue
                 s = self._exact_scores(U[q], c)
                 order = np.lexsort((c, -s))[:k]
                 with np.errstate(over="ignore"):
-                    S[q], I[q] = s[order].astype(np.float32), c[order]
-        return (S[0], I[0]) if single else (S, I)
+                    S[q], ids_k[q] = s[order].astype(np.float32), c[order]
+        return (S[0], ids_k[0]) if single else (S, ids_k)
 
     def sample_softmax(self, u, k: int, *, exclude=None, temperature: float = 1.0, seed: int = 0):
         from crossknn.core import _check_float, _check_seed
@@ -267,7 +267,7 @@ class IndexedFeatures(ItemFeatures):
         Q = U.shape[0]
         ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
         keys = np.empty((Q, k), np.float32)
-        I = np.empty((Q, k), np.int64)
+        ids_k = np.empty((Q, k), np.int64)
         if Q and k:
             need = np.full(Q, int(math.ceil(self.pool * k)))
             cands, excl = self._candidates(U, need, ids, off)
@@ -278,13 +278,13 @@ class IndexedFeatures(ItemFeatures):
                     s, i = self.base.sample_softmax(
                         U[q], k, exclude=excl[q], temperature=temperature, seed=seed
                     )
-                    keys[q], I[q] = s, i
+                    keys[q], ids_k[q] = s, i
                     continue
                 g = np.random.default_rng([seed, q]).gumbel(size=c.size)
                 key = self._exact_scores(U[q], c) / temperature + g
                 order = np.lexsort((c, -key))[:k]
-                keys[q], I[q] = key[order].astype(np.float32), c[order]
-        return (keys[0], I[0]) if single else (keys, I)
+                keys[q], ids_k[q] = key[order].astype(np.float32), c[order]
+        return (keys[0], ids_k[0]) if single else (keys, ids_k)
 
 
 class _RecordingFeatures(ItemFeatures):
@@ -332,7 +332,9 @@ def round_recall(indexed: IndexedFeatures, records) -> np.ndarray:
     for U, ex, n in records:
         exact = indexed.base.top_k(U, n, exclude=ex)[1]
         approx = indexed.top_k(U, n, exclude=ex)[1]
-        out.append(np.mean([np.intersect1d(a, b).size / n for a, b in zip(exact, approx)]))
+        out.append(
+            np.mean([np.intersect1d(a, b).size / n for a, b in zip(exact, approx, strict=True)])
+        )
     return np.asarray(out)
 
 

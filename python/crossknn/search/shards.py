@@ -62,7 +62,7 @@ class ShardActor:
 
     def top_k(self, U: np.ndarray, k: int, excludes: list[np.ndarray]):
         """Per query, the shard's top min(k, unscored) items: (scores, global ids) lists."""
-        S, I = [], []
+        S, ids_k = [], []
         n = self.hi - self.lo
         ks = [min(k, n - np.unique(e).size) for e in excludes]
         if len(set(ks)) == 1:  # one batch call
@@ -73,12 +73,12 @@ class ShardActor:
         for q, kq in enumerate(ks):
             if kq <= 0:
                 S.append(np.empty(0, np.float32))
-                I.append(np.empty(0, np.int64))
+                ids_k.append(np.empty(0, np.int64))
                 continue
             s, i = self.features.top_k(U[q], kq, exclude=excludes[q])
             S.append(s)
-            I.append(i + self.lo)
-        return S, I
+            ids_k.append(i + self.lo)
+        return S, ids_k
 
 
 class ShardedFeatures(ItemFeatures):
@@ -93,8 +93,10 @@ class ShardedFeatures(ItemFeatures):
             raise TypeError(f"features must be an ItemFeatures; got {type(features).__name__}")
         if len(actors) != len(bounds) or not actors:
             raise ValueError(f"{len(actors)} actors for {len(bounds)} shards")
-        if bounds[0][0] != 0 or bounds[-1][1] != features.n_items or any(
-            a[1] != b[0] for a, b in zip(bounds, bounds[1:])
+        if (
+            bounds[0][0] != 0
+            or bounds[-1][1] != features.n_items
+            or any(a[1] != b[0] for a, b in zip(bounds, bounds[1:], strict=False))
         ):
             raise ValueError(f"shards {bounds} do not cover [0, {features.n_items}) in order")
         self.base, self.actors, self.bounds = features, list(actors), list(bounds)
@@ -146,17 +148,17 @@ class ShardedFeatures(ItemFeatures):
         ]
         per_query = [e[e >= 0] for e in per_query]
         futures = []
-        for a, (lo, hi) in zip(self.actors, self.bounds):
+        for a, (lo, hi) in zip(self.actors, self.bounds, strict=True):
             local = [e[(e >= lo) & (e < hi)] - lo for e in per_query]
             futures.append(a.top_k.remote(U, k, local))
         parts = ray.get(futures)
         S = np.empty((Q, k), np.float32)
-        I = np.empty((Q, k), np.int64)
+        ids_k = np.empty((Q, k), np.int64)
         for q in range(Q):
             s = np.concatenate([p[0][q] for p in parts])
             i = np.concatenate([p[1][q] for p in parts])
             order = np.lexsort((i, -s.astype(np.float64)))[:k]
             if order.size < k:
                 raise ValueError(f"the shards returned {order.size} unscored items; need {k}")
-            S[q], I[q] = s[order], i[order]
-        return (S[0], I[0]) if single else (S, I)
+            S[q], ids_k[q] = s[order], i[order]
+        return (S[0], ids_k[0]) if single else (S, ids_k)
