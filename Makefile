@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
 
-.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open bench-serve clean
+.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open bench-serve bench-scale clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,8 @@ bench-open: install
 	$(BIN)/python bench/open_bench.py
 bench-serve: install
 	$(BIN)/python bench/serve_bench.py
+bench-scale: install
+	$(BIN)/python bench/scale_bench.py
 bench: bench-core bench-ce bench-index bench-recall bench-cmc bench-serve
 
 clean:

@@ -247,7 +247,68 @@ def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: i
         n_test_queries=len(test),
         exact_fallbacks=getattr(features, "exact_fallbacks", 0),
     )
+    if kind != "exact":  # the same queries again, exact and indexed interleaved: one-run ratio
+        ref = open_items(n, d, "int8" if n >= INT8_ONLY_FROM else "float32")
+        ref_method = method_for(ref, W, bed.beta)
+        ref_method.search(scorer, test[:1], budget=B, k=K)
+        t_ref = t_idx = 0.0
+        for q in test:
+            for m, is_ref in ((ref_method, True), (method, False)):
+                scorer.seconds = 0.0
+                t0 = time.perf_counter()
+                m.search(scorer, [q], budget=B, k=K)
+                dt = time.perf_counter() - t0 - scorer.seconds
+                t_ref, t_idx = (t_ref + dt, t_idx) if is_ref else (t_ref, t_idx + dt)
+        row.update(
+            side_by_side_exact_ms=1000 * t_ref / len(test),
+            side_by_side_index_ms=1000 * t_idx / len(test),
+            side_by_side_ratio=t_idx / t_ref,
+        )
     return row
+
+
+def cisi_rows(target: float) -> list[dict]:
+    """The real-data check: AXN rounds on the shared CISI matrix (exact CE scores, DE item
+    vectors), exact vs IVF vs HNSW; widths tuned on the train rows, recall on the test rows."""
+    from _common import CISI_MATRIX
+    from crossknn.matrix import load_score_matrix
+    from crossknn.score_map import ScoreMap
+    from crossknn.scorers import MatrixScorer
+    from crossknn.search.round_index import (
+        IndexedFeatures,
+        build_round_index,
+        record_round_queries,
+        tune_width,
+    )
+    from crossknn.topk import topk_recall
+
+    m = load_score_matrix(CISI_MATRIX)
+    V = np.ascontiguousarray(m.de_items, np.float32)
+    Wq = np.asarray(m.de_queries, np.float64)
+    base = ItemFeatures(V)
+    train = m.train.tolist()
+    tr_de = np.concatenate([V @ Wq[r] for r in train])
+    smap = ScoreMap.fit(np.concatenate([m.scores[r] for r in train]), tr_de)
+    scorer = MatrixScorer(m.scores)
+
+    def make(f):
+        return AXN(f, rounds=ROUNDS, first=RoundRetriever(f, Wq), prior=Wq, mix=MIX, score_map=smap)
+
+    rows, ref = [], None
+    for kind in ("exact", "ivf", "hnsw"):
+        f, row = base, {"dataset": "cisi-minilm", "N": m.n_items, "d": V.shape[1]}
+        if kind != "exact":
+            index = build_round_index(base, kind, progress=False)
+            f = IndexedFeatures(base, index, oversample=2.0)
+            rec = record_round_queries(make, base, scorer, train, budget=B, k=K)
+            width, _ = tune_width(f, rec, candidates=WIDTHS[kind], target=target)
+            row["width"] = width
+        res = make(f).search(scorer, m.test.tolist(), budget=B, k=K)
+        recall = float(topk_recall(m.scores, m.test, res.indices, K).mean())
+        ref = recall if kind == "exact" else ref
+        row.update(round_index=kind, recall=recall, recall_vs_exact=recall - ref)
+        rows.append(row)
+    return rows
 
 
 def run_child(args: list[str]) -> dict:
@@ -264,6 +325,7 @@ def main() -> None:
     ap.add_argument("--dev-queries", type=int, default=10)
     ap.add_argument("--queries", type=int, default=30, help="test queries per configuration")
     ap.add_argument("--target", type=float, default=0.995, help="dev per-round recall target")
+    ap.add_argument("--cisi", action="store_true", help="only the real-data check on CISI")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -275,54 +337,50 @@ def main() -> None:
             row = search_worker(n, d, kind, storage, args.dev_queries, args.queries, args.target)
             print(json.dumps(row))
         return
+    if args.cisi:
+        doc = json.loads(OUT.read_text()) if OUT.is_file() else {"rows": [], "skipped": []}
+        doc["real_data"] = cisi_rows(args.target)
+        for r in doc["real_data"]:
+            print(r)
+        finish(doc)
+        return
     sizes = [(int(float(a)), int(b)) for a, b in (s.split(":") for s in args.sizes.split(","))]
     kinds = args.kinds.split(",")
     doc = json.loads(OUT.read_text()) if OUT.is_file() else {"rows": [], "skipped": []}
     done = {(r["N"], r["d"], r["storage"], r["round_index"]) for r in doc["rows"]}
     nq = args.dev_queries + args.queries
+    search_args = ["--dev-queries", str(args.dev_queries), "--queries", str(args.queries)]
+    search_args += ["--target", str(args.target)]
     for n, d in sizes:
         make_items(n, d)
         exact_top(n, d, nq)
         configs = [] if n >= INT8_ONLY_FROM else [("exact", "float32")]
-        configs.append(("exact", "int8"))
-        for kind in ("ivf", "hnsw"):
-            if kind not in kinds:
-                continue
-            if kind == "hnsw" and n > args.hnsw_max:
-                reason = (
-                    f"HNSW not built above N = {args.hnsw_max:.0e} (build time on 2 shared cores)"
-                )
-                doc["skipped"] = [
-                    s for s in doc["skipped"] if (s["N"], s["d"], s["round_index"]) != (n, d, kind)
-                ]
-                doc["skipped"].append({"N": n, "d": d, "round_index": kind, "reason": reason})
-                continue
-            if not index_path(n, d, kind).is_file():
-                print(f"building {kind} for N={n} d={d} ...", file=sys.stderr, flush=True)
-                run_child(["--worker", "build", str(n), str(d), kind])
-            configs.append((kind, "int8" if n >= INT8_ONLY_FROM else "float32"))
+        configs += [("exact", "int8")] + [(k, None) for k in ("ivf", "hnsw") if k in kinds]
         for kind, storage in configs:
             if kind == "exact" and kind not in kinds:
                 continue
+            if storage is None:  # a FAISS index: build it (cached) unless skipped
+                storage = "int8" if n >= INT8_ONLY_FROM else "float32"
+                skipped = [
+                    s for s in doc["skipped"] if (s["N"], s["d"], s["round_index"]) != (n, d, kind)
+                ]
+                if kind == "hnsw" and n > args.hnsw_max:
+                    reason = (
+                        f"HNSW not built above N = {args.hnsw_max:.0e} "
+                        "(build time on 2 shared cores)"
+                    )
+                    doc["skipped"] = skipped + [
+                        {"N": n, "d": d, "round_index": kind, "reason": reason}
+                    ]
+                    continue
+                doc["skipped"] = skipped
+                if not index_path(n, d, kind).is_file():
+                    print(f"building {kind} for N={n} d={d} ...", file=sys.stderr, flush=True)
+                    run_child(["--worker", "build", str(n), str(d), kind])
             if (n, d, storage, kind) in done:
                 continue
             print(f"searching N={n} d={d} {kind} {storage} ...", file=sys.stderr, flush=True)
-            row = run_child(
-                [
-                    "--worker",
-                    "search",
-                    str(n),
-                    str(d),
-                    kind,
-                    storage,
-                    "--dev-queries",
-                    str(args.dev_queries),
-                    "--queries",
-                    str(args.queries),
-                    "--target",
-                    str(args.target),
-                ]
-            )
+            row = run_child(["--worker", "search", str(n), str(d), kind, storage, *search_args])
             doc["rows"].append(row)
             done.add((n, d, storage, kind))
             finish(doc)
@@ -331,7 +389,12 @@ def main() -> None:
 
 
 def finish(doc: dict) -> None:
-    """recall_vs_exact against exact float32 (or int8 where only int8 exists) rounds, and save."""
+    """recall_vs_exact against exact float32 (or int8 where only int8 exists) rounds, and save
+    (keeping the real-data rows another run wrote)."""
+    if "real_data" not in doc and OUT.is_file():
+        old = json.loads(OUT.read_text())
+        if "real_data" in old:
+            doc["real_data"] = old["real_data"]
     for r in doc["rows"]:
         ref_storage = "int8" if r["N"] >= INT8_ONLY_FROM else "float32"
         ref = [

@@ -325,16 +325,18 @@ def record_round_queries(
     return rec.records
 
 
-def round_recall(indexed: IndexedFeatures, records) -> np.ndarray:
+def _exact_answers(indexed: IndexedFeatures, records) -> list[np.ndarray]:
+    return [indexed.base.top_k(U, n, exclude=ex)[1] for U, ex, n in records]
+
+
+def round_recall(indexed: IndexedFeatures, records, exact=None) -> np.ndarray:
     """Per recorded round step, the mean recall of the exact top-n (among unscored items) in the
-    index's top-n."""
+    index's top-n (``exact``: those exact answers, if already computed)."""
+    exact = _exact_answers(indexed, records) if exact is None else exact
     out = []
-    for U, ex, n in records:
-        exact = indexed.base.top_k(U, n, exclude=ex)[1]
-        approx = indexed.top_k(U, n, exclude=ex)[1]
-        out.append(
-            np.mean([np.intersect1d(a, b).size / n for a, b in zip(exact, approx, strict=True)])
-        )
+    for (U, ex, n), want in zip(records, exact, strict=True):
+        got = indexed.top_k(U, n, exclude=ex)[1]
+        out.append(np.mean([np.intersect1d(a, b).size / n for a, b in zip(want, got, strict=True)]))
     return np.asarray(out)
 
 
@@ -345,11 +347,12 @@ def tune_width(
     one with the best recall); returns it and ``{width: mean recall}``. Sets ``indexed.width``."""
     if not candidates:
         raise ValueError("no candidate widths to choose from")
+    exact = _exact_answers(indexed, records)
     table: dict[int, float] = {}
     best = None
     for w in sorted(int(c) for c in candidates):
         indexed.width = w
-        table[w] = float(round_recall(indexed, records).mean())
+        table[w] = float(round_recall(indexed, records, exact).mean())
         if table[w] >= target:
             best = w
             break
