@@ -61,3 +61,26 @@ def test_sharded_search_equals_single_process(ray_local, shards):
             np.testing.assert_array_equal(a, b)
     finally:
         sharded.stop()
+
+
+@pytest.mark.slow
+def test_searcher_features_with_shards(ray_local):
+    """What `crossknn search --shards S` gives the rounds: exact shards of the folder's items."""
+    from types import SimpleNamespace
+
+    from crossknn.search.round_index import search_features
+
+    V = np.random.default_rng(1).standard_normal((120, 6)).astype(np.float32)
+    index = SimpleNamespace(path="idx", arrays={"de_items": V}, params={})
+    feats = search_features(index, V, shards=3)
+    try:
+        assert isinstance(feats, ShardedFeatures) and len(feats.actors) == 3
+        u = np.random.default_rng(2).standard_normal(6)
+        np.testing.assert_array_equal(
+            feats.top_k(u, 15, exclude=[1, 2, 3])[1],
+            ItemFeatures(V).top_k(u, 15, exclude=[1, 2, 3])[1],
+        )
+    finally:
+        feats.stop()
+    with pytest.raises(ValueError, match="--ray-address needs --shards"):
+        search_features(index, V, ray_address="auto")
