@@ -326,7 +326,19 @@ def record_round_queries(
 
 
 def _exact_answers(indexed: IndexedFeatures, records) -> list[np.ndarray]:
-    return [indexed.base.top_k(U, n, exclude=ex)[1] for U, ex, n in records]
+    """The exact top-n of every record; records of one n share one batch pass over V."""
+    out: list = [None] * len(records)
+    for n in {r[2] for r in records}:
+        which = [i for i, r in enumerate(records) if r[2] == n]
+        U = np.concatenate([records[i][0] for i in which])
+        ex = [e for i in which for e in records[i][1]]
+        ids = indexed.base.top_k(U, n, exclude=ex)[1]
+        row = 0
+        for i in which:
+            q = records[i][0].shape[0]
+            out[i] = ids[row : row + q]
+            row += q
+    return out
 
 
 def round_recall(indexed: IndexedFeatures, records, exact=None) -> np.ndarray:
