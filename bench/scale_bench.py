@@ -193,22 +193,54 @@ def build_worker(n: int, d: int, kind: str) -> dict:
     return meta
 
 
-def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int, target: float):
-    """One configuration's search: tune the width on dev queries, search the test queries."""
+def tuned_path(n: int, d: int, kind: str, n_dev: int, target: float) -> Path:
+    return CACHE / f"{kind}_{n}_{d}_tuned_{n_dev}_{target}.json"
+
+
+def tune_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int, target: float):
+    """The width on the dev queries' recorded exact round queries (own process: the exact dev
+    rounds read all of V, which must not count in the search's peak RSS)."""
+    import faiss
+
     from crossknn.search.round_index import (
         IndexedFeatures,
         record_round_queries,
         round_recall,
         tune_width,
     )
-    from crossknn.topk import topk_recall  # noqa: F401  (recall computed from cached tops below)
+
+    faiss.omp_set_num_threads(1)
+    bed, W, Y = queries(n, d, n_dev + n_test)
+    base = open_items(n, d, storage)
+    scorer = TestbedScorer(bed, W, Y, base)
+    features = IndexedFeatures(base, faiss.read_index(str(index_path(n, d, kind))), oversample=2.0)
+    t0 = time.perf_counter()
+    records = record_round_queries(
+        lambda f: method_for(f, W, bed.beta), base, scorer, list(range(n_dev)), budget=B, k=K
+    )
+    width, table = tune_width(features, records, candidates=WIDTHS[kind], target=target)
+    per_round = round_recall(features, records)
+    out = {
+        "width": width,
+        "width_name": "nprobe" if kind == "ivf" else "efSearch",
+        "dev_round_recall": {str(k): v for k, v in table.items()},
+        "dev_round_recall_per_step": [round(float(x), 4) for x in per_round],
+        "tune_s": time.perf_counter() - t0,
+    }
+    tuned_path(n, d, kind, n_dev, target).write_text(json.dumps(out))
+    return out
+
+
+def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int, target: float):
+    """One configuration's search: tune the width on dev queries, search the test queries."""
+    from crossknn.search.round_index import IndexedFeatures
 
     bed, W, Y = queries(n, d, n_dev + n_test)
     base = open_items(n, d, storage)
     truth = base if storage == "float32" or n >= INT8_ONLY_FROM else open_items(n, d, "float32")
     scorer = TestbedScorer(bed, W, Y, truth)
     row = {"N": n, "d": d, "storage": storage, "round_index": kind}
-    dev, test = list(range(n_dev)), list(range(n_dev, n_dev + n_test))
+    test = list(range(n_dev, n_dev + n_test))
     features = base
     if kind != "exact":
         import faiss
@@ -216,18 +248,9 @@ def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: i
         faiss.omp_set_num_threads(1)  # one query at a time: threads only contend
         index = faiss.read_index(str(index_path(n, d, kind)))
         features = IndexedFeatures(base, index, oversample=2.0)
-        records = record_round_queries(
-            lambda f: method_for(f, W, bed.beta), base, scorer, dev, budget=B, k=K
-        )
-        width, table = tune_width(features, records, candidates=WIDTHS[kind], target=target)
         row.update(json.loads((CACHE / f"{kind}_{n}_{d}.json").read_text()))
-        per_round = round_recall(features, records)
-        row.update(
-            width=width,
-            width_name="nprobe" if kind == "ivf" else "efSearch",
-            dev_round_recall={str(k): v for k, v in table.items()},
-            dev_round_recall_per_step=[round(float(x), 4) for x in per_round[:ROUNDS]],
-        )
+        row.update(json.loads(tuned_path(n, d, kind, n_dev, target).read_text()))
+        features.width = row["width"]
     method = method_for(features, W, bed.beta)
     method.search(scorer, test[:1], budget=B, k=K)  # warm-up (page faults of the first query)
     scorer.seconds = 0.0
@@ -332,6 +355,9 @@ def main() -> None:
         what, n, d, kind = args.worker[0], int(args.worker[1]), int(args.worker[2]), args.worker[3]
         if what == "build":
             print(json.dumps(build_worker(n, d, kind)))
+        elif what == "tune":
+            ta = (args.worker[4], args.dev_queries, args.queries, args.target)
+            print(json.dumps(tune_worker(n, d, kind, *ta)))
         else:
             storage = args.worker[4]
             row = search_worker(n, d, kind, storage, args.dev_queries, args.queries, args.target)
@@ -379,6 +405,12 @@ def main() -> None:
                     run_child(["--worker", "build", str(n), str(d), kind])
             if (n, d, storage, kind) in done:
                 continue
+            if (
+                kind != "exact"
+                and not tuned_path(n, d, kind, args.dev_queries, args.target).is_file()
+            ):
+                print(f"tuning {kind} for N={n} d={d} ...", file=sys.stderr, flush=True)
+                run_child(["--worker", "tune", str(n), str(d), kind, storage, *search_args])
             print(f"searching N={n} d={d} {kind} {storage} ...", file=sys.stderr, flush=True)
             row = run_child(["--worker", "search", str(n), str(d), kind, storage, *search_args])
             doc["rows"].append(row)
