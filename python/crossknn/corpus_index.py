@@ -202,6 +202,7 @@ def build_corpus_index(
     seed: int = 0,
     progress: bool = True,
     chunk: int = 1024,
+    round_index: str = "auto",
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
@@ -237,6 +238,7 @@ def build_corpus_index(
             seed=seed,
             progress=progress,
             chunk=chunk,
+            round_index=round_index,
         )
     return open_index(out)
 
@@ -254,6 +256,7 @@ def _build_locked(
     seed: int,
     progress: bool,
     chunk: int,
+    round_index: str = "auto",
 ) -> None:
     from crossknn.ce import default_cross_encoder, default_dual_encoder
     from crossknn.ce.folders import model_record
@@ -311,6 +314,14 @@ def _build_locked(
         "n_train_queries": len(train_queries) if train_queries else 0,
         "seed": int(seed),
     }
+    # the rounds' MIPS index over de_items (crossknn.search.round_index; none for 'exact')
+    from crossknn.core import ItemFeatures
+    from crossknn.search.round_index import round_index_arrays
+
+    rarrays, params["round_index"] = round_index_arrays(
+        ItemFeatures(V), round_index, progress=progress
+    )
+    arrays.update(rarrays)
     info = {
         "items_file": ITEMS_FILE,
         "items_sha256": sha256_bytes(items_bytes),
@@ -319,7 +330,7 @@ def _build_locked(
         "models": {"ce": model_record(ce), "de": model_record(de)},
     }
     # arrays of an earlier build that this one does not have would linger beside the new index
-    for stale in {"de_items", "R"} - set(arrays):
+    for stale in {"de_items", "R", "round_index"} - set(arrays):
         try:
             os.unlink(out / f"{stale}.npy")
         except FileNotFoundError:

@@ -28,6 +28,7 @@ from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
 from crossknn.search import DEFAULT_MIX, CurIndex, make_method
+from crossknn.search.round_index import search_features
 from crossknn.topk import exact_top_k
 
 __all__ = ["METHODS", "Hits", "Searcher"]
@@ -188,6 +189,9 @@ class Searcher:
         batch_size: int | None = None,
         cmc_model: str | os.PathLike | None = None,
         cmc_candidates: int = 512,
+        round_index: str = "auto",
+        shards: int = 0,
+        ray_address: str | None = None,
     ) -> None:
         if not isinstance(index, CorpusIndex):
             index = open_index(index)
@@ -204,6 +208,10 @@ class Searcher:
         self.ce.set_items(list(self.corpus.texts))
         self.V = np.ascontiguousarray(index["de_items"], np.float32)
         self.qvec = _QueryVectors(self.de)
+        # what the rounds search: exact, the folder's MIPS index, or shards (search.round_index)
+        self.round_features = search_features(
+            index.index, self.V, round_index=round_index, shards=shards, ray_address=ray_address
+        )
         self._methods: dict[tuple, Any] = {}
         self.first = self._first_stage(cmc_model, cmc_candidates)
 
@@ -251,7 +259,7 @@ class Searcher:
                 first=self.first,
                 rounds=rounds,
                 cur=cur,
-                item_vectors=self.V,
+                item_vectors=self.round_features,
                 prior=self.qvec,
                 mix=self.mix,
                 score_map=ScoreMap.from_params(self.index.params, what=f"index {self.index.path}"),

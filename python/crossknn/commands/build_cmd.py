@@ -48,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="M",
         help="items scored per calibration query (>= 2; default 32)",
     )
+    p.add_argument(
+        "--round-index",
+        choices=("auto", "exact", "ivf", "hnsw"),
+        default="auto",
+        help="MIPS index the rounds search (FAISS IVF-SQ8 / HNSW; auto: exact below 200k items)",
+    )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_model_arguments(p)
@@ -139,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             calibration_items=args.calibration_items,
             seed=args.seed,
             progress=not args.quiet,
+            round_index=args.round_index,
         )
     except Exception:
         # a failed build (full disk, unreadable model ...) leaves no half index behind; an

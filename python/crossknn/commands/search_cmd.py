@@ -87,6 +87,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="DE candidates CMC reranks (default 512)",
     )
+    p.add_argument(
+        "--round-index",
+        choices=("auto", "exact", "ivf", "hnsw"),
+        default="auto",
+        help="rounds through the index's MIPS index (auto: the one it has) or exact",
+    )
+    p.add_argument("--ray-address", help="Ray cluster for item shards (with --shards)")
+    p.add_argument("--shards", type=nonneg_int, default=0, help="item shards over Ray actors")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no table")
 
@@ -152,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
         cmc_model=args.cmc_model,
         cmc_candidates=args.cmc_candidates,
         **model_options(args),
+        round_index=args.round_index,
+        shards=args.shards,
+        ray_address=args.ray_address,
     )
     # exact CE rows are kept under INDEX_DIR/exact (keyed by query, items and CE hash)
     hits = searcher.search(

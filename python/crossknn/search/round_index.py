@@ -1,0 +1,443 @@
+"""Rounds that do not read every item: a FAISS maximum-inner-product index over the item features.
+
+Every round step asks for the top ``n`` items by ``V u`` among the items not scored yet. The exact
+C++ kernel reads all N rows for that; :class:`IndexedFeatures` instead asks a FAISS index for the
+top ``oversample * (n + |scored|)`` items by ``V u``, drops the scored ones and re-scores the
+candidates exactly from the stored rows (float64 dot products of the C++ core's rows), ties to the
+lower id. SoftMax rounds sample (Gumbel-top-k) from a candidate pool of the top
+``pool * n + |scored|`` items instead of all N: items outside the pool have a negligible share of
+the probability when ``V u / T`` is spread, and none when T is small.
+
+Round indexes (``kind``):
+
+- ``exact``: no index, the C++ kernel (the reference; the default below ``AUTO_EXACT_BELOW`` items);
+- ``ivf``: ``IndexIVFScalarQuantizer`` (int8 codes, inner product), ``nlist`` about ``4 sqrt(N)``
+  lists; search width ``nprobe``;
+- ``hnsw``: ``IndexHNSWFlat`` (inner product); search width ``efSearch``.
+
+:class:`IndexedFeatures` is an :class:`crossknn.core.ItemFeatures` (it shares the base's C++
+features, so least squares, rows and random sampling are unchanged): pass it wherever features are
+taken (``AXN(features)``, ``make_method(item_vectors=...)``) and every round goes through the index.
+The least-squares queries ``u`` are not DE queries, so the width is tuned on recorded round queries
+of held-out queries (:func:`record_round_queries`, :func:`tune_width`), like the split.
+In an index folder the FAISS index is the uint8 array ``round_index`` (FAISS's own serialization,
+stored, hashed and validated like every other array) and ``params.round_index`` its settings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from crossknn.core import ItemFeatures, _check_k, _exclude_csr
+
+__all__ = [
+    "ARRAY_NAME",
+    "AUTO_EXACT_BELOW",
+    "ROUND_INDEX_KINDS",
+    "IndexedFeatures",
+    "build_round_index",
+    "default_round_index",
+    "faiss_from_array",
+    "faiss_to_array",
+    "record_round_queries",
+    "round_recall",
+    "tune_width",
+]
+
+ROUND_INDEX_KINDS = ("exact", "ivf", "hnsw")
+AUTO_EXACT_BELOW = 200_000  # below this, one exact pass is a few ms: no index
+ARRAY_NAME = "round_index"
+HNSW_QUANTIZER_FROM = 4096  # IVF lists above which the coarse quantizer is an HNSW graph
+DEFAULT_WIDTH = {"ivf": 32, "hnsw": 128}
+WIDTH_NAME = {"ivf": "nprobe", "hnsw": "efSearch"}
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError:  # pragma: no cover - faiss-cpu is a dependency of the 'scale' extra
+        raise ImportError(
+            "round indexes need FAISS: pip install faiss-cpu (the crossknn[scale] extra)"
+        ) from None
+    return faiss
+
+
+def default_round_index(n_items: int) -> str:
+    """``exact`` below :data:`AUTO_EXACT_BELOW` items, else ``ivf``."""
+    return "exact" if int(n_items) < AUTO_EXACT_BELOW else "ivf"
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in ROUND_INDEX_KINDS:
+        raise ValueError(f"round index must be one of {ROUND_INDEX_KINDS}; got {kind!r}")
+    return kind
+
+
+def _blocks(features: ItemFeatures, lo: int, hi: int, block: int):
+    for b in range(lo, hi, block):
+        e = min(hi, b + block)
+        yield b, features.rows(np.arange(b, e)).astype(np.float32)
+
+
+def build_round_index(
+    features: ItemFeatures,
+    kind: str,
+    *,
+    nlist: int | None = None,
+    hnsw_m: int = 32,
+    ef_construction: int = 64,
+    train_size: int | None = None,
+    seed: int = 0,
+    block: int = 1 << 16,
+    progress: bool = True,
+):
+    """A FAISS inner-product index over the rows of ``features`` (``ivf`` or ``hnsw``).
+
+    Rows are read from the stored features in blocks (dequantized for int8 storage), so V is never
+    copied whole to float32. ``ivf``: ``nlist`` (default ``4 sqrt(N)``, at most N / 39) k-means
+    lists trained on ``train_size`` (default ``64 nlist``) random rows, int8 scalar-quantized codes.
+    """
+    faiss = _faiss()
+    kind = _check_kind(kind)
+    if kind == "exact":
+        raise ValueError("the exact round index is the C++ kernel: there is nothing to build")
+    n, d = features.n_items, features.dim
+    if kind == "ivf":
+        if nlist is None:
+            nlist = int(min(max(1, round(4 * math.sqrt(n))), max(1, n // 39)))
+        if not 1 <= nlist <= n:
+            raise ValueError(f"nlist must be in [1, {n}] (the number of items); got {nlist}")
+        # many lists: an HNSW coarse quantizer assigns the N rows in log time instead of nlist
+        big = nlist > HNSW_QUANTIZER_FROM
+        quantizer = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT) if big else None
+        if quantizer is None:
+            quantizer = faiss.IndexFlatIP(d)
+        index = faiss.IndexIVFScalarQuantizer(
+            quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
+        )
+        m = int(min(n, train_size or (20 if big else 64) * nlist))
+        rng = np.random.default_rng(seed)
+        sample = np.sort(rng.choice(n, size=m, replace=False))
+        index.cp.seed, index.cp.niter = int(seed), 10
+        index.train(features.rows(sample).astype(np.float32))
+    else:
+        index = faiss.IndexHNSWFlat(d, int(hnsw_m), faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = int(ef_construction)
+    with tqdm(total=n, desc=f"round index ({kind})", unit="item", disable=not progress) as bar:
+        for _, X in _blocks(features, 0, n, block):
+            index.add(X)
+            bar.update(X.shape[0])
+    return index
+
+
+def faiss_to_array(index) -> np.ndarray:
+    """FAISS's serialization of ``index`` as a uint8 array (stored like any other index array)."""
+    return np.asarray(_faiss().serialize_index(index), np.uint8)
+
+
+def faiss_from_array(arr: np.ndarray):
+    """The FAISS index serialized in ``arr`` (uint8); ValueError naming what is wrong."""
+    arr = np.asarray(arr)
+    if arr.dtype != np.uint8 or arr.ndim != 1:
+        raise ValueError(f"a round index is a 1-D uint8 array; got {arr.dtype} {arr.shape}")
+    try:
+        return _faiss().deserialize_index(np.ascontiguousarray(arr))
+    except RuntimeError as exc:
+        raise ValueError(f"the round index cannot be read by FAISS ({exc})") from None
+
+
+def _index_kind(index) -> str:
+    faiss = _faiss()
+    if isinstance(index, faiss.IndexHNSW):
+        return "hnsw"
+    if isinstance(index, faiss.IndexIVF):
+        return "ivf"
+    raise TypeError(f"round index must be a FAISS IVF or HNSW index; got {type(index).__name__}")
+
+
+class IndexedFeatures(ItemFeatures):
+    """``features`` whose ``top_k`` and ``sample_softmax`` go through a FAISS round index.
+
+    ``width``: ``nprobe`` (IVF) or ``efSearch`` (HNSW); ``oversample`` >= 1: candidates asked of
+    the index per needed item (then re-scored exactly); ``pool`` >= 1: the SoftMax candidate pool
+    in units of the sample size. Results are sorted like the exact kernel's (score descending,
+    ties to the lower id); a query for which the index returns too few unscored candidates is
+    answered by the exact kernel, so ``k`` items always come back.
+    """
+
+    def __init__(
+        self,
+        features: ItemFeatures,
+        index,
+        *,
+        width: int | None = None,
+        oversample: float = 1.0,
+        pool: float = 8.0,
+    ) -> None:
+        if not isinstance(features, ItemFeatures):
+            raise TypeError(f"features must be an ItemFeatures; got {type(features).__name__}")
+        if isinstance(features, IndexedFeatures):
+            features = features.base
+        if index.ntotal != features.n_items or index.d != features.dim:
+            raise ValueError(
+                f"the round index holds {index.ntotal} x {index.d} vectors but the features are "
+                f"{features.n_items} x {features.dim}"
+            )
+        if not oversample >= 1.0 or not pool >= 1.0:
+            raise ValueError(f"oversample and pool must be >= 1; got {oversample}, {pool}")
+        self.base, self.index = features, index
+        self.kind = _index_kind(index)
+        self._f, self._vmax = features._f, features._vmax
+        self.storage, self.n_items, self.dim = features.storage, features.n_items, features.dim
+        self.width = int(width or DEFAULT_WIDTH[self.kind])
+        self.oversample, self.pool = float(oversample), float(pool)
+        self.exact_fallbacks = 0  # queries answered by the exact kernel (too few candidates)
+
+    def __repr__(self) -> str:
+        return (
+            f"IndexedFeatures({self.kind}, {WIDTH_NAME[self.kind]}={self.width}, "
+            f"n_items={self.n_items}, dim={self.dim}, storage={self.storage!r})"
+        )
+
+    def _params(self):
+        faiss = _faiss()
+        if self.kind == "ivf":
+            nprobe = min(self.width, self.index.nlist)
+            q = faiss.downcast_index(self.index.quantizer)
+            if isinstance(q, faiss.IndexHNSW):  # the graph must find the nprobe nearest lists
+                qp = faiss.SearchParametersHNSW(efSearch=max(64, 2 * nprobe))
+                return faiss.SearchParametersIVF(nprobe=nprobe, quantizer_params=qp)
+            return faiss.SearchParametersIVF(nprobe=nprobe)
+        return faiss.SearchParametersHNSW(efSearch=self.width)
+
+    def _candidates(self, U: np.ndarray, need: np.ndarray, ids, off):
+        """Per query, the unscored candidates (unique ids) the index returns for ``need`` items."""
+        excl = [ids[off[q] : off[q + 1]] if ids is not None else None for q in range(U.shape[0])]
+        excl = [None if e is None else np.unique(e[e >= 0]) for e in excl]
+        m = max((0 if e is None else e.size) for e in excl) if excl else 0
+        fetch = int(min(self.n_items, math.ceil(self.oversample * (int(need.max()) + m))))
+        Uf = np.ascontiguousarray(U, np.float32)
+        if not np.isfinite(Uf).all():  # beyond float32: the direction is what counts
+            Uf = np.ascontiguousarray(U / np.abs(U).max(axis=1, keepdims=True), np.float32)
+        _, ids_k = self.index.search(Uf, fetch, params=self._params())
+        out = []
+        for q in range(U.shape[0]):
+            c = ids_k[q][ids_k[q] >= 0]
+            if excl[q] is not None and excl[q].size:
+                c = c[~np.isin(c, excl[q], assume_unique=False)]
+            out.append(np.unique(c))
+        return out, excl
+
+    def _exact_scores(self, u: np.ndarray, items: np.ndarray) -> np.ndarray:
+        return self.base.scores(u, items) if items.size else np.empty(0)
+
+    def top_k(self, u, k: int, *, exclude=None):
+        k = _check_k(k, self.n_items)
+        U, single = self._queries(u)
+        Q = U.shape[0]
+        ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
+        S = np.empty((Q, k), np.float32)
+        ids_k = np.empty((Q, k), np.int64)
+        if Q and k:
+            cands, excl = self._candidates(U, np.full(Q, k), ids, off)
+            for q in range(Q):
+                c = cands[q]
+                if c.size < k:  # the index found too few: the exact kernel for this query
+                    self.exact_fallbacks += 1
+                    s, i = self.base.top_k(U[q], k, exclude=excl[q])
+                    S[q], ids_k[q] = s, i
+                    continue
+                s = self._exact_scores(U[q], c)
+                order = np.lexsort((c, -s))[:k]
+                with np.errstate(over="ignore"):
+                    S[q], ids_k[q] = s[order].astype(np.float32), c[order]
+        return (S[0], ids_k[0]) if single else (S, ids_k)
+
+    def sample_softmax(self, u, k: int, *, exclude=None, temperature: float = 1.0, seed: int = 0):
+        from crossknn.core import _check_float, _check_seed
+
+        k = _check_k(k, self.n_items)
+        temperature = _check_float(temperature, "temperature", 0.0, np.inf, lo_open=True)
+        seed = _check_seed(seed)
+        U, single = self._queries(u)
+        Q = U.shape[0]
+        ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
+        keys = np.empty((Q, k), np.float32)
+        ids_k = np.empty((Q, k), np.int64)
+        if Q and k:
+            need = np.full(Q, int(math.ceil(self.pool * k)))
+            cands, excl = self._candidates(U, need, ids, off)
+            for q in range(Q):
+                c = cands[q]
+                if c.size < k:
+                    self.exact_fallbacks += 1
+                    s, i = self.base.sample_softmax(
+                        U[q], k, exclude=excl[q], temperature=temperature, seed=seed
+                    )
+                    keys[q], ids_k[q] = s, i
+                    continue
+                g = np.random.default_rng([seed, q]).gumbel(size=c.size)
+                key = self._exact_scores(U[q], c) / temperature + g
+                order = np.lexsort((c, -key))[:k]
+                keys[q], ids_k[q] = key[order].astype(np.float32), c[order]
+        return (keys[0], ids_k[0]) if single else (keys, ids_k)
+
+
+class _RecordingFeatures(ItemFeatures):
+    """Exact features that record every top-k round query ``(u, exclude, k)``."""
+
+    def __init__(self, features: ItemFeatures) -> None:
+        self.base = features
+        self._f, self._vmax = features._f, features._vmax
+        self.storage, self.n_items, self.dim = features.storage, features.n_items, features.dim
+        self.records: list[tuple[np.ndarray, list[np.ndarray], int]] = []
+
+    def top_k(self, u, k, *, exclude=None):
+        U = np.atleast_2d(np.asarray(u, np.float64))
+        if exclude is None:
+            ex = [np.empty(0, np.int64)] * U.shape[0]
+        elif U.shape[0] == 1 and np.ndim(u) == 1:
+            ex = [np.asarray(exclude, np.int64)]
+        else:
+            ex = [np.asarray(e, np.int64) for e in exclude]
+        self.records.append((U.copy(), ex, int(k)))
+        return self.base.top_k(u, k, exclude=exclude)
+
+
+def record_round_queries(
+    make_method: Callable[[ItemFeatures], object],
+    features: ItemFeatures,
+    scorer,
+    queries: Sequence,
+    *,
+    budget: int,
+    k: int,
+    seed: int = 0,
+) -> list[tuple[np.ndarray, list[np.ndarray], int]]:
+    """The top-k round queries ``(U, excludes, n)`` of exact rounds on ``queries`` (held-out
+    train/dev queries): ``make_method(features)`` builds the method over the given features."""
+    rec = _RecordingFeatures(features)
+    make_method(rec).search(scorer, list(queries), budget=budget, k=k, seed=seed)
+    return rec.records
+
+
+def _exact_answers(indexed: IndexedFeatures, records) -> list[np.ndarray]:
+    """The exact top-n of every record; records of one n share one batch pass over V."""
+    out: list = [None] * len(records)
+    for n in {r[2] for r in records}:
+        which = [i for i, r in enumerate(records) if r[2] == n]
+        U = np.concatenate([records[i][0] for i in which])
+        ex = [e for i in which for e in records[i][1]]
+        ids = indexed.base.top_k(U, n, exclude=ex)[1]
+        row = 0
+        for i in which:
+            q = records[i][0].shape[0]
+            out[i] = ids[row : row + q]
+            row += q
+    return out
+
+
+def round_recall(indexed: IndexedFeatures, records, exact=None) -> np.ndarray:
+    """Per recorded round step, the mean recall of the exact top-n (among unscored items) in the
+    index's top-n (``exact``: those exact answers, if already computed)."""
+    exact = _exact_answers(indexed, records) if exact is None else exact
+    out = []
+    for (U, ex, n), want in zip(records, exact, strict=True):
+        got = indexed.top_k(U, n, exclude=ex)[1]
+        out.append(np.mean([np.intersect1d(a, b).size / n for a, b in zip(want, got, strict=True)]))
+    return np.asarray(out)
+
+
+def tune_width(
+    indexed: IndexedFeatures, records, *, candidates: Sequence[int], target: float = 0.995
+) -> tuple[int, dict[int, float]]:
+    """The smallest width whose mean per-round recall on ``records`` reaches ``target`` (else the
+    one with the best recall); returns it and ``{width: mean recall}``. Sets ``indexed.width``."""
+    if not candidates:
+        raise ValueError("no candidate widths to choose from")
+    exact = _exact_answers(indexed, records)
+    table: dict[int, float] = {}
+    best = None
+    for w in sorted(int(c) for c in candidates):
+        indexed.width = w
+        table[w] = float(round_recall(indexed, records, exact).mean())
+        if table[w] >= target:
+            best = w
+            break
+    if best is None:
+        best = max(table, key=lambda w: (table[w], -w))
+    indexed.width = best
+    return best, table
+
+
+# ---- in an index folder ------------------------------------------------------------------------
+
+
+def round_index_arrays(
+    features: ItemFeatures, kind: str, *, width: int | None = None, progress: bool = True, **kw
+) -> tuple[dict[str, np.ndarray], dict]:
+    """What an index folder stores for a round index of ``kind`` (``auto`` picks by N): the
+    arrays (``{}`` for ``exact``) and ``params.round_index``."""
+    if kind == "auto":
+        kind = default_round_index(features.n_items)
+    kind = _check_kind(kind)
+    if kind == "exact":
+        return {}, {"kind": "exact"}
+    index = build_round_index(features, kind, progress=progress, **kw)
+    width = int(width or DEFAULT_WIDTH[kind])
+    meta = {"kind": kind, WIDTH_NAME[kind]: width, "array": ARRAY_NAME}
+    if kind == "ivf":
+        meta["nlist"] = int(index.nlist)
+    return {ARRAY_NAME: faiss_to_array(index)}, meta
+
+
+def open_round_features(
+    arrays, params: dict, features: ItemFeatures, mode: str = "auto", *, where: str = "index"
+) -> ItemFeatures:
+    """The features a search's rounds use: ``features`` themselves (``exact``, or an index
+    without a round index), or :class:`IndexedFeatures` over the stored FAISS index (``auto``:
+    whatever the index has; ``ivf``/``hnsw``: must be the stored kind)."""
+    if mode not in ("auto", *ROUND_INDEX_KINDS):
+        raise ValueError(f"round index must be auto, exact, ivf or hnsw; got {mode!r}")
+    meta = params.get("round_index") or {"kind": "exact"}
+    stored = meta.get("kind", "exact")
+    if mode == "exact" or (mode == "auto" and stored == "exact"):
+        return features
+    if mode != "auto" and mode != stored:
+        raise ValueError(
+            f"{where} has round index {stored!r}, not {mode!r}; use --round-index exact or "
+            f"rebuild with --round-index {mode}"
+        )
+    if ARRAY_NAME not in arrays:
+        raise ValueError(f"{where}: params.round_index says {stored!r} but the array is missing")
+    index = faiss_from_array(arrays[ARRAY_NAME])
+    return IndexedFeatures(features, index, width=meta.get(WIDTH_NAME[stored]))
+
+
+def search_features(
+    index, V: np.ndarray, *, round_index: str = "auto", shards: int = 0, ray_address=None
+) -> ItemFeatures:
+    """The features a :class:`crossknn.searcher.Searcher` gives its rounds: ``V`` exact, behind
+    the index folder's round index, or (``shards`` > 0) sharded over Ray actors at
+    ``ray_address`` (each actor building the stored kind of round index over its shard)."""
+    features = ItemFeatures(V)
+    where = f"index {index.path}"
+    if not shards:
+        if ray_address:
+            raise ValueError("--ray-address needs --shards S (the number of item shards)")
+        return open_round_features(index.arrays, index.params, features, round_index, where=where)
+    import ray
+
+    from crossknn.search.shards import ShardedFeatures
+
+    meta = index.params.get("round_index") or {"kind": "exact"}
+    kind = meta.get("kind", "exact") if round_index == "auto" else round_index
+    _check_kind(kind)
+    spec = None if kind == "exact" else (kind, meta.get(WIDTH_NAME[kind]))
+    if not ray.is_initialized():
+        ray.init(address=ray_address or "local", include_dashboard=False, log_to_driver=False)
+    return ShardedFeatures.start(features, shards, round_index=spec)

@@ -1,0 +1,171 @@
+"""FAISS round indexes (IVF-SQ8, HNSW): equal to the exact kernel at exhaustive settings, never
+return scored items, round-trip through an index folder with hash validation, and serve
+least-squares round queries with high recall once the width is tuned on held-out queries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("faiss")
+
+from crossknn.core import ItemFeatures  # noqa: E402
+from crossknn.index.files import IndexFormatError, load_index, save_index  # noqa: E402
+from crossknn.scorers import MatrixScorer  # noqa: E402
+from crossknn.search import AXN  # noqa: E402
+from crossknn.search.round_index import (  # noqa: E402
+    ARRAY_NAME,
+    IndexedFeatures,
+    build_round_index,
+    default_round_index,
+    faiss_from_array,
+    open_round_features,
+    record_round_queries,
+    round_index_arrays,
+    round_recall,
+    tune_width,
+)
+from crossknn.synthetic import EmbeddingTestbed  # noqa: E402
+from crossknn.topk import topk_recall  # noqa: E402
+
+
+def _features(n=1500, d=16, seed=0):
+    V = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return ItemFeatures(V)
+
+
+@pytest.fixture(scope="module")
+def small():
+    f = _features()
+    ivf = build_round_index(f, "ivf", nlist=12, progress=False)
+    hnsw = build_round_index(f, "hnsw", hnsw_m=16, progress=False)
+    return f, ivf, hnsw
+
+
+def _queries_and_excludes(f, q=6, seed=1):
+    rng = np.random.default_rng(seed)
+    U = rng.standard_normal((q, f.dim))
+    excl = [rng.choice(f.n_items, size=rng.integers(0, 60), replace=False) for _ in range(q)]
+    # also exclude part of each query's exact top items, as later rounds do
+    for i in range(q):
+        top = f.top_k(U[i], 20)[1]
+        excl[i] = np.concatenate([excl[i], top[::2]])
+    return U, excl
+
+
+@pytest.mark.parametrize("kind", ["ivf", "hnsw"])
+def test_exhaustive_settings_equal_exact(small, kind):
+    f, ivf, hnsw = small
+    index = ivf if kind == "ivf" else hnsw
+    width = ivf.nlist if kind == "ivf" else f.n_items
+    # int8 codes order candidates approximately: oversampling brings the exact top-k into them
+    feats = IndexedFeatures(f, index, width=width, oversample=4.0 if kind == "ivf" else 1.0)
+    U, excl = _queries_and_excludes(f)
+    s_exact, i_exact = f.top_k(U, 25, exclude=excl)
+    s_idx, i_idx = feats.top_k(U, 25, exclude=excl)
+    np.testing.assert_array_equal(i_idx, i_exact)
+    np.testing.assert_allclose(s_idx, s_exact, rtol=1e-5, atol=1e-5)
+    assert feats.exact_fallbacks == 0
+    # a single query gives the same as its row of the batch
+    s1, i1 = feats.top_k(U[2], 25, exclude=excl[2])
+    np.testing.assert_array_equal(i1, i_exact[2])
+
+
+def test_scored_items_are_never_returned(small):
+    f, ivf, _ = small
+    feats = IndexedFeatures(f, ivf, width=2)  # narrow: few candidates, exclusions matter
+    U, _ = _queries_and_excludes(f)
+    for i in range(U.shape[0]):
+        top = f.top_k(U[i], 300)[1]
+        excl = top[:250]  # most of the index's answer is scored already
+        got = feats.top_k(U[i], 40, exclude=excl)[1]
+        assert np.unique(got).size == 40
+        assert not np.isin(got, excl).any()
+        _, sm = feats.sample_softmax(U[i], 30, exclude=excl, temperature=0.5, seed=3)
+        assert np.unique(sm).size == 30 and not np.isin(sm, excl).any()
+
+
+def test_softmax_pool_at_small_temperature_is_top_k(small):
+    f, _, hnsw = small
+    feats = IndexedFeatures(f, hnsw, width=400)
+    U, excl = _queries_and_excludes(f, q=3)
+    _, i_top = f.top_k(U, 10, exclude=excl)
+    _, i_sm = feats.sample_softmax(U, 10, exclude=excl, temperature=1e-6, seed=5)
+    np.testing.assert_array_equal(i_sm, i_top)
+    # the same seed gives the same sample; another seed (at T = 1) another one
+    a = feats.sample_softmax(U, 10, exclude=excl, temperature=1.0, seed=5)[1]
+    b = feats.sample_softmax(U, 10, exclude=excl, temperature=1.0, seed=5)[1]
+    c = feats.sample_softmax(U, 10, exclude=excl, temperature=1.0, seed=6)[1]
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_default_kind_and_bad_arguments(small):
+    f, ivf, _ = small
+    assert default_round_index(1000) == "exact" and default_round_index(10**6) == "ivf"
+    with pytest.raises(ValueError, match="round index must be one of"):
+        build_round_index(f, "lsh")
+    with pytest.raises(ValueError, match="holds 1500 x 16 vectors but the features are"):
+        IndexedFeatures(_features(n=100), ivf)
+    with pytest.raises(ValueError, match="1-D uint8"):
+        faiss_from_array(np.zeros((2, 2), np.float32))
+
+
+def test_round_trip_through_index_folder(tmp_path, small):
+    f, _, _ = small
+    V = f.rows(np.arange(f.n_items)).astype(np.float32)
+    arrays, meta = round_index_arrays(f, "ivf", nlist=12, width=12, progress=False)
+    assert set(arrays) == {ARRAY_NAME} and meta["kind"] == "ivf" and meta["nprobe"] == 12
+    save_index(
+        tmp_path / "ix",
+        "corpus",
+        {"de_items": V, **arrays},
+        ce={"model_id": "m", "model_hash": "h"},
+        params={"round_index": meta},
+    )
+    idx = load_index(tmp_path / "ix")
+    feats = open_round_features(idx.arrays, idx.params, ItemFeatures(idx["de_items"]))
+    assert isinstance(feats, IndexedFeatures) and feats.kind == "ivf" and feats.width == 12
+    U, excl = _queries_and_excludes(f, q=3)
+    direct = IndexedFeatures(f, faiss_from_array(arrays[ARRAY_NAME]), width=12)
+    np.testing.assert_array_equal(
+        feats.top_k(U, 10, exclude=excl)[1], direct.top_k(U, 10, exclude=excl)[1]
+    )
+    # exact on the same folder; another kind is refused with what to do
+    exact = open_round_features(idx.arrays, idx.params, ItemFeatures(idx["de_items"]), "exact")
+    assert not isinstance(exact, IndexedFeatures)
+    with pytest.raises(ValueError, match="has round index 'ivf', not 'hnsw'"):
+        open_round_features(idx.arrays, idx.params, ItemFeatures(idx["de_items"]), "hnsw")
+    # one flipped byte in the FAISS file: refused on load, naming the file
+    path = tmp_path / "ix" / f"{ARRAY_NAME}.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(IndexFormatError, match=r"round_index\.npy is corrupt"):
+        load_index(tmp_path / "ix")
+
+
+def test_tuned_width_serves_least_squares_rounds():
+    bed = EmbeddingTestbed(20_000, 32, n_clusters=64, seed=0, block=4096)
+    V = bed.items(0, bed.n_items)
+    f = ItemFeatures(V)
+    W, Y = bed.queries(30, seed=0)
+    S = np.stack([bed.score(q, W[q], Y[q], V, np.arange(bed.n_items)) for q in range(30)])
+    scorer = MatrixScorer(S.astype(np.float32))
+
+    def make(feats):
+        return AXN(feats, rounds=5, prior=W * bed.beta, mix=0.3)
+
+    dev, test = list(range(10)), list(range(10, 30))
+    index = build_round_index(f, "ivf", nlist=64, progress=False)
+    feats = IndexedFeatures(f, index, oversample=2.0)
+    records = record_round_queries(make, f, scorer, dev, budget=50, k=10)
+    width, table = tune_width(feats, records, candidates=[1, 2, 4, 8, 16, 32], target=0.99)
+    assert table[width] >= 0.99 and width < 64  # reaches the target without scanning all lists
+    assert table[1] < table[width]  # the width matters: the narrowest is worse
+    # held-out queries: per-round recall and end-to-end recall as with exact rounds
+    rec = round_recall(feats, record_round_queries(make, f, scorer, test, budget=50, k=10))
+    assert rec.mean() >= 0.97
+    r_exact = topk_recall(S, test, make(f).search(scorer, test, budget=50, k=10).indices, 10)
+    r_idx = topk_recall(S, test, make(feats).search(scorer, test, budget=50, k=10).indices, 10)
+    assert r_idx.mean() >= r_exact.mean() - 0.03
