@@ -190,6 +190,7 @@ def build_corpus_index(
     seed: int = 0,
     progress: bool = True,
     chunk: int = 1024,
+    index_calls: int | None = None,
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
@@ -225,6 +226,7 @@ def build_corpus_index(
             seed=seed,
             progress=progress,
             chunk=chunk,
+            index_calls=index_calls,
         )
     return open_index(out)
 
@@ -242,6 +244,7 @@ def _build_locked(
     seed: int,
     progress: bool,
     chunk: int,
+    index_calls: int | None = None,
 ) -> None:
     from crossknn.ce import default_cross_encoder, default_dual_encoder
 
@@ -269,6 +272,18 @@ def _build_locked(
     )
     smap, ce_calls = _calibrate(ce, de, V, cal, items_per_query=calibration_items, seed=seed)
     arrays: dict[str, np.ndarray] = {"de_items": V}
+    auto = None
+    if index_calls is not None:  # the default method's index (crossknn.index.auto)
+        from crossknn.index.auto import build_corpus_auto, pseudo_query_count
+
+        qs = train_queries or pseudo_queries(
+            corpus, pseudo_query_count(index_calls, len(corpus), calibration_queries), seed=seed
+        )
+        a_arrays, auto, a_calls = build_corpus_auto(
+            ce, de, V, list(qs), index_calls=index_calls, seed=seed, progress=progress
+        )
+        arrays.update(a_arrays)
+        ce_calls += a_calls
     if cur:
         cur_key = {
             "what": "cur_rows",
@@ -295,6 +310,7 @@ def _build_locked(
         "calibration_items": int(calibration_items),
         "n_train_queries": len(train_queries) if train_queries else 0,
         "seed": int(seed),
+        **({"auto": auto} if auto is not None else {}),
     }
     info = {
         "items_file": ITEMS_FILE,
@@ -302,7 +318,7 @@ def _build_locked(
         "source": corpus.source,
     }
     # arrays of an earlier build that this one does not have would linger beside the new index
-    for stale in {"de_items", "R"} - set(arrays):
+    for stale in {"de_items", "R", "auto_rows"} - set(arrays):
         try:
             os.unlink(out / f"{stale}.npy")
         except FileNotFoundError:

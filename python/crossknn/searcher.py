@@ -31,7 +31,7 @@ from crossknn.search import DEFAULT_MIX, CurIndex, make_method
 __all__ = ["METHODS", "Hits", "Searcher"]
 
 #: the methods a corpus index can serve (ADACUR/ANNCUR need its CUR rows)
-METHODS = ("axn", "rnr", "adacur", "anncur")
+METHODS = ("auto", "axn", "rnr", "adacur", "anncur")
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Searcher:
         *,
         ce=None,
         de=None,
-        method: str = "axn",
+        method: str | None = None,
         rounds: int = 5,
         mix: float = DEFAULT_MIX,
         precision: str = "fp32",
@@ -125,6 +125,7 @@ class Searcher:
             ce if ce is not None else default_cross_encoder(precision=precision, threads=threads)
         )
         index.check_models(ce=self.ce, de=self.de)
+        method = method or ("auto" if "auto" in index.params else "axn")  # the default method
         self._check_method(method)
         self.method, self.rounds, self.mix = method, int(rounds), float(mix)
         self.ce.set_items(list(self.corpus.texts))
@@ -165,11 +166,20 @@ class Searcher:
                 f"method {method!r} needs a CUR index (CE scores of train queries x all items); "
                 "rebuild with: crossknn build CORPUS INDEX_DIR --train-queries FILE --cur"
             )
+        if method == "auto" and "auto" not in self.index.params:
+            raise ValueError(
+                "method 'auto' needs an auto index; rebuild with: crossknn build CORPUS "
+                "INDEX_DIR --index-calls C"
+            )
 
     def _make(self, method: str, rounds: int):
         key = (method, rounds)
         if key not in self._methods:
-            cur = None
+            cur = auto = None
+            if method == "auto":  # its rounds come from the index (chosen on train queries)
+                from crossknn.index.auto import auto_index_of
+
+                auto = auto_index_of(self.index)
             if method in ("adacur", "anncur"):
                 cur = CurIndex(np.asarray(self.index["R"], np.float32))
             self._methods[key] = make_method(
@@ -182,6 +192,7 @@ class Searcher:
                 mix=self.mix,
                 score_map=ScoreMap.from_params(self.index.params, what=f"index {self.index.path}"),
                 n_items=self.n_items,
+                auto_index=auto,
             )
         return self._methods[key]
 

@@ -43,6 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="M",
         help="items scored per calibration query (>= 2; default 32)",
     )
+    p.add_argument(
+        "--index-calls",
+        type=nonneg_int,
+        metavar="C",
+        help="build the default method's (auto) index from at most C CE calls on the train "
+        "(or pseudo) queries; crossknn search then uses auto",
+    )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -126,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             calibration_items=args.calibration_items,
             seed=args.seed,
             progress=not args.quiet,
+            index_calls=args.index_calls,
         )
     except Exception:
         # a failed build (full disk, unreadable model ...) leaves no half index behind; an
