@@ -23,7 +23,7 @@ from crossknn.score_map import ScoreMap
 from crossknn.scorers import MatrixScorer
 from crossknn.search import ADACUR, AXN, RNR, CurIndex
 from crossknn.search import auto as auto_mod
-from crossknn.search.auto import AUTO, IndexCallBudget, build_auto_index
+from crossknn.search.auto import AUTO, AutoIndex, IndexCallBudget, build_auto_index
 from crossknn.topk import topk_recall
 
 D = Path(__file__).resolve().parents[1].parent / "shared" / "matrices" / "cisi-minilm"
@@ -58,7 +58,7 @@ def fmt(name, t):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--fracs", type=float, nargs="+", default=[0, 0.01, 0.05, 0.10, 1.0])
+    ap.add_argument("--fracs", type=float, nargs="*", default=[0, 0.01, 0.05, 0.10, 1.0])
     ap.add_argument("--grid-rounds", type=int, nargs="+")
     ap.add_argument("--grid-d", type=float, nargs="+")
     ap.add_argument("--grid-r", type=float, nargs="+")
@@ -68,6 +68,11 @@ def main():
         action="store_true",
         help="train rows only: 20 random train rows play the test rows, the other 42 the train "
         "rows (for choosing what to try without looking at test rows)",
+    )
+    ap.add_argument(
+        "--defaults-grid",
+        action="store_true",
+        help="C = 0: every (rho_D, rounds, decay) of the grids (the candidates for DEFAULTS)",
     )
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "auto_explore.json"))
@@ -100,6 +105,15 @@ def main():
         t = evaluate(RNR(de, n_items=N), S, test)
         print(fmt("RNR DE", t))
         rows.append(("rnr-de", 0, t, {}))
+    if args.defaults_grid:
+        for g in auto_mod.GRID_DECAY:
+            for n in auto_mod.GRID_ROUNDS:
+                for d in auto_mod.GRID_D:
+                    idx = AutoIndex(DI, np.empty((0, N)), rho_d=d, rounds=n, decay=g)
+                    t = evaluate(AUTO(idx, prior=DQ, first=de), S, test)
+                    print(fmt(f"C=0 rho_D={d} R={n} g={g}", t))
+                    sys.stdout.flush()
+                    rows.append(("auto-c0", 0, t, {"rho_d": d, "rounds": n, "decay": g}))
     for frac in args.fracs:
         C = int(frac * dense)
         for seed in args.seeds if C >= 2 * N else args.seeds[:1]:

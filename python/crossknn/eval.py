@@ -98,8 +98,6 @@ class _Context:
                 m.de_queries[m.train],
                 index_calls=reader.limit,
                 seed=self.cfg.seed,
-                budgets=self.cfg.budgets,
-                ks=self.cfg.ks,
             )
         return self._auto
 

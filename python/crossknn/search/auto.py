@@ -210,6 +210,14 @@ class AUTO(RoundMethod):
             out.append(np.r_[v, np.zeros(self.index.n_rows + 1)])
         return out
 
+    def search(self, scorer, queries, **kw):
+        # the per-query solves are small (|A| <= B): a multi-threaded BLAS only thrashes on them
+        # (20x slower on a loaded 2-core machine)
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1, user_api="blas"):
+            return super().search(scorer, queries, **kw)
+
     def query_embedding(self, state) -> np.ndarray:
         p0 = state.prior
         A = state.items
@@ -234,8 +242,8 @@ def build_auto_index(
     *,
     index_calls: int,
     seed: int = 0,
-    budgets: Sequence[int] = CV_BUDGETS,
-    ks: Sequence[int] = CV_KS,
+    budgets: Sequence[int] | None = None,
+    ks: Sequence[int] | None = None,
     n_folds: int = 6,
     max_dev: int = 30,
     progress: bool = False,
@@ -244,8 +252,11 @@ def build_auto_index(
 
     ``scorer``: any scorer over the train queries (it is wrapped in :class:`IndexCallBudget`, or
     used as is when it already is one); ``train_query_vectors[j]``: the DE vector of
-    ``train_queries[j]`` (used for the cross-validated choices only).
+    ``train_queries[j]`` (used for the cross-validated choices only); ``budgets`` / ``ks``: the
+    cross-validation objective, mean Top-k-Recall@B (default :data:`CV_BUDGETS` x :data:`CV_KS`).
     """
+    budgets = CV_BUDGETS if budgets is None else budgets
+    ks = CV_KS if ks is None else ks
     V = np.asarray(item_vectors, np.float32)
     Q = np.asarray(train_query_vectors, np.float32)
     train = list(train_queries)
