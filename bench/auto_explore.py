@@ -74,6 +74,8 @@ def main():
         action="store_true",
         help="C = 0: every (rho_D, rounds, decay) of the grids (the candidates for DEFAULTS)",
     )
+    ap.add_argument("--pseudo-seed", type=int, default=17, help="seed of the --pseudo split")
+    ap.add_argument("--grid-first", type=float, nargs="+", help="first-round shares (0: B/rounds)")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "auto_explore.json"))
     args = ap.parse_args()
@@ -87,7 +89,7 @@ def main():
             setattr(auto_mod, name, tuple(getattr(args, flag)))
     S, DQ, DI, train, test = load()
     if args.pseudo:
-        perm = np.random.default_rng(17).permutation(train)
+        perm = np.random.default_rng(args.pseudo_seed).permutation(train)
         test, train = np.sort(perm[:20]), np.sort(perm[20:])
     N = S.shape[1]
     de = make_retriever("de", item_vectors=DI, query_vectors=DQ)
@@ -114,6 +116,8 @@ def main():
                     print(fmt(f"C=0 rho_D={d} R={n} g={g}", t))
                     sys.stdout.flush()
                     rows.append(("auto-c0", 0, t, {"rho_d": d, "rounds": n, "decay": g}))
+    if args.grid_first:
+        auto_mod.GRID_FIRST = tuple(f or None for f in args.grid_first)
     for frac in args.fracs:
         C = int(frac * dense)
         for seed in args.seeds if C >= 2 * N else args.seeds[:1]:
@@ -125,7 +129,10 @@ def main():
             t = evaluate(AUTO(index, prior=DQ, first=de), S, test)
             info = index.meta()
             name = f"auto C={C} m={index.n_rows} s{seed} rho=({index.rho_d},{index.rho_r}) "
-            print(fmt(name + f"R={index.rounds} g={index.decay}", t), f"[{time.time() - t0:.0f}s]")
+            print(
+                fmt(name + f"R={index.rounds} f={index.first_share}", t),
+                f"[{time.time() - t0:.0f}s]",
+            )
             sys.stdout.flush()
             rows.append(("auto", C, t, {"seed": seed, **info}))
     doc = [

@@ -90,9 +90,10 @@ def cost_table(matrix) -> None:
         n for n in RUNS if n.startswith("eval_cisi_auto_")
     ]:
         path = RESULTS / f"{name}.json"
+        limit = _index_calls(name, matrix)
         if path.is_file():
             rows += [
-                r
+                {**r, "index_calls_limit": int(limit[1]) if limit else None}
                 for r in json.loads(path.read_text())["rows"]
                 if r["budget"] <= 200
                 and r["first"] == "de"
@@ -104,21 +105,25 @@ def cost_table(matrix) -> None:
     cells = [(b, k) for k in (10, 50) for b in (50, 100, 200)]
     table: dict[tuple, dict] = {}
     for r in rows:
-        key = (r["method"], r["index_ce_calls"])
+        key = (r["method"], r["index_calls_limit"] or 0, r["index_ce_calls"])
         table.setdefault(key, {})[(r["budget"], r["k"])] = r["recall"]
-    head = f"{'method':<8} {'index calls':>11} {'share':>6}  " + "  ".join(
+    head = f"{'method':<8} {'C':>7} {'index calls':>11} {'share':>6}  " + "  ".join(
         f"k{k}B{b}" for b, k in cells
     )
     print("\n" + head + "\n" + "-" * len(head))
     out = []
-    for (method, calls), rec in sorted(table.items(), key=lambda kv: (kv[0][0] != "auto", kv[0])):
+    for (method, limit, calls), rec in sorted(
+        table.items(), key=lambda kv: (kv[0][0] != "auto", kv[0])
+    ):
+        c_col = f"{limit:>7,}" if method == "auto" else f"{'-':>7}"
         print(
-            f"{method:<8} {calls:>11,} {calls / dense:>6.1%}  "
+            f"{method:<8} {c_col} {calls:>11,} {calls / dense:>6.1%}  "
             + "  ".join(f"{rec.get(c, float('nan')):6.3f}" for c in cells)
         )
         out.append(
             {
                 "method": method,
+                "index_calls_limit": limit if method == "auto" else None,
                 "index_ce_calls": calls,
                 "share_of_dense": calls / dense,
                 "recall": {f"k{k}B{b}": rec.get((b, k)) for b, k in cells},
@@ -139,12 +144,12 @@ def plot_cost(out, dense, png) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    auto = sorted((r for r in out if r["method"] == "auto"), key=lambda r: r["index_ce_calls"])
+    auto = sorted((r for r in out if r["method"] == "auto"), key=lambda r: r["index_calls_limit"])
     colors = {50: "C0", 100: "C1", 200: "C2"}
     marks = {"adacur": "s", "axn": "^", "rnr": "v"}
     for ax, k in zip(axes, (10, 50), strict=True):
         for b in (50, 100, 200):
-            x = [max(r["share_of_dense"], 1e-3) * 100 for r in auto]
+            x = [max(r["index_calls_limit"] / dense, 1e-3) * 100 for r in auto]
             ax.plot(
                 x, [r["recall"][f"k{k}B{b}"] for r in auto], "o-", c=colors[b], label=f"auto B={b}"
             )
@@ -163,7 +168,7 @@ def plot_cost(out, dense, png) -> None:
         ax.set_xticks([0.1, 1, 5, 10, 100])
         ax.set_xticklabels(["0", "1%", "5%", "10%", "100%"])
         ax.minorticks_off()
-        ax.set_xlabel(f"index CE calls (share of dense ADACUR's {dense:,})")
+        ax.set_xlabel(f"index CE calls C (share of dense ADACUR's {dense:,})")
         ax.set_title(f"Top-{k}-Recall@B, cisi-minilm")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("recall")

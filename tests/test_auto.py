@@ -23,6 +23,7 @@ def small_grid(monkeypatch):
     monkeypatch.setattr(auto_mod, "GRID_D", (0.3, 0.03))
     monkeypatch.setattr(auto_mod, "GRID_R", (0.3, 1.0))
     monkeypatch.setattr(auto_mod, "GRID_ROUNDS", (5,))
+    monkeypatch.setattr(auto_mod, "GRID_FIRST", (0.3,))
     monkeypatch.setattr(auto_mod, "CV_BUDGETS", (40, 80))
 
 

@@ -76,6 +76,7 @@ def auto_index_of(index) -> AutoIndex | None:
         rho_d=float(params["rho_d"]),
         rho_r=float(params["rho_r"]),
         rounds=int(params["rounds"]),
+        first_share=params.get("first_share"),
         decay=float(params.get("decay", 0.0)),
         index_calls=int(params["index_calls"]),
     )

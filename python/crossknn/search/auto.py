@@ -11,13 +11,13 @@ DE query vector with a free per-query slope (no global CE -> DE score map is nee
     u = c * p0 + w,   (w, c) = argmin ||[X_A, X_A p0] (w, c) - a||^2 + sum_j rho_j w_j^2 + eps c^2
 
 with ``p0 = [DE query vector, 0, ..., 0]`` and ``rho = rho_D`` on the DE block, ``rho_R`` on the
-CE-row block. The first round is the DE's top items, then TopK rounds over ``X u``; the final top-k
-is ranked by exact CE scores among every scored item.
+CE-row block. The first round is the DE's top items (``first_share`` of B, or B / rounds), then
+TopK rounds over ``X u``; the final top-k is ranked by exact CE scores among every scored item.
 
 ``rho_D``, ``rho_R`` and the number of rounds are chosen by K-fold cross-validation over the m
 complete rows (rows of a fold are searched with features built from the other rows only; their
 exact top-k is known because the rows are complete). With fewer than two rows the defaults
-:data:`DEFAULTS` apply. Test rows are never read.
+:data:`DEFAULTS` apply (a DE first round of 0.3 B). Test rows are never read.
 """
 
 from __future__ import annotations
@@ -29,16 +29,20 @@ import numpy as np
 
 from crossknn.scorers import BudgetExceededError, MatrixScorer, as_items
 from crossknn.search.methods import RoundMethod, _round_plan
+from crossknn.search.rounds import Step, split_sizes
 from crossknn.topk import topk_recall
 
 __all__ = ["AUTO", "DEFAULTS", "AutoIndex", "IndexCallBudget", "build_auto_index", "zrows"]
 
-# (rho_D, rho_R, rounds) when fewer than two complete rows can be read (no cross-validation);
-# chosen on a pseudo split of cisi-minilm's train rows (bench/auto_explore.py)
-DEFAULTS = (0.3, 0.3, 10)
+# (rho_D, rho_R, rounds, first share) when fewer than two complete rows can be read (no
+# cross-validation); chosen on a pseudo split of cisi-minilm's train rows (bench/auto_explore.py)
+DEFAULTS = (0.3, 0.3, 10, 0.3)
 GRID_D = (0.3, 0.1, 0.03)
 GRID_R = (0.3, 0.1, 1.0)
 GRID_ROUNDS = (10, 5)
+# share of B for the DE first round (None: B / rounds); with m >= 2 rows (0.3, 0.2, None) was a
+# wash on three pseudo splits of cisi's train rows, so cross-validation keeps B / rounds
+GRID_FIRST = (None,)
 GRID_DECAY = (0.0,)
 RHO_FREE = 1e-6  # penalty of the intercept column and of the free slope c
 CV_BUDGETS = (50, 100, 200)
@@ -118,6 +122,7 @@ class AutoIndex:
     rho_d: float = DEFAULTS[0]
     rho_r: float = DEFAULTS[1]
     rounds: int = DEFAULTS[2]
+    first_share: float | None = DEFAULTS[3]  # of B for the DE first round; None: B / rounds
     decay: float = 0.0  # penalties scaled by (|A| / 10) ** -decay: the prior fades over rounds
     index_calls: int = 0
     row_ids: list = field(default_factory=list)
@@ -166,6 +171,7 @@ class AutoIndex:
             "rho_d": self.rho_d,
             "rho_r": self.rho_r,
             "rounds": int(self.rounds),
+            "first_share": self.first_share,
             "decay": float(self.decay),
             "index_calls": int(self.index_calls),
         }
@@ -196,7 +202,13 @@ class AUTO(RoundMethod):
         self.prior = prior
 
     def plan(self, budget):
-        return _round_plan(budget, min(self.rounds, budget), 0)
+        share, rounds = self.index.first_share, min(self.rounds, budget)
+        n1 = 0 if share is None else max(1, int(round(share * budget)))
+        if share is None or rounds < 2 or budget - n1 < rounds - 1:
+            return _round_plan(budget, rounds, 0)
+        return [Step("first", n1)] + [
+            Step("round", n) for n in split_sizes(budget - n1, rounds - 1)
+        ]
 
     def priors(self, queries):
         out = []
@@ -278,11 +290,11 @@ def build_auto_index(
 
     for j, p in enumerate(tqdm(pos, desc="auto index rows", disable=not progress, leave=False)):
         R[j] = reader.score(train[p], all_items)
-    rho_d, rho_r, rounds = DEFAULTS
+    rho_d, rho_r, rounds, first = DEFAULTS
     decay = 0.0
     table = None
     if m >= 2:
-        (rho_d, rho_r, rounds, decay), table = _cross_validate(
+        (rho_d, rho_r, rounds, first, decay), table = _cross_validate(
             R, Q[pos], V, budgets=budgets, ks=ks, n_folds=n_folds, max_dev=max_dev, seed=seed
         )
     return AutoIndex(
@@ -291,6 +303,7 @@ def build_auto_index(
         rho_d=rho_d,
         rho_r=rho_r,
         rounds=rounds,
+        first_share=first,
         decay=decay,
         index_calls=reader.calls,
         row_ids=[train[p] for p in pos],
@@ -299,8 +312,9 @@ def build_auto_index(
 
 
 def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed):
-    """((rho_D, rho_R, rounds), {key: mean dev recall}) by K-fold CV over the complete rows
-    (queries are addressed by their position among the rows; ties -> the earlier grid entry)."""
+    """((rho_D, rho_R, rounds, first share, decay), {key: mean dev recall}) by K-fold CV over the
+    complete rows (queries are addressed by their position among the rows; ties -> the earlier
+    grid entry)."""
     from crossknn.retrievers import make_retriever
 
     m, N = R.shape
@@ -312,19 +326,28 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed):
     scorer = MatrixScorer(R)
     de = make_retriever("de", item_vectors=V, query_vectors=Qr)
     table: dict[str, float] = {}
-    grid = [(d, r, n, g) for g in GRID_DECAY for n in GRID_ROUNDS for d in GRID_D for r in GRID_R]
-    for rho_d, rho_r, rounds, decay in grid:
+    grid = [
+        (d, r, n, s1, g)
+        for g in GRID_DECAY
+        for s1 in GRID_FIRST
+        for n in GRID_ROUNDS
+        for d in GRID_D
+        for r in GRID_R
+    ]
+    for rho_d, rho_r, rounds, first, decay in grid:
         num = 0.0
         for f in folds:
             keep = np.setdiff1d(np.arange(m), f)
-            idx = AutoIndex(V, R[keep], rho_d=rho_d, rho_r=rho_r, rounds=rounds, decay=decay)
+            idx = AutoIndex(
+                V, R[keep], rho_d=rho_d, rho_r=rho_r, rounds=rounds, first_share=first, decay=decay
+            )
             meth = AUTO(idx, prior=Qr, first=de)
             recs = []
             for B in budgets:
                 res = meth.search(scorer, f.tolist(), budget=B, k=max(ks), seed=seed)
                 recs += [float(topk_recall(R, f, res.indices, k).mean()) for k in ks]
             num += len(f) * float(np.mean(recs))
-        table[f"{rho_d},{rho_r},{rounds},{decay}"] = num / len(order)
+        table[f"{rho_d},{rho_r},{rounds},{first},{decay}"] = num / len(order)
     best = max(table, key=lambda key: round(table[key], 9))  # max keeps the first of equals
-    d, r, n, g = best.split(",")
-    return (float(d), float(r), int(n), float(g)), table
+    d, r, n, f, g = best.split(",")
+    return (float(d), float(r), int(n), None if f == "None" else float(f), float(g)), table
