@@ -142,8 +142,6 @@ def test_cli_eval_auto_index_calls(synth_dir, tmp_path, capsys):
             str(synth_dir),
             "--method",
             "auto",
-            "--first",
-            "de",
             "--budget",
             "40",
             "--k",
@@ -159,3 +157,4 @@ def test_cli_eval_auto_index_calls(synth_dir, tmp_path, capsys):
     assert rc == 0
     row = json.loads(out.read_text())["rows"][0]
     assert row["method"] == "auto" and row["index_ce_calls"] == 800
+    assert row["first"] == "de"  # auto's first round is the DE's, with no --first given

@@ -196,7 +196,9 @@ def _tasks(cfg: EvalConfig, n_items: int):
         if name not in METHODS:
             raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
         uses_rounds, _ = METHODS[name]
-        for first in cfg.firsts:
+        # auto's first round is the DE's top items, part of the method (as in its CV): --first
+        # does not apply to it
+        for first in ("de",) if name == "auto" else cfg.firsts:
             for rounds in cfg.rounds if uses_rounds else (1,):
                 for budget in cfg.budgets:
                     yield name, first, rounds, budget
