@@ -91,7 +91,8 @@ class Searcher:
     """Searches a corpus index with the CE on a budget of CE calls per query.
 
     ``ce``/``de`` default to the embedded models; an index built with other models is refused.
-    ``method``: ``axn`` (default: rounds over the DE item vectors, DE first round, least squares
+    ``method``: ``auto`` (the default when the index was built with ``index_calls``), ``axn``
+    (the default otherwise: rounds over the DE item vectors, DE first round, least squares
     mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
     an index built with train queries and ``cur=True``). ``cmc_model``: a CMC model directory
     (``crossknn cmc export``) trained on this DE; the first round then takes the DE's top

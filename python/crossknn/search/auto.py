@@ -37,6 +37,8 @@ __all__ = ["AUTO", "DEFAULTS", "AutoIndex", "IndexCallBudget", "build_auto_index
 # (rho_D, rho_R, rounds, first share) when fewer than two complete rows can be read (no
 # cross-validation); chosen on a pseudo split of cisi-minilm's train rows (bench/auto_explore.py)
 DEFAULTS = (0.3, 0.3, 10, 0.3)
+# the penalty grids; a wider one (1 .. 0.01 x 3 .. 0.03) was better on two of three pseudo splits
+# of cisi's train rows at m = 6, but with m = 3 rows it chose extreme penalties (docs/search.md)
 GRID_D = (0.3, 0.1, 0.03)
 GRID_R = (0.3, 0.1, 1.0)
 GRID_ROUNDS = (10, 5)
