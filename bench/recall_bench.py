@@ -2,9 +2,12 @@
 
     .venv/bin/python bench/recall_bench.py [--matrix ../shared/matrices/cisi-minilm]
 
-Writes bench/results/eval_cisi*.json (one file per run below; each also prints its table) and
-docs/img/cisi_recall.png (the headline curves). Uses the precomputed score matrix only (no model
-runs); takes a few minutes on 2 cores.
+Writes bench/results/eval_cisi*.json (one file per run below; each also prints its table),
+docs/img/cisi_recall.png (the headline curves), and the index-cost table (method x index CE calls
+x (B, k): ``auto`` at 0, 1, 5, 10 and 100% of dense ADACUR's index calls beside ADACUR, AXN and
+RNR, all with the DE first round) as bench/results/recall_index_cost.json and
+docs/img/cisi_index_cost.png. Uses the precomputed score matrix only (no model runs); takes
+about half an hour on 2 cores (``--only`` runs a part).
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ RUNS = {
     "eval_cisi_softmax_t1": methods("adacur-softmax") + ["--temperature", "1"],
     "eval_cisi_softmax_t0.1": methods("adacur-softmax") + ["--temperature", "0.1"],
 }
+# auto's index calls as a share of dense ADACUR's (|train| x N = 62 x 1,460 = 90,520 on cisi)
+INDEX_SHARES = (0.0, 0.01, 0.05, 0.10, 1.0)
+for _share in INDEX_SHARES:
+    RUNS[f"eval_cisi_auto_{round(100 * _share)}pct"] = methods("auto") + ["--first", "de"]
 
 FIGURE_SERIES = [  # (run, method, first, rounds)
     ("eval_cisi_rnr", "rnr", "de", 1),
@@ -61,6 +68,119 @@ FIGURE_SERIES = [  # (run, method, first, rounds)
 ]
 
 
+def _dense_calls(matrix) -> int:
+    from crossknn.matrix import load_score_matrix
+
+    m = load_score_matrix(matrix)
+    return int(m.train.size * m.n_items)
+
+
+def _index_calls(name: str, matrix) -> list[str]:
+    if not name.startswith("eval_cisi_auto_"):
+        return []
+    share = int(name.rsplit("_", 1)[1].removesuffix("pct")) / 100
+    return ["--index-calls", str(int(share * _dense_calls(matrix)))]
+
+
+def cost_table(matrix) -> None:
+    """Method x index CE calls x (B, k), all with the DE first round: auto from its runs, RNR,
+    AXN and ADACUR (5 rounds) from eval_cisi_rnr / eval_cisi_de; printed, JSON, figure."""
+    rows = []
+    for name in ["eval_cisi_rnr", "eval_cisi_de"] + [
+        n for n in RUNS if n.startswith("eval_cisi_auto_")
+    ]:
+        path = RESULTS / f"{name}.json"
+        limit = _index_calls(name, matrix)
+        if path.is_file():
+            rows += [
+                {**r, "index_calls_limit": int(limit[1]) if limit else None}
+                for r in json.loads(path.read_text())["rows"]
+                if r["budget"] <= 200
+                and r["first"] == "de"
+                and r["method"] in ("auto", "rnr", "axn", "adacur")
+            ]
+    if not rows:
+        return
+    dense = _dense_calls(matrix)
+    cells = [(b, k) for k in (10, 50) for b in (50, 100, 200)]
+    table: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["method"], r["index_calls_limit"] or 0, r["index_ce_calls"])
+        table.setdefault(key, {})[(r["budget"], r["k"])] = r["recall"]
+    head = f"{'method':<8} {'C':>7} {'index calls':>11} {'share':>6}  " + "  ".join(
+        f"k{k}B{b}" for b, k in cells
+    )
+    print("\n" + head + "\n" + "-" * len(head))
+    out = []
+    for (method, limit, calls), rec in sorted(
+        table.items(), key=lambda kv: (kv[0][0] != "auto", kv[0])
+    ):
+        c_col = f"{limit:>7,}" if method == "auto" else f"{'-':>7}"
+        print(
+            f"{method:<8} {c_col} {calls:>11,} {calls / dense:>6.1%}  "
+            + "  ".join(f"{rec.get(c, float('nan')):6.3f}" for c in cells)
+        )
+        out.append(
+            {
+                "method": method,
+                "index_calls_limit": limit if method == "auto" else None,
+                "index_ce_calls": calls,
+                "share_of_dense": calls / dense,
+                "recall": {f"k{k}B{b}": rec.get((b, k)) for b, k in cells},
+            }
+        )
+    (RESULTS / "recall_index_cost.json").write_text(
+        json.dumps({"dense_index_calls": dense, "rows": out}, indent=1) + "\n"
+    )
+    plot_cost(out, dense, REPO / "docs" / "img" / "cisi_index_cost.png")
+
+
+def plot_cost(out, dense, png) -> None:
+    """Recall vs index CE calls (share of dense ADACUR's), one panel per k, a line per B for
+    auto and a marker per baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    auto = sorted((r for r in out if r["method"] == "auto"), key=lambda r: r["index_calls_limit"])
+    colors = {50: "C0", 100: "C1", 200: "C2"}
+    marks = {"adacur": "s", "axn": "^", "rnr": "v"}
+    for ax, k in zip(axes, (10, 50), strict=True):
+        for b in (50, 100, 200):
+            x = [max(r["index_calls_limit"] / dense, 1e-3) * 100 for r in auto]
+            ax.plot(
+                x, [r["recall"][f"k{k}B{b}"] for r in auto], "o-", c=colors[b], label=f"auto B={b}"
+            )
+            for r in out:
+                if r["method"] in marks:
+                    ax.plot(
+                        max(r["share_of_dense"], 1e-3) * 100,
+                        r["recall"][f"k{k}B{b}"],
+                        marks[r["method"]],
+                        c=colors[b],
+                        mfc="none",
+                        ms=8,
+                        label=f"{r['method']} (DE first) B={b}",
+                    )
+        ax.set_xscale("log")
+        ax.set_xticks([0.1, 1, 5, 10, 100])
+        ax.set_xticklabels(["0", "1%", "5%", "10%", "100%"])
+        ax.minorticks_off()
+        ax.set_xlabel(f"index CE calls C (share of dense ADACUR's {dense:,})")
+        ax.set_title(f"Top-{k}-Recall@B, cisi-minilm")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("recall")
+    h, lab = axes[0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=130)
+    plt.close(fig)
+    print(f"wrote {png}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", default=str(CISI_MATRIX))
@@ -70,14 +190,15 @@ def main() -> int:
     for name, argv in RUNS.items():
         if args.only and name not in args.only:
             continue
-        print(f"\n== {name}: crossknn eval MATRIX {' '.join(argv + GRID)}")
+        grid = GRID + _index_calls(name, args.matrix)
+        print(f"\n== {name}: crossknn eval MATRIX {' '.join(argv + grid)}")
         t0 = time.perf_counter()
         rc = crossknn(
             [
                 "eval",
                 args.matrix,
                 *argv,
-                *GRID,
+                *grid,
                 "--json",
                 str(RESULTS / f"{name}.json"),
                 "--no-plot",
@@ -88,6 +209,7 @@ def main() -> int:
             return rc
         timings[name] = round(time.perf_counter() - t0, 1)
     print("\nseconds per run:", json.dumps(timings))
+    cost_table(args.matrix)
 
     from crossknn.eval import plot_curves
 

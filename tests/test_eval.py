@@ -56,7 +56,7 @@ def test_choose_on_dev_only_sees_train_rows():
     best, table = choose_on_dev(
         lambda v, rows: Probe(), [0.2, 0.4], S, [0, 1, 2, 3, 4], budget=2, k=1
     )
-    assert set(seen) <= {0, 1, 2, 3, 4} and best == 0.2 and set(table) == {0.2, 0.4}
+    assert set(seen) <= {0, 1, 2, 3, 4} and best == 0.4 and set(table) == {0.2, 0.4}  # tie: later
 
 
 def test_synthetic_matrix_shapes_and_skew():

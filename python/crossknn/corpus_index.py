@@ -203,6 +203,7 @@ def build_corpus_index(
     progress: bool = True,
     chunk: int = 1024,
     round_index: str = "auto",
+    index_calls: int | None = None,
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
@@ -239,6 +240,7 @@ def build_corpus_index(
             progress=progress,
             chunk=chunk,
             round_index=round_index,
+            index_calls=index_calls,
         )
     return open_index(out)
 
@@ -257,6 +259,7 @@ def _build_locked(
     progress: bool,
     chunk: int,
     round_index: str = "auto",
+    index_calls: int | None = None,
 ) -> None:
     from crossknn.ce import default_cross_encoder, default_dual_encoder
     from crossknn.ce.folders import model_record
@@ -287,6 +290,18 @@ def _build_locked(
         ce, de, V, cal, items_per_query=calibration_items, seed=seed, progress=progress
     )
     arrays: dict[str, np.ndarray] = {"de_items": V}
+    auto = None
+    if index_calls is not None:  # the default method's index (crossknn.index.auto)
+        from crossknn.index.auto import build_corpus_auto, pseudo_query_count
+
+        qs = train_queries or pseudo_queries(
+            corpus, pseudo_query_count(index_calls, len(corpus), calibration_queries), seed=seed
+        )
+        a_arrays, auto, a_calls = build_corpus_auto(
+            ce, de, V, list(qs), index_calls=index_calls, seed=seed, progress=progress
+        )
+        arrays.update(a_arrays)
+        ce_calls += a_calls
     if cur:
         cur_key = {
             "what": "cur_rows",
@@ -313,6 +328,7 @@ def _build_locked(
         "calibration_items": int(calibration_items),
         "n_train_queries": len(train_queries) if train_queries else 0,
         "seed": int(seed),
+        **({"auto": auto} if auto is not None else {}),
     }
     # the rounds' MIPS index over de_items (crossknn.search.round_index; none for 'exact')
     from crossknn.core import ItemFeatures
@@ -330,7 +346,7 @@ def _build_locked(
         "models": {"ce": model_record(ce), "de": model_record(de)},
     }
     # arrays of an earlier build that this one does not have would linger beside the new index
-    for stale in {"de_items", "R", "round_index"} - set(arrays):
+    for stale in {"de_items", "R", "round_index", "auto_rows"} - set(arrays):
         try:
             os.unlink(out / f"{stale}.npy")
         except FileNotFoundError:

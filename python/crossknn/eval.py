@@ -65,6 +65,8 @@ class EvalConfig:
     score_map: ScoreMap | None = None  # AXN's CE score map; None: fit on train rows
     corpus: str | Path | None = None
     dev_fraction: float = 0.2
+    index_calls: int | None = None  # auto's train CE entries; None: 10% of |train| x N
+    axn_index_calls: int | None = None  # entries read by a given AXN index (e.g. sparse MF)
     extra: dict = field(default_factory=dict)
 
 
@@ -77,6 +79,41 @@ class _Context:
         self._retrievers: dict[str, object] = {}
         self._indexes: dict[tuple, CurIndex] = {}
         self._texts: tuple[list[str], list[str]] | None = None
+        self._auto = None
+
+    def auto_index(self):
+        """``auto``'s index, built once from at most C train entries through a counting scorer
+        over the train rows only (it refuses test rows and entry C + 1)."""
+        if self._auto is None:
+            from crossknn.search.auto import IndexCallBudget, build_auto_index
+
+            m = self.m
+            if m.de_items is None or m.de_queries is None:
+                raise FileNotFoundError(f"{m.path} has no de_items.npy/de_queries.npy")
+            reader = IndexCallBudget(self.scorer, m.train.tolist(), auto_index_calls(self.cfg, m))
+            self._auto = build_auto_index(
+                reader,
+                m.train.tolist(),
+                m.de_items,
+                m.de_queries[m.train],
+                index_calls=reader.limit,
+                seed=self.cfg.seed,
+            )
+        return self._auto
+
+    def index_ce_calls(self, name: str) -> int:
+        """Train CE entries read to build ``name``'s index (0 when it reads none)."""
+        m, cfg = self.m, self.cfg
+        if name == "auto":
+            return int(self.auto_index().index_calls)
+        if name == "rnr":
+            return 0
+        if name == "axn" and cfg.axn_index_calls is not None:
+            return int(cfg.axn_index_calls)
+        if name == "axn":  # the CE->DE score map is fitted on every train row
+            fitted = cfg.score_map is None and cfg.axn_normalize and m.de_queries is not None
+            return int(m.train.size * m.n_items) if fitted else 0
+        return int(m.train.size * m.n_items)  # dense CUR index of every train row
 
     def texts(self):
         if self._texts is None:
@@ -133,6 +170,10 @@ class _Context:
             anchor_seed=cfg.seed,
             n_items=self.m.n_items,
         )
+        if name == "auto":
+            return make_method(
+                name, auto_index=self.auto_index(), prior=self.m.de_queries, first=kw["first"]
+            )
         if name == "axn":
             V = self.m.de_items if cfg.item_vectors is None else cfg.item_vectors
             if V is None:
@@ -155,10 +196,19 @@ def _tasks(cfg: EvalConfig, n_items: int):
         if name not in METHODS:
             raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
         uses_rounds, _ = METHODS[name]
-        for first in cfg.firsts:
+        # auto's first round is the DE's top items, part of the method (as in its CV): --first
+        # does not apply to it
+        for first in ("de",) if name == "auto" else cfg.firsts:
             for rounds in cfg.rounds if uses_rounds else (1,):
                 for budget in cfg.budgets:
                     yield name, first, rounds, budget
+
+
+def auto_index_calls(cfg: EvalConfig, m: ScoreMatrix) -> int:
+    """C for ``auto``: ``cfg.index_calls``, or 10% of the dense index (|train| x N)."""
+    if cfg.index_calls is None:
+        return int(0.1 * m.train.size * m.n_items)
+    return int(cfg.index_calls)
 
 
 def _check_config(cfg: EvalConfig, m: ScoreMatrix) -> None:
@@ -191,6 +241,8 @@ def _check_config(cfg: EvalConfig, m: ScoreMatrix) -> None:
         raise ValueError(f"ridge must be >= 0; got {cfg.ridge}")
     if m.test.size == 0:
         raise ValueError(f"{m.path}/splits.json has no test rows")
+    if cfg.index_calls is not None and cfg.index_calls < 0:
+        raise ValueError(f"--index-calls must be >= 0; got {cfg.index_calls}")
     check_matrix(m)
 
 
@@ -267,13 +319,16 @@ def evaluate(
                     "method": name,
                     "budget": budget,
                     "k": k,
-                    "rounds": rounds if METHODS[name][0] else 1,
+                    "rounds": rounds if METHODS[name][0] else getattr(method, "rounds", 1),
                     "first": first,
                     "recall": float(topk_recall(m.scores, m.test, res.indices, k).mean()),
                     "n_test": len(test),
                     "ce_calls_max": calls_max,
                     "seconds": round(secs, 3),
+                    "index_ce_calls": ctx.index_ce_calls(name),
                 }
+                if name == "auto":
+                    row["auto"] = ctx.auto_index().meta()
                 if param is not None:
                     row[param] = value
                     if table is not None:

@@ -34,7 +34,7 @@ from crossknn.topk import exact_top_k
 __all__ = ["METHODS", "Hits", "Searcher"]
 
 #: the methods a corpus index can serve (ADACUR/ANNCUR need its CUR rows)
-METHODS = ("axn", "rnr", "adacur", "anncur")
+METHODS = ("auto", "axn", "rnr", "adacur", "anncur")
 
 
 @dataclass
@@ -165,7 +165,8 @@ class Searcher:
     a model that differs from the recorded one (precision, model id or hash) is refused.
     ``precision`` (default: the index's), ``provider``, ``threads``, ``batch_size`` (CE pairs
     per batch) are the model options.
-    ``method``: ``axn`` (default: rounds over the DE item vectors, DE first round, least squares
+    ``method``: ``auto`` (the default when the index was built with ``index_calls``), ``axn``
+    (the default otherwise: rounds over the DE item vectors, DE first round, least squares
     mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
     an index built with train queries and ``cur=True``). ``cmc_model``: a CMC model directory
     (``crossknn cmc export``) trained on this DE; the first round then takes the DE's top
@@ -180,7 +181,7 @@ class Searcher:
         de=None,
         model: str | os.PathLike | None = None,
         de_model: str | os.PathLike | None = None,
-        method: str = "axn",
+        method: str | None = None,
         rounds: int = 5,
         mix: float = DEFAULT_MIX,
         precision: str | None = None,
@@ -203,6 +204,7 @@ class Searcher:
         self.ce = ce if ce is not None else _open(index, "ce", model, precision, opts)
         self.model_records = {"ce": model_record(self.ce), "de": model_record(self.de)}
         index.check_models(ce=self.ce, de=self.de)
+        method = method or ("auto" if "auto" in index.params else "axn")  # the default method
         self._check_method(method)
         self.method, self.rounds, self.mix = method, int(rounds), float(mix)
         self.ce.set_items(list(self.corpus.texts))
@@ -247,11 +249,20 @@ class Searcher:
                 f"method {method!r} needs a CUR index (CE scores of train queries x all items); "
                 "rebuild with: crossknn build CORPUS INDEX_DIR --train-queries FILE --cur"
             )
+        if method == "auto" and "auto" not in self.index.params:
+            raise ValueError(
+                "method 'auto' needs an auto index; rebuild with: crossknn build CORPUS "
+                "INDEX_DIR --index-calls C"
+            )
 
     def _make(self, method: str, rounds: int):
         key = (method, rounds)
         if key not in self._methods:
-            cur = None
+            cur = auto = None
+            if method == "auto":  # its rounds come from the index (chosen on train queries)
+                from crossknn.index.auto import auto_index_of
+
+                auto = auto_index_of(self.index)
             if method in ("adacur", "anncur"):
                 cur = CurIndex(np.asarray(self.index["R"], np.float32))
             self._methods[key] = make_method(
@@ -264,6 +275,7 @@ class Searcher:
                 mix=self.mix,
                 score_map=ScoreMap.from_params(self.index.params, what=f"index {self.index.path}"),
                 n_items=self.n_items,
+                auto_index=auto,
             )
         return self._methods[key]
 

@@ -54,6 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="MIPS index the rounds search (FAISS IVF-SQ8 / HNSW; auto: exact below 200k items)",
     )
+    p.add_argument(
+        "--index-calls",
+        type=nonneg_int,
+        metavar="C",
+        help="build the default method's (auto) index from at most C CE calls on the train "
+        "(or pseudo) queries; crossknn search then uses auto",
+    )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_model_arguments(p)
@@ -146,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=not args.quiet,
             round_index=args.round_index,
+            index_calls=args.index_calls,
         )
     except Exception:
         # a failed build (full disk, unreadable model ...) leaves no half index behind; an

@@ -128,6 +128,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "embeddings of the DE vectors and CE score normalization); it must be "
         "built from train rows only",
     )
+    p.add_argument(
+        "--index-calls",
+        type=nonneg_int,
+        metavar="C",
+        help="auto: train CE entries its index may read (default 10%% of |train| x N)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -141,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         if out and Path(out).is_dir():
             raise ValueError(f"{opt} {out} is a folder; give a file name")
     m = load_score_matrix(args.matrix)
-    V = P = smap = None
+    V = P = smap = axn_calls = None
     if args.item_vectors and args.index:
         raise ValueError("give either --item-vectors or --index, not both")
     if args.item_vectors:
@@ -165,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         if m.de_queries is not None:
             P = np.asarray(query_embeddings(index, m.de_queries), np.float32)
         smap = mf_score_map(index)
+        axn_calls = int(index.ce_calls)
     if V is not None and (V.ndim != 2 or V.shape[0] != m.n_items):
         raise ValueError(f"AXN item vectors must be ({m.n_items}, d); got {V.shape}")
     cfg = EvalConfig(
@@ -183,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
         query_vectors=P,
         score_map=smap,
         corpus=args.corpus,
+        index_calls=args.index_calls,
+        axn_index_calls=axn_calls,
         extra={"cmc_model": args.cmc_model, "cmc_candidates": args.cmc_candidates}
         if "cmc" in (args.first or [])
         else {},

@@ -63,7 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--budget", type=positive_int, default=100, help="CE calls per query (default 100)"
     )
-    p.add_argument("--method", choices=METHODS, default="axn", help="search method (default axn)")
+    p.add_argument(
+        "--method",
+        choices=METHODS,
+        help="search method (default: auto when the index was built with --index-calls, else axn)",
+    )
     p.add_argument(
         "--rounds", type=positive_int, default=5, help="rounds of adaptive methods (default 5)"
     )
@@ -212,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(
             {
-                "method": args.method,
+                "method": searcher.method,
                 "k": args.k,
                 "budget": args.budget,
                 "rounds": args.rounds,

@@ -26,6 +26,7 @@ METHODS: dict[str, tuple[bool, str | None]] = {
     "adacur-softmax": (True, "temperature"),
     "adacur-random": (True, None),
     "axn": (True, None),
+    "auto": (False, None),  # its rounds come from the index (chosen on train rows)
 }
 
 
@@ -45,19 +46,27 @@ def make_method(
     final: str = "all",
     anchor_seed: int = 0,
     n_items: int | None = None,
+    auto_index: Any = None,
 ) -> RoundMethod:
     """The method ``name`` (one of :data:`METHODS`) over the given resources.
 
     ``cur``: the dense CUR index (ANNCUR/ADACUR); ``item_vectors``: AXN's item features (N x d);
     ``prior``: AXN's prior query embeddings (callable or array by query row), mixed in with
     weight ``mix`` (ignored without a prior); ``split``: ANNCUR's and ``adacur-split``'s anchor
-    share of the budget; ``ridge``: ``None`` keeps each method's default.
+    share of the budget; ``ridge``: ``None`` keeps each method's default; ``auto_index``: the
+    :class:`crossknn.search.auto.AutoIndex` of method ``auto`` (its prior: the DE query vectors).
     """
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
     ridge_kw = {} if ridge is None else {"ridge": float(ridge)}
     if name == "rnr":
         return RNR(first, n_items=n_items)
+    if name == "auto":
+        from crossknn.search.auto import AUTO
+
+        if auto_index is None:
+            raise ValueError("method 'auto' needs an auto index (crossknn.search.auto)")
+        return AUTO(auto_index, prior=prior, first=first)
     if name in ("anncur",) or name.startswith("adacur"):
         if cur is None:
             raise ValueError(

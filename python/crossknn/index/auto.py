@@ -1,0 +1,82 @@
+"""``auto``'s index for a user's corpus (``crossknn build --index-calls C``).
+
+The same builder as the eval harness (:func:`crossknn.search.auto.build_auto_index`), fed with the
+CE over the corpus and train queries given by the user, or pseudo-queries made from item texts
+(as the CE calibration does) when there are none. At most ``C`` CE calls are spent, counted by
+:class:`crossknn.search.auto.IndexCallBudget`. Stored in the corpus index as the array
+``auto_rows`` (m x N, the complete CE rows) and ``params["auto"]`` (the choices made).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
+
+__all__ = ["AUTO_ARRAY", "auto_index_of", "build_corpus_auto", "pseudo_query_count"]
+
+AUTO_ARRAY = "auto_rows"
+
+
+def pseudo_query_count(index_calls: int, n_items: int, calibration_queries: int) -> int:
+    """Pseudo-queries to make when no train queries are given: enough for every complete row
+    ``C`` pays for, and at least as many as the calibration uses."""
+    return max(int(calibration_queries), int(index_calls) // max(int(n_items), 1))
+
+
+class _TextScorer:
+    """The CE over the corpus items, addressed by train query position (IndexCallBudget keys)."""
+
+    def __init__(self, ce, texts: Sequence[str], n_items: int) -> None:
+        self.ce, self.texts, self.n_items = ce, list(texts), int(n_items)
+
+    def score_batch(self, queries, items):
+        return self.ce.score_batch([self.texts[int(q)] for q in queries], items)
+
+
+def build_corpus_auto(
+    ce,
+    de,
+    item_vectors: np.ndarray,
+    train_queries: Sequence[str],
+    *,
+    index_calls: int,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[dict[str, np.ndarray], dict, int]:
+    """(arrays, params, CE calls spent) of the auto index; ``ce`` must have the corpus items set
+    (``ce.set_items``). Train queries are addressed by position; ``de.encode`` gives their DE
+    vectors (used for the cross-validated choices)."""
+    qs = list(train_queries)
+    if not qs:
+        raise ValueError("the auto index needs at least one train or pseudo query")
+    V = np.asarray(item_vectors, np.float32)
+    Q = np.asarray(de.encode(qs), np.float32)
+    reader = IndexCallBudget(_TextScorer(ce, qs, V.shape[0]), range(len(qs)), index_calls)
+    idx = build_auto_index(
+        reader, list(range(len(qs))), V, Q, index_calls=index_calls, seed=seed, progress=progress
+    )
+    params = {**idx.meta(), "index_calls_limit": int(index_calls), "n_train_queries": len(qs)}
+    return {AUTO_ARRAY: idx.rows}, params, int(reader.calls)
+
+
+def auto_index_of(index) -> AutoIndex | None:
+    """The :class:`AutoIndex` of a corpus index (``crossknn.corpus_index.CorpusIndex``), or None
+    when it was built without ``--index-calls``."""
+    params = index.params.get("auto")
+    if params is None:
+        return None
+    rows = index.arrays.get(AUTO_ARRAY)
+    V = np.asarray(index["de_items"], np.float32)
+    return AutoIndex(
+        V,
+        np.zeros((0, V.shape[0]), np.float32) if rows is None else np.asarray(rows, np.float32),
+        rho_d=float(params["rho_d"]),
+        rho_r=float(params["rho_r"]),
+        rounds=int(params["rounds"]),
+        first_share=params.get("first_share"),
+        decay=float(params.get("decay", 0.0)),
+        index_calls=int(params["index_calls"]),
+    )

@@ -1,0 +1,355 @@
+"""``auto``: crossknn's default method, hybrid-feature rounds from a small index of train CE rows.
+
+Offline, the index reads at most ``C`` CE entries of the *train* queries, through
+:class:`IndexCallBudget` (a counting scorer that refuses more, as :class:`BudgetedScorer` does
+online): ``m = min(C // N, n_train)`` complete train rows chosen uniformly at random. The item
+features are ``X = [DE item vectors | the m rows, z-scored per row | 1]`` (N x (d + m + 1)).
+
+Online, each query's embedding is a ridge least squares of its scored CE scores pulled toward its
+DE query vector with a free per-query slope (no global CE -> DE score map is needed)::
+
+    u = c * p0 + w,   (w, c) = argmin ||[X_A, X_A p0] (w, c) - a||^2 + sum_j rho_j w_j^2 + eps c^2
+
+with ``p0 = [DE query vector, 0, ..., 0]`` and ``rho = rho_D`` on the DE block, ``rho_R`` on the
+CE-row block. The first round is the DE's top items (``first_share`` of B, or B / rounds), then
+TopK rounds over ``X u``; the final top-k is ranked by exact CE scores among every scored item.
+
+``rho_D``, ``rho_R`` and the number of rounds are chosen by K-fold cross-validation over the m
+complete rows (rows of a fold are searched with features built from the other rows only; their
+exact top-k is known because the rows are complete). With fewer than two rows the defaults
+:data:`DEFAULTS` apply (a DE first round of 0.3 B). Test rows are never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crossknn.scorers import BudgetExceededError, MatrixScorer, as_items
+from crossknn.search.methods import RoundMethod, _round_plan
+from crossknn.search.rounds import Step, split_sizes
+from crossknn.topk import topk_recall
+
+__all__ = ["AUTO", "DEFAULTS", "AutoIndex", "IndexCallBudget", "build_auto_index", "zrows"]
+
+# (rho_D, rho_R, rounds, first share) when fewer than two complete rows can be read (no
+# cross-validation); chosen on a pseudo split of cisi-minilm's train rows (bench/auto_explore.py)
+DEFAULTS = (0.3, 0.3, 10, 0.3)
+# the penalty grids; a wider one (1 .. 0.01 x 3 .. 0.03) was better on two of three pseudo splits
+# of cisi's train rows at m = 6, but with m = 3 rows it chose extreme penalties (docs/search.md)
+GRID_D = (0.3, 0.1, 0.03)
+GRID_R = (0.3, 0.1, 1.0)
+GRID_ROUNDS = (10, 5)
+# share of B for the DE first round (None: B / rounds); with m >= 2 rows (0.3, 0.2, None) was a
+# wash on three pseudo splits of cisi's train rows, so cross-validation keeps B / rounds
+GRID_FIRST = (None,)
+GRID_DECAY = (0.0,)
+RHO_FREE = 1e-6  # penalty of the intercept column and of the free slope c
+CV_BUDGETS = (50, 100, 200)
+CV_KS = (10, 50)
+
+
+class IndexCallBudget:
+    """Counting scorer over the train queries for the offline phase: at most ``calls`` distinct
+    (query, item) entries, only of ``queries``; an entry read twice is served from the cache."""
+
+    def __init__(self, scorer, queries: Sequence, calls: int) -> None:
+        if int(calls) < 0:
+            raise ValueError(f"index calls must be >= 0; got {calls}")
+        self.scorer, self.limit = scorer, int(calls)
+        self.n_items = int(scorer.n_items)
+        self.allowed = {_key(q) for q in queries}
+        self._seen: dict = {}
+
+    @property
+    def calls(self) -> int:
+        return len(self._seen)
+
+    def score(self, query, items) -> np.ndarray:
+        return self.score_batch([query], [items])[0]
+
+    def score_batch(self, queries: list, items: list) -> list[np.ndarray]:
+        if len(queries) != len(items):
+            raise ValueError(f"score_batch: {len(queries)} queries but {len(items)} item lists")
+        items = [as_items(it, self.n_items) for it in items]
+        new: dict = {}
+        for q, it in zip(queries, items, strict=True):
+            if _key(q) not in self.allowed:
+                raise PermissionError(f"query {q!r} is not a train query of this index")
+            pend = new.setdefault(_key(q), (q, {}))[1]
+            for i in it.tolist():
+                if (_key(q), i) not in self._seen:
+                    pend[i] = None
+        n_new = sum(len(p) for _, p in new.values())
+        if self.calls + n_new > self.limit:
+            raise BudgetExceededError(
+                f"the index may read {self.limit} train CE entries; {self.calls} read, "
+                f"{n_new} more asked"
+            )
+        todo = [(q, np.fromiter(p, np.int64, len(p))) for q, p in new.values() if p]
+        if todo:
+            out = self.scorer.score_batch([q for q, _ in todo], [p for _, p in todo])
+            for (q, p), s in zip(todo, out, strict=True):
+                s = np.asarray(s, np.float32).ravel()
+                if s.shape != p.shape or not np.all(np.isfinite(s)):
+                    raise ValueError(f"the scorer returned bad scores for query {q!r}")
+                for i, v in zip(p.tolist(), s.tolist(), strict=True):
+                    self._seen[(_key(q), i)] = v
+        return [
+            np.array([self._seen[(_key(q), i)] for i in it.tolist()], np.float32)
+            for q, it in zip(queries, items, strict=True)
+        ]
+
+
+def _key(q):
+    return int(q) if isinstance(q, (int, np.integer)) else q
+
+
+def zrows(R) -> np.ndarray:
+    """Each row centred and scaled to unit standard deviation (constant rows: centred only)."""
+    R = np.asarray(R, np.float64)
+    sd = R.std(axis=1, keepdims=True)
+    return (R - R.mean(axis=1, keepdims=True)) / np.where(sd > 0, sd, 1.0)
+
+
+@dataclass
+class AutoIndex:
+    """What ``auto`` needs: DE item vectors (N x d), ``rows`` (m x N) complete train CE rows
+    (m may be 0), the chosen penalties and rounds, and the CE entries read to build it."""
+
+    item_vectors: np.ndarray
+    rows: np.ndarray
+    rho_d: float = DEFAULTS[0]
+    rho_r: float = DEFAULTS[1]
+    rounds: int = DEFAULTS[2]
+    first_share: float | None = DEFAULTS[3]  # of B for the DE first round; None: B / rounds
+    decay: float = 0.0  # penalties scaled by (|A| / 10) ** -decay: the prior fades over rounds
+    index_calls: int = 0
+    row_ids: list = field(default_factory=list)
+    cv: dict | None = None
+
+    def __post_init__(self) -> None:
+        V = np.asarray(self.item_vectors, np.float32)
+        if V.ndim != 2 or 0 in V.shape:
+            raise ValueError(f"item vectors must be a non-empty (N x d) matrix; got {V.shape}")
+        R = np.asarray(self.rows, np.float32).reshape(-1, V.shape[0])
+        if not (np.all(np.isfinite(V)) and np.all(np.isfinite(R))):
+            raise ValueError("the auto index holds NaN or inf values")
+        self.item_vectors, self.rows = V, R
+        if self.rho_d <= 0 or self.rho_r <= 0 or int(self.rounds) < 1:
+            raise ValueError(
+                f"need rho_d, rho_r > 0 and rounds >= 1; got {self.rho_d}, {self.rho_r}, "
+                f"{self.rounds}"
+            )
+
+    @property
+    def n_items(self) -> int:
+        return self.item_vectors.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.item_vectors.shape[1]
+
+    @property
+    def n_rows(self) -> int:
+        return self.rows.shape[0]
+
+    def features(self) -> np.ndarray:
+        """``X = [V | zrows(R)ᵀ | 1]`` (N x (d + m + 1)), float32."""
+        blocks = [self.item_vectors.astype(np.float64)]
+        if self.n_rows:
+            blocks.append(zrows(self.rows).T)
+        blocks.append(np.ones((self.n_items, 1)))
+        return np.ascontiguousarray(np.hstack(blocks), np.float32)
+
+    def penalties(self) -> np.ndarray:
+        return np.r_[np.full(self.dim, self.rho_d), np.full(self.n_rows, self.rho_r), RHO_FREE]
+
+    def meta(self) -> dict:
+        return {
+            "rows": self.n_rows,
+            "rho_d": self.rho_d,
+            "rho_r": self.rho_r,
+            "rounds": int(self.rounds),
+            "first_share": self.first_share,
+            "decay": float(self.decay),
+            "index_calls": int(self.index_calls),
+        }
+
+
+class AUTO(RoundMethod):
+    """Hybrid-feature rounds over an :class:`AutoIndex` (see the module docstring).
+
+    ``prior``: DE query vectors, a callable ``query -> (d,)`` or an array indexed by query row;
+    ``first``: the first-stage retriever (the DE) or ``"random"``.
+    """
+
+    name = "auto"
+
+    def __init__(self, index: AutoIndex, *, prior, first="random", rounds: int | None = None):
+        from crossknn.core import ItemFeatures
+
+        super().__init__(first=first, n_items=index.n_items)
+        if prior is None:
+            raise ValueError("auto needs the DE query vectors as its prior")
+        self.index = index
+        self.rounds = int(index.rounds if rounds is None else rounds)
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1; got {self.rounds}")
+        self.features = ItemFeatures(index.features())
+        self._X = index.features().astype(np.float64)
+        self._inv_rho = np.r_[1.0 / index.penalties(), 1.0 / RHO_FREE]
+        self.prior = prior
+
+    def plan(self, budget):
+        share, rounds = self.index.first_share, min(self.rounds, budget)
+        n1 = 0 if share is None else max(1, int(round(share * budget)))
+        if share is None or rounds < 2 or budget - n1 < rounds - 1:
+            return _round_plan(budget, rounds, 0)
+        return [Step("first", n1)] + [
+            Step("round", n) for n in split_sizes(budget - n1, rounds - 1)
+        ]
+
+    def priors(self, queries):
+        out = []
+        for q in queries:
+            v = self.prior(q) if callable(self.prior) else np.asarray(self.prior)[int(q)]
+            v = np.asarray(v, np.float64).ravel()
+            if v.shape != (self.index.dim,):
+                raise ValueError(
+                    f"DE query vector must have shape ({self.index.dim},); got {v.shape}"
+                )
+            out.append(np.r_[v, np.zeros(self.index.n_rows + 1)])
+        return out
+
+    def search(self, scorer, queries, **kw):
+        # the per-query solves are small (|A| <= B): a multi-threaded BLAS only thrashes on them
+        # (20x slower on a loaded 2-core machine)
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1, user_api="blas"):
+            return super().search(scorer, queries, **kw)
+
+    def query_embedding(self, state) -> np.ndarray:
+        p0 = state.prior
+        A = state.items
+        if A.size == 0:
+            return p0
+        XA = self._X[A]
+        Z = np.hstack([XA, (XA @ p0)[:, None]])  # last column: the free slope on the prior
+        inv_rho = self._inv_rho
+        if self.index.decay:
+            inv_rho = inv_rho * (A.size / 10.0) ** self.index.decay
+        ZL = Z * inv_rho
+        # ridge solution via the n x n system (n = |A| <= B is small): ZL^T (Z ZL^T + I)^-1 a
+        w = ZL.T @ np.linalg.solve(ZL @ Z.T + np.eye(A.size), state.targets)
+        return w[:-1] + w[-1] * p0
+
+
+def build_auto_index(
+    scorer,
+    train_queries: Sequence,
+    item_vectors,
+    train_query_vectors,
+    *,
+    index_calls: int,
+    seed: int = 0,
+    budgets: Sequence[int] | None = None,
+    ks: Sequence[int] | None = None,
+    n_folds: int = 6,
+    max_dev: int = 30,
+    progress: bool = False,
+) -> AutoIndex:
+    """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
+
+    ``scorer``: any scorer over the train queries (it is wrapped in :class:`IndexCallBudget`, or
+    used as is when it already is one); ``train_query_vectors[j]``: the DE vector of
+    ``train_queries[j]`` (used for the cross-validated choices only); ``budgets`` / ``ks``: the
+    cross-validation objective, mean Top-k-Recall@B (default :data:`CV_BUDGETS` x :data:`CV_KS`).
+    """
+    budgets = CV_BUDGETS if budgets is None else budgets
+    ks = CV_KS if ks is None else ks
+    V = np.asarray(item_vectors, np.float32)
+    Q = np.asarray(train_query_vectors, np.float32)
+    train = list(train_queries)
+    if Q.shape != (len(train), V.shape[1]):
+        raise ValueError(
+            f"train query vectors must have shape ({len(train)}, {V.shape[1]}); got {Q.shape}"
+        )
+    reader = scorer if isinstance(scorer, IndexCallBudget) else None
+    reader = reader or IndexCallBudget(scorer, train, index_calls)
+    N = V.shape[0]
+    if reader.n_items != N:
+        raise ValueError(f"the scorer has {reader.n_items} items, the item vectors {N}")
+    m = int(min(int(index_calls) // N, len(train)))
+    rng = np.random.default_rng([int(seed), 1717])
+    pos = np.sort(rng.choice(len(train), m, replace=False)) if m else np.empty(0, np.int64)
+    all_items = np.arange(N, dtype=np.int64)
+    R = np.empty((m, N), np.float32)
+    from tqdm.auto import tqdm
+
+    for j, p in enumerate(tqdm(pos, desc="auto index rows", disable=not progress, leave=False)):
+        R[j] = reader.score(train[p], all_items)
+    rho_d, rho_r, rounds, first = DEFAULTS
+    decay = 0.0
+    table = None
+    if m >= 2:
+        (rho_d, rho_r, rounds, first, decay), table = _cross_validate(
+            R, Q[pos], V, budgets=budgets, ks=ks, n_folds=n_folds, max_dev=max_dev, seed=seed
+        )
+    return AutoIndex(
+        V,
+        R,
+        rho_d=rho_d,
+        rho_r=rho_r,
+        rounds=rounds,
+        first_share=first,
+        decay=decay,
+        index_calls=reader.calls,
+        row_ids=[train[p] for p in pos],
+        cv=table,
+    )
+
+
+def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed):
+    """((rho_D, rho_R, rounds, first share, decay), {key: mean dev recall}) by K-fold CV over the
+    complete rows (queries are addressed by their position among the rows; ties -> the earlier
+    grid entry)."""
+    from crossknn.retrievers import make_retriever
+
+    m, N = R.shape
+    budgets = [b for b in budgets if b <= N] or [N]
+    ks = [k for k in ks if k <= min(budgets)] or [1]
+    rng = np.random.default_rng([int(seed), 17])
+    order = rng.permutation(m)[:max_dev]
+    folds = np.array_split(order, min(n_folds, len(order)))
+    scorer = MatrixScorer(R)
+    de = make_retriever("de", item_vectors=V, query_vectors=Qr)
+    table: dict[str, float] = {}
+    grid = [
+        (d, r, n, s1, g)
+        for g in GRID_DECAY
+        for s1 in GRID_FIRST
+        for n in GRID_ROUNDS
+        for d in GRID_D
+        for r in GRID_R
+    ]
+    for rho_d, rho_r, rounds, first, decay in grid:
+        num = 0.0
+        for f in folds:
+            keep = np.setdiff1d(np.arange(m), f)
+            idx = AutoIndex(
+                V, R[keep], rho_d=rho_d, rho_r=rho_r, rounds=rounds, first_share=first, decay=decay
+            )
+            meth = AUTO(idx, prior=Qr, first=de)
+            recs = []
+            for B in budgets:
+                res = meth.search(scorer, f.tolist(), budget=B, k=max(ks), seed=seed)
+                recs += [float(topk_recall(R, f, res.indices, k).mean()) for k in ks]
+            num += len(f) * float(np.mean(recs))
+        table[f"{rho_d},{rho_r},{rounds},{first},{decay}"] = num / len(order)
+    best = max(table, key=lambda key: round(table[key], 9))  # max keeps the first of equals
+    d, r, n, f, g = best.split(",")
+    return (float(d), float(r), int(n), None if f == "None" else float(f), float(g)), table
