@@ -10,8 +10,8 @@ For each recipe of :mod:`crossknn.ce.quantize`, on SciFact and NFCorpus at 128 a
   **fp32** CE's exact top-10, next to the same search run with the fp32 CE.
 
 CPU is scarce, so everything runs on a sub-corpus: ``--queries`` test queries (with qrels) and
-``--items`` items = the union of each query's top-``--de-top`` items by the dual encoder (the
-same MiniLM weights), filled up with random corpus items. Each precision scores the whole
+``--items`` items = the union of each query's top-``--de-top`` items by TF-IDF over the whole
+corpus, filled up with random corpus items. Each precision scores the whole
 queries x sub-corpus matrix once; the matrices are cached (``bench/results/cache``, gitignored)
 so a rerun, or a run cut off, redoes only what is missing. The search runs on these matrices
 (``MatrixScorer``): a dynamically quantized graph scales activations per batch, so its scores
@@ -52,22 +52,24 @@ def _cached(path: Path, fn):
 
 
 def sub_corpus(dataset: str, n_queries: int, n_items: int, de_top: int, seed: int, threads: int):
-    """Query texts, item texts, DE query/item vectors of the sub-corpus (cached by name)."""
+    """Query texts, item texts, DE query/item vectors of the sub-corpus (cached by name).
+
+    The sub-corpus: each query's top ``de_top`` items by TF-IDF over the whole corpus (encoding
+    a whole corpus with the dual encoder costs more CPU than this machine has to spare), filled
+    up with random items; the DE vectors (AXN's item features and first stage) are computed for
+    the sub-corpus only.
+    """
     from crossknn.ce import default_dual_encoder
+    from crossknn.retrievers import TfidfRetriever
 
     data = load_beir(SHARED / "data" / dataset)
-    rel = [q for q in data.query_ids if data.qrels.get(q)]
+    test = data.qrels.get("test", {})
+    rel = [q for q in data.query_ids if test.get(q)]
     rng = random.Random(seed)
     qids = sorted(rng.sample(rel, min(n_queries, len(rel))))
     queries = data.queries_in_order(qids)
     texts = data.item_texts
-    de = default_dual_encoder(threads=threads)
-    key = f"{dataset}-q{len(qids)}-s{seed}"
-    dq = _cached(CACHE / f"{key}-de-queries.npy", lambda: de.encode(queries))
-    di = _cached(
-        CACHE / f"{dataset}-de-items.npy", lambda: de.encode(texts, show_progress_bar=True)
-    )
-    sims = dq @ di.T
+    sims = TfidfRetriever(texts).scores(queries)  # the whole corpus, cheaply
     chosen: list[int] = []
     for row in sims:
         for i in np.argsort(-row, kind="stable")[:de_top]:
@@ -77,7 +79,11 @@ def sub_corpus(dataset: str, n_queries: int, n_items: int, de_top: int, seed: in
     chosen += random.Random(seed + 1).sample(rest, max(0, n_items - len(chosen)))
     chosen = chosen[:n_items] if len(chosen) > n_items else chosen
     items = [texts[i] for i in chosen]
-    return queries, items, dq, di[chosen], key + f"-n{len(chosen)}-t{de_top}"
+    key = f"{dataset}-q{len(qids)}-s{seed}-n{len(chosen)}-t{de_top}"
+    de = default_dual_encoder(threads=threads)
+    dq = _cached(CACHE / f"{key}-de-queries.npy", lambda: de.encode(queries))
+    di = _cached(CACHE / f"{key}-de-items.npy", lambda: de.encode(items))
+    return queries, items, dq, di, key
 
 
 def model_dirs(recipes, cache_dir: Path | None) -> dict[str, Path]:
@@ -85,22 +91,24 @@ def model_dirs(recipes, cache_dir: Path | None) -> dict[str, Path]:
     from crossknn.ce.export import EXPORT_RECIPE, export_cross_encoder
     from crossknn.ce.manifest import read_manifest
     from crossknn.ce.models import minilm_checkpoint_dir
-    from crossknn.ce.quantize import DEFAULT_INT8, MIXED_FP32_SHARE, STATIC_METHOD
+    from crossknn.ce.quantize import MIXED_FP32_SHARE, RECIPES, SMOOTH_ALPHA, STATIC_METHOD
 
-    tag = f"r{EXPORT_RECIPE}-{DEFAULT_INT8}-{MIXED_FP32_SHARE}-{STATIC_METHOD}"
-    out = (cache_dir or CACHE) / f"minilm-l6-joint-{tag}-{'_'.join(sorted(recipes))}"
+    # every recipe, always (one calibration set, one sensitivity pass); the run uses `recipes`
+    everything = tuple(r for r in RECIPES if r != "int8")
+    tag = f"r{EXPORT_RECIPE}-{MIXED_FP32_SHARE}-{STATIC_METHOD}-{SMOOTH_ALPHA}"
+    out = (cache_dir or CACHE) / f"minilm-l6-joint-{tag}"
     try:
         read_manifest(out)
     except (FileNotFoundError, ValueError):
         t0 = time.perf_counter()
-        print(f"exporting {out.name} (fp32 + {', '.join(recipes)}) ...", flush=True)
+        print(f"exporting {out.name} (fp32 + {', '.join(everything)}) ...", flush=True)
         export_cross_encoder(
             minilm_checkpoint_dir(),
             out,
             kind="joint",
             max_length=128,
             model_id="minilm-l6-joint",
-            quantize=tuple(recipes),
+            quantize=everything,
             overwrite=True,
         )
         print(f"exported in {time.perf_counter() - t0:.0f} s", flush=True)

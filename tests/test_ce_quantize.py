@@ -144,11 +144,12 @@ def test_sensitivity_pass_keeps_the_fragile_layer_fp32(tiny, tmp_path, layer):
     fragile = {f"layer{layer}.ffn-in", f"layer{layer}.ffn-out"}
     assert set(ranking[:2]) == fragile, ranking  # the amplified, outlier-ridden FFN comes first
     assert fragile <= set(rec["fp32_groups"])
-    assert rec["fidelity"]["top_rms"] < fidelity_record(out, "int8-dynamic")["fidelity"]["top_rms"]
+    errors = [r["top_rms"] for r in rec["sensitivity"]]
+    assert errors[1] > 3 * errors[2], errors  # measured, and far above the untouched layers
 
 
 def test_unknown_recipe_is_a_clear_error(tiny, tmp_path):
-    with pytest.raises(ValueError, match=r"int4.*int8-dynamic"):
+    with pytest.raises(ValueError, match=r"recipe names from int8, int8-dynamic.*got .int4."):
         export_cross_encoder(tiny, tmp_path / "x", kind="cls", quantize="int4")
     assert not (tmp_path / "x").exists()  # refused before any work
     with pytest.raises(ValueError, match="unknown int8 recipe 'fp16'"):

@@ -53,6 +53,8 @@ class Calibration:
     top: np.ndarray
     fp32: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
+    pad_id: int = 0
+    top_only: Calibration | None = None  # the top pairs alone (what the sensitivity pass scores)
 
     @property
     def n_pairs(self) -> int:
@@ -162,12 +164,24 @@ def build_calibration(
         sel_top.append(np.arange(len(chosen)) < n_top)
     qsel, isel = np.concatenate(sel_q), np.concatenate(sel_i)
     feeds, order = pair_feeds(tokenizer, queries, items, qsel, isel, max_length=max_length)
+    is_top = np.concatenate(sel_top)
+    tq, ti = qsel[is_top], isel[is_top]
+    tfeeds, torder = pair_feeds(tokenizer, queries, items, tq, ti, max_length=max_length)
+    top_only = Calibration(
+        feeds=tfeeds,
+        order=torder,
+        query=tq,
+        top=np.ones(len(tq), dtype=bool),
+        fp32=full[tq, ti],
+    )
     return Calibration(
         feeds=feeds,
         order=order,
         query=qsel,
-        top=np.concatenate(sel_top),
+        top=is_top,
         fp32=full[qsel, isel],
+        pad_id=_pad_id(tokenizer),
+        top_only=top_only,
         info={
             "queries": nq,
             "pool_items": ni,
@@ -178,6 +192,12 @@ def build_calibration(
             "seed": int(seed),
         },
     )
+
+
+def _pad_id(tokenizer) -> int:
+    from crossknn.ce.tokenize import TokenizerPlan
+
+    return TokenizerPlan(Path(tokenizer)).pad_id
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:

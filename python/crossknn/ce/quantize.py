@@ -155,6 +155,22 @@ def _dynamic(src: Path, dst: Path, *, nodes: list[str] | None = None, exclude=()
         )
 
 
+def _single_rows(feeds, pad_id: int) -> list[dict[str, np.ndarray]]:
+    """The feeds as one pair per feed, all padded to the longest: the histogram calibrators
+    (entropy, percentile) stack the tensors of all feeds, so every feed must have one shape."""
+    width = max(f["input_ids"].shape[1] for f in feeds)
+    out = []
+    for f in feeds:
+        for r in range(f["input_ids"].shape[0]):
+            row = {}
+            for k, v in f.items():
+                pad = np.full((1, width), pad_id if k == "input_ids" else 0, dtype=v.dtype)
+                pad[0, : v.shape[1]] = v[r]
+                row[k] = pad
+            out.append(row)
+    return out
+
+
 class _Reader:
     """onnxruntime CalibrationDataReader over the calibration feeds."""
 
@@ -165,7 +181,7 @@ class _Reader:
         return next(self._it, None)
 
 
-def _static(src: Path, dst: Path, feeds, method: str) -> None:
+def _static(src: Path, dst: Path, feeds, method: str, pad_id: int) -> None:
     import onnxruntime as ort
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -179,6 +195,8 @@ def _static(src: Path, dst: Path, feeds, method: str) -> None:
             f"static calibration method must be one of {STATIC_METHODS}; got {method!r}"
         )
     names = {i.name for i in ort.InferenceSession(str(src)).get_inputs()}
+    if method != "minmax":
+        feeds = _single_rows(feeds, pad_id)
     calib = {
         "minmax": CalibrationMethod.MinMax,
         "entropy": CalibrationMethod.Entropy,
@@ -351,11 +369,12 @@ def quantize(
             tmp.unlink(missing_ok=True)
     elif name == "int8-static":
         method = method or STATIC_METHOD
-        _static(src, dst, calibration.feeds, method)
+        _static(src, dst, calibration.feeds, method, calibration.pad_id)
         info["calibration_method"] = method
     else:  # int8-mixed
         share = MIXED_FP32_SHARE if share is None else float(share)
-        cal = calibration
+        # the error is measured on the top candidates only: score just those
+        cal = calibration.top_only or calibration
 
         def score(path: Path) -> np.ndarray:
             return score_feeds(path, cal.feeds, cal.order)
