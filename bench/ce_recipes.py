@@ -91,11 +91,11 @@ def model_dirs(recipes, cache_dir: Path | None) -> dict[str, Path]:
     from crossknn.ce.export import EXPORT_RECIPE, export_cross_encoder
     from crossknn.ce.manifest import read_manifest
     from crossknn.ce.models import minilm_checkpoint_dir
-    from crossknn.ce.quantize import MIXED_FP32_SHARE, RECIPES, SMOOTH_ALPHA, STATIC_METHOD
+    from crossknn.ce.quantize import MIXED_FP32_SHARE, RECIPES, STATIC_METHOD
 
     # every recipe, always (one calibration set, one sensitivity pass); the run uses `recipes`
     everything = tuple(r for r in RECIPES if r != "int8")
-    tag = f"r{EXPORT_RECIPE}-{MIXED_FP32_SHARE}-{STATIC_METHOD}-{SMOOTH_ALPHA}"
+    tag = f"r{EXPORT_RECIPE}-{MIXED_FP32_SHARE}-{STATIC_METHOD}"
     out = (cache_dir or CACHE) / f"minilm-l6-joint-{tag}"
     try:
         read_manifest(out)

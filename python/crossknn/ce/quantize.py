@@ -16,13 +16,6 @@ docs/ce.md):
   stay fp32, up to ``MIXED_FP32_SHARE`` of the quantizable weights.
 - ``int8-static``: static QDQ quantization of the weight MatMuls, activation ranges calibrated
   on the calibration pairs (``STATIC_METHOD``), per-channel weight scales.
-- ``int8-smooth``: SmoothQuant-style outlier migration, then ``int8-dynamic``. Transformer
-  activations have a few channels far larger than the rest, and one per-tensor activation scale
-  spends its 256 levels on them. Per input channel j of each weight MatMul (channels shared by
-  Q, K and V get one factor), ``s_j = max|x_j|^a / max|W_j|^(1-a)`` (``SMOOTH_ALPHA``, maxima
-  from the calibration pairs); the graph computes ``(x / s) (diag(s) W)``, the same product in
-  exact arithmetic, with a flatter activation for the dynamic quantizer (one elementwise Mul per
-  input, cheap next to the MatMul).
 """
 
 from __future__ import annotations
@@ -43,7 +36,6 @@ __all__ = [
     "MIXED_FP32_SHARE",
     "STATIC_METHODS",
     "STATIC_METHOD",
-    "SMOOTH_ALPHA",
     "check_precision",
     "resolve_recipe",
     "needs_calibration",
@@ -55,17 +47,15 @@ __all__ = [
 ]
 
 #: quantized precisions an export can write and the runtime can load ("int8" = DEFAULT_INT8)
-RECIPES = ("int8", "int8-dynamic", "int8-ffn", "int8-mixed", "int8-static", "int8-smooth")
+RECIPES = ("int8", "int8-dynamic", "int8-ffn", "int8-mixed", "int8-static")
 #: every precision name of an exported model
 PRECISIONS = ("fp32", *RECIPES)
 #: the recipe behind "int8": the best point measured by bench/ce_bench.py (docs/ce.md)
-DEFAULT_INT8 = "int8-dynamic"
+DEFAULT_INT8 = "int8-mixed"
 #: int8-mixed keeps at most this share of the quantizable MatMul weights in fp32
 MIXED_FP32_SHARE = 0.25
 STATIC_METHODS = ("minmax", "entropy", "percentile")
 STATIC_METHOD = "minmax"
-#: int8-smooth's migration strength a (0: none; 1: all of the activation range into the weights)
-SMOOTH_ALPHA = 0.5
 
 log = logging.getLogger("crossknn.ce")
 
@@ -85,7 +75,7 @@ def resolve_recipe(name: str) -> str:
 
 
 def needs_calibration(name: str) -> bool:
-    return resolve_recipe(name) in ("int8-mixed", "int8-static", "int8-smooth")
+    return resolve_recipe(name) in ("int8-mixed", "int8-static")
 
 
 def variant_file(name: str) -> str:
@@ -218,70 +208,6 @@ def _static(src: Path, dst: Path, feeds, method: str, pad_id: int) -> None:
         )
 
 
-def _absmax(model, tensors: list[str], feeds) -> dict[str, np.ndarray]:
-    """Per-channel (last axis) max |x| of the named tensors over the calibration feeds."""
-    import onnx
-    import onnxruntime as ort
-
-    aug = onnx.ModelProto()
-    aug.CopyFrom(model)
-    for t in tensors:
-        aug.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(aug.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    out: dict[str, np.ndarray] = {}
-    for f in feeds:
-        res = sess.run(tensors, {k: v for k, v in f.items() if k in names})
-        mask = f["attention_mask"].astype(bool) if "attention_mask" in f else None
-        for t, x in zip(tensors, res, strict=True):
-            x = np.abs(x)
-            if mask is not None and x.ndim == 3 and x.shape[:2] == mask.shape:
-                x = x[mask]  # real tokens only: padding rows never reach the score
-            m = x.reshape(-1, x.shape[-1]).max(axis=0)
-            out[t] = m if t not in out else np.maximum(out[t], m)
-    return out
-
-
-def _smooth(src: Path, dst: Path, feeds, alpha: float) -> dict[str, Any]:
-    """Write the SmoothQuant-migrated fp32 graph of ``src`` to ``dst``; a summary."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(src))
-    g = model.graph
-    inits = {i.name: i for i in g.initializer}
-    consumers: dict[str, list[Any]] = {}
-    for n in g.node:
-        if n.op_type == "MatMul" and n.input[1] in inits:
-            consumers.setdefault(n.input[0], []).append(n)
-    amax = _absmax(model, list(consumers), feeds)
-    ratios = []
-    for k, (x, nodes) in enumerate(consumers.items()):
-        ws = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
-        wmax = np.max([np.abs(w).max(axis=1) for w in ws], axis=0)
-        s = np.power(np.maximum(amax[x], 1e-5), alpha) / np.power(np.maximum(wmax, 1e-5), 1 - alpha)
-        s = np.clip(s, 1e-4, 1e4).astype(np.float32)
-        ratios.append(float(amax[x].max() / max(np.median(amax[x]), 1e-12)))
-        for n, w in zip(nodes, ws, strict=True):
-            new = inits[n.input[1]]
-            new.CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(w.dtype), new.name))
-        inv = f"smooth_inv_{k}"
-        g.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inv))
-        mul = onnx.helper.make_node("Mul", [x, inv], [f"{x}_smoothed"], name=f"smooth_mul_{k}")
-        at = min(list(g.node).index(n) for n in nodes)
-        g.node.insert(at, mul)
-        for n in nodes:
-            n.input[0] = mul.output[0]
-    onnx.save(model, str(dst))
-    return {
-        "smooth_alpha": alpha,
-        "smoothed_inputs": len(consumers),
-        "outlier_ratio_median": float(np.median(ratios)) if ratios else None,
-    }
-
-
 def sensitivity(
     src: Path,
     work: Path,
@@ -360,13 +286,6 @@ def quantize(
         kept = [n for n in weight_matmuls(src) if _part(n) == "attn"]
         _dynamic(src, dst, exclude=kept)
         info["fp32_nodes"] = kept
-    elif name == "int8-smooth":
-        tmp = dst.with_name(dst.name + ".smooth.tmp")
-        try:
-            info.update(_smooth(src, tmp, calibration.feeds, SMOOTH_ALPHA))
-            _dynamic(tmp, dst)
-        finally:
-            tmp.unlink(missing_ok=True)
     elif name == "int8-static":
         method = method or STATIC_METHOD
         _static(src, dst, calibration.feeds, method, calibration.pad_id)
