@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "quantize_int8",
     "quantize_variants",
     "record_fidelity",
     "requested_recipes",
@@ -27,28 +26,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("crossknn.ce")
-
-
-def quantize_int8(src: Path, dst: Path) -> None:
-    """Dynamic int8 quantization of the MatMul weights, per-channel scales, ``src`` -> ``dst``."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # quantize_dynamic logs a pre-processing hint on the root logger
-    try:
-        # MatMul weights only (embeddings stay fp32), per-channel int8 scales: per-tensor scales
-        # lose ~2x more rank correlation on this model family
-        quantize_dynamic(
-            str(src),
-            str(dst),
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul"],
-            extra_options={"MatMulConstBOnly": True},
-        )
-    finally:
-        root.setLevel(level)
 
 
 def requested_recipes(quantize: bool | str | Sequence[str], kind: str) -> tuple[str, ...]:
