@@ -54,7 +54,6 @@ class Calibration:
     fp32: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
     pad_id: int = 0
-    top_only: Calibration | None = None  # the top pairs alone (what the sensitivity pass scores)
 
     @property
     def n_pairs(self) -> int:
@@ -165,15 +164,6 @@ def build_calibration(
     qsel, isel = np.concatenate(sel_q), np.concatenate(sel_i)
     feeds, order = pair_feeds(tokenizer, queries, items, qsel, isel, max_length=max_length)
     is_top = np.concatenate(sel_top)
-    tq, ti = qsel[is_top], isel[is_top]
-    tfeeds, torder = pair_feeds(tokenizer, queries, items, tq, ti, max_length=max_length)
-    top_only = Calibration(
-        feeds=tfeeds,
-        order=torder,
-        query=tq,
-        top=np.ones(len(tq), dtype=bool),
-        fp32=full[tq, ti],
-    )
     return Calibration(
         feeds=feeds,
         order=order,
@@ -181,7 +171,6 @@ def build_calibration(
         top=is_top,
         fp32=full[qsel, isel],
         pad_id=_pad_id(tokenizer),
-        top_only=top_only,
         info={
             "queries": nq,
             "pool_items": ni,

@@ -292,8 +292,7 @@ def quantize(
         info["calibration_method"] = method
     else:  # int8-mixed
         share = MIXED_FP32_SHARE if share is None else float(share)
-        # the error is measured on the top candidates only: score just those
-        cal = calibration.top_only or calibration
+        cal = calibration
 
         def score(path: Path) -> np.ndarray:
             return score_feeds(path, cal.feeds, cal.order)
