@@ -24,6 +24,14 @@ candidates a reranker actually has to order, whose scores lie in a narrow band).
     .venv/bin/python bench/ce_bench.py [--pairs 64] [--threads 2]
 
 Prints a table and writes bench/results/ce_bench.json.
+
+``--recipes``: the int8 recipe table instead (speed vs fp32, agreement on random and fp32-top-100
+candidates, end-to-end search recall against the fp32 exact top-10; see ``bench/ce_recipes.py``),
+on SciFact and NFCorpus sub-corpora at 128 and 256 tokens, resumable, one cell at a time:
+
+    nice -n 5 .venv/bin/python bench/ce_bench.py --recipes [--datasets scifact] [--lengths 128]
+
+writes bench/results/ce_recipes.json.
 """
 
 from __future__ import annotations
@@ -129,8 +137,26 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (default 2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
-    ap.add_argument("--out", type=Path, default=RESULTS / "ce_bench.json")
+    ap.add_argument("--out", type=Path, default=None)
+    rec = ap.add_argument_group("--recipes: the int8 recipe table (bench/ce_recipes.py)")
+    rec.add_argument("--recipes", action="store_true", help="run the int8 recipe table")
+    rec.add_argument("--precisions", nargs="+", default=None, help="recipes (default: all)")
+    rec.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
+    rec.add_argument("--lengths", nargs="+", type=int, default=[128, 256])
+    rec.add_argument("--queries", type=int, default=6, help="test queries per dataset")
+    rec.add_argument("--items", type=int, default=200, help="sub-corpus size")
+    rec.add_argument("--de-top", type=int, default=30, help="DE top items per query kept")
+    rec.add_argument("--speed-pairs", type=int, default=96, help="pairs timed per precision")
+    rec.add_argument("--cache-dir", type=Path, default=None, help="crossknn model cache")
     args = ap.parse_args()
+    if args.recipes:
+        from ce_recipes import run
+        from crossknn.ce.quantize import RECIPES
+
+        args.out = args.out or RESULTS / "ce_recipes.json"
+        run(args, [p for p in (args.precisions or RECIPES) if p != "int8"])
+        return 0
+    args.out = args.out or RESULTS / "ce_bench.json"
 
     from scipy.stats import spearmanr
 

@@ -271,6 +271,14 @@ def test_int8_tracks_fp32(cache, cisi, ce):
     b = int8.score(cisi["queries"][9], items)
     assert spearmanr(a, b).statistic > 0.95
     assert np.max(np.abs(a - b)) < 0.1
+    # the export checked int8 against fp32 on its calibration set and recorded it
+    from crossknn.ce import fidelity_record
+    from crossknn.ce.quantize import DEFAULT_INT8
+
+    rec = fidelity_record(ensure_model(precision="int8", cache_dir=cache), "int8")
+    assert rec["recipe"] == DEFAULT_INT8 and rec["calibration"]["pairs"] == 128
+    assert 0.5 < rec["fidelity"]["top10_agreement"] <= 1.0
+    assert 0 < rec["fidelity"]["max_abs_diff"] < 0.1
 
 
 def test_cache_is_reused_and_damage_is_rebuilt(cache):

@@ -10,12 +10,14 @@
 Modules: ``runtime`` (the scorers), ``tokenize`` (ids, pair assembly), ``manifest`` (the exported
 directory's manifest), ``models`` (the embedded defaults and their cache), ``export`` (checkpoint
 -> model directory), ``graphs`` (the torch modules traced to ONNX; imports torch), ``rewrite``
-(int8 quantization, CPU optimization, fp16 conversion of an ONNX graph).
+(int8 quantization, CPU optimization, fp16 conversion of an ONNX graph), ``quantize`` (the int8
+recipes), ``fidelity`` (quantized vs fp32 on calibration pairs, recorded in the manifest).
 """
 
 from __future__ import annotations
 
 from crossknn.ce.export import export_cross_encoder, export_dual_encoder
+from crossknn.ce.fidelity import fidelity_record
 from crossknn.ce.models import (
     DEFAULT_CE,
     DEFAULT_DE,
@@ -24,6 +26,7 @@ from crossknn.ce.models import (
     default_dual_encoder,
     ensure_model,
 )
+from crossknn.ce.quantize import PRECISIONS, RECIPES
 from crossknn.ce.runtime import OnnxCrossEncoder, OnnxDualEncoder, available_providers
 
 __all__ = [
@@ -38,4 +41,7 @@ __all__ = [
     "ensure_model",
     "export_cross_encoder",
     "export_dual_encoder",
+    "fidelity_record",
+    "PRECISIONS",
+    "RECIPES",
 ]

@@ -15,8 +15,9 @@ Three kinds (see :mod:`crossknn.ce.manifest`):
 
 Graphs are traced with ``torch.onnx.export(..., dynamo=False)`` on a batch of 2 with eager
 attention, dynamic batch and sequence axes. Optional: ``optimize`` (ONNX Runtime offline graph
-optimization, level "extended", for the CPU provider) and ``quantize`` (int8 dynamic
-quantization with per-channel weight scales, written as a second variant ``model.int8.onnx``).
+optimization, level "extended", for the CPU provider) and ``quantize`` (int8 recipes of
+:mod:`crossknn.ce.quantize`, each written as ``model.<recipe>.onnx`` with its fidelity to fp32 on
+a calibration set recorded in the manifest).
 
 Export needs torch, transformers and onnx (the ``export`` extra); the runtime does not. Nothing is
 downloaded: checkpoints are read from local directories only.
@@ -34,7 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST, file_entry, write_manifest
-from crossknn.ce.rewrite import optimize_for_cpu, quantize_int8
+from crossknn.ce.rewrite import (
+    optimize_for_cpu,
+    quantize_variants,
+    record_fidelity,
+    requested_recipes,
+)
 from crossknn.fileio import sha256_file
 
 __all__ = [
@@ -56,7 +62,7 @@ DEFAULT_JOINT_POOLING: dict[str, Any] = {
 }
 _OPSET = 17
 # bumped whenever the exported graphs or the quantization recipe change (part of cache keys)
-EXPORT_RECIPE = 2
+EXPORT_RECIPE = 3
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -149,14 +155,20 @@ def _finish(
     config: dict[str, Any],
     *,
     optimize: bool,
-    quantize: bool,
+    quantize: Any,
     fp32: bool,
+    calibration: Any = None,
 ) -> dict[str, Any]:
-    """Add the int8 variant, optimize, write the manifest (last); returns the manifest."""
-    variants = {}
-    if quantize:
-        quantize_int8(out_dir / "model.onnx", out_dir / "model.int8.onnx")
-        variants["int8"] = "model.int8.onnx"
+    """Add the int8 variants, optimize, write the manifest (last); returns the manifest."""
+    # int8 recipes and their fidelity record: crossknn.ce.quantize / crossknn.ce.fidelity
+    recipes = requested_recipes(quantize, manifest["kind"])
+    variants, quantized, cal = quantize_variants(
+        out_dir,
+        recipes,
+        kind=manifest["kind"],
+        max_length=manifest["max_length"],
+        calibration=calibration,
+    )
     if fp32:
         variants["fp32"] = "model.onnx"
     else:
@@ -164,6 +176,8 @@ def _finish(
     if optimize:
         for name in variants.values():
             optimize_for_cpu(out_dir / name)
+    if quantized:
+        manifest["quantization"] = record_fidelity(out_dir, variants, quantized, cal)
     manifest["variants"] = variants
     manifest["optimized"] = "CPUExecutionProvider" if optimize else None
     files = ["tokenizer.json", *variants.values()]
@@ -197,20 +211,24 @@ def export_cross_encoder(
     pooling: dict[str, Any] | None = None,
     model_id: str | None = None,
     optimize: bool = False,
-    quantize: bool = False,
+    quantize: bool | str | tuple[str, ...] = False,
     fp32: bool = True,
     overwrite: bool = False,
+    calibration: tuple[list[str], list[str]] | None = None,
 ) -> dict[str, Any]:
     """Export a cross-encoder checkpoint; returns the written manifest.
 
     ``kind="cls"``: a sequence classifier (``activation`` "auto" | "sigmoid" | "none" is stored and
     applied by the runtime). ``kind="joint"``: an encoder used as an [EMB]-CE with ``pooling``
     (default :data:`DEFAULT_JOINT_POOLING`). ``max_length`` is the default pair length of the
-    runtime (pairs are truncated longest_first to it). ``quantize`` adds an int8 variant;
-    ``fp32=False`` keeps only that one.
+    runtime (pairs are truncated longest_first to it). ``quantize`` adds int8 variants: True
+    (``int8``) or recipe names of :data:`crossknn.ce.quantize.RECIPES`, each checked on a
+    calibration set (``calibration`` = (query texts, item pool texts); default: standard-library
+    docstrings) and recorded in the manifest; ``fp32=False`` keeps only those.
     """
     if kind not in ("cls", "joint"):
         raise ValueError(f"kind must be 'cls' or 'joint'; got {kind!r}")
+    requested_recipes(quantize, "cross-encoder")  # an unknown recipe fails before any work
     hf_dir = Path(hf_dir)
     out_dir = Path(out_dir)
     config = _open_checkpoint(hf_dir, max_length=max_length, fp32=fp32, quantize=quantize)
@@ -236,7 +254,14 @@ def export_cross_encoder(
         manifest["activation"] = _cls_activation(config, num_labels, activation)
     manifest.update(_trace(wrapper, out_dir))
     out = _finish(
-        hf_dir, out_dir, manifest, config, optimize=optimize, quantize=quantize, fp32=fp32
+        hf_dir,
+        out_dir,
+        manifest,
+        config,
+        optimize=optimize,
+        quantize=quantize,
+        fp32=fp32,
+        calibration=calibration,
     )
     log.info("exported %s CE %s -> %s in %.1fs", kind, hf_dir, out_dir, time.perf_counter() - t0)
     return out
@@ -250,11 +275,12 @@ def export_dual_encoder(
     normalize: bool = True,
     model_id: str | None = None,
     optimize: bool = False,
-    quantize: bool = False,
+    quantize: bool | str | tuple[str, ...] = False,
     fp32: bool = True,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Export an encoder as a dual encoder (mean pooling over all non-padding tokens)."""
+    requested_recipes(quantize, "dual-encoder")  # int8 / int8-dynamic only
     hf_dir = Path(hf_dir)
     out_dir = Path(out_dir)
     config = _open_checkpoint(hf_dir, max_length=max_length, fp32=fp32, quantize=quantize)
@@ -274,7 +300,7 @@ def export_dual_encoder(
     )
 
 
-def _open_checkpoint(hf_dir: Path, *, max_length: int, fp32: bool, quantize: bool) -> dict:
+def _open_checkpoint(hf_dir: Path, *, max_length: int, fp32: bool, quantize: Any) -> dict:
     """The checks both exports make before writing anything; returns the checkpoint's config."""
     if not fp32 and not quantize:
         raise ValueError("fp32=False needs quantize=True: the export would have no model file")

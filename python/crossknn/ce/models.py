@@ -29,6 +29,7 @@ from typing import Any
 # export.py imports torch, transformers and onnx only inside its functions
 from crossknn.ce.export import EXPORT_RECIPE, export_cross_encoder, export_dual_encoder
 from crossknn.ce.manifest import FORMAT_VERSION, read_manifest
+from crossknn.ce.quantize import PRECISIONS as _PRECISIONS
 from crossknn.ce.runtime import OnnxCrossEncoder, OnnxDualEncoder
 
 __all__ = [
@@ -48,8 +49,9 @@ log = logging.getLogger("crossknn.ce")
 DEFAULT_CE = "minilm-l6-joint"
 DEFAULT_DE = "minilm-l6-de"
 _MAX_LENGTH = 128
-#: the precisions a model folder may hold (``--precision`` of every command); one place
-PRECISIONS = ("fp32", "int8")
+#: the precisions a model folder may hold (``--precision`` of every command): fp32 and the int8
+#: recipes of crossknn.ce.quantize; one place
+PRECISIONS = _PRECISIONS
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -99,9 +101,9 @@ def _build(name: str, precision: str, src: Path, out: Path) -> None:
                 "constraints.txt), or load an already exported directory with OnnxCrossEncoder(DIR)"
             )
 
-    int8 = precision == "int8"
+    int8 = precision != "fp32"
     common: dict[str, Any] = {
-        "quantize": int8,
+        "quantize": precision if int8 else False,  # an int8 recipe name (crossknn.ce.quantize)
         "fp32": not int8,
         "model_id": name,
         "overwrite": True,

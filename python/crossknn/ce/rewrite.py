@@ -1,6 +1,10 @@
 """Rewrites of an exported ONNX graph: int8 quantization and CPU graph optimization (at export
 time), fp16 conversion (when a CUDA session opens with ``fp16=True``).
 
+The int8 recipes live in :mod:`crossknn.ce.quantize`, the fidelity check in
+:mod:`crossknn.ce.fidelity`; :func:`quantize_variants` and :func:`record_fidelity` run them for
+an export.
+
 onnxruntime is imported inside the functions; :func:`to_fp16` also needs ``onnx`` (the ``export``
 extra), which the rest of the runtime does not: without it, it raises an ImportError that says so.
 """
@@ -9,31 +13,95 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["quantize_int8", "optimize_for_cpu", "to_fp16"]
+__all__ = [
+    "quantize_variants",
+    "record_fidelity",
+    "requested_recipes",
+    "optimize_for_cpu",
+    "to_fp16",
+]
+
+log = logging.getLogger("crossknn.ce")
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
-    """Dynamic int8 quantization of the MatMul weights, per-channel scales, ``src`` -> ``dst``."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def requested_recipes(quantize: bool | str | Sequence[str], kind: str) -> tuple[str, ...]:
+    """The int8 precisions an export's ``quantize`` argument asks for (checked), maybe none.
 
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # quantize_dynamic logs a pre-processing hint on the root logger
-    try:
-        # MatMul weights only (embeddings stay fp32), per-channel int8 scales: per-tensor scales
-        # lose ~2x more rank correlation on this model family
-        quantize_dynamic(
-            str(src),
-            str(dst),
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul"],
-            extra_options={"MatMulConstBOnly": True},
+    ``True`` means ``("int8",)``; a name or a sequence of names of
+    :data:`crossknn.ce.quantize.RECIPES`. Dual encoders take only ``int8`` / ``int8-dynamic``
+    (always dynamic: the other recipes are chosen and checked on cross-encoder pairs).
+    """
+    from crossknn.ce.quantize import RECIPES
+
+    if quantize is False or quantize is None:
+        return ()
+    names = (
+        ("int8",) if quantize is True else (quantize,) if isinstance(quantize, str) else quantize
+    )
+    names = tuple(dict.fromkeys(names))
+    for n in names:
+        if not isinstance(n, str) or n not in RECIPES:
+            raise ValueError(
+                f"quantize must be True or int8 recipe names from {', '.join(RECIPES)}; got {n!r}"
+            )
+        if kind == "dual-encoder" and n not in ("int8", "int8-dynamic"):
+            raise ValueError(
+                f"recipe {n!r} is for cross-encoders; a dual encoder takes 'int8' or 'int8-dynamic'"
+            )
+    return names
+
+
+def quantize_variants(
+    out_dir: Path,
+    names: Sequence[str],
+    *,
+    kind: str,
+    max_length: int,
+    calibration: tuple[Sequence[str], Sequence[str]] | None = None,
+) -> tuple[dict[str, str], dict[str, Any], Any]:
+    """Write ``model.<name>.onnx`` for each recipe from ``out_dir/model.onnx``.
+
+    Cross-encoders: a calibration set (``calibration`` = (queries, item pool) texts, default
+    :func:`crossknn.ce.fidelity.default_calibration_texts`) is scored in fp32 first; it feeds the
+    recipes that need it and the fidelity record. Returns (variants, per-variant info, the
+    calibration or None).
+    """
+    from crossknn.ce import fidelity
+    from crossknn.ce.quantize import quantize, variant_file
+
+    src = out_dir / "model.onnx"
+    cal = None
+    if kind != "dual-encoder":
+        queries, items = calibration or fidelity.default_calibration_texts()
+        cal = fidelity.build_calibration(
+            src, out_dir / "tokenizer.json", list(queries), list(items), max_length=max_length
         )
-    finally:
-        root.setLevel(level)
+    variants, infos = {}, {}
+    for name in names:
+        variants[name] = variant_file(name)
+        recipe = "int8-dynamic" if kind == "dual-encoder" else name
+        infos[name] = quantize(src, out_dir / variants[name], recipe, calibration=cal)
+    return variants, infos, cal
+
+
+def record_fidelity(out_dir: Path, variants: dict[str, str], infos: dict[str, Any], cal) -> dict:
+    """Score the calibration set with each final quantized file; the manifest's record."""
+    from crossknn.ce import fidelity
+
+    out = {}
+    for name, info in infos.items():
+        entry = dict(info)
+        if cal is not None:
+            got = fidelity.score_feeds(out_dir / variants[name], cal.feeds, cal.order)
+            entry["fidelity"] = fidelity.compare(cal.fp32, got, cal.query, cal.top)
+            entry["calibration"] = cal.info
+            log.info("crossknn.ce: %s vs fp32 on the calibration set: %s", name, entry["fidelity"])
+        out[name] = entry
+    return out
 
 
 def optimize_for_cpu(path: Path) -> None:
