@@ -113,7 +113,14 @@ def _cfg(**kw) -> TrainConfig:
 
 def _train(setup, out, cfg, **kw):
     return train_cross_encoder(
-        setup["data"], out, cfg, base=setup["base"], de=setup["de"], progress=False, **kw
+        setup["data"],
+        out,
+        cfg,
+        base=setup["base"],
+        de=setup["de"],
+        progress=False,
+        cache_dir=setup["root"] / "cache",
+        **kw,
     )
 
 
@@ -240,6 +247,8 @@ def test_cli_trains_both_kinds(setup, tmp_path, capsys):
                 str(setup["base"]),
                 "--de",
                 str(setup["de"]),
+                "--cache-dir",
+                str(setup["root"] / "cache"),
                 "--kind",
                 kind,
                 "--max-steps",
@@ -268,6 +277,7 @@ def _err(capsys) -> str:
 
 def test_errors(setup, tmp_path, capsys):
     common = ["--de", str(setup["de"]), "--max-steps", "2", "--no-progress"]
+    common += ["--cache-dir", str(setup["root"] / "cache")]
     data, base = str(setup["data"]), str(setup["base"])
     assert (
         main(["train-ce", data, str(tmp_path / "a"), "--base", base, "--split", "test", *common])
@@ -320,6 +330,7 @@ def test_jsonl_pairs(setup, tmp_path):
         base=setup["base"],
         de=setup["de"],
         progress=False,
+        cache_dir=setup["root"] / "cache",
     )
     n_with = sum(
         1 for t in range(TOPICS) if any(r["label"] for r in rows if r["query"] == f"w{t}x0 w{t}x3")

@@ -39,16 +39,16 @@ def _prepare_out(out: Path, resume: bool) -> Path:
     return work
 
 
-def _mine(work: Path, de, ex, pool: np.ndarray, n: int, key: str) -> np.ndarray:
+def _mine(work: Path, de, ex, pool: np.ndarray, n: int, key: str, cache_dir) -> np.ndarray:
     """The DE top-N of every query (item indices), cached in the work folder."""
     from crossknn.fileio import read_json
-    from crossknn.train.negatives import de_top_n
+    from crossknn.train.negatives import de_top_n, item_vectors
 
     path, meta = work / "de_top_n.npy", work / "de_top_n.json"
     if path.is_file() and meta.is_file() and read_json(meta).get("key") == key:
         return np.load(path)
     log.info("mining hard negatives: DE over %d items, %d queries", len(pool), len(ex))
-    vecs = de.encode([ex.item_texts[i] for i in pool], show_progress_bar=True)
+    vecs = item_vectors(de, ex.item_texts, cache_dir)[pool]
     top = pool[de_top_n(de, ex.query_texts, vecs, n)]
     atomic_save_npy(path, top)
     atomic_write_json(meta, {"key": key})
@@ -118,7 +118,7 @@ def train_cross_encoder(
         else default_dual_encoder(cache_dir=cache_dir, threads=cfg.threads)
     )
     key = cfg.fingerprint(data=str(data), de=de_model.model_hash, n=len(ex), pool=len(pool))
-    top = _mine(work, de_model, ex, pool, cfg.negatives, key)
+    top = _mine(work, de_model, ex, pool, cfg.negatives, key, cache_dir)
     train_rows, dev_rows = split_dev(len(ex), cfg.dev_fraction, cfg.seed, cfg.dev_queries)
     train_ex, dev_ex = ex.subset(train_rows), ex.subset(dev_rows)
     hard = hard_negatives(top[train_rows], train_ex.positives, train_ex.negatives)
