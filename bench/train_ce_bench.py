@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from _common import RESULTS, SHARED, machine, utc_now, write_json
 from crossknn.fileio import atomic_save_npy, atomic_write_json, read_json
@@ -182,6 +183,113 @@ def part1(args, work: Path, de) -> list[dict]:
     return rows
 
 
+def _sub_corpus(args, work: Path, de):
+    """NFCorpus sub-corpus: ids of anchor (train) queries, test queries and items, fixed by seed."""
+    from crossknn.data import load_beir
+    from crossknn.topk import topk_by_vectors
+    from crossknn.train.negatives import item_vectors
+
+    beir = load_beir(SHARED / "data" / "nfcorpus")
+    rng = np.random.default_rng(0)
+    qset = set(beir.query_ids)
+
+    def with_pos(split):
+        return sorted(q for q, r in beir.qrels[split].items() if q in qset and max(r.values()) > 0)
+
+    anchors = sorted(rng.choice(with_pos("train"), args.anchor_queries, replace=False).tolist())
+    tests = sorted(rng.choice(with_pos("test"), args.sub_test, replace=False).tolist())
+    vecs = item_vectors(de, beir.item_texts)
+    qv = de.encode(beir.queries_in_order(tests))
+    per = max(1, args.sub_items // (2 * len(tests)))
+    near = np.unique(topk_by_vectors(qv, vecs, per).ravel())  # half: the test queries' DE top
+    rest = np.setdiff1d(np.arange(len(beir.item_ids)), near)
+    fill = rng.choice(rest, max(0, args.sub_items - len(near)), replace=False)
+    items = np.sort(np.concatenate([near, fill]))[: args.sub_items]
+    return beir, anchors, tests, items, vecs
+
+
+def _matrix(folder: Path, ce, beir, qids, items, vecs, de, n_train) -> Path:
+    """The score-matrix folder of ``ce`` over ``qids`` x ``items`` (rows cached: resumable)."""
+    from crossknn.matrix import save_score_matrix
+
+    if (folder / "meta.json").is_file():
+        return folder
+    rows_dir = folder / ".rows"
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    texts = beir.queries_in_order(qids)
+    ce.set_items([beir.item_texts[i] for i in items])
+    out = []
+    for r, q in enumerate(tqdm(texts, desc=f"matrix {folder.name}")):
+        f = rows_dir / f"{r}.npy"
+        if not f.is_file():
+            atomic_save_npy(f, ce.score(q, list(range(len(items)))))
+        out.append(np.load(f))
+    splits = {"train": list(range(n_train)), "test": list(range(n_train, len(qids)))}
+    save_score_matrix(
+        folder,
+        np.stack(out),
+        qids,
+        [beir.item_ids[i] for i in items],
+        splits,
+        {"dataset": "nfcorpus", "model": str(ce.model_id), "built_by": "train_ce_bench"},
+        de_queries=de.encode(texts),
+        de_items=vecs[items],
+    )
+    return folder
+
+
+def _energy_ranks(scores: np.ndarray) -> dict:
+    """Ranks holding 90% / 99% of the squared singular values, of the matrix as is and of the
+    matrix minus its mean (a constant offset alone is one dominant singular value)."""
+    out = {}
+    for name, a in (("", scores), ("centered_", scores - scores.mean())):
+        s = np.linalg.svd(a.astype(np.float64), compute_uv=False)
+        e = np.cumsum(s**2) / np.sum(s**2)
+        out[f"{name}rank_90"] = int(np.searchsorted(e, 0.90) + 1)
+        out[f"{name}rank_99"] = int(np.searchsorted(e, 0.99) + 1)
+        out[f"{name}singular_values"] = [round(float(x), 4) for x in s[:50]]
+    return out
+
+
+def part2(args, work: Path, de) -> tuple[list[dict], dict]:
+    """Approximability of the trained CEs' score matrices (see the module docstring)."""
+    from crossknn.ce import OnnxCrossEncoder
+    from crossknn.eval import EvalConfig, evaluate
+
+    beir, anchors, tests, items, vecs = _sub_corpus(args, work, de)
+    name = f"nfcorpus-sub{len(items)}"
+    rows, decay = [], {}
+    for kind in args.kinds:
+        model = work / "nfcorpus" / f"{kind}-{args.loss}"
+        rec = read_json(model / "training.json")
+        ce = OnnxCrossEncoder(model, threads=args.threads)
+        folder = _matrix(
+            work / name / kind, ce, beir, anchors + tests, items, vecs, de, len(anchors)
+        )
+        from crossknn.matrix import load_score_matrix
+
+        m = load_score_matrix(folder)
+        decay[kind] = _energy_ranks(m.scores)
+        cfg = EvalConfig(methods=["anncur", "adacur", "axn"], budgets=args.budgets, ks=[10])
+        for r in evaluate(m, cfg, progress=False):
+            rows.append(
+                _row(
+                    name,
+                    "trained",
+                    kind,
+                    args.loss,
+                    rec["steps"],
+                    rec["train_s"],
+                    {"ndcg@10": None, "rr@10": None, "r@100": None},
+                    method=r["method"],
+                    budget=r["budget"],
+                    recall=r["recall"],
+                )
+            )
+        print(name, kind, {k: v for k, v in decay[kind].items() if "singular" not in k})
+    return rows, decay
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", required=True, help="folder for models and caches (not the repo)")
@@ -198,6 +306,11 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=5)
     ap.add_argument("--test-queries", type=int, default=None, help="a fixed subset (default all)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--part", nargs="+", type=int, default=[1, 2], choices=[1, 2])
+    ap.add_argument("--sub-items", type=int, default=1000, help="part 2: NFCorpus items")
+    ap.add_argument("--anchor-queries", type=int, default=100, help="part 2: train rows")
+    ap.add_argument("--sub-test", type=int, default=50, help="part 2: test rows")
+    ap.add_argument("--budgets", nargs="+", type=int, default=[50, 100, 200], help="part 2")
     ap.add_argument("--out", default=str(RESULTS / "train_ce.json"))
     args = ap.parse_args()
 
@@ -207,7 +320,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     de = default_dual_encoder(threads=args.threads)
-    rows = part1(args, work, de)
+    rows = part1(args, work, de) if 1 in args.part else []
+    decay = {}
+    if 2 in args.part:
+        rows2, decay = part2(args, work, de)
+        rows += rows2
     reduced = args.train_minutes < FULL_MINUTES or args.test_queries is not None
     write_json(
         args.out,
@@ -232,6 +349,12 @@ def main() -> None:
         f"{'nDCG@10':>8} {'RR@10':>7} {'R@100':>7}"
     )
     for r in rows:
+        if "method" in r:
+            print(
+                f"{r['dataset']:9} {r['kind']:5} {r['method']:7} B={r['budget']:<4} "
+                f"Top-10-Recall {r['recall']:.3f}"
+            )
+            continue
         print(
             f"{r['dataset']:9} {r['model']:9} {r['kind'] or '-':5} {r['steps']:>6} "
             f"{r['train_s']:>8.0f} {r['ndcg@10']:>8.4f} {r['rr@10']:>7.4f} {r['r@100']:>7.4f}"
