@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve_cmd",
     "export": "export_cmd",
     "evaluate": "evaluate_cmd",
+    "train-ce": "train_ce_cmd",
 }
 
 

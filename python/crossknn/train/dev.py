@@ -1,0 +1,50 @@
+"""Model selection on the dev queries (carved from the train queries): rerank each dev query's DE
+top-N with the CE being trained and measure nDCG@10 and RR@10 (ir_measures) against the qrels."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["split_dev", "rerank_metrics"]
+
+
+def split_dev(n: int, fraction: float, seed: int, cap: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, dev rows): a seeded random ``fraction`` of the rows (at most ``cap``) as dev."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"dev fraction must be in [0, 1); got {fraction}")
+    perm = np.random.default_rng([seed, 7]).permutation(n)
+    n_dev = int(round(fraction * n))
+    if cap is not None:
+        n_dev = min(n_dev, cap)
+    if fraction > 0 and n - n_dev < 1:
+        raise ValueError(f"a dev fraction of {fraction} leaves no training query of {n}")
+    return np.sort(perm[n_dev:]), np.sort(perm[:n_dev])
+
+
+def rerank_metrics(qrels: dict, run: dict) -> dict[str, float]:
+    """nDCG@10 and RR@10 of ``run`` ({qid: {docid: score}}) against ``qrels``."""
+    import ir_measures
+    from ir_measures import RR, nDCG
+
+    agg = ir_measures.calc_aggregate([nDCG @ 10, RR @ 10], qrels, run)
+    return {"ndcg@10": float(agg[nDCG @ 10]), "rr@10": float(agg[RR @ 10])}
+
+
+@torch.no_grad()
+def dev_metrics(model, enc, rows, relevance, candidates, device, max_tokens: int) -> dict:
+    """Rerank ``candidates`` (dev queries x N item indices) with ``model`` (in eval mode);
+    ``rows`` are the dev queries' indices in ``enc``, ``relevance`` their qrels."""
+    was_training = model.training
+    model.eval()
+    qi = np.repeat(np.asarray(rows, np.int64), candidates.shape[1])
+    ii = candidates.ravel()
+    scores = enc.score(model, qi, ii, device, max_tokens).float().cpu().numpy()
+    model.train(was_training)
+    scores = scores.reshape(candidates.shape)
+    run, qrels = {}, {}
+    for r in range(len(rows)):
+        qid = str(r)
+        run[qid] = {str(int(i)): float(s) for i, s in zip(candidates[r], scores[r], strict=True)}
+        qrels[qid] = {str(i): int(v) for i, v in relevance[r].items()}
+    return rerank_metrics(qrels, run)
