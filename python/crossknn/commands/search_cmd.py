@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         query_ids=ids,
         show_progress_bar=not args.quiet and (len(queries) > 1 or args.exact),
     )
-    tag = run_tag(args.method, args.budget)
+    tag = run_tag(searcher.method, args.budget)
     if args.run:
         write_run(args.run, [(h.qid, h.ids, h.scores) for h in hits], tag)
     first = None
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
             },
             "first_stage": {**run_metrics(de_run, qrels), "ce_calls_per_query": 0.0},
             "tag": tag,
-            "method": args.method,
+            "method": searcher.method,
             "budget": args.budget,
             "k": args.k,
             "rounds": args.rounds,
