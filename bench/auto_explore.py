@@ -76,6 +76,9 @@ def main():
     )
     ap.add_argument("--pseudo-seed", type=int, default=17, help="seed of the --pseudo split")
     ap.add_argument("--grid-first", type=float, nargs="+", help="first-round shares (0: B/rounds)")
+    ap.add_argument(
+        "--row-choice", choices=auto_mod.ROW_CHOICES, default="medoids", help="which rows to read"
+    )
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "auto_explore.json"))
     args = ap.parse_args()
@@ -124,7 +127,13 @@ def main():
             t0 = time.time()
             reader = IndexCallBudget(MatrixScorer(S), train.tolist(), C)
             index = build_auto_index(
-                reader, train.tolist(), DI, DQ[train], index_calls=C, seed=seed
+                reader,
+                train.tolist(),
+                DI,
+                DQ[train],
+                index_calls=C,
+                seed=seed,
+                row_choice=args.row_choice,
             )
             t = evaluate(AUTO(index, prior=DQ, first=de), S, test)
             info = index.meta()

@@ -12,7 +12,7 @@ from crossknn.retrievers import make_retriever
 from crossknn.scorers import BudgetExceededError, MatrixScorer
 from crossknn.search import RNR
 from crossknn.search import auto as auto_mod
-from crossknn.search.auto import AUTO, AutoIndex, IndexCallBudget, build_auto_index
+from crossknn.search.auto import AUTO, AutoIndex, IndexCallBudget, build_auto_index, choose_rows
 from crossknn.synthetic import synthetic_matrix, write_synthetic_matrix
 from crossknn.topk import topk_recall
 
@@ -54,6 +54,48 @@ def test_build_reads_at_most_c_entries_and_refuses_c_plus_one():
     r = IndexCallBudget(MatrixScorer(S), train, 239)
     with pytest.raises(BudgetExceededError):
         build_auto_index(r, train, di, dq[train], index_calls=240, budgets=(20,), ks=(5,))
+
+
+def test_medoid_rows_cover_every_cluster_of_train_queries():
+    """Three tight, well-separated groups of train queries: the medoid choice of three rows takes
+    one from each and the most central of each group; random draws often miss a group."""
+    rng = np.random.default_rng(5)
+    centres = np.eye(3, 8) * 10.0
+    sizes = (12, 5, 3)
+    Q = np.vstack(
+        [c + 0.1 * rng.standard_normal((n, 8)) for c, n in zip(centres, sizes, strict=True)]
+    )
+    group = np.repeat(np.arange(3), sizes)
+    pos = choose_rows(Q, 3, seed=0)
+    assert pos.dtype == np.int64 and list(pos) == sorted(set(pos.tolist()))
+    assert sorted(group[pos]) == [0, 1, 2]
+    for p in pos:  # each pick is its group's member nearest the group mean
+        members = np.flatnonzero(group == group[p])
+        centre = Q[members].mean(0)
+        assert p == members[np.argmin(np.linalg.norm(Q[members] - centre, axis=1))]
+    np.testing.assert_array_equal(pos, choose_rows(Q, 3, seed=0))  # reproducible
+    missed = sum(len(set(group[choose_rows(Q, 3, how="random", seed=s)])) < 3 for s in range(20))
+    assert missed > 0
+    # edge cases: none, all, random is seeded and distinct, bad input
+    assert choose_rows(Q, 0).size == 0
+    np.testing.assert_array_equal(choose_rows(Q, len(Q)), np.arange(len(Q)))
+    r = choose_rows(Q, 7, how="random", seed=3)
+    assert np.unique(r).size == 7 and np.array_equal(r, choose_rows(Q, 7, how="random", seed=3))
+    assert np.unique(choose_rows(Q, 19, seed=1)).size == 19
+    with pytest.raises(ValueError, match="row choice"):
+        choose_rows(Q, 2, how="best")
+    with pytest.raises(ValueError, match="cannot choose 21 rows among 20"):
+        choose_rows(Q, 21)
+
+
+def test_build_reads_the_chosen_rows_only():
+    S, dq, di = synthetic_matrix(30, 120, rank=5, de_dim=8, seed=2)
+    train = list(range(4, 24))
+    r = IndexCallBudget(MatrixScorer(S), train, 480)
+    idx = build_auto_index(r, train, di, dq[train], index_calls=480, budgets=(20,), ks=(5,))
+    want = [train[p] for p in choose_rows(dq[train], 4, seed=0)]
+    assert idx.row_ids == want and r.calls == 480
+    np.testing.assert_array_equal(idx.rows, S[want])
 
 
 def test_auto_spends_at_most_b_and_matches_dense_features():

@@ -2,8 +2,10 @@
 
 Offline, the index reads at most ``C`` CE entries of the *train* queries, through
 :class:`IndexCallBudget` (a counting scorer that refuses more, as :class:`BudgetedScorer` does
-online): ``m = min(C // N, n_train)`` complete train rows chosen uniformly at random. The item
-features are ``X = [DE item vectors | the m rows, z-scored per row | 1]`` (N x (d + m + 1)).
+online): ``m = min(C // N, n_train)`` complete train rows, the medoids of ``m`` k-means clusters of
+the train queries' DE vectors (:func:`choose_rows`: representative queries, chosen before any CE
+call; ``row_choice="random"`` draws them uniformly instead). The item features are
+``X = [DE item vectors | the m rows, z-scored per row | 1]`` (N x (d + m + 1)).
 
 Online, each query's embedding is a ridge least squares of its scored CE scores pulled toward its
 DE query vector with a free per-query slope (no global CE -> DE score map is needed)::
@@ -32,7 +34,16 @@ from crossknn.search.methods import RoundMethod, _round_plan
 from crossknn.search.rounds import Step, split_sizes
 from crossknn.topk import topk_recall
 
-__all__ = ["AUTO", "DEFAULTS", "AutoIndex", "IndexCallBudget", "build_auto_index", "zrows"]
+__all__ = [
+    "AUTO",
+    "DEFAULTS",
+    "ROW_CHOICES",
+    "AutoIndex",
+    "IndexCallBudget",
+    "build_auto_index",
+    "choose_rows",
+    "zrows",
+]
 
 # (rho_D, rho_R, rounds, first share) when fewer than two complete rows can be read (no
 # cross-validation); chosen on a pseudo split of cisi-minilm's train rows (bench/auto_explore.py)
@@ -41,7 +52,9 @@ DEFAULTS = (0.3, 0.3, 10, 0.3)
 # of cisi's train rows at m = 6, but with m = 3 rows it chose extreme penalties (docs/search.md)
 GRID_D = (0.3, 0.1, 0.03)
 GRID_R = (0.3, 0.1, 1.0)
-GRID_ROUNDS = (10, 5)
+# 20 rounds: chosen by the cross-validation on cisi's train rows for 4 of 6 (C, seed) builds
+# (C = 4,526 / 9,052, seeds 0-2); +0.004 mean recall over 10 on pseudo splits (docs/search.md)
+GRID_ROUNDS = (10, 20, 5)
 # share of B for the DE first round (None: B / rounds); with m >= 2 rows (0.3, 0.2, None) was a
 # wash on three pseudo splits of cisi's train rows, so cross-validation keeps B / rounds
 GRID_FIRST = (None,)
@@ -49,6 +62,8 @@ GRID_DECAY = (0.0,)
 RHO_FREE = 1e-6  # penalty of the intercept column and of the free slope c
 CV_BUDGETS = (50, 100, 200)
 CV_KS = (10, 50)
+# how the m complete rows are picked among the train queries (before any CE call)
+ROW_CHOICES = ("medoids", "random")
 
 
 class IndexCallBudget:
@@ -260,6 +275,7 @@ def build_auto_index(
     ks: Sequence[int] | None = None,
     n_folds: int = 6,
     max_dev: int = 30,
+    row_choice: str = "medoids",
     progress: bool = False,
 ) -> AutoIndex:
     """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
@@ -267,7 +283,8 @@ def build_auto_index(
     ``scorer``: any scorer over the train queries (it is wrapped in :class:`IndexCallBudget`, or
     used as is when it already is one); ``train_query_vectors[j]``: the DE vector of
     ``train_queries[j]`` (used for the cross-validated choices only); ``budgets`` / ``ks``: the
-    cross-validation objective, mean Top-k-Recall@B (default :data:`CV_BUDGETS` x :data:`CV_KS`).
+    cross-validation objective, mean Top-k-Recall@B (default :data:`CV_BUDGETS` x :data:`CV_KS`);
+    ``row_choice``: ``"medoids"`` (default) or ``"random"``, see :func:`choose_rows`.
     """
     budgets = CV_BUDGETS if budgets is None else budgets
     ks = CV_KS if ks is None else ks
@@ -284,8 +301,7 @@ def build_auto_index(
     if reader.n_items != N:
         raise ValueError(f"the scorer has {reader.n_items} items, the item vectors {N}")
     m = int(min(int(index_calls) // N, len(train)))
-    rng = np.random.default_rng([int(seed), 1717])
-    pos = np.sort(rng.choice(len(train), m, replace=False)) if m else np.empty(0, np.int64)
+    pos = choose_rows(Q, m, how=row_choice, seed=seed)
     all_items = np.arange(N, dtype=np.int64)
     R = np.empty((m, N), np.float32)
     from tqdm.auto import tqdm
@@ -311,6 +327,49 @@ def build_auto_index(
         row_ids=[train[p] for p in pos],
         cv=table,
     )
+
+
+def choose_rows(query_vectors, m: int, *, how: str = "medoids", seed: int = 0) -> np.ndarray:
+    """Positions (sorted, distinct) of the ``m`` train queries whose complete CE rows to read.
+
+    ``"medoids"``: k-means (k = m, seeded) over the train queries' DE vectors, and in each cluster
+    the query nearest its centre: the rows then cover the kinds of queries the train set has
+    (uses no CE call, so it costs nothing of C). ``"random"``: ``m`` uniformly drawn queries.
+    """
+    if how not in ROW_CHOICES:
+        raise ValueError(f"row choice must be one of {ROW_CHOICES}; got {how!r}")
+    Q = np.asarray(query_vectors, np.float64)
+    n = Q.shape[0]
+    if not 0 <= int(m) <= n:
+        raise ValueError(f"cannot choose {m} rows among {n} train queries")
+    m = int(m)
+    if m == 0:
+        return np.empty(0, np.int64)
+    if m == n:
+        return np.arange(n, dtype=np.int64)
+    if how == "random":
+        rng = np.random.default_rng([int(seed), 1717])
+        return np.sort(rng.choice(n, m, replace=False)).astype(np.int64)
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # tiny problem: threads only contend on a shared machine
+        km = KMeans(m, n_init=10, random_state=int(seed) % 2**32).fit(Q)
+    d = ((Q[:, None, :] - km.cluster_centers_[None]) ** 2).sum(-1)  # n x m
+    pos: list[int] = []
+    for c in range(m):  # the member nearest each centre; a query is used once
+        members = np.flatnonzero(km.labels_ == c)
+        cand = members if members.size else np.arange(n)
+        for j in cand[np.argsort(d[cand, c], kind="stable")]:
+            if int(j) not in pos:
+                pos.append(int(j))
+                break
+    for j in np.argsort(d.min(1), kind="stable"):  # k-means left a cluster short: fill up
+        if len(pos) == m:
+            break
+        if int(j) not in pos:
+            pos.append(int(j))
+    return np.sort(np.array(pos, np.int64))
 
 
 def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed):
