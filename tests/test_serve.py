@@ -390,6 +390,8 @@ def test_serve_with_item_shards_equals_in_process_searcher(env, searcher, monkey
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     s = Server(env, "--shards", "2", "--threads", "1", "--timeout-s", "300")
     try:
+        rf = client.info(s.url)["round_features"]
+        assert rf == {"kind": "ShardedFeatures", "shards": 2}
         for method in ("axn", "rnr"):
             out = client.search(s.url, QUERIES[:2], k=5, budget=20, method=method, seed=3)
             _same(out, searcher.search(QUERIES[:2], k=5, budget=20, method=method, seed=3))

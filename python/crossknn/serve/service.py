@@ -273,6 +273,12 @@ class SearchService:
             out["precision"] = self.ce.precision
             out["provider"] = self.ce.provider
             out["load_seconds"] = round(self.load_seconds or 0.0, 2)
+        if self.searcher is not None:  # what the rounds scan: exact, a FAISS index or shards
+            rf = self.searcher.round_features
+            out["round_features"] = {
+                "kind": type(rf).__name__,
+                "shards": len(getattr(rf, "actors", ())),
+            }
         if self.load_error is not None:
             out["load_error"] = str(self.load_error)
         return out
