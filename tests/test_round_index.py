@@ -23,6 +23,7 @@ from crossknn.search.round_index import (  # noqa: E402
     record_round_queries,
     round_index_arrays,
     round_recall,
+    tune_round_widths,
     tune_width,
 )
 from crossknn.synthetic import EmbeddingTestbed  # noqa: E402
@@ -169,3 +170,40 @@ def test_tuned_width_serves_least_squares_rounds():
     r_exact = topk_recall(S, test, make(f).search(scorer, test, budget=50, k=10).indices, 10)
     r_idx = topk_recall(S, test, make(feats).search(scorer, test, budget=50, k=10).indices, 10)
     assert r_idx.mean() >= r_exact.mean() - 0.03
+
+
+def test_per_round_widths_tuned_on_held_out_rounds():
+    """tune_round_widths: one width per round step (keyed by the items scored so far), each the
+    narrowest reaching the target on that step's dev records; held-out rounds keep the recall."""
+    bed = EmbeddingTestbed(8000, 24, n_clusters=40, seed=1, block=4096)
+    V = bed.items(0, bed.n_items)
+    f = ItemFeatures(V)
+    W, Y = bed.queries(48, seed=0)
+    S = np.stack([bed.score(q, W[q], Y[q], V, np.arange(bed.n_items)) for q in range(48)])
+    scorer = MatrixScorer(S.astype(np.float32))
+
+    def make(feats):
+        return AXN(feats, rounds=5, prior=W * bed.beta, mix=0.3)
+
+    dev, test = list(range(32)), list(range(32, 48))
+    feats = IndexedFeatures(f, build_round_index(f, "ivf", nlist=40, progress=False))
+    records = record_round_queries(make, f, scorer, dev, budget=50, k=10)
+    cands = [1, 2, 4, 8, 16, 40]
+    schedule, tables = tune_round_widths(feats, records, candidates=cands, target=0.99)
+    # the first round is the DE's; rounds 2-5 add 10 items each
+    assert sorted(schedule) == [10, 20, 30, 40]
+    for scored, w in schedule.items():
+        t = tables[scored]
+        assert t[w] >= 0.99 or t[w] == max(t.values())
+        assert all(t[v] < 0.99 for v in t if v < w)  # the narrowest that reaches it
+    assert feats.width_for(10) == schedule[10] and feats.width_for(45) == schedule[40]
+    assert feats.width_for(5) == feats.width == max(schedule.values())  # before the first key
+    held = record_round_queries(make, f, scorer, test, budget=50, k=10)
+    assert round_recall(feats, held).mean() >= 0.97
+    # one width for every step must serve the hardest step: per round probes fewer lists
+    single = IndexedFeatures(f, feats.index)
+    width, _ = tune_width(single, records, candidates=cands, target=0.99)
+    assert np.mean(list(schedule.values())) < width
+    feats.round_widths = {0: 1}  # the schedule is what the search uses: 1 list loses recall
+    feats.width = 1
+    assert round_recall(feats, held).mean() < 0.97

@@ -381,3 +381,19 @@ def test_ray_serve_two_replicas(env, searcher):
             proc.kill()
             proc.wait(30)
         log.close()
+
+
+def test_serve_with_item_shards_equals_in_process_searcher(env, searcher, monkeypatch):
+    """``crossknn serve --shards 2``: the rounds' top-k over two local Ray actors, the hits of
+    the single-process searcher exactly."""
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    s = Server(env, "--shards", "2", "--threads", "1", "--timeout-s", "300")
+    try:
+        rf = client.info(s.url)["round_features"]
+        assert rf == {"kind": "ShardedFeatures", "shards": 2}
+        for method in ("axn", "rnr"):
+            out = client.search(s.url, QUERIES[:2], k=5, budget=20, method=method, seed=3)
+            _same(out, searcher.search(QUERIES[:2], k=5, budget=20, method=method, seed=3))
+    finally:
+        s.stop()

@@ -13,6 +13,7 @@ import sys
 
 from crossknn.ce.models import PRECISIONS
 from crossknn.ce.runtime import PROVIDERS
+from crossknn.commands._common import nonneg_int
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
 
@@ -106,7 +107,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Ray Serve replicas, each with its own CE batcher (default 1)",
     )
     p.add_argument(
-        "--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)"
+        "--ray-address",
+        metavar="ADDR",
+        help="an existing Ray cluster for --ray and --shards (default: start a local one)",
+    )
+    p.add_argument(
+        "--shards",
+        type=nonneg_int,
+        default=0,
+        metavar="S",
+        help="item shards over S Ray actors, each scanning its block of items (default 0: none)",
+    )
+    p.add_argument(
+        "--round-index",
+        choices=("auto", "exact", "ivf", "hnsw"),
+        default="auto",
+        help="rounds through the index's MIPS index (auto: the one it has) or exact",
     )
 
 
@@ -127,6 +143,10 @@ def config_from_args(args: argparse.Namespace):
         max_body_bytes=args.max_body_kb * 1024,
         method=args.method,
         rounds=args.rounds,
+        round_index=args.round_index,
+        shards=args.shards,
+        # without shards the address is Ray Serve's (--ray); the searcher needs none
+        ray_address=args.ray_address if args.shards else None,
     )
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "faiss_to_array",
     "record_round_queries",
     "round_recall",
+    "tune_round_widths",
     "tune_width",
 ]
 
@@ -196,6 +197,16 @@ class IndexedFeatures(ItemFeatures):
         self.width = int(width or DEFAULT_WIDTH[self.kind])
         self.oversample, self.pool = float(oversample), float(pool)
         self.exact_fallbacks = 0  # queries answered by the exact kernel (too few candidates)
+        # per-round widths: {scored items at least: width}, set by tune_round_widths; None: width
+        self.round_widths: dict[int, int] | None = None
+
+    def width_for(self, scored: int) -> int:
+        """The width of a round step whose queries have scored up to ``scored`` items: the
+        ``round_widths`` entry with the largest key <= ``scored`` (else ``width``)."""
+        if not self.round_widths:
+            return self.width
+        keys = [k for k in self.round_widths if k <= scored]
+        return int(self.round_widths[max(keys)]) if keys else self.width
 
     def __repr__(self) -> str:
         return (
@@ -203,16 +214,17 @@ class IndexedFeatures(ItemFeatures):
             f"n_items={self.n_items}, dim={self.dim}, storage={self.storage!r})"
         )
 
-    def _params(self):
+    def _params(self, scored: int = 0):
         faiss = _faiss()
+        width = self.width_for(scored)
         if self.kind == "ivf":
-            nprobe = min(self.width, self.index.nlist)
+            nprobe = min(width, self.index.nlist)
             q = faiss.downcast_index(self.index.quantizer)
             if isinstance(q, faiss.IndexHNSW):  # the graph must find the nprobe nearest lists
                 qp = faiss.SearchParametersHNSW(efSearch=max(64, 2 * nprobe))
                 return faiss.SearchParametersIVF(nprobe=nprobe, quantizer_params=qp)
             return faiss.SearchParametersIVF(nprobe=nprobe)
-        return faiss.SearchParametersHNSW(efSearch=self.width)
+        return faiss.SearchParametersHNSW(efSearch=width)
 
     def _candidates(self, U: np.ndarray, need: np.ndarray, ids, off):
         """Per query, the unscored candidates (unique ids) the index returns for ``need`` items."""
@@ -223,7 +235,7 @@ class IndexedFeatures(ItemFeatures):
         Uf = np.ascontiguousarray(U, np.float32)
         if not np.isfinite(Uf).all():  # beyond float32: the direction is what counts
             Uf = np.ascontiguousarray(U / np.abs(U).max(axis=1, keepdims=True), np.float32)
-        _, ids_k = self.index.search(Uf, fetch, params=self._params())
+        _, ids_k = self.index.search(Uf, fetch, params=self._params(m))
         out = []
         for q in range(U.shape[0]):
             c = ids_k[q][ids_k[q] >= 0]
@@ -372,6 +384,39 @@ def tune_width(
         best = max(table, key=lambda w: (table[w], -w))
     indexed.width = best
     return best, table
+
+
+def tune_round_widths(
+    indexed: IndexedFeatures, records, *, candidates: Sequence[int], target: float = 0.995
+) -> tuple[dict[int, int], dict[int, dict[int, float]]]:
+    """Per round step (records grouped by how many items their queries have scored: later
+    rounds score more), the smallest width whose mean recall of the exact top-n on that step's
+    records reaches ``target`` (else the best). Returns ``{scored: width}`` and the recall table
+    ``{scored: {width: recall}}``; sets ``indexed.round_widths``."""
+    if not candidates:
+        raise ValueError("no candidate widths to choose from")
+    exact = _exact_answers(indexed, records)
+    steps: dict[int, list[int]] = {}
+    for i, (_, ex, _) in enumerate(records):
+        steps.setdefault(max((np.unique(e).size for e in ex), default=0), []).append(i)
+    indexed.round_widths = None
+    schedule: dict[int, int] = {}
+    tables: dict[int, dict[int, float]] = {}
+    for scored, which in sorted(steps.items()):
+        sub = [records[i] for i in which]
+        sub_exact = [exact[i] for i in which]
+        table: dict[int, float] = {}
+        for w in sorted(int(c) for c in candidates):
+            indexed.width = w
+            table[w] = float(round_recall(indexed, sub, sub_exact).mean())
+            if table[w] >= target:
+                break
+        reached = [w for w, r in table.items() if r >= target]
+        schedule[scored] = min(reached) if reached else max(table, key=lambda w: (table[w], -w))
+        tables[scored] = table
+    indexed.width = max(schedule.values())  # for steps beyond the recorded ones
+    indexed.round_widths = schedule
+    return schedule, tables
 
 
 # ---- in an index folder ------------------------------------------------------------------------

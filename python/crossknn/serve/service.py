@@ -50,6 +50,9 @@ class ServeConfig:
     method: str = "axn"
     rounds: int = 5
     max_rounds: int = 20  # each distinct rounds value keeps a method object (and its features)
+    round_index: str = "auto"  # the folder's MIPS round index (auto), or exact rounds
+    shards: int = 0  # > 0: the items sharded over this many Ray actors
+    ray_address: str | None = None  # the Ray cluster of the shards (default: a local one)
 
     def __post_init__(self) -> None:
         checks = [
@@ -60,6 +63,8 @@ class ServeConfig:
             ("max_body_bytes", self.max_body_bytes >= 1024),
             ("threads", self.threads is None or self.threads >= 1),
             ("rounds", 1 <= self.rounds <= self.max_rounds),
+            ("shards", self.shards >= 0),
+            ("round_index", self.round_index in ("auto", "exact", "ivf", "hnsw")),
         ]
         for name, ok in checks:
             if not ok:
@@ -134,7 +139,14 @@ class SearchService:
             )
             try:
                 searcher = crossknn.Searcher(
-                    index, ce=BatchedCE(ce, batcher), de=de, method=c.method, rounds=c.rounds
+                    index,
+                    ce=BatchedCE(ce, batcher),
+                    de=de,
+                    method=c.method,
+                    rounds=c.rounds,
+                    round_index=c.round_index,
+                    shards=c.shards,
+                    ray_address=c.ray_address,
                 )
             except BaseException:
                 batcher.stop(1.0)
@@ -261,6 +273,12 @@ class SearchService:
             out["precision"] = self.ce.precision
             out["provider"] = self.ce.provider
             out["load_seconds"] = round(self.load_seconds or 0.0, 2)
+        if self.searcher is not None:  # what the rounds scan: exact, a FAISS index or shards
+            rf = self.searcher.round_features
+            out["round_features"] = {
+                "kind": type(rf).__name__,
+                "shards": len(getattr(rf, "actors", ())),
+            }
         if self.load_error is not None:
             out["load_error"] = str(self.load_error)
         return out
