@@ -27,9 +27,10 @@ Prints a table and writes bench/results/ce_bench.json.
 
 ``--recipes``: the int8 recipe table instead (speed vs fp32, agreement on random and fp32-top-100
 candidates, end-to-end search recall against the fp32 exact top-10; see ``bench/ce_recipes.py``),
-on SciFact and NFCorpus sub-corpora at 128 and 256 tokens, resumable, one cell at a time:
+on each query's DE top-100 of the whole SciFact / NFCorpus corpus at 128 and 256 tokens,
+resumable, one cell at a time:
 
-    nice -n 5 .venv/bin/python bench/ce_bench.py --recipes [--datasets scifact] [--lengths 128]
+    nice -n 5 .venv/bin/python bench/ce_bench.py --recipes [--cells scifact:128 nfcorpus:256:12]
 
 writes bench/results/ce_recipes.json.
 """
@@ -141,12 +142,17 @@ def main() -> int:
     rec = ap.add_argument_group("--recipes: the int8 recipe table (bench/ce_recipes.py)")
     rec.add_argument("--recipes", action="store_true", help="run the int8 recipe table")
     rec.add_argument("--precisions", nargs="+", default=None, help="recipes (default: all)")
-    rec.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
-    rec.add_argument("--lengths", nargs="+", type=int, default=[128, 256])
-    rec.add_argument("--queries", type=int, default=6, help="test queries per dataset")
-    rec.add_argument("--items", type=int, default=200, help="sub-corpus size")
-    rec.add_argument("--de-top", type=int, default=30, help="DE top items per query kept")
-    rec.add_argument("--speed-pairs", type=int, default=96, help="pairs timed per precision")
+    rec.add_argument(
+        "--cells",
+        nargs="+",
+        default=["scifact:128", "nfcorpus:128", "scifact:256", "nfcorpus:256"],
+        help="cells dataset:max_length[:queries], run in this order",
+    )
+    rec.add_argument("--queries", type=int, default=20, help="test queries per cell")
+    rec.add_argument("--pool", type=int, default=100, help="DE top items per query")
+    rec.add_argument("--random", type=int, default=30, help="random items per query")
+    rec.add_argument("--budget", type=int, default=30, help="search budget (CE calls)")
+    rec.add_argument("--speed-pairs", type=int, default=48, help="pairs timed per precision")
     rec.add_argument("--cache-dir", type=Path, default=None, help="crossknn model cache")
     args = ap.parse_args()
     if args.recipes:

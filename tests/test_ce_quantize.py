@@ -170,3 +170,39 @@ def test_missing_record_is_a_clear_error(all_recipes, tmp_path):
     (copy / MANIFEST).write_text(json.dumps(man))
     with pytest.raises(ValueError, match="no quantization record for precision 'int8'"):
         fidelity_record(copy, "int8")
+
+
+def test_default_int8_is_the_measured_choice():
+    """``int8`` is the recipe the committed recipe bench chose by its stated rule
+    (``bench/ce_recipes.py:summary``); a bench variant ``int8-mixed@S`` is int8-mixed at share S."""
+    from conftest import REPO
+
+    result = json.loads((REPO / "bench" / "results" / "ce_recipes.json").read_text())
+    choice = result["summary"]["choice"]
+    assert quantize.resolve_recipe("int8") == quantize.DEFAULT_INT8
+    base, _, share = choice.partition("@")
+    assert quantize.DEFAULT_INT8 == base, result["summary"]["why"]
+    if share:
+        assert quantize.MIXED_FP32_SHARE == pytest.approx(float(share))
+    # the chosen recipe was measured in every cell of the table
+    assert all(choice in cell["rows"] for cell in result["cells"].values())
+
+
+def test_verbose_prints_the_recorded_fidelity(all_recipes, tmp_path, capsys):
+    from crossknn.cli import main
+    from crossknn.commands._common import fidelity_line
+
+    assert fidelity_line(OnnxCrossEncoder(all_recipes)) is None  # fp32: nothing to report
+    rec = fidelity_record(all_recipes, "int8-dynamic")["fidelity"]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": str(i), "text": d}) + "\n" for i, d in enumerate(POOL))
+    )
+    argv = ["rank", "public libraries", "--corpus", str(corpus), "--model", str(all_recipes)]
+    assert main([*argv, "--precision", "int8-dynamic", "--verbose", "--top-k", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "int8-dynamic = int8-dynamic vs fp32 on" in err
+    assert f"top-10 agreement {rec['top10_agreement']:.3f}" in err
+    assert f"max |diff| {rec['max_abs_diff']:.4f}" in err
+    assert main([*argv, "--precision", "int8-dynamic", "--top-k", "2"]) == 0
+    assert "agreement" not in capsys.readouterr().err  # only with --verbose

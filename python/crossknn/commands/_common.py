@@ -11,6 +11,7 @@ from crossknn.jobs import JobOptions
 __all__ = [
     "add_job_arguments",
     "add_model_arguments",
+    "fidelity_line",
     "model_options",
     "fraction",
     "job_options",
@@ -89,9 +90,11 @@ def add_model_arguments(
     de: bool = True,
     precision_default: str | None = "fp32",
     batch_size: bool = True,
+    verbose: bool = False,
 ) -> None:
     """The model options, with the same names and meaning on every command: ``--model``,
-    ``--de-model``, ``--precision``, ``--provider``, ``--threads``, ``--batch-size``."""
+    ``--de-model``, ``--precision``, ``--provider``, ``--threads``, ``--batch-size`` (and
+    ``--verbose``: print a quantized CE's recorded fidelity, :func:`fidelity_line`)."""
     from crossknn.ce.models import PRECISIONS
     from crossknn.ce.runtime import PROVIDERS
 
@@ -118,6 +121,12 @@ def add_model_arguments(
         help="model precision"
         + (f" (default {precision_default})" if precision_default else " (default: the index's)"),
     )
+    if verbose:
+        g.add_argument(
+            "--verbose",
+            action="store_true",
+            help="print a quantized CE's fidelity to fp32 recorded at export (stderr)",
+        )
     g.add_argument(
         "--provider",
         choices=PROVIDERS,
@@ -140,6 +149,31 @@ def add_model_arguments(
             metavar="N",
             help="CE pairs per batch (default 16)",
         )
+
+
+def fidelity_line(ce) -> str | None:
+    """What the export measured for a quantized CE (its manifest's fidelity record), one line;
+    None for fp32 (``--verbose``)."""
+    precision = getattr(ce, "precision", "fp32")
+    if precision == "fp32" or not hasattr(ce, "model_dir"):
+        return None
+    from crossknn.ce.fidelity import fidelity_record
+
+    try:
+        rec = fidelity_record(ce.model_dir, precision)
+    except ValueError as exc:
+        return f"# {precision}: {exc}"
+    f = rec.get("fidelity")
+    if not f:
+        return f"# {precision} = {rec['recipe']}: no fidelity measured at export"
+    cal = rec.get("calibration", {})
+    kept = rec.get("fp32_groups")
+    return (
+        f"# {precision} = {rec['recipe']} vs fp32 on {cal.get('pairs', '?')} calibration pairs "
+        f"({cal.get('queries', '?')} queries): top-10 agreement {f['top10_agreement']:.3f}, "
+        f"Spearman on the top candidates {f['spearman_top']:.3f}, max |diff| "
+        f"{f['max_abs_diff']:.4f}" + (f"; fp32 groups {', '.join(kept)}" if kept else "")
+    )
 
 
 def model_options(args: argparse.Namespace) -> dict:

@@ -8,6 +8,7 @@ import sys
 
 from crossknn.commands._common import (
     add_model_arguments,
+    fidelity_line,
     model_options,
     positive_int,
     terminal_safe,
@@ -28,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--top-k", type=positive_int, default=10, help="how many items to print (default 10)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_model_arguments(parser, de=False)
+    add_model_arguments(parser, de=False, verbose=True)
     parser.add_argument("--int8", action="store_true", help="the same as --precision int8")
     parser.add_argument("--progress", action="store_true", help="show a progress bar")
 
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the embedded model cannot be built without the export extra
         print(f"crossknn rank: error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
+    if args.verbose and (line := fidelity_line(ce)):
+        print(terminal_safe(line), file=sys.stderr)
     hits = ce.rank(args.query, corpus.texts, top_k=min(args.top_k, len(corpus)), doc_ids=corpus.ids)
     rows = [
         {

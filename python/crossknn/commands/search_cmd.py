@@ -14,10 +14,12 @@ from pathlib import Path
 
 from crossknn.commands._common import (
     add_model_arguments,
+    fidelity_line,
     model_options,
     nonneg_int,
     positive_int,
     print_hits,
+    terminal_safe,
 )
 from crossknn.searcher import METHODS
 
@@ -78,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also score every item with the CE: the exact top-k, its scores, the missed ids "
         "and Top-k-Recall@budget",
     )
-    add_model_arguments(p, precision_default=None)
+    add_model_arguments(p, precision_default=None, verbose=True)
     p.add_argument(
         "--cmc-model",
         metavar="DIR",
@@ -168,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
         shards=args.shards,
         ray_address=args.ray_address,
     )
+    if args.verbose and (line := fidelity_line(searcher.ce)):
+        print(terminal_safe(line), file=sys.stderr)
     # exact CE rows are kept under INDEX_DIR/exact (keyed by query, items and CE hash)
     hits = searcher.search(
         queries,
