@@ -23,3 +23,13 @@ def load_records(path):
         records.append((z[f"U{i}"], exs, int(z[f"k{i}"])))
         exact.append(z[f"E{i}"])
     return records, exact
+
+
+def coarse_centroids(index) -> np.ndarray:
+    """The (nlist, d) float32 centroids of an IVF index's coarse quantizer (HNSW or flat)."""
+    import faiss
+
+    q = faiss.downcast_index(index.quantizer)
+    storage = faiss.downcast_index(q.storage) if hasattr(q, "storage") else q
+    codes = faiss.vector_to_array(storage.codes)
+    return codes.view(np.float32).reshape(index.nlist, index.d)

@@ -13,18 +13,13 @@ import faiss
 import numpy as np
 
 import scale_bench as sb
-from scale_diag._records import load_records
+from scale_diag._records import coarse_centroids, load_records
 
 n, d, ndev = 10_000_000, 128, 5
 records, exact = load_records(sb.CACHE / f"records_{n}_{d}_{ndev}.npz")
 base = sb.open_items(n, d, "int8")
 index = faiss.read_index(str(sb.index_path(n, d, "ivf")))
-q = faiss.downcast_index(index.quantizer)
-C = (
-    faiss.vector_to_array(faiss.downcast_index(q.storage).codes)
-    .view(np.float32)
-    .reshape(index.nlist, d)
-)
+C = coarse_centroids(index)
 inv = index.invlists
 L = index.nlist
 stats = sb.CACHE / "liststats_1e7.npz"

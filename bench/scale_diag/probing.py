@@ -13,7 +13,7 @@ import numpy as np
 
 import scale_bench as sb
 from crossknn.search.round_index import IndexedFeatures, round_recall
-from scale_diag._records import load_records
+from scale_diag._records import coarse_centroids, load_records
 
 n, d, ndev = 10_000_000, 128, 5
 faiss.omp_set_num_threads(1)
@@ -21,12 +21,7 @@ records, exact = load_records(sb.CACHE / f"records_{n}_{d}_{ndev}.npz")
 print("n per record", [r[2] for r in records], "scored", [len(r[1][0]) for r in records])
 base = sb.open_items(n, d, "int8")
 index = faiss.read_index(str(sb.index_path(n, d, "ivf")))
-q = faiss.downcast_index(index.quantizer)
-C = (
-    faiss.vector_to_array(faiss.downcast_index(q.storage).codes)
-    .view(np.float32)
-    .reshape(index.nlist, d)
-)
+C = coarse_centroids(index)
 flat = faiss.IndexFlatIP(d)
 flat.add(C)
 index.quantizer = flat

@@ -19,7 +19,7 @@ from crossknn.search.round_index import (
     record_round_queries,
     round_recall,
 )
-from scale_diag._records import load_records, save_records
+from scale_diag._records import coarse_centroids, load_records, save_records
 
 n, d, ndev = 10_000_000, 128, int(sys.argv[1]) if len(sys.argv) > 1 else 5
 faiss.omp_set_num_threads(1)
@@ -65,13 +65,7 @@ def run(tag):
 
 
 run("hnsw-q")
-C = (
-    faiss.vector_to_array(faiss.downcast_index(q.storage).codes)
-    .view(np.float32)
-    .reshape(index.nlist, d)
-    if hasattr(q, "storage")
-    else None
-)
+C = coarse_centroids(index)
 flat = faiss.IndexFlatIP(d)
 flat.add(C)
 index.quantizer = flat

@@ -11,16 +11,11 @@ import faiss
 import numpy as np
 
 import scale_bench as sb
-from scale_diag._records import load_records
+from scale_diag._records import coarse_centroids, load_records
 
 records, exact = load_records(sb.CACHE / "records_10000000_128_5.npz")
 index = faiss.read_index(str(sb.index_path(10_000_000, 128, "ivf")))
-q = faiss.downcast_index(index.quantizer)
-C = (
-    faiss.vector_to_array(faiss.downcast_index(q.storage).codes)
-    .view(np.float32)
-    .reshape(index.nlist, 128)
-)
+C = coarse_centroids(index)
 inv = index.invlists
 L = index.nlist
 lst = np.full(10_000_000, -1, np.int32)

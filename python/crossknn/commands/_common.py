@@ -151,6 +151,23 @@ def add_model_arguments(
         )
 
 
+def add_round_arguments(p: argparse.ArgumentParser) -> None:
+    """``--round-index`` and ``--shards``: what a query's rounds scan (search and serve)."""
+    p.add_argument(
+        "--round-index",
+        choices=("auto", "exact", "ivf", "hnsw"),
+        default="auto",
+        help="rounds through the index's MIPS index (auto: the one it has) or exact",
+    )
+    p.add_argument(
+        "--shards",
+        type=nonneg_int,
+        default=0,
+        metavar="S",
+        help="item shards over S Ray actors, each scanning its block of items (default 0: none)",
+    )
+
+
 def fidelity_line(ce) -> str | None:
     """What the export measured for a quantized CE (its manifest's fidelity record), one line;
     None for fp32 (``--verbose``)."""

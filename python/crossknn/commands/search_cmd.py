@@ -14,6 +14,7 @@ from pathlib import Path
 
 from crossknn.commands._common import (
     add_model_arguments,
+    add_round_arguments,
     fidelity_line,
     model_options,
     nonneg_int,
@@ -93,14 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="DE candidates CMC reranks (default 512)",
     )
-    p.add_argument(
-        "--round-index",
-        choices=("auto", "exact", "ivf", "hnsw"),
-        default="auto",
-        help="rounds through the index's MIPS index (auto: the one it has) or exact",
-    )
+    add_round_arguments(p)
     p.add_argument("--ray-address", help="Ray cluster for item shards (with --shards)")
-    p.add_argument("--shards", type=nonneg_int, default=0, help="item shards over Ray actors")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no table")
 

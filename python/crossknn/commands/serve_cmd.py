@@ -13,7 +13,7 @@ import sys
 
 from crossknn.ce.models import PRECISIONS
 from crossknn.ce.runtime import PROVIDERS
-from crossknn.commands._common import nonneg_int
+from crossknn.commands._common import add_round_arguments
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
 
@@ -111,19 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ADDR",
         help="an existing Ray cluster for --ray and --shards (default: start a local one)",
     )
-    p.add_argument(
-        "--shards",
-        type=nonneg_int,
-        default=0,
-        metavar="S",
-        help="item shards over S Ray actors, each scanning its block of items (default 0: none)",
-    )
-    p.add_argument(
-        "--round-index",
-        choices=("auto", "exact", "ivf", "hnsw"),
-        default="auto",
-        help="rounds through the index's MIPS index (auto: the one it has) or exact",
-    )
+    add_round_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace):
