@@ -38,6 +38,8 @@ from crossknn.fileio import atomic_save_npy, atomic_write_json, read_json
 DATASETS = ("scifact", "nfcorpus")
 KINDS = ("cls", "emb")
 FULL_MINUTES = 45
+# the training settings a row carries (they differ per dataset: see docs/train.md)
+_CONFIG_KEYS = ("lr", "negatives", "negatives_skip", "random_negatives", "threads", "max_minutes")
 
 
 def _metrics(qrels: dict, run: dict) -> dict:
@@ -76,6 +78,7 @@ class Dataset:
         d.mkdir(parents=True, exist_ok=True)
         vecs = item_vectors(de, self.item_texts)  # cached: train-ce's mining reads the same
         qv = de.encode(self.qtexts)
+        self.vecs = vecs
         self.top = topk_by_vectors(qv, vecs, 100)
         self.de_scores = np.take_along_axis(qv @ vecs.T, self.top, 1)
         self.work = d
@@ -95,6 +98,65 @@ class Dataset:
         scores = np.stack(ce.score_batch(self.qtexts, [row.tolist() for row in self.top]))
         atomic_save_npy(path, scores)
         return scores
+
+
+AXN_BUDGET = 100
+
+
+class _KnownItemsDE:
+    """The DE, answering ``encode`` of corpus texts from the cached item vectors (the index of
+    each model would otherwise encode the same corpus again); anything else goes to the DE."""
+
+    def __init__(self, de, texts: list[str], vecs: np.ndarray) -> None:
+        self._de = de
+        self._rows = {t: i for i, t in enumerate(texts)}
+        self._vecs = vecs
+
+    def __getattr__(self, name):
+        return getattr(self._de, name)
+
+    def encode(self, texts, **kw) -> np.ndarray:
+        rows = [self._rows.get(t) for t in texts]
+        if all(r is not None for r in rows):
+            return self._vecs[np.asarray(rows, dtype=np.int64)]
+        return self._de.encode(texts, **kw)
+
+
+def _axn_row(ds, ce, key: str, de, base: dict) -> dict:
+    """The budgeted search (AXN, B = 100 CE calls per query over the whole corpus) with ``ce``.
+
+    Its CE calls reuse the rerank's pairs (``beir_bench.CachedCE``, seeded with them); the index
+    (DE item vectors, calibrated with this CE) is built once per model under the work folder."""
+    import crossknn
+    from beir_bench import CachedCE
+    from crossknn.data import Corpus
+
+    cached = CachedCE(ce, ds.work / f"ce-pairs-{key}-{len(ds.qids)}.json")
+    for q, top, sc in zip(ds.qtexts, ds.top, ds.rerank(ce, key), strict=True):
+        cached.cache.setdefault(q, {}).update(zip(top.tolist(), map(float, sc), strict=True))
+    index_dir = ds.work / f"index-{key}"
+    if (index_dir / "index.json").is_file():
+        index = crossknn.open_index(index_dir)
+    else:
+        corpus = Corpus(ds.item_ids, ds.item_texts, str(ds.folder))
+        known = _KnownItemsDE(de, ds.item_texts, ds.vecs)
+        index = crossknn.build_corpus_index(corpus, index_dir, ce=cached, de=known)
+    hits = crossknn.Searcher(index, ce=cached, de=de).search(
+        ds.qtexts, k=AXN_BUDGET, budget=AXN_BUDGET, method="axn"
+    )
+    cached.save()
+    run = {
+        q: dict(zip(h.ids, map(float, h.scores), strict=True))
+        for q, h in zip(ds.qids, hits, strict=True)
+    }
+    calls = float(np.mean([h.ce_calls for h in hits]))
+    return {
+        **base,
+        **_metrics(ds.qrels, run),
+        "method": "axn",
+        "budget": AXN_BUDGET,
+        "ce_calls_per_query": calls,
+    }
 
 
 def _row(ds, model, kind, loss, steps, train_s, metrics, **extra) -> dict:
@@ -123,6 +185,7 @@ def part1(args, work: Path, de) -> list[dict]:
     from crossknn.train import TrainConfig, train_cross_encoder
 
     rows = []
+    defaults = TrainConfig()  # for settings older training records do not carry
     for name in args.datasets:
         ds = Dataset(name, work, args.test_queries, de)
         print(f"{name}: {len(ds.qids)} test queries, {len(ds.item_ids)} items")
@@ -143,6 +206,16 @@ def part1(args, work: Path, de) -> list[dict]:
 
         rows.append(_cached(ds.work / f"row-embedded-{len(ds.qids)}.json", embedded))
         print(rows[-1])
+        base = {k: v for k, v in rows[-1].items() if k not in ("ndcg@10", "rr@10", "r@100")}
+        rows.append(
+            _cached(
+                ds.work / f"row-embedded-axn-{len(ds.qids)}.json",
+                lambda ds=ds, base=base: _axn_row(
+                    ds, default_cross_encoder(threads=args.threads), "embedded", de, base
+                ),
+            )
+        )
+        print(rows[-1])
         for kind in args.kinds:
             out = ds.work / f"{kind}-{args.loss}"
             cfg = TrainConfig(
@@ -158,6 +231,9 @@ def part1(args, work: Path, de) -> list[dict]:
                 checkpoint_every=args.eval_every,
                 threads=args.threads,
                 patience=args.patience,
+                negatives=args.negatives,
+                negatives_skip=args.negatives_skip,
+                random_negatives=args.random_negatives,
             )
             if not (out / "training.json").is_file():
                 train_cross_encoder(ds.folder, out, cfg, resume=(out / "train").is_dir())
@@ -175,11 +251,27 @@ def part1(args, work: Path, de) -> list[dict]:
                     rec["train_s"],
                     _metrics(ds.qrels, ds.run(s)),
                     selected_step=rec["selected_step"],
+                    stopped=rec.get("stopped"),
+                    train_config={
+                        k: rec["config"].get(k, getattr(defaults, k)) for k in _CONFIG_KEYS
+                    },
                     dev_curve=read_json(out / "dev_curve.json"),
                 )
 
-            rows.append(_cached(ds.work / f"row-{kind}-{args.loss}-{len(ds.qids)}.json", trained))
+            key = f"{kind}-{args.loss}"
+            rows.append(_cached(ds.work / f"row-{key}-{len(ds.qids)}.json", trained))
             print({k: v for k, v in rows[-1].items() if k != "dev_curve"})
+            base = {k: v for k, v in rows[-1].items() if k not in ("ndcg@10", "rr@10", "r@100")}
+            base.pop("dev_curve", None)
+            rows.append(
+                _cached(
+                    ds.work / f"row-{key}-axn-{len(ds.qids)}.json",
+                    lambda ds=ds, out=out, key=key, base=base: _axn_row(
+                        ds, OnnxCrossEncoder(out, threads=args.threads), key, de, base
+                    ),
+                )
+            )
+            print(rows[-1])
     return rows
 
 
@@ -306,6 +398,9 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=5)
     ap.add_argument("--test-queries", type=int, default=None, help="a fixed subset (default all)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--negatives", type=int, default=30, help="hard negatives: DE top-N")
+    ap.add_argument("--negatives-skip", type=int, default=0, help="...minus its first M ranks")
+    ap.add_argument("--random-negatives", type=int, default=2, help="random items per group")
     ap.add_argument("--part", nargs="+", type=int, default=[1, 2], choices=[1, 2])
     ap.add_argument("--sub-items", type=int, default=1000, help="part 2: NFCorpus items")
     ap.add_argument("--anchor-queries", type=int, default=100, help="part 2: train rows")

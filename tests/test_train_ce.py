@@ -303,6 +303,9 @@ def test_errors(setup, tmp_path, capsys):
         == 2
     )
     assert "needs --teacher" in _err(capsys)
+    skip = ["--negatives", "5", "--negatives-skip", "5"]
+    assert main(["train-ce", data, str(tmp_path / "f"), "--base", base, *skip, *common]) == 2
+    assert "negatives_skip must be in [0, negatives=5); got 5" in _err(capsys)
     nopos = tmp_path / "pairs.jsonl"
     nopos.write_text(json.dumps({"query": "a", "item": "b", "label": 0}) + "\n")
     assert main(["train-ce", str(nopos), str(tmp_path / "e"), "--base", base, *common]) == 2

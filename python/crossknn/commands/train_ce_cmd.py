@@ -38,6 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="hard negatives: the DE top-N minus the positives (default 30)",
     )
     p.add_argument(
+        "--negatives-skip",
+        type=int,
+        default=0,
+        metavar="M",
+        help="draw hard negatives from DE ranks M+1..N only: with many unlabelled positives "
+        "per query (NFCorpus) the DE's first ranks are often relevant (default 0)",
+    )
+    p.add_argument(
         "--group-size",
         type=positive_int,
         default=8,
@@ -103,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         loss=args.loss,
         split=args.split,
         negatives=args.negatives,
+        negatives_skip=args.negatives_skip,
         group_size=args.group_size,
         random_negatives=args.random_negatives,
         max_steps=args.max_steps,

@@ -20,6 +20,7 @@ class TrainConfig:
     loss: str = "listwise"  # "bce", "listwise" or "distill"
     split: str = "train"  # the qrels split trained on (BEIR)
     negatives: int = 30  # N: hard negatives are the DE top-N minus the positives
+    negatives_skip: int = 0  # ...from DE rank M+1 on (unlabelled positives sit at the top)
     group_size: int = 8  # pairs per query and step: 1 positive + negatives
     random_negatives: int = 2  # of the negatives in a group, random corpus items (rest: hard)
     max_steps: int | None = None  # optimizer steps (default: epochs over the train queries)
@@ -60,6 +61,13 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+        if isinstance(self.negatives_skip, bool) or not isinstance(self.negatives_skip, int):
+            raise ValueError(f"negatives_skip must be an integer; got {self.negatives_skip!r}")
+        if not 0 <= self.negatives_skip < self.negatives:
+            raise ValueError(
+                f"negatives_skip must be in [0, negatives={self.negatives}); "
+                f"got {self.negatives_skip}"
+            )
         if self.group_size < 2:
             raise ValueError(
                 f"group_size must be >= 2 (a positive and a negative); got {self.group_size}"

@@ -121,7 +121,9 @@ def train_cross_encoder(
     top = _mine(work, de_model, ex, pool, cfg.negatives, key, cache_dir)
     train_rows, dev_rows = split_dev(len(ex), cfg.dev_fraction, cfg.seed, cfg.dev_queries)
     train_ex, dev_ex = ex.subset(train_rows), ex.subset(dev_rows)
-    hard = hard_negatives(top[train_rows], train_ex.positives, train_ex.negatives)
+    hard = hard_negatives(
+        top[train_rows, cfg.negatives_skip :], train_ex.positives, train_ex.negatives
+    )
     dev_cand = top[dev_rows]
 
     _write_tokenizer(base, work / "hf")
