@@ -39,7 +39,15 @@ DATASETS = ("scifact", "nfcorpus")
 KINDS = ("cls", "emb")
 FULL_MINUTES = 45
 # the training settings a row carries (they differ per dataset: see docs/train.md)
-_CONFIG_KEYS = ("lr", "negatives", "negatives_skip", "random_negatives", "threads", "max_minutes")
+_CONFIG_KEYS = (
+    "lr",
+    "head_lr",
+    "negatives",
+    "negatives_skip",
+    "random_negatives",
+    "threads",
+    "max_minutes",
+)
 
 
 def _metrics(qrels: dict, run: dict) -> dict:
@@ -226,6 +234,7 @@ def part1(args, work: Path, de) -> list[dict]:
                 batch_size=args.batch_size,
                 grad_accum=args.grad_accum,
                 lr=args.lr,
+                head_lr=args.head_lr,
                 dev_queries=args.dev_queries,
                 eval_every=args.eval_every,
                 checkpoint_every=args.eval_every,
@@ -393,6 +402,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--head-lr", type=float, default=1e-3, help="[CLS] head learning rate")
     ap.add_argument("--dev-queries", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--patience", type=int, default=5)
@@ -440,18 +450,19 @@ def main() -> None:
         },
     )
     print(
-        f"{'dataset':9} {'model':9} {'kind':5} {'steps':>6} {'train_s':>8} "
+        f"{'dataset':9} {'model':13} {'kind':5} {'steps':>6} {'train_s':>8} "
         f"{'nDCG@10':>8} {'RR@10':>7} {'R@100':>7}"
     )
     for r in rows:
-        if "method" in r:
+        if "recall" in r:
             print(
                 f"{r['dataset']:9} {r['kind']:5} {r['method']:7} B={r['budget']:<4} "
                 f"Top-10-Recall {r['recall']:.3f}"
             )
             continue
+        model = r["model"] + (f"+{r['method']}" if "method" in r else "")
         print(
-            f"{r['dataset']:9} {r['model']:9} {r['kind'] or '-':5} {r['steps']:>6} "
+            f"{r['dataset']:9} {model:13} {r['kind'] or '-':5} {r['steps']:>6} "
             f"{r['train_s']:>8.0f} {r['ndcg@10']:>8.4f} {r['rr@10']:>7.4f} {r['r@100']:>7.4f}"
         )
 

@@ -340,3 +340,19 @@ def test_jsonl_pairs(setup, tmp_path):
     )
     assert rec["queries"]["train"] + rec["queries"]["dev"] == n_with
     assert rec["queries"]["skipped"] == {"no positive pair": 1 + TOPICS - n_with}
+
+
+def test_cls_head_has_its_own_learning_rate(setup):
+    from crossknn.train.scorer import TrainableCE
+
+    cls = TrainableCE(setup["base"], "cls", loss="listwise")
+    body, head = cls.param_groups(1e-5, 1e-3)
+    names = {id(p): n for n, p in cls.named_parameters()}
+    assert head["lr"] == 1e-3 and body["lr"] == 1e-5
+    assert sorted(names[id(p)].rsplit(".", 1)[1] for p in head["params"]) == ["bias", "weight"]
+    assert all("classifier" in names[id(p)] for p in head["params"])
+    assert not any("classifier" in names[id(p)] for p in body["params"])
+    emb = TrainableCE(setup["base"], "emb", loss="listwise")
+    assert len(emb.param_groups(1e-5, 1e-3)) == 1
+    with pytest.raises(ValueError, match="head_lr must be > 0"):
+        _cfg(head_lr=0.0).check()

@@ -79,6 +79,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="micro-batches per optimizer step (default 1)",
     )
     p.add_argument("--lr", type=positive_float, default=2e-5)
+    p.add_argument(
+        "--head-lr",
+        type=positive_float,
+        default=1e-3,
+        help="learning rate of the [CLS] kind's new classifier head (default 1e-3)",
+    )
     p.add_argument("--max-length", type=positive_int, default=128, help="tokens per pair")
     p.add_argument(
         "--dev-fraction",
@@ -119,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         grad_accum=args.grad_accum,
         lr=args.lr,
+        head_lr=args.head_lr,
         max_length=args.max_length,
         dev_fraction=args.dev_fraction,
         dev_queries=args.dev_queries,

@@ -28,6 +28,7 @@ class TrainConfig:
     batch_size: int = 4  # queries per forward/backward (micro-batch)
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 2e-5
+    head_lr: float = 1e-3  # the [CLS] kind's fresh classifier head
     warmup: float = 0.1  # fraction of the steps with a linearly rising learning rate
     weight_decay: float = 0.01
     max_length: int = 128
@@ -82,6 +83,8 @@ class TrainConfig:
             raise ValueError(f"epochs must be > 0; got {self.epochs}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0; got {self.lr}")
+        if not self.head_lr > 0:
+            raise ValueError(f"head_lr must be > 0; got {self.head_lr}")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup must be in [0, 1); got {self.warmup}")
 

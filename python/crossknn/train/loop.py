@@ -132,9 +132,7 @@ def train_cross_encoder(
     model = TrainableCE(base, cfg.kind, loss=cfg.loss).to(device)
     model.train()
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
+        model.param_groups(cfg.lr, cfg.head_lr), lr=cfg.lr, weight_decay=cfg.weight_decay
     )
     plan = StepPlan(len(train_ex), cfg.batch_size * cfg.grad_accum, cfg.seed)
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * plan.steps_per_epoch))

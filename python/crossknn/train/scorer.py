@@ -77,6 +77,20 @@ class TrainableCE(torch.nn.Module):
     def hf_model(self):
         return self.wrapper.hf_model
 
+    def param_groups(self, lr: float, head_lr: float) -> list[dict]:
+        """AdamW groups: the [CLS] kind's freshly initialized classifier learns at ``head_lr``
+        (at the body's rate it barely leaves uniform scores in hundreds of steps), the rest at
+        ``lr``."""
+        head, body = [], []
+        for name, p in self.named_parameters():
+            if p.requires_grad:
+                fresh = self.kind == "cls" and ".classifier." in f".{name}"
+                (head if fresh else body).append(p)
+        groups = [{"params": body, "lr": lr}]
+        if head:
+            groups.append({"params": head, "lr": head_lr})
+        return groups
+
     def forward(self, feeds: dict[str, torch.Tensor]) -> torch.Tensor:
         """Scores (n,) as the exported model computes them."""
         w = self.wrapper
