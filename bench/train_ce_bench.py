@@ -352,6 +352,28 @@ def _energy_ranks(scores: np.ndarray) -> dict:
     return out
 
 
+def _sub_quality(m, beir) -> dict:
+    """nDCG@10 / RR@10 of the CE's and of the DE's ranking of the sub-corpus for its test rows
+    (qrels restricted to the sub-corpus): are the two CEs of comparable ranking quality?"""
+    qrels_all = beir.qrels["test"]
+    keep = set(m.item_ids)
+    qrels = {
+        m.query_ids[r]: {d: int(v) for d, v in qrels_all[m.query_ids[r]].items() if d in keep}
+        for r in m.test
+    }
+    qrels = {q: r for q, r in qrels.items() if any(v > 0 for v in r.values())}
+    out = {"sub_test_queries_with_relevant": len(qrels)}
+    for who, scores in (("ce", m.scores[m.test]), ("de", m.de_queries[m.test] @ m.de_items.T)):
+        run = {
+            m.query_ids[r]: {m.item_ids[i]: float(s[i]) for i in np.argsort(-s)[:100]}
+            for r, s in zip(m.test, scores, strict=True)
+            if m.query_ids[r] in qrels
+        }
+        q = _metrics(qrels, run)
+        out[f"{who}_ndcg@10"], out[f"{who}_rr@10"] = q["ndcg@10"], q["rr@10"]
+    return out
+
+
 def part2(args, work: Path, de) -> tuple[list[dict], dict]:
     """Approximability of the trained CEs' score matrices (see the module docstring)."""
     from crossknn.ce import OnnxCrossEncoder
@@ -361,16 +383,27 @@ def part2(args, work: Path, de) -> tuple[list[dict], dict]:
     name = f"nfcorpus-sub{len(items)}"
     rows, decay = [], {}
     for kind in args.kinds:
-        model = work / "nfcorpus" / f"{kind}-{args.loss}"
+        model = work / args.part2_models / f"{kind}-{args.loss}"
         rec = read_json(model / "training.json")
         ce = OnnxCrossEncoder(model, threads=args.threads)
         folder = _matrix(
-            work / name / kind, ce, beir, anchors + tests, items, vecs, de, len(anchors)
+            work / name / f"{args.part2_models}-{kind}",
+            ce,
+            beir,
+            anchors + tests,
+            items,
+            vecs,
+            de,
+            len(anchors),
         )
         from crossknn.matrix import load_score_matrix
 
         m = load_score_matrix(folder)
-        decay[kind] = _energy_ranks(m.scores)
+        decay[kind] = {
+            "trained_on": args.part2_models,
+            **_energy_ranks(m.scores),
+            **_sub_quality(m, beir),
+        }
         cfg = EvalConfig(methods=["anncur", "adacur", "axn"], budgets=args.budgets, ks=[10])
         for r in evaluate(m, cfg, progress=False):
             rows.append(
@@ -385,9 +418,10 @@ def part2(args, work: Path, de) -> tuple[list[dict], dict]:
                     method=r["method"],
                     budget=r["budget"],
                     recall=r["recall"],
+                    trained_on=args.part2_models,
                 )
             )
-        print(name, kind, {k: v for k, v in decay[kind].items() if "singular" not in k})
+        print(name, kind, {k: v for k, v in decay[kind].items() if "singular" not in k}, flush=True)
     return rows, decay
 
 
@@ -416,6 +450,12 @@ def main() -> None:
     ap.add_argument("--anchor-queries", type=int, default=100, help="part 2: train rows")
     ap.add_argument("--sub-test", type=int, default=50, help="part 2: test rows")
     ap.add_argument("--budgets", nargs="+", type=int, default=[50, 100, 200], help="part 2")
+    ap.add_argument(
+        "--part2-models",
+        default="nfcorpus",
+        choices=DATASETS,
+        help="part 2: score the NFCorpus sub-corpus with the CEs trained on this dataset",
+    )
     ap.add_argument("--out", default=str(RESULTS / "train_ce.json"))
     args = ap.parse_args()
 
@@ -447,6 +487,7 @@ def main() -> None:
             "wall_s": round(time.perf_counter() - t0, 1),
             "machine": machine("torch", "onnxruntime", "ir_measures"),
             "rows": rows,
+            "approximability": decay,
         },
     )
     print(

@@ -162,6 +162,16 @@ def test_training_lowers_the_loss(setup, tmp_path, kind, loss):
     assert [r["step"] for r in curve] == [0, 16, 32, 48]
     assert rec["selected_step"] in (0, 16, 32, 48)
     assert rec["dev_ndcg@10"] == max(r["ndcg@10"] for r in curve)
+    assert 0.0 <= rec["dev_de"]["ndcg@10"] <= 1.0
+
+
+def test_dev_reference_is_the_de_order():
+    from crossknn.train.dev import de_order_metrics
+
+    # mined order 5, 3, 9: the one relevant item sits second
+    m = de_order_metrics(np.array([[5, 3, 9], [7, 8, 1]]), [{3: 1}, {7: 2}])
+    assert m["rr@10"] == pytest.approx((0.5 + 1.0) / 2)
+    assert m["ndcg@10"] == pytest.approx((1 / np.log2(3) + 1.0) / 2)
 
 
 def test_resume_is_bitwise(setup, tmp_path):

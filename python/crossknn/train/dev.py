@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["split_dev", "rerank_metrics"]
+__all__ = ["split_dev", "rerank_metrics", "de_order_metrics"]
 
 
 def split_dev(n: int, fraction: float, seed: int, cap: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -31,6 +31,22 @@ def rerank_metrics(qrels: dict, run: dict) -> dict[str, float]:
     return {"ndcg@10": float(agg[nDCG @ 10]), "rr@10": float(agg[RR @ 10])}
 
 
+def _run_and_qrels(candidates: np.ndarray, scores: np.ndarray, relevance) -> tuple[dict, dict]:
+    run, qrels = {}, {}
+    for r in range(candidates.shape[0]):
+        qid = str(r)
+        run[qid] = {str(int(i)): float(s) for i, s in zip(candidates[r], scores[r], strict=True)}
+        qrels[qid] = {str(i): int(v) for i, v in relevance[r].items()}
+    return run, qrels
+
+
+def de_order_metrics(candidates: np.ndarray, relevance) -> dict[str, float]:
+    """nDCG@10 and RR@10 of the dev candidates in the DE's order (best first, as mined)."""
+    ranks = np.broadcast_to(-np.arange(candidates.shape[1], dtype=np.float64), candidates.shape)
+    run, qrels = _run_and_qrels(candidates, ranks, relevance)
+    return rerank_metrics(qrels, run)
+
+
 @torch.no_grad()
 def dev_metrics(model, enc, rows, relevance, candidates, device, max_tokens: int) -> dict:
     """Rerank ``candidates`` (dev queries x N item indices) with ``model`` (in eval mode);
@@ -41,10 +57,5 @@ def dev_metrics(model, enc, rows, relevance, candidates, device, max_tokens: int
     ii = candidates.ravel()
     scores = enc.score(model, qi, ii, device, max_tokens).float().cpu().numpy()
     model.train(was_training)
-    scores = scores.reshape(candidates.shape)
-    run, qrels = {}, {}
-    for r in range(len(rows)):
-        qid = str(r)
-        run[qid] = {str(int(i)): float(s) for i, s in zip(candidates[r], scores[r], strict=True)}
-        qrels[qid] = {str(i): int(v) for i, v in relevance[r].items()}
+    run, qrels = _run_and_qrels(candidates, scores.reshape(candidates.shape), relevance)
     return rerank_metrics(qrels, run)

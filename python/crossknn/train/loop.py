@@ -81,7 +81,7 @@ def train_cross_encoder(
     from crossknn.ce.models import default_dual_encoder, minilm_checkpoint_dir
     from crossknn.ce.runtime import OnnxDualEncoder
     from crossknn.train.checkpoint import load_checkpoint, load_state, save_checkpoint, save_state
-    from crossknn.train.dev import dev_metrics, split_dev
+    from crossknn.train.dev import de_order_metrics, dev_metrics, split_dev
     from crossknn.train.groups import StepPlan
     from crossknn.train.losses import group_loss
     from crossknn.train.negatives import hard_negatives
@@ -240,11 +240,13 @@ def train_cross_encoder(
         export_cross_encoder,
         load_state,
         tch,
+        # the DE's own order of the same dev candidates: what the CE has to beat
+        de_order_metrics(dev_cand, dev_ex.relevance) if len(dev_ex) else None,
     )
 
 
 def _finish(
-    work, out, base, cfg, model, ex, dev_ex, step, total, st, data, export, load_state, tch
+    work, out, base, cfg, model, ex, dev_ex, step, total, st, data, export, load_state, tch, dev_de
 ) -> dict:
     if (work / "best.pt").is_file() and st["best"] is not None:
         model.load_state_dict(load_state(work / "best.pt"))
@@ -273,6 +275,7 @@ def _finish(
         "stopped": st["stopped"] or "all steps done",
         "selected_step": st["best_step"] if st["best"] is not None else step,
         "dev_ndcg@10": st["best"],
+        "dev_de": dev_de,
     }
     atomic_write_json(out / "dev_curve.json", st["curve"])
     atomic_write_json(out / "training.json", record)
