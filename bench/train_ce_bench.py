@@ -309,19 +309,19 @@ def _sub_corpus(args, work: Path, de):
     return beir, anchors, tests, items, vecs
 
 
-def _matrix(folder: Path, ce, beir, qids, items, vecs, de, n_train) -> Path:
-    """The score-matrix folder of ``ce`` over ``qids`` x ``items`` (rows cached: resumable)."""
+def _matrix(folder: Path, rows_dir: Path, ce, beir, qids, items, vecs, de, n_train) -> Path:
+    """The score-matrix folder of ``ce`` over ``qids`` x ``items`` (rows cached in ``rows_dir``
+    by query id: resumable)."""
     from crossknn.matrix import save_score_matrix
 
     if (folder / "meta.json").is_file():
         return folder
-    rows_dir = folder / ".rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
     texts = beir.queries_in_order(qids)
     ce.set_items([beir.item_texts[i] for i in items])
     out = []
-    for r, q in enumerate(tqdm(texts, desc=f"matrix {folder.name}")):
-        f = rows_dir / f"{r}.npy"
+    for qid, q in zip(qids, tqdm(texts, desc=f"matrix {folder.name}"), strict=True):
+        f = rows_dir / f"q-{qid}.npy"  # by query id: a matrix of fewer anchors reuses the rows
         if not f.is_file():
             atomic_save_npy(f, ce.score(q, list(range(len(items)))))
         out.append(np.load(f))
@@ -380,6 +380,7 @@ def part2(args, work: Path, de) -> tuple[list[dict], dict]:
     from crossknn.eval import EvalConfig, evaluate
 
     beir, anchors, tests, items, vecs = _sub_corpus(args, work, de)
+    anchors = anchors[: args.matrix_anchors]  # the first M of the seeded draw (default all)
     name = f"nfcorpus-sub{len(items)}"
     rows, decay = [], {}
     for kind in args.kinds:
@@ -387,7 +388,8 @@ def part2(args, work: Path, de) -> tuple[list[dict], dict]:
         rec = read_json(model / "training.json")
         ce = OnnxCrossEncoder(model, threads=args.threads)
         folder = _matrix(
-            work / name / f"{args.part2_models}-{kind}",
+            work / name / f"{args.part2_models}-{kind}-a{len(anchors)}",
+            work / name / "rows" / f"{args.part2_models}-{kind}",
             ce,
             beir,
             anchors + tests,
@@ -451,6 +453,12 @@ def main() -> None:
     ap.add_argument("--sub-test", type=int, default=50, help="part 2: test rows")
     ap.add_argument("--budgets", nargs="+", type=int, default=[50, 100, 200], help="part 2")
     ap.add_argument(
+        "--matrix-anchors",
+        type=int,
+        default=None,
+        help="part 2: use only the first M of the --anchor-queries drawn (default all)",
+    )
+    ap.add_argument(
         "--part2-models",
         default="nfcorpus",
         choices=DATASETS,
@@ -470,7 +478,11 @@ def main() -> None:
     if 2 in args.part:
         rows2, decay = part2(args, work, de)
         rows += rows2
-    reduced = args.train_minutes < FULL_MINUTES or args.test_queries is not None
+    reduced = (
+        args.train_minutes < FULL_MINUTES
+        or args.test_queries is not None
+        or (2 in args.part and (args.matrix_anchors or args.anchor_queries) < 100)
+    )
     write_json(
         args.out,
         {
