@@ -408,7 +408,8 @@ def part2(args, work: Path, de) -> tuple[list[dict], dict]:
     from crossknn.eval import EvalConfig, evaluate
 
     beir, anchors, tests, items, vecs = _sub_corpus(args, work, de)
-    anchors = anchors[: args.matrix_anchors]  # the first M of the seeded draw (default all)
+    anchors = anchors[: args.matrix_anchors]  # the first M of the seeded draws (default all)
+    tests = tests[: args.matrix_tests]
     name = f"nfcorpus-sub{len(items)}"
     rows, decay = [], {}
     for kind in args.kinds:
@@ -416,7 +417,7 @@ def part2(args, work: Path, de) -> tuple[list[dict], dict]:
         rec = read_json(model / "training.json")
         ce = OnnxCrossEncoder(model, threads=args.threads)
         folder = _matrix(
-            work / name / f"{args.part2_models}-{kind}-a{len(anchors)}",
+            work / name / f"{args.part2_models}-{kind}-a{len(anchors)}t{len(tests)}",
             work / name / "rows" / f"{args.part2_models}-{kind}",
             ce,
             beir,
@@ -487,6 +488,12 @@ def main() -> None:
         help="part 2: use only the first M of the --anchor-queries drawn (default all)",
     )
     ap.add_argument(
+        "--matrix-tests",
+        type=int,
+        default=None,
+        help="part 2: use only the first T of the --sub-test queries drawn (default all)",
+    )
+    ap.add_argument(
         "--part2-models",
         default="nfcorpus",
         choices=DATASETS,
@@ -510,6 +517,7 @@ def main() -> None:
         args.train_minutes < FULL_MINUTES
         or args.test_queries is not None
         or (2 in args.part and (args.matrix_anchors or args.anchor_queries) < 100)
+        or (2 in args.part and (args.matrix_tests or args.sub_test) < 50)
     )
     write_json(
         args.out,
