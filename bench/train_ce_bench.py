@@ -193,6 +193,13 @@ def _axn_row(ds, ce, key: str, de, base: dict) -> dict:
     }
 
 
+def _train_config(config: dict, defaults) -> dict:
+    """The settings a row reports; records older than a setting get the value it then had (the
+    [CLS] head learned at ``lr`` before ``head_lr`` existed)."""
+    old = {"head_lr": config["lr"]}
+    return {k: config.get(k, old.get(k, getattr(defaults, k))) for k in _CONFIG_KEYS}
+
+
 def _row(ds, model, kind, loss, steps, train_s, metrics, **extra) -> dict:
     return {
         "dataset": ds,
@@ -288,9 +295,7 @@ def part1(args, work: Path, de) -> list[dict]:
                     _metrics(ds.qrels, ds.run(s)),
                     selected_step=rec["selected_step"],
                     stopped=rec.get("stopped"),
-                    train_config={
-                        k: rec["config"].get(k, getattr(defaults, k)) for k in _CONFIG_KEYS
-                    },
+                    train_config=_train_config(rec["config"], defaults),
                     dev_curve=read_json(out / "dev_curve.json"),
                 )
 
