@@ -532,7 +532,8 @@ def main() -> None:
             "reduced": reduced,
             "note": (
                 "REDUCED run: less training time than the issue's 45 min per dataset and kind "
-                "and/or a subset of the test queries; not the issue's measurement"
+                "and/or a subset of the test queries and/or a part-2 matrix of fewer than 100 "
+                "anchor x 50 test rows; not the issue's measurement"
                 if reduced
                 else ""
             ),
