@@ -11,8 +11,8 @@ Part 2, approximability (``--part 2``): for each trained CE, a score matrix over
 (``--sub-items`` NFCorpus items: the test queries' DE top items filled with random ones;
 ``--anchor-queries`` train queries as anchor rows and ``--sub-test`` test queries), built with
 ``crossknn score-matrix``'s library code; reports its singular-value decay (ranks holding 90% /
-99% of the energy) and Top-10-Recall@B of ANNCUR, ADACUR and AXN at B = 50, 100, 200 with
-``crossknn eval``. Rows add ``method``, ``budget``, ``recall``.
+99% of the energy) and Top-10-Recall@B of ANNCUR, ADACUR, AXN and ``auto`` (10% index) at
+B = 50, 100, 200 with ``crossknn eval``. Rows add ``method``, ``budget``, ``recall``.
 
 Everything is resumable: the training runs continue from their checkpoints (``--work``, outside
 the repository), rerank scores and rows are cached there, and a rerun only does what is missing.
@@ -440,7 +440,8 @@ def part2(args, work: Path, de) -> tuple[list[dict], dict]:
             **_energy_ranks(m.scores),
             **_sub_quality(m, beir),
         }
-        cfg = EvalConfig(methods=["anncur", "adacur", "axn"], budgets=args.budgets, ks=[10])
+        # auto: crossknn's default method, its index from 10% of the anchor rows' entries
+        cfg = EvalConfig(methods=["anncur", "adacur", "axn", "auto"], budgets=args.budgets, ks=[10])
         for r in evaluate(m, cfg, progress=False):
             rows.append(
                 _row(
@@ -454,6 +455,7 @@ def part2(args, work: Path, de) -> tuple[list[dict], dict]:
                     method=r["method"],
                     budget=r["budget"],
                     recall=r["recall"],
+                    index_ce_calls=r.get("index_ce_calls"),
                     trained_on=args.part2_models,
                 )
             )
