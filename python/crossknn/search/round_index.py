@@ -11,8 +11,9 @@ the probability when ``V u / T`` is spread, and none when T is small.
 Round indexes (``kind``):
 
 - ``exact``: no index, the C++ kernel (the reference; the default below ``AUTO_EXACT_BELOW`` items);
-- ``ivf``: ``IndexIVFScalarQuantizer`` (int8 codes, inner product), ``nlist`` about ``4 sqrt(N)``
-  lists; search width ``nprobe``;
+- ``ivf``: ``IndexIVFScalarQuantizer`` (int8 codes, inner product), lists of about
+  ``LIST_SIZE`` items (``N / LIST_SIZE`` lists, kept within ``4 sqrt(N) .. 16 sqrt(N)``); search
+  width ``nprobe``;
 - ``hnsw``: ``IndexHNSWFlat`` (inner product); search width ``efSearch``.
 
 :class:`IndexedFeatures` is an :class:`crossknn.core.ItemFeatures` (it shares the base's C++
@@ -53,7 +54,15 @@ ROUND_INDEX_KINDS = ("exact", "ivf", "hnsw")
 AUTO_EXACT_BELOW = 200_000  # below this, one exact pass is a few ms: no index
 ARRAY_NAME = "round_index"
 HNSW_QUANTIZER_FROM = 4096  # IVF lists above which the coarse quantizer is an HNSW graph
+# Items per IVF list. The least-squares round queries are out of the items' distribution: their
+# top items are the tails of many clusters, which coarse lists rank last. On the scale testbed at
+# N = 1e6 the share of exact round answers within 2,000 scanned codes is 0.79 with lists of 1,220
+# items and 0.99 with lists of 244 or 122 (docs/scale.md): small lists, whatever N.
+LIST_SIZE = 256
 DEFAULT_WIDTH = {"ivf": 32, "hnsw": 128}
+# tuning: when no width reaches the recall target, the narrowest within this of the best (at
+# N = 1e7 nprobe 192 gives 0.980 per-round recall and 256 gives 0.981 for a third more codes)
+PLATEAU = 0.002
 WIDTH_NAME = {"ivf": "nprobe", "hnsw": "efSearch"}
 
 
@@ -70,6 +79,15 @@ def _faiss():
 def default_round_index(n_items: int) -> str:
     """``exact`` below :data:`AUTO_EXACT_BELOW` items, else ``ivf``."""
     return "exact" if int(n_items) < AUTO_EXACT_BELOW else "ivf"
+
+
+def default_nlist(n_items: int) -> int:
+    """IVF lists for ``n_items``: ``N / LIST_SIZE`` kept within ``[4 sqrt(N), 16 sqrt(N)]`` (the
+    usual FAISS range) and at most ``N / 39`` (enough rows per list to train k-means)."""
+    n = int(n_items)
+    root = math.sqrt(n)
+    nlist = min(max(n / LIST_SIZE, 4 * root), 16 * root, n // 39)
+    return int(max(1, round(nlist)))
 
 
 def _check_kind(kind: str) -> str:
@@ -99,8 +117,9 @@ def build_round_index(
     """A FAISS inner-product index over the rows of ``features`` (``ivf`` or ``hnsw``).
 
     Rows are read from the stored features in blocks (dequantized for int8 storage), so V is never
-    copied whole to float32. ``ivf``: ``nlist`` (default ``4 sqrt(N)``, at most N / 39) k-means
-    lists trained on ``train_size`` (default ``64 nlist``) random rows, int8 scalar-quantized codes.
+    copied whole to float32. ``ivf``: ``nlist`` (default :func:`default_nlist`) k-means lists
+    trained on ``train_size`` (default ``64 nlist``, ``20 nlist`` with an HNSW coarse quantizer)
+    random rows, int8 scalar-quantized codes.
     """
     faiss = _faiss()
     kind = _check_kind(kind)
@@ -109,7 +128,7 @@ def build_round_index(
     n, d = features.n_items, features.dim
     if kind == "ivf":
         if nlist is None:
-            nlist = int(min(max(1, round(4 * math.sqrt(n))), max(1, n // 39)))
+            nlist = default_nlist(n)
         if not 1 <= nlist <= n:
             raise ValueError(f"nlist must be in [1, {n}] (the number of items); got {nlist}")
         # many lists: an HNSW coarse quantizer assigns the N rows in log time instead of nlist
@@ -125,6 +144,8 @@ def build_round_index(
         sample = np.sort(rng.choice(n, size=m, replace=False))
         index.cp.seed, index.cp.niter = int(seed), 10
         index.train(features.rows(sample).astype(np.float32))
+        if big:  # a wider graph search than FAISS's 16 when assigning the items to their lists
+            quantizer.hnsw.efSearch = 40
     else:
         index = faiss.IndexHNSWFlat(d, int(hnsw_m), faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = int(ef_construction)
@@ -221,7 +242,9 @@ class IndexedFeatures(ItemFeatures):
             nprobe = min(width, self.index.nlist)
             q = faiss.downcast_index(self.index.quantizer)
             if isinstance(q, faiss.IndexHNSW):  # the graph must find the nprobe nearest lists
-                qp = faiss.SearchParametersHNSW(efSearch=max(64, 2 * nprobe))
+                # efSearch = nprobe keeps the per-round recall of 2 nprobe at N = 1e7 (0.980 vs
+                # 0.981 at nprobe 192) for 3/4 of the graph's time (docs/scale.md)
+                qp = faiss.SearchParametersHNSW(efSearch=max(64, nprobe))
                 return faiss.SearchParametersIVF(nprobe=nprobe, quantizer_params=qp)
             return faiss.SearchParametersIVF(nprobe=nprobe)
         return faiss.SearchParametersHNSW(efSearch=width)
@@ -364,11 +387,24 @@ def round_recall(indexed: IndexedFeatures, records, exact=None) -> np.ndarray:
     return np.asarray(out)
 
 
+def _plateau_width(table: dict[int, float], plateau: float) -> int:
+    """The narrowest width whose recall is within ``plateau`` of the best in ``table`` (when no
+    width reaches the target: past the plateau, wider lists buy little recall for their cost)."""
+    top = max(table.values())
+    return min(w for w, r in table.items() if r >= top - plateau)
+
+
 def tune_width(
-    indexed: IndexedFeatures, records, *, candidates: Sequence[int], target: float = 0.995
+    indexed: IndexedFeatures,
+    records,
+    *,
+    candidates: Sequence[int],
+    target: float = 0.995,
+    plateau: float = PLATEAU,
 ) -> tuple[int, dict[int, float]]:
-    """The smallest width whose mean per-round recall on ``records`` reaches ``target`` (else the
-    one with the best recall); returns it and ``{width: mean recall}``. Sets ``indexed.width``."""
+    """The smallest width whose mean per-round recall on ``records`` reaches ``target``, else the
+    smallest within ``plateau`` of the best recall; returns it and ``{width: mean recall}``. Sets
+    ``indexed.width``."""
     if not candidates:
         raise ValueError("no candidate widths to choose from")
     exact = _exact_answers(indexed, records)
@@ -381,18 +417,24 @@ def tune_width(
             best = w
             break
     if best is None:
-        best = max(table, key=lambda w: (table[w], -w))
+        best = _plateau_width(table, plateau)
     indexed.width = best
     return best, table
 
 
 def tune_round_widths(
-    indexed: IndexedFeatures, records, *, candidates: Sequence[int], target: float = 0.995
+    indexed: IndexedFeatures,
+    records,
+    *,
+    candidates: Sequence[int],
+    target: float = 0.995,
+    plateau: float = PLATEAU,
 ) -> tuple[dict[int, int], dict[int, dict[int, float]]]:
     """Per round step (records grouped by how many items their queries have scored: later
     rounds score more), the smallest width whose mean recall of the exact top-n on that step's
-    records reaches ``target`` (else the best). Returns ``{scored: width}`` and the recall table
-    ``{scored: {width: recall}}``; sets ``indexed.round_widths``."""
+    records reaches ``target`` (else the smallest within ``plateau`` of the best). Returns
+    ``{scored: width}`` and the recall table ``{scored: {width: recall}}``; sets
+    ``indexed.round_widths``."""
     if not candidates:
         raise ValueError("no candidate widths to choose from")
     exact = _exact_answers(indexed, records)
@@ -412,7 +454,7 @@ def tune_round_widths(
             if table[w] >= target:
                 break
         reached = [w for w, r in table.items() if r >= target]
-        schedule[scored] = min(reached) if reached else max(table, key=lambda w: (table[w], -w))
+        schedule[scored] = min(reached) if reached else _plateau_width(table, plateau)
         tables[scored] = table
     indexed.width = max(schedule.values())  # for steps beyond the recorded ones
     indexed.round_widths = schedule
