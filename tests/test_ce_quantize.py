@@ -145,7 +145,10 @@ def test_sensitivity_pass_keeps_the_fragile_layer_fp32(tiny, tmp_path, layer):
     assert set(ranking[:2]) == fragile, ranking  # the amplified, outlier-ridden FFN comes first
     assert fragile <= set(rec["fp32_groups"])
     errors = [r["top_rms"] for r in rec["sensitivity"]]
-    assert errors[1] > 3 * errors[2], errors  # measured, and far above the untouched layers
+    # measured, and far above the untouched layers. The margin of the fragile FFN's second group
+    # depends on the machine's int8 kernels (above 3x the first untouched group on earlier CI
+    # machines, 1.6x / 2.1x on an AVX2-only one); its worst group's does not (6x / 13x there)
+    assert errors[0] > 3 * errors[2], errors
 
 
 def test_unknown_recipe_is_a_clear_error(tiny, tmp_path):

@@ -14,6 +14,27 @@ def save_records(path, records, exact) -> None:
     np.savez(path, **arrays)
 
 
+def recorded_rounds(n: int, d: int, n_dev: int, storage: str):
+    """The exact round queries of the bench's first ``n_dev`` queries (AXN as scale_bench searches)
+    and their exact answers, cached as ``records_{n}_{d}_{n_dev}.npz``."""
+    import scale_bench as sb
+    from crossknn.search.round_index import record_round_queries
+
+    path = sb.CACHE / f"records_{n}_{d}_{n_dev}.npz"
+    if path.is_file():
+        return load_records(path)
+    bed, W, Y = sb.queries(n, d, n_dev)
+    base = sb.open_items(n, d, storage)
+    scorer = sb.TestbedScorer(bed, W, Y, base)
+    dev = list(range(n_dev))
+    records = record_round_queries(
+        lambda f: sb.method_for(f, W, bed.beta), base, scorer, dev, budget=sb.B, k=sb.K
+    )
+    exact = [base.top_k(U, k, exclude=ex)[1] for U, ex, k in records]
+    save_records(path, records, exact)
+    return records, exact
+
+
 def load_records(path):
     z = np.load(path)
     records, exact = [], []

@@ -16,32 +16,10 @@ import numpy as np
 
 import scale_bench as sb
 from _common import RESULTS, machine, utc_now, write_json
-from crossknn.search.round_index import record_round_queries
-from scale_diag._records import load_records, save_records
+from scale_diag._records import recorded_rounds
 
 N, D, NDEV, CAND = 1_000_000, 128, 5, 16
 OUT = RESULTS / "scale_list_size.json"
-
-
-def dev_records():
-    """The exact round queries of NDEV dev queries (AXN, as the bench) and their answers."""
-    path = sb.CACHE / f"records_{N}_{D}_{NDEV}.npz"
-    if path.is_file():
-        return load_records(path)
-    bed, W, Y = sb.queries(N, D, NDEV)
-    base = sb.open_items(N, D, "float32")
-    scorer = sb.TestbedScorer(bed, W, Y, base)
-    records = record_round_queries(
-        lambda f: sb.method_for(f, W, bed.beta),
-        base,
-        scorer,
-        list(range(NDEV)),
-        budget=sb.B,
-        k=sb.K,
-    )
-    exact = [base.top_k(U, n, exclude=ex)[1] for U, ex, n in records]
-    save_records(path, records, exact)
-    return records, exact
 
 
 def spill(X, C, near, primary, lam):
@@ -82,7 +60,7 @@ def coverage(records, exact, C, assigns, budgets):
 def main() -> None:
     faiss.omp_set_num_threads(2)
     sb.make_items(N, D)
-    records, exact = dev_records()
+    records, exact = recorded_rounds(N, D, NDEV, "float32")
     X = np.asarray(np.load(sb.items_path(N, D), mmap_mode="r"), np.float32)
     budgets = [2_000, 5_000, 10_000, 20_000, 50_000]
     rows = []
