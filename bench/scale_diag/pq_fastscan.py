@@ -2,7 +2,7 @@
 as the cached SQ8 index (its coarse quantizer and list of every item), codes re-encoded as 4-bit
 PQ (M sub-quantizers), converted to FAISS's fast-scan layout; per-round recall of the recorded
 exact round queries (records_1e7 of widths/quantizer diagnostics) for several oversample factors,
-and the FAISS search time per round query.
+and the FAISS search time per round query (SQ8 also on two threads, parallel over the probed lists).
 
     .venv/bin/python bench/scale_diag/pq_fastscan.py [M]     # after scale_bench.py; ~2 min
 """
@@ -60,18 +60,24 @@ def main() -> None:
     fs = fastscan_from_sq8(sq, base, m)
     print(f"PQ{m}x4 fast-scan codes in {time.perf_counter() - t0:.0f} s", flush=True)
     U = np.concatenate([r[0] for r in recs]).astype(np.float32)
-    for name, index in (("sq8", sq), (f"pq{m}x4fs", fs)):
-        for nprobe in (64, 192):
+    setups = [("sq8", sq, 1, 0), ("sq8", sq, 2, 1), (f"pq{m}x4fs", fs, 1, 0)]
+    for name, index, threads, mode in setups:
+        faiss.omp_set_num_threads(threads)
+        index.parallel_mode = mode  # 1: one query's probed lists in parallel
+        for nprobe in (64, 128, 192):
             qp = faiss.SearchParametersHNSW(efSearch=max(64, nprobe))
             p = faiss.SearchParametersIVF(nprobe=nprobe, quantizer_params=qp)
             t0 = time.perf_counter()
-            for u in U:
-                index.search(u[None], 440, params=p)
-            ms = 1000 * (time.perf_counter() - t0) / len(U)
-            line = f"{name} nprobe {nprobe}: search {ms:.2f} ms per round query; per-round recall"
-            for ov in (2, 4, 8):
-                f = IndexedFeatures(base, index, width=nprobe, oversample=ov)
-                line += f" {round_recall(f, recs, exact).mean():.3f} (oversample {ov})"
+            for _ in range(3):
+                for u in U:
+                    index.search(u[None], 220, params=p)
+            ms = 1000 * (time.perf_counter() - t0) / len(U) / 3
+            line = f"{name} {threads} thread(s) nprobe {nprobe}: {ms:.2f} ms per round query"
+            if threads == 1:
+                line += "; per-round recall"
+                for ov in (2, 4, 8):
+                    f = IndexedFeatures(base, index, width=nprobe, oversample=ov)
+                    line += f" {round_recall(f, recs, exact).mean():.3f} (oversample {ov})"
             print(line, flush=True)
 
 
