@@ -231,6 +231,20 @@ def tune_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int
     return out
 
 
+def prefault(features: ItemFeatures, block: int = 1 << 16) -> bool:
+    """Touches every page of the item matrix through the core's own mapping (``from_npy`` maps
+    the file again for the C++ core), as a ``Searcher`` does when it loads (its scan for max|V|
+    reads every page of the one mapping it shares with the core): a round index's candidates are
+    random rows, and without this the timed queries pay the first-touch faults of their pages
+    (exact rounds touch every page in their first query). Peak RSS then counts every page."""
+    itemsize = {"int8": 1, "float16": 2}.get(features.storage, 4)
+    per_page = max(1, 4096 // (features.dim * itemsize))
+    for lo in range(0, features.n_items, block * per_page):
+        hi = min(features.n_items, lo + block * per_page)
+        features.rows(np.arange(lo, hi, per_page))
+    return True
+
+
 def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int, target: float):
     """One configuration's search: tune the width on dev queries, search the test queries."""
     from crossknn.search.round_index import IndexedFeatures
@@ -255,7 +269,8 @@ def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: i
         row.update(json.loads(tuned_path(n, d, kind, n_dev, target).read_text()))
         features.width = row["width"]
     method = method_for(features, W, bed.beta)
-    method.search(scorer, test[:1], budget=B, k=K)  # warm-up (page faults of the first query)
+    row["items_prefaulted"] = prefault(base)
+    method.search(scorer, test[:1], budget=B, k=K)  # warm-up
     scorer.seconds = 0.0
     found = []
     t0 = time.perf_counter()
@@ -352,6 +367,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=30, help="test queries per configuration")
     ap.add_argument("--target", type=float, default=0.995, help="dev per-round recall target")
     ap.add_argument("--cisi", action="store_true", help="only the real-data check on CISI")
+    ap.add_argument("--redo", action="store_true", help="measure the rows of --sizes/--kinds again")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -376,6 +392,12 @@ def main() -> None:
     sizes = [(int(float(a)), int(b)) for a, b in (s.split(":") for s in args.sizes.split(","))]
     kinds = args.kinds.split(",")
     doc = json.loads(OUT.read_text()) if OUT.is_file() else {"rows": [], "skipped": []}
+    if args.redo:
+        doc["rows"] = [
+            r
+            for r in doc["rows"]
+            if (int(r["N"]), int(r["d"])) not in sizes or r["round_index"] not in kinds
+        ]
     done = {(r["N"], r["d"], r["storage"], r["round_index"]) for r in doc["rows"]}
     nq = args.dev_queries + args.queries
     search_args = ["--dev-queries", str(args.dev_queries), "--queries", str(args.queries)]

@@ -241,3 +241,32 @@ def test_per_round_widths_tuned_on_held_out_rounds():
     feats.round_widths = {0: 1}  # the schedule is what the search uses: 1 list loses recall
     feats.width = 1
     assert round_recall(feats, held).mean() < 0.97
+
+
+def test_many_lists_get_an_int8_coarse_graph_owned_by_the_index(monkeypatch):
+    """Above HNSW_QUANTIZER_FROM lists the coarse quantizer is an HNSW graph over int8 codes of
+    the k-means centroids: it survives serialization, finds every list at exhaustive settings
+    (single queries equal the exact kernel) and outlives the Python objects that built it."""
+    import gc
+
+    import faiss
+
+    import crossknn.search.round_index as ri
+
+    monkeypatch.setattr(ri, "HNSW_QUANTIZER_FROM", 16)
+    f = _features(n=3000, d=16, seed=4)
+    index = build_round_index(f, "ivf", nlist=64, progress=False)
+    graph = faiss.downcast_index(index.quantizer)
+    assert isinstance(graph, faiss.IndexHNSWSQ) and graph.ntotal == 64
+    assert graph.hnsw.efConstruction == ri.COARSE_EF_CONSTRUCTION
+    assert index.own_fields
+    arr = ri.faiss_to_array(index)
+    del index, graph
+    gc.collect()
+    back = faiss_from_array(arr)
+    assert isinstance(faiss.downcast_index(back.quantizer), faiss.IndexHNSWSQ)
+    feats = IndexedFeatures(f, back, width=64, oversample=4.0)
+    U, excl = _queries_and_excludes(f, q=4)
+    _, want = f.top_k(U, 20, exclude=excl)
+    for q in range(U.shape[0]):
+        np.testing.assert_array_equal(feats.top_k(U[q], 20, exclude=excl[q])[1], want[q])

@@ -59,6 +59,8 @@ HNSW_QUANTIZER_FROM = 4096  # IVF lists above which the coarse quantizer is an H
 # N = 1e6 the share of exact round answers within 2,000 scanned codes is 0.79 with lists of 1,220
 # items and 0.99 with lists of 244 or 122 (docs/scale.md): small lists, whatever N.
 LIST_SIZE = 256
+# the coarse graph over the list centroids (int8 codes; see _compact_coarse_graph)
+COARSE_HNSW_M, COARSE_EF_CONSTRUCTION = 32, 200
 DEFAULT_WIDTH = {"ivf": 32, "hnsw": 128}
 # tuning: when no width reaches the recall target, the narrowest within this of the best (at
 # N = 1e7 nprobe 192 gives 0.980 per-round recall and 256 gives 0.981 for a third more codes)
@@ -144,8 +146,8 @@ def build_round_index(
         sample = np.sort(rng.choice(n, size=m, replace=False))
         index.cp.seed, index.cp.niter = int(seed), 10
         index.train(features.rows(sample).astype(np.float32))
-        if big:  # a wider graph search than FAISS's 16 when assigning the items to their lists
-            quantizer.hnsw.efSearch = 40
+        if big:
+            _compact_coarse_graph(index, quantizer)
     else:
         index = faiss.IndexHNSWFlat(d, int(hnsw_m), faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = int(ef_construction)
@@ -154,6 +156,29 @@ def build_round_index(
             index.add(X)
             bar.update(X.shape[0])
     return index
+
+
+def _compact_coarse_graph(index, trained) -> None:
+    """Replaces the HNSW coarse quantizer that k-means trained with a graph over int8 codes of
+    the same centroids, built more carefully (efConstruction :data:`COARSE_EF_CONSTRUCTION`).
+
+    A round step's coarse search is one graph search (single-threaded) and was about half of the
+    IVF step at N = 1e7; over int8 codes the 39,062 centroids take 5 MB instead of 20 and the same
+    lists are found in half the time (docs/scale.md)."""
+    faiss = _faiss()
+    d, nlist = index.d, index.nlist
+    centroids = trained.reconstruct_n(0, nlist)
+    graph = faiss.IndexHNSWSQ(
+        d, faiss.ScalarQuantizer.QT_8bit, COARSE_HNSW_M, faiss.METRIC_INNER_PRODUCT
+    )
+    graph.hnsw.efConstruction = COARSE_EF_CONSTRUCTION
+    graph.train(centroids)
+    graph.add(centroids)
+    graph.hnsw.efSearch = 40  # wider than FAISS's 16 when assigning the items to their lists
+    graph.this.disown()  # the IVF index owns it from here (freed and serialized with it)
+    index.quantizer = graph
+    index.own_fields = True
+    index.referenced_objects = []  # the trained flat graph: freed once the caller's copy goes
 
 
 def faiss_to_array(index) -> np.ndarray:
@@ -220,6 +245,7 @@ class IndexedFeatures(ItemFeatures):
         self.exact_fallbacks = 0  # queries answered by the exact kernel (too few candidates)
         # per-round widths: {scored items at least: width}, set by tune_round_widths; None: width
         self.round_widths: dict[int, int] | None = None
+        self._params_cache: dict[int, tuple] = {}
 
     def width_for(self, scored: int) -> int:
         """The width of a round step whose queries have scored up to ``scored`` items: the
@@ -236,8 +262,16 @@ class IndexedFeatures(ItemFeatures):
         )
 
     def _params(self, scored: int = 0):
-        faiss = _faiss()
+        """FAISS search parameters for a step with ``scored`` items (made once per width: building
+        them costs as much as a tenth of an IVF step)."""
         width = self.width_for(scored)
+        if width not in self._params_cache:
+            self._params_cache[width] = self._make_params(width)
+        return self._params_cache[width][0]
+
+    def _make_params(self, width: int):
+        """(params, objects the params point to: SWIG does not keep them alive)."""
+        faiss = _faiss()
         if self.kind == "ivf":
             nprobe = min(width, self.index.nlist)
             q = faiss.downcast_index(self.index.quantizer)
@@ -245,14 +279,19 @@ class IndexedFeatures(ItemFeatures):
                 # efSearch = nprobe keeps the per-round recall of 2 nprobe at N = 1e7 (0.980 vs
                 # 0.981 at nprobe 192) for 3/4 of the graph's time (docs/scale.md)
                 qp = faiss.SearchParametersHNSW(efSearch=max(64, nprobe))
-                return faiss.SearchParametersIVF(nprobe=nprobe, quantizer_params=qp)
-            return faiss.SearchParametersIVF(nprobe=nprobe)
-        return faiss.SearchParametersHNSW(efSearch=width)
+                return faiss.SearchParametersIVF(nprobe=nprobe, quantizer_params=qp), qp
+            return faiss.SearchParametersIVF(nprobe=nprobe), None
+        return faiss.SearchParametersHNSW(efSearch=width), None
 
     def _candidates(self, U: np.ndarray, need: np.ndarray, ids, off):
-        """Per query, the unscored candidates (unique ids) the index returns for ``need`` items."""
-        excl = [ids[off[q] : off[q + 1]] if ids is not None else None for q in range(U.shape[0])]
-        excl = [None if e is None else np.unique(e[e >= 0]) for e in excl]
+        """Per query, the unscored candidates the index returns for ``need`` items, and the sorted
+        unique ids each query excludes. FAISS returns distinct ids (an item is in one IVF list, a
+        graph result lists a node once), so only -1 padding and excluded ids are dropped."""
+        Q = U.shape[0]
+        excl = []
+        for q in range(Q):
+            e = None if ids is None else ids[off[q] : off[q + 1]]
+            excl.append(None if e is None else np.unique(e[e >= 0]))
         m = max((0 if e is None else e.size) for e in excl) if excl else 0
         fetch = int(min(self.n_items, math.ceil(self.oversample * (int(need.max()) + m))))
         Uf = np.ascontiguousarray(U, np.float32)
@@ -262,18 +301,27 @@ class IndexedFeatures(ItemFeatures):
             # FAISS parallelizes an IVF search over its queries; a round step of one query (the
             # latency case) is parallelized over its probed lists instead (N = 1e7, nprobe 128,
             # 2 threads: 1.75 ms per step instead of 2.38 on one, docs/scale.md)
-            self.index.parallel_mode = 1 if Uf.shape[0] == 1 else 0
+            self.index.parallel_mode = 1 if Q == 1 else 0
         _, ids_k = self.index.search(Uf, fetch, params=self._params(m))
         out = []
-        for q in range(U.shape[0]):
-            c = ids_k[q][ids_k[q] >= 0]
-            if excl[q] is not None and excl[q].size:
-                c = c[~np.isin(c, excl[q], assume_unique=False)]
-            out.append(np.unique(c))
+        for q in range(Q):
+            c = ids_k[q]
+            c = c[c >= 0]
+            e = excl[q]
+            if e is not None and e.size and c.size:
+                hit = e.take(np.searchsorted(e, c), mode="clip") == c
+                c = c[~hit]
+            out.append(c)
         return out, excl
 
     def _exact_scores(self, u: np.ndarray, items: np.ndarray) -> np.ndarray:
-        return self.base.scores(u, items) if items.size else np.empty(0)
+        """``V[items] @ u`` in float64 for finite ``u`` and in-range ``items`` (from the index):
+        the checks of :meth:`ItemFeatures.scores` without their cost on every round step."""
+        if not items.size:
+            return np.empty(0)
+        e = int(np.frexp(np.abs(u).max())[1])
+        with np.errstate(over="ignore"):  # +-inf only where V u itself is beyond float64
+            return np.ldexp(self._f.rows(items) @ np.ldexp(u, -e), e)
 
     def top_k(self, u, k: int, *, exclude=None):
         k = _check_k(k, self.n_items)
@@ -312,7 +360,7 @@ class IndexedFeatures(ItemFeatures):
             need = np.full(Q, int(math.ceil(self.pool * k)))
             cands, excl = self._candidates(U, need, ids, off)
             for q in range(Q):
-                c = cands[q]
+                c = np.sort(cands[q])  # the Gumbel noise goes to items in id order
                 if c.size < k:
                     self.exact_fallbacks += 1
                     s, i = self.base.sample_softmax(
