@@ -12,9 +12,10 @@ of least squares mixed with the DE query vector. Each query is searched alone (l
 throughput). ``engine_ms_per_query``: wall time of the search minus the time inside the CE scorer.
 
 Per (N, d) and round index, in its own process (so ``peak_rss_mb`` is that configuration's peak
-RSS, the memory-mapped item matrix pages it touched included): the FAISS width (nprobe /
-efSearch) is tuned on dev queries (their recorded exact round queries, target per-round recall
-``--target``), then the test queries are searched. ``recall_vs_exact``: the search's mean
+RSS, the memory-mapped item matrix included: its pages are touched before timing): the FAISS
+width (nprobe / efSearch) of every round step is tuned on dev queries (their recorded exact round
+queries, target per-round recall ``--target``: ``tune_round_widths``), then the test queries are
+searched. ``recall_vs_exact``: the search's mean
 Top-10-Recall@100 minus that of exact float32 rounds on the same test queries (at N = 1e7 the
 items exist only as int8, and the reference is exact int8 rounds). FAISS indexes, items and exact
 top-10 are cached under ``cache/scale_bench`` (gitignored), with the index build time and peak
@@ -37,17 +38,31 @@ import numpy as np
 from _common import REPO, RESULTS, machine, utc_now, write_json
 from crossknn.core import ItemFeatures
 from crossknn.search import AXN
+from crossknn.search.round_index import TUNE_CANDIDATES
 from crossknn.synthetic import NOISE_CLIP, EmbeddingTestbed, pair_noise
 
 OUT = RESULTS / "scale_bench.json"
 CACHE = REPO / "cache" / "scale_bench"
 B, ROUNDS, K, MIX = 100, 10, 10, 0.5
 INT8_ONLY_FROM = 5_000_000  # items stored as int8 only (f32 would not fit beside the others)
-WIDTHS = {"ivf": [4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256], "hnsw": [16, 32, 64, 128, 256, 512]}
+WIDTHS = TUNE_CANDIDATES
 NLIST = {100_000: 1024, 1_000_000: 4096}  # 1e7: the default (N / 256 items per list)
+# widths tuned per round step (tune_round_widths; rows measured before 2026-11-25 13:00 used one
+# width for every step, tune_width: their rows have no "round_widths")
+TUNING = "per_round"
 
 
 def peak_rss_mb() -> float:
+    """This process's peak RSS: ``VmHWM`` of its own address space. (``ru_maxrss`` starts, after
+    fork + exec, at the parent's peak: a worker started after the parent had read large items
+    reported the parent's 3 GB; rows before 2026-11-25 13:00 may carry that.)"""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -194,7 +209,7 @@ def build_worker(n: int, d: int, kind: str) -> dict:
 
 
 def tuned_path(n: int, d: int, kind: str, n_dev: int, target: float) -> Path:
-    return CACHE / f"{kind}_{n}_{d}_tuned_{n_dev}_{target}.json"
+    return CACHE / f"{kind}_{n}_{d}_tuned_{TUNING}_{n_dev}_{target}.json"
 
 
 def tune_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int, target: float):
@@ -206,7 +221,7 @@ def tune_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int
         IndexedFeatures,
         record_round_queries,
         round_recall,
-        tune_width,
+        tune_round_widths,
     )
 
     faiss.omp_set_num_threads(1)
@@ -218,12 +233,14 @@ def tune_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int
     records = record_round_queries(
         lambda f: method_for(f, W, bed.beta), base, scorer, list(range(n_dev)), budget=B, k=K
     )
-    width, table = tune_width(features, records, candidates=WIDTHS[kind], target=target)
+    schedule, tables = tune_round_widths(features, records, candidates=WIDTHS[kind], target=target)
     per_round = round_recall(features, records)
     out = {
-        "width": width,
+        "width": features.width,  # the widest of the schedule: for steps beyond it
+        "round_widths": {str(k): v for k, v in schedule.items()},
         "width_name": "nprobe" if kind == "ivf" else "efSearch",
-        "dev_round_recall": {str(k): v for k, v in table.items()},
+        "tuning": TUNING,
+        "dev_round_recall": {str(k): t for k, t in tables.items()},
         "dev_round_recall_per_step": [round(float(x), 4) for x in per_round],
         "tune_s": time.perf_counter() - t0,
     }
@@ -268,6 +285,7 @@ def search_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: i
         row.update(json.loads((CACHE / f"{kind}_{n}_{d}.json").read_text()))
         row.update(json.loads(tuned_path(n, d, kind, n_dev, target).read_text()))
         features.width = row["width"]
+        features.round_widths = {int(k): int(v) for k, v in row["round_widths"].items()}
     method = method_for(features, W, bed.beta)
     row["items_prefaulted"] = prefault(base)
     method.search(scorer, test[:1], budget=B, k=K)  # warm-up
@@ -319,7 +337,7 @@ def cisi_rows(target: float) -> list[dict]:
         IndexedFeatures,
         build_round_index,
         record_round_queries,
-        tune_width,
+        tune_round_widths,
     )
     from crossknn.topk import topk_recall
 
@@ -342,8 +360,8 @@ def cisi_rows(target: float) -> list[dict]:
             index = build_round_index(base, kind, progress=False)
             f = IndexedFeatures(base, index, oversample=2.0)
             rec = record_round_queries(make, base, scorer, train, budget=B, k=K)
-            width, _ = tune_width(f, rec, candidates=WIDTHS[kind], target=target)
-            row["width"] = width
+            schedule, _ = tune_round_widths(f, rec, candidates=WIDTHS[kind], target=target)
+            row.update(width=f.width, round_widths={str(k): v for k, v in schedule.items()})
         res = make(f).search(scorer, m.test.tolist(), budget=B, k=K)
         recall = float(topk_recall(m.scores, m.test, res.indices, K).mean())
         ref = recall if kind == "exact" else ref
@@ -486,6 +504,14 @@ def finish(doc: dict) -> None:
     write_json(OUT, doc)
 
 
+def _width_cell(r: dict) -> str:
+    """The width, or ``a-b`` for per-round widths from a to b."""
+    if r.get("round_widths"):
+        w = sorted(r["round_widths"].values())
+        return f"{w[0]}-{w[-1]}"
+    return str(r.get("width", ""))
+
+
 def print_table(doc: dict) -> None:
     cols = ["N", "d", "storage", "index", "width", "engine ms/q", "x exact", "recall"]
     cols += ["vs exact", "RSS MB", "build s"]
@@ -499,7 +525,7 @@ def print_table(doc: dict) -> None:
             r["d"],
             r["storage"],
             r["round_index"],
-            r.get("width", ""),
+            _width_cell(r),
             f"{r['engine_ms_per_query']:.2f}",
             f"{r.get('engine_ratio_vs_exact', nan):.3f}",
             f"{r['recall']:.3f}",

@@ -270,3 +270,37 @@ def test_many_lists_get_an_int8_coarse_graph_owned_by_the_index(monkeypatch):
     _, want = f.top_k(U, 20, exclude=excl)
     for q in range(U.shape[0]):
         np.testing.assert_array_equal(feats.top_k(U[q], 20, exclude=excl[q])[1], want[q])
+
+
+def test_per_round_widths_stored_in_the_folder(tmp_path, small):
+    """params.round_index.round_widths reach IndexedFeatures; bad ones are named; update_params
+    rewrites index.json (new hash, CE calls added) while a hand edit stays refused."""
+    import json
+
+    from crossknn.index.files import update_params
+    from crossknn.search.round_index import round_widths_meta
+
+    f, _, _ = small
+    V = f.rows(np.arange(f.n_items)).astype(np.float32)
+    arrays, meta = round_index_arrays(f, "ivf", nlist=12, width=12, progress=False)
+    ce = {"model_id": "m", "model_hash": "h"}
+    ix = tmp_path / "ix"
+    save_index(ix, "corpus", {"de_items": V, **arrays}, ce=ce, params={"round_index": meta})
+    schedule = {0: 2, 20: 6, 40: 12}
+    meta = {**meta, "round_widths": round_widths_meta(schedule)}
+    assert meta["round_widths"] == {"0": 2, "20": 6, "40": 12}
+    update_params(ix, {"round_index": meta}, ce_calls_added=300)
+    idx = load_index(ix)
+    assert idx.ce_calls == 300
+    feats = open_round_features(idx.arrays, idx.params, ItemFeatures(idx["de_items"]))
+    assert feats.round_widths == schedule
+    assert feats.width_for(0) == 2 and feats.width_for(39) == 6 and feats.width_for(90) == 12
+    for bad in ({"0": 0}, {"-1": 4}, {"x": 4}, [4], {"0": 2.5}, {}):
+        p = {"round_index": {**meta, "round_widths": bad}}
+        with pytest.raises(ValueError, match="round_widths must map items scored"):
+            open_round_features(idx.arrays, p, ItemFeatures(idx["de_items"]))
+    doc = json.loads((ix / "index.json").read_text())
+    doc["params"]["round_index"]["round_widths"]["0"] = 1
+    (ix / "index.json").write_text(json.dumps(doc))
+    with pytest.raises(IndexFormatError, match="was modified"):
+        update_params(ix, {"round_index": meta})

@@ -48,6 +48,7 @@ __all__ = [
 
 CORPUS_KIND = "corpus"
 ITEMS_FILE = "items.jsonl"
+TUNE_BUDGET = 100  # CE calls per query of the exact rounds --tune-rounds records
 
 
 def _items_jsonl(corpus: Corpus) -> bytes:
@@ -204,6 +205,7 @@ def build_corpus_index(
     chunk: int = 1024,
     round_index: str = "auto",
     index_calls: int | None = None,
+    tune_rounds: int = 0,
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
@@ -211,7 +213,10 @@ def build_corpus_index(
       ``train_queries`` (or ``calibration_queries`` pseudo-queries made from item texts), each
       scored against ``calibration_items`` items;
     - ``cur=True`` (needs ``train_queries``): the dense rows ``R`` = CE(train queries x all items)
-      for ADACUR/ANNCUR, through a resumable sharded job.
+      for ADACUR/ANNCUR, through a resumable sharded job;
+    - ``tune_rounds=Q`` with a FAISS round index: its width per round step, tuned on the exact
+      rounds of the first Q train (or pseudo-) queries (100 CE calls each; see
+      :meth:`crossknn.Searcher.tune_round_widths`), stored in ``params.round_index``.
 
     Work in progress lives in ``OUT_DIR/.build`` and is resumed after an interruption (DE
     vectors in chunks of ``chunk`` items); each piece of it is keyed by a fingerprint of its
@@ -224,6 +229,15 @@ def build_corpus_index(
         raise ValueError("the corpus is empty: nothing to index")
     if cur and not train_queries:
         raise ValueError("a CUR index (--cur) needs train queries (--train-queries FILE)")
+    if tune_rounds:
+        from crossknn.search.round_index import default_round_index
+
+        kind = default_round_index(len(corpus)) if round_index == "auto" else round_index
+        if kind == "exact":
+            raise ValueError(
+                f"--tune-rounds tunes a FAISS round index, but this build makes none (round "
+                f"index {round_index!r} for {len(corpus)} items): use --round-index ivf|hnsw"
+            )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with folder_lock(out / ".lock", what=f"index folder {out}"):
@@ -242,7 +256,40 @@ def build_corpus_index(
             round_index=round_index,
             index_calls=index_calls,
         )
+        if tune_rounds:
+            _tune_round_widths(
+                out, ce, de, train_queries, tune_rounds, calibration_queries, seed, progress
+            )
     return open_index(out)
+
+
+def _tune_round_widths(out, ce, de, train_queries, n, calibration_queries, seed, progress):
+    """Per-round widths of the built index's FAISS round index, tuned on the exact rounds of
+    ``n`` train (or pseudo-) queries with the default search settings, written into
+    ``params.round_index`` (the CE calls added to the index's count)."""
+    from crossknn.index.files import update_params
+    from crossknn.search.round_index import round_widths_meta
+    from crossknn.searcher import Searcher
+
+    index = open_index(out)
+    meta = dict(index.params["round_index"])
+    corpus = index.corpus
+    queries = list(train_queries or pseudo_queries(corpus, max(n, calibration_queries), seed=seed))
+    queries = queries[:n]
+    searcher = Searcher(index, ce=ce, de=de)
+    budget = min(TUNE_BUDGET, len(corpus))
+    schedule, calls = searcher.tune_round_widths(
+        queries, k=min(10, budget), budget=budget, progress=progress
+    )
+    meta["round_widths"] = round_widths_meta(schedule)
+    meta["tuned_on"] = {
+        "queries": len(queries),
+        "from": "train queries" if train_queries else "pseudo-queries from item texts",
+        "method": searcher.method,
+        "rounds": searcher.rounds,
+        "budget": budget,
+    }
+    update_params(out, {**index.params, "round_index": meta}, ce_calls_added=calls)
 
 
 def _build_locked(

@@ -279,6 +279,61 @@ class Searcher:
             )
         return self._methods[key]
 
+    def tune_round_widths(
+        self,
+        queries: Sequence[str],
+        *,
+        k: int = 10,
+        budget: int = 100,
+        method: str | None = None,
+        rounds: int | None = None,
+        target: float = 0.995,
+        candidates: Sequence[int] | None = None,
+        progress: bool = False,
+    ) -> tuple[dict[int, int], int]:
+        """Tunes the round index's width per round step on ``queries`` (held-out train or
+        pseudo-queries, never the test queries): searches them with exact rounds (``budget`` CE
+        calls each), records every round step's least-squares query and takes, per step, the
+        narrowest width whose recall of the exact top-n reaches ``target``
+        (:func:`crossknn.search.round_index.tune_round_widths`). Sets the widths this searcher
+        uses and returns ``({items scored: width}, CE calls spent)``."""
+        from crossknn.search.round_index import (
+            TUNE_CANDIDATES,
+            IndexedFeatures,
+            _RecordingFeatures,
+            tune_round_widths,
+        )
+
+        feats = self.round_features
+        if not isinstance(feats, IndexedFeatures):
+            raise ValueError(
+                "tuning round widths needs a FAISS round index: this searcher's rounds are "
+                f"{type(feats).__name__} (build with --round-index ivf|hnsw)"
+            )
+        if not queries:
+            raise ValueError("tuning round widths needs at least one query")
+        recording = _RecordingFeatures(feats.base)
+        methods, self._methods = self._methods, {}
+        self.round_features = recording
+        try:
+            hits = self.search(
+                list(queries), k=k, budget=budget, method=method, rounds=rounds, progress=progress
+            )
+        finally:
+            self.round_features, self._methods = feats, methods
+        if not recording.records:
+            raise ValueError(
+                f"method {method or self.method!r} made no round steps through the item "
+                "features: nothing to tune"
+            )
+        schedule, _ = tune_round_widths(
+            feats,
+            recording.records,
+            candidates=candidates or TUNE_CANDIDATES[feats.kind],
+            target=target,
+        )
+        return schedule, int(sum(h.ce_calls for h in hits))
+
     def search(
         self,
         queries: str | Sequence[str],

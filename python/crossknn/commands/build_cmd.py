@@ -55,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="MIPS index the rounds search (FAISS IVF-SQ8 / HNSW; auto: exact below 200k items)",
     )
     p.add_argument(
+        "--tune-rounds",
+        type=nonneg_int,
+        default=0,
+        metavar="Q",
+        help="tune the round index's width per round step on the exact rounds of Q train (or "
+        "pseudo-) queries, 100 CE calls each (default 0: the fixed default width)",
+    )
+    p.add_argument(
         "--index-calls",
         type=nonneg_int,
         metavar="C",
@@ -154,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             round_index=args.round_index,
             index_calls=args.index_calls,
+            tune_rounds=args.tune_rounds,
         )
     except Exception:
         # a failed build (full disk, unreadable model ...) leaves no half index behind; an

@@ -46,6 +46,7 @@ __all__ = [
     "ModelMismatchError",
     "save_index",
     "load_index",
+    "update_params",
 ]
 
 FORMAT = "crossknn-index"
@@ -153,6 +154,21 @@ def save_index(
         "ce_calls": int(ce_calls),
         "info": dict(info or {}),
     }
+    _check_params(doc, path / "index.json")
+    doc[HASH_KEY] = _meta_hash(doc)
+    atomic_write_json(path / "index.json", doc)
+    return path
+
+
+def update_params(path: str | os.PathLike, params: Mapping, *, ce_calls_added: int = 0) -> Path:
+    """Rewrites ``index.json`` of a complete, valid index with new ``params`` (and ``ce_calls``
+    grown by ``ce_calls_added``: what computing them spent), keeping its arrays; atomic, with a
+    new ``meta_sha256``. For settings tuned on the built index (the rounds' FAISS widths)."""
+    path = Path(path)
+    load_index(path, verify=False)  # a complete index whose index.json was not hand-edited
+    doc = json.loads((path / "index.json").read_bytes().decode("utf-8"))
+    doc["params"] = dict(params)
+    doc["ce_calls"] = int(doc["ce_calls"]) + int(ce_calls_added)
     _check_params(doc, path / "index.json")
     doc[HASH_KEY] = _meta_hash(doc)
     atomic_write_json(path / "index.json", doc)

@@ -62,6 +62,11 @@ LIST_SIZE = 256
 # the coarse graph over the list centroids (int8 codes; see _compact_coarse_graph)
 COARSE_HNSW_M, COARSE_EF_CONSTRUCTION = 32, 200
 DEFAULT_WIDTH = {"ivf": 32, "hnsw": 128}
+# widths tried when tuning (tune_width / tune_round_widths from an index folder or the bench)
+TUNE_CANDIDATES = {
+    "ivf": (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256),
+    "hnsw": (16, 32, 64, 128, 256, 512),
+}
 # tuning: when no width reaches the recall target, the narrowest within this of the best (at
 # N = 1e7 nprobe 192 gives 0.980 per-round recall and 256 gives 0.981 for a third more codes)
 PLATEAU = 0.002
@@ -555,7 +560,37 @@ def open_round_features(
     if ARRAY_NAME not in arrays:
         raise ValueError(f"{where}: params.round_index says {stored!r} but the array is missing")
     index = faiss_from_array(arrays[ARRAY_NAME])
-    return IndexedFeatures(features, index, width=meta.get(WIDTH_NAME[stored]))
+    feats = IndexedFeatures(features, index, width=meta.get(WIDTH_NAME[stored]))
+    feats.round_widths = _stored_round_widths(meta.get("round_widths"), where)
+    return feats
+
+
+def _stored_round_widths(raw, where: str) -> dict[int, int] | None:
+    """``params.round_index.round_widths`` (``{"scored": width}``, JSON keys are strings) as
+    ``{scored: width}``; None when absent; ValueError naming what is wrong."""
+    if raw is None:
+        return None
+    bad = ValueError(
+        f"{where}: params.round_index.round_widths must map items scored (>= 0) to widths "
+        f"(>= 1); got {raw!r}"
+    )
+    if not isinstance(raw, dict) or not raw:
+        raise bad
+    out = {}
+    for k, v in raw.items():
+        try:
+            key = int(k)
+        except (TypeError, ValueError):
+            raise bad from None
+        if key < 0 or isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise bad
+        out[key] = v
+    return out
+
+
+def round_widths_meta(schedule: dict[int, int]) -> dict[str, int]:
+    """``{scored: width}`` as stored in ``params.round_index.round_widths`` (JSON keys)."""
+    return {str(int(k)): int(v) for k, v in sorted(schedule.items())}
 
 
 def search_features(
