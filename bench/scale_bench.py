@@ -221,6 +221,7 @@ def tune_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int
         IndexedFeatures,
         record_round_queries,
         round_recall,
+        round_widths_meta,
         tune_round_widths,
     )
 
@@ -237,7 +238,7 @@ def tune_worker(n: int, d: int, kind: str, storage: str, n_dev: int, n_test: int
     per_round = round_recall(features, records)
     out = {
         "width": features.width,  # the widest of the schedule: for steps beyond it
-        "round_widths": {str(k): v for k, v in schedule.items()},
+        "round_widths": round_widths_meta(schedule),
         "width_name": "nprobe" if kind == "ivf" else "efSearch",
         "tuning": TUNING,
         "dev_round_recall": {str(k): t for k, t in tables.items()},
@@ -337,6 +338,7 @@ def cisi_rows(target: float) -> list[dict]:
         IndexedFeatures,
         build_round_index,
         record_round_queries,
+        round_widths_meta,
         tune_round_widths,
     )
     from crossknn.topk import topk_recall
@@ -361,7 +363,7 @@ def cisi_rows(target: float) -> list[dict]:
             f = IndexedFeatures(base, index, oversample=2.0)
             rec = record_round_queries(make, base, scorer, train, budget=B, k=K)
             schedule, _ = tune_round_widths(f, rec, candidates=WIDTHS[kind], target=target)
-            row.update(width=f.width, round_widths={str(k): v for k, v in schedule.items()})
+            row.update(width=f.width, round_widths=round_widths_meta(schedule))
         res = make(f).search(scorer, m.test.tolist(), budget=B, k=K)
         recall = float(topk_recall(m.scores, m.test, res.indices, K).mean())
         ref = recall if kind == "exact" else ref

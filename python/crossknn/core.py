@@ -387,7 +387,12 @@ class ItemFeatures:
             raise ValueError(f"u must have shape ({self.dim},); got {u.shape}")
         if not np.isfinite(u).all():
             raise ValueError("u contains NaN or inf")
-        rows = self.rows(items)
+        return self._scores_of_rows(self.rows(items), u)
+
+    @staticmethod
+    def _scores_of_rows(rows: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``rows @ u`` in float64 for a finite float64 ``u``, scaled by a power of two so that
+        no product overflows where the score itself does not."""
         e = int(np.frexp(np.abs(u).max())[1]) if u.size else 0
         with np.errstate(over="ignore"):  # +-inf only where V u itself is beyond float64
             return np.ldexp(rows @ np.ldexp(u, -e), e)

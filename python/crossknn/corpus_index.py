@@ -257,13 +257,11 @@ def build_corpus_index(
             index_calls=index_calls,
         )
         if tune_rounds:
-            _tune_round_widths(
-                out, ce, de, train_queries, tune_rounds, calibration_queries, seed, progress
-            )
+            _tune_round_widths(out, ce, de, train_queries, tune_rounds, seed, progress)
     return open_index(out)
 
 
-def _tune_round_widths(out, ce, de, train_queries, n, calibration_queries, seed, progress):
+def _tune_round_widths(out, ce, de, train_queries, n, seed, progress):
     """Per-round widths of the built index's FAISS round index, tuned on the exact rounds of
     ``n`` train (or pseudo-) queries with the default search settings, written into
     ``params.round_index`` (the CE calls added to the index's count)."""
@@ -274,8 +272,7 @@ def _tune_round_widths(out, ce, de, train_queries, n, calibration_queries, seed,
     index = open_index(out)
     meta = dict(index.params["round_index"])
     corpus = index.corpus
-    queries = list(train_queries or pseudo_queries(corpus, max(n, calibration_queries), seed=seed))
-    queries = queries[:n]
+    queries = list(train_queries or pseudo_queries(corpus, n, seed=seed))[:n]
     searcher = Searcher(index, ce=ce, de=de)
     budget = min(TUNE_BUDGET, len(corpus))
     schedule, calls = searcher.tune_round_widths(

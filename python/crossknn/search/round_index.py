@@ -324,9 +324,7 @@ class IndexedFeatures(ItemFeatures):
         the checks of :meth:`ItemFeatures.scores` without their cost on every round step."""
         if not items.size:
             return np.empty(0)
-        e = int(np.frexp(np.abs(u).max())[1])
-        with np.errstate(over="ignore"):  # +-inf only where V u itself is beyond float64
-            return np.ldexp(self._f.rows(items) @ np.ldexp(u, -e), e)
+        return self._scores_of_rows(self._f.rows(items), u)
 
     def top_k(self, u, k: int, *, exclude=None):
         k = _check_k(k, self.n_items)
