@@ -47,6 +47,8 @@ _CONFIG_KEYS = (
     "random_negatives",
     "threads",
     "max_minutes",
+    "bf16",
+    "max_steps",
 )
 
 
@@ -277,6 +279,7 @@ def part1(args, work: Path, de) -> list[dict]:
                 negatives=args.negatives,
                 negatives_skip=args.negatives_skip,
                 random_negatives=args.random_negatives,
+                bf16=args.bf16,
             )
             if not (out / "training.json").is_file():
                 train_cross_encoder(ds.folder, out, cfg, resume=(out / "train").is_dir())
@@ -480,6 +483,7 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=5)
     ap.add_argument("--test-queries", type=int, default=None, help="a fixed subset (default all)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--bf16", action="store_true", help="train with bfloat16 autocast")
     ap.add_argument("--negatives", type=int, default=30, help="hard negatives: DE top-N")
     ap.add_argument("--negatives-skip", type=int, default=0, help="...minus its first M ranks")
     ap.add_argument("--random-negatives", type=int, default=2, help="random items per group")

@@ -165,6 +165,35 @@ def test_training_lowers_the_loss(setup, tmp_path, kind, loss):
     assert 0.0 <= rec["dev_de"]["ndcg@10"] <= 1.0
 
 
+@pytest.mark.parametrize("kind", ["cls", "emb"])
+def test_bf16_training_lowers_the_loss_and_exports_float32(setup, tmp_path, kind):
+    import onnx
+
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("this CPU has no bfloat16 support")
+    cfg = _cfg(kind=kind, loss="listwise", max_steps=48, eval_every=16, bf16=True)
+    rec = _train(setup, tmp_path / "m", cfg)
+    losses = load_state(tmp_path / "m" / "train" / "checkpoint.pt")["losses"]
+    assert np.mean(losses[-8:]) < 0.9 * np.mean(losses[:8])
+    assert rec["config"]["bf16"] is True
+    # the master weights and the exported graph stay float32
+    state = load_state(tmp_path / "m" / "train" / "checkpoint.pt")["model"]
+    assert {t.dtype for t in state.values() if t.is_floating_point()} == {torch.float32}
+    graph = onnx.load(str(tmp_path / "m" / "model.onnx")).graph
+    assert {t.data_type for t in graph.initializer} <= {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.INT64,
+    }
+    # mixed precision trains something else: a float32 checkpoint is not resumed under it
+    with pytest.raises(ValueError, match="other training settings"):
+        _train(
+            setup,
+            tmp_path / "m",
+            _cfg(kind=kind, loss="listwise", max_steps=48, eval_every=16),
+            resume=True,
+        )
+
+
 def test_dev_reference_is_the_de_order():
     from crossknn.train.dev import de_order_metrics
 

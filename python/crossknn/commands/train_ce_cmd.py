@@ -105,6 +105,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads")
     p.add_argument("--int8", action="store_true", help="also export an int8 variant")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="mixed precision (bfloat16 autocast; float32 weights and export): about 2x faster "
+        "steps on CPUs with AVX512-BF16/AMX and on GPUs",
+    )
     p.add_argument("--cache-dir", default=None, help="where the embedded models are cached")
     p.add_argument("--no-progress", action="store_true")
 
@@ -136,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         max_minutes=args.max_minutes,
         threads=args.threads,
         int8=args.int8,
+        bf16=args.bf16,
     )
     rec = train_cross_encoder(
         args.data,

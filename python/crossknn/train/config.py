@@ -42,6 +42,7 @@ class TrainConfig:
     max_minutes: float | None = None  # training time budget (stops, then selects the best)
     threads: int | None = None
     int8: bool = False
+    bf16: bool = False  # mixed precision: forward/backward under bfloat16 autocast (weights fp32)
 
     def check(self) -> None:
         if self.kind not in KINDS:

@@ -55,6 +55,24 @@ def _mine(work: Path, de, ex, pool: np.ndarray, n: int, key: str, cache_dir) -> 
     return top
 
 
+def _autocast(torch, device, bf16: bool):
+    """A context factory: bfloat16 autocast on ``device`` when ``bf16`` (the master weights,
+    optimizer state, losses and the export stay float32), else a no-op. On a CPU this pays where
+    it has bfloat16 matrix units (AVX512-BF16 / AMX); elsewhere it is refused rather than slow."""
+    import contextlib
+
+    if not bf16:
+        return contextlib.nullcontext
+    if device.type == "cuda":
+        if not torch.cuda.is_bf16_supported():
+            raise ValueError("--bf16: this GPU has no bfloat16 support; train without --bf16")
+    elif (
+        not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    ):
+        raise ValueError("--bf16: this CPU has no bfloat16 support (oneDNN); train without --bf16")
+    return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+
+
 def train_cross_encoder(
     data: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -112,6 +130,7 @@ def train_cross_encoder(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    amp = _autocast(torch, device, cfg.bf16)
     de_model = (
         OnnxDualEncoder(de, threads=cfg.threads)
         if de is not None
@@ -163,7 +182,10 @@ def train_cross_encoder(
     def evaluate(at: int) -> None:
         if not len(dev_ex):
             return
-        m = dev_metrics(model, enc, dev_rows, dev_ex.relevance, dev_cand, device, cfg.max_tokens)
+        with amp():
+            m = dev_metrics(
+                model, enc, dev_rows, dev_ex.relevance, dev_cand, device, cfg.max_tokens
+            )
         recent = st["losses"][-cfg.eval_every :]
         row = {"step": at, "train_loss": float(np.mean(recent)) if recent else None, **m}
         st["curve"].append(row)
@@ -193,8 +215,9 @@ def train_cross_encoder(
             q = train_rows[rows[part]]  # rows of ex (the encoder's query index)
             qi = np.repeat(q, per_q)
             ii = groups[part].ravel()
-            scores = enc.score(model, qi, ii, device, cfg.max_tokens)
-            logits = model.logits(scores).view(len(part), per_q)
+            with amp():
+                scores = enc.score(model, qi, ii, device, cfg.max_tokens)
+            logits = model.logits(scores.float()).view(len(part), per_q)
             t = None
             if tch is not None:
                 t = torch.from_numpy(tch.scores(qi, ii, ex)).to(device)
