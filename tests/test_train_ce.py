@@ -184,7 +184,7 @@ def test_bf16_training_lowers_the_loss_and_exports_float32(setup, tmp_path, kind
         onnx.TensorProto.FLOAT,
         onnx.TensorProto.INT64,
     }
-    # mixed precision trains something else: a float32 checkpoint is not resumed under it
+    # mixed precision trains something else: its checkpoint is not resumed as a float32 run
     with pytest.raises(ValueError, match="other training settings"):
         _train(
             setup,

@@ -57,8 +57,9 @@ def _mine(work: Path, de, ex, pool: np.ndarray, n: int, key: str, cache_dir) -> 
 
 def _autocast(torch, device, bf16: bool):
     """A context factory: bfloat16 autocast on ``device`` when ``bf16`` (the master weights,
-    optimizer state, losses and the export stay float32), else a no-op. On a CPU this pays where
-    it has bfloat16 matrix units (AVX512-BF16 / AMX); elsewhere it is refused rather than slow."""
+    optimizer state, losses and the export stay float32), else a no-op. Refused where neither the
+    GPU nor oneDNN on the CPU supports bfloat16; on CPUs without AVX512-BF16 / AMX units oneDNN
+    may still accept it but runs it slower than float32."""
     import contextlib
 
     if not bf16:
