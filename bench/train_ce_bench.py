@@ -136,6 +136,7 @@ class Dataset:
 
 
 AXN_BUDGET = 100
+MODELS = ("de", "embedded", "trained")
 _METRIC_KEYS = ("ndcg@10", "rr@10", "r@100", "ndcg@10_vs_de")
 
 
@@ -232,35 +233,38 @@ def part1(args, work: Path, de) -> list[dict]:
     for name in args.datasets:
         ds = Dataset(name, work, args.test_queries, de)
         print(f"{name}: {len(ds.qids)} test queries, {len(ds.item_ids)} items")
-        rows.append(
-            _cached(
-                ds.work / f"row-de-{len(ds.qids)}.json",
-                lambda ds=ds: _row(
-                    ds.name, "de", None, None, 0, 0.0, _metrics(ds.qrels, ds.run(ds.de_scores))
-                ),
+        if "de" in args.models:
+            rows.append(
+                _cached(
+                    ds.work / f"row-de-{len(ds.qids)}.json",
+                    lambda ds=ds: _row(
+                        ds.name, "de", None, None, 0, 0.0, _metrics(ds.qrels, ds.run(ds.de_scores))
+                    ),
+                )
             )
-        )
-        print(rows[-1])
+            print(rows[-1])
 
-        def embedded(ds=ds):
-            ce = default_cross_encoder(threads=args.threads)
-            s = ds.rerank(ce, "embedded")
-            return _row(ds.name, "embedded", "emb", None, 0, 0.0, _metrics(ds.qrels, ds.run(s)))
+        if "embedded" in args.models:
 
-        rows.append(_cached(ds.work / f"row-embedded-{len(ds.qids)}.json", embedded))
-        rows[-1] = {**rows[-1], "ndcg@10_vs_de": ds.vs_de("embedded")}
-        print(rows[-1])
-        base = {k: v for k, v in rows[-1].items() if k not in _METRIC_KEYS}
-        rows.append(
-            _cached(
-                ds.work / f"row-embedded-axn-{len(ds.qids)}.json",
-                lambda ds=ds, base=base: _axn_row(
-                    ds, default_cross_encoder(threads=args.threads), "embedded", de, base
-                ),
+            def embedded(ds=ds):
+                ce = default_cross_encoder(threads=args.threads)
+                s = ds.rerank(ce, "embedded")
+                return _row(ds.name, "embedded", "emb", None, 0, 0.0, _metrics(ds.qrels, ds.run(s)))
+
+            rows.append(_cached(ds.work / f"row-embedded-{len(ds.qids)}.json", embedded))
+            rows[-1] = {**rows[-1], "ndcg@10_vs_de": ds.vs_de("embedded")}
+            print(rows[-1])
+            base = {k: v for k, v in rows[-1].items() if k not in _METRIC_KEYS}
+            rows.append(
+                _cached(
+                    ds.work / f"row-embedded-axn-{len(ds.qids)}.json",
+                    lambda ds=ds, base=base: _axn_row(
+                        ds, default_cross_encoder(threads=args.threads), "embedded", de, base
+                    ),
+                )
             )
-        )
-        print(rows[-1])
-        for kind in args.kinds:
+            print(rows[-1])
+        for kind in args.kinds if "trained" in args.models else []:
             out = ds.work / f"{kind}-{args.loss}"
             cfg = TrainConfig(
                 kind=kind,
@@ -471,6 +475,13 @@ def main() -> None:
     ap.add_argument("--work", required=True, help="folder for models and caches (not the repo)")
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    ap.add_argument(
+        "--models",
+        nargs="+",
+        default=list(MODELS),
+        choices=MODELS,
+        help="part 1 rows to compute (separate processes can fill the caches in parallel)",
+    )
     ap.add_argument("--loss", default="listwise", choices=["bce", "listwise"])
     ap.add_argument("--train-minutes", type=float, default=FULL_MINUTES)
     ap.add_argument("--max-steps", type=int, default=None, help="default: one epoch")
@@ -542,6 +553,11 @@ def main() -> None:
                 "anchor x 50 test rows; not the issue's measurement"
                 if reduced
                 else ""
+            )
+            + (
+                " Settings are this invocation's; rows already cached under --work are read, not "
+                "recomputed, and each trained row's train_config is the recipe its model was "
+                "trained with."
             ),
             "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
             "wall_s": round(time.perf_counter() - t0, 1),
