@@ -232,6 +232,22 @@ def test_resume_is_bitwise(setup, tmp_path):
         _train(setup, tmp_path / "b", _cfg(kind="emb", loss="listwise", max_steps=13), resume=True)
 
 
+def test_resume_goes_past_a_spent_time_budget(setup, tmp_path):
+    cfg = _cfg(kind="emb", loss="listwise", max_steps=8, checkpoint_every=4, eval_every=4)
+    _train(setup, tmp_path / "a", cfg)
+    # a budget spent after the first step stops the run there; resuming with no budget goes on
+    _train(setup, tmp_path / "b", _cfg(**{**cfg.as_dict(), "max_minutes": 1e-9}))
+    b1 = json.loads((tmp_path / "b" / "training.json").read_text())
+    assert b1["steps"] == 1 and b1["stopped"].startswith("time budget")
+    _train(setup, tmp_path / "b", cfg, resume=True)
+    b = load_state(tmp_path / "b" / "train" / "checkpoint.pt")
+    a = load_state(tmp_path / "a" / "train" / "checkpoint.pt")
+    assert b["step"] == 8 and b["stopped"] is None
+    assert a["losses"] == b["losses"]
+    for name, t in a["model"].items():
+        assert torch.equal(t, b["model"][name]), name
+
+
 @pytest.mark.parametrize("kind", ["cls", "emb"])
 def test_export_matches_torch_and_loads(setup, tmp_path, kind):
     from crossknn.ce import OnnxCrossEncoder

@@ -74,6 +74,18 @@ def _autocast(torch, device, bf16: bool):
     return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+_TIME_STOP = "time budget of"
+
+
+def _time_stop_lifted(st: dict, max_minutes: float | None) -> bool:
+    """A run that stopped on its time budget goes on when resumed with a larger one (or none);
+    early stopping on the dev split is kept."""
+    stopped = st["stopped"] or ""
+    return stopped.startswith(_TIME_STOP) and (
+        max_minutes is None or st["train_s"] < 60 * max_minutes
+    )
+
+
 def train_cross_encoder(
     data: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -178,6 +190,9 @@ def train_cross_encoder(
     if ck is not None:
         st.update({k: ck[k] for k in st})
         log.info("resuming at step %d of %d", ck["step"], total)
+        if _time_stop_lifted(st, cfg.max_minutes):
+            log.info("%s: the new --max-minutes lets it go on", st["stopped"])
+            st["stopped"] = None
     step = ck["step"] if ck is not None else 0
 
     def evaluate(at: int) -> None:
@@ -241,7 +256,7 @@ def train_cross_encoder(
         if cfg.max_minutes is not None and st["train_s"] >= 60 * cfg.max_minutes:
             if step % cfg.eval_every and step != total:
                 evaluate(step)
-            st["stopped"] = f"time budget of {cfg.max_minutes} min"
+            st["stopped"] = f"{_TIME_STOP} {cfg.max_minutes} min"
         if step % cfg.checkpoint_every == 0 or step == total or st["stopped"]:
             save_checkpoint(
                 work, model=model, optimizer=optimizer, scheduler=scheduler, step=step, state=st
