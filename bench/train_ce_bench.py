@@ -137,6 +137,11 @@ class Dataset:
 
 AXN_BUDGET = 100
 MODELS = ("de", "embedded", "trained")
+REDUCED_NOTE = (
+    "REDUCED run: less training time than the issue's 45 min per dataset and kind and/or a "
+    "subset of the test queries and/or a part-2 matrix of fewer than 100 anchor x 50 test rows; "
+    "not the issue's measurement."
+)
 _METRIC_KEYS = ("ndcg@10", "rr@10", "r@100", "ndcg@10_vs_de")
 
 
@@ -548,14 +553,8 @@ def main() -> None:
             "date": utc_now(),
             "reduced": reduced,
             "note": (
-                "REDUCED run: less training time than the issue's 45 min per dataset and kind "
-                "and/or a subset of the test queries and/or a part-2 matrix of fewer than 100 "
-                "anchor x 50 test rows; not the issue's measurement"
-                if reduced
-                else ""
-            )
-            + (
-                " Settings are this invocation's; rows already cached under --work are read, not "
+                (REDUCED_NOTE + " " if reduced else "")
+                + "Settings are this invocation's; rows already cached under --work are read, not "
                 "recomputed, and each trained row's train_config is the recipe its model was "
                 "trained with."
             ),
