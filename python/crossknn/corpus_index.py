@@ -221,9 +221,11 @@ def build_corpus_index(
     Work in progress lives in ``OUT_DIR/.build`` and is resumed after an interruption (DE
     vectors in chunks of ``chunk`` items); each piece of it is keyed by a fingerprint of its
     inputs (items, models, settings), so a rerun on a changed corpus discards it (one line on
-    stderr) instead of reusing it. The index is complete once ``index.json`` exists: an old one
-    is removed before anything else in ``OUT_DIR`` is replaced, and written last. A build holds
-    ``OUT_DIR/.lock`` (with its PID): a second build into the same folder fails at once.
+    stderr) instead of reusing it. The new index is written beside an old one
+    (``OUT_DIR/.build/stage``) and moved in by renames at the end, ``index.json`` last: until
+    then the old index stays whole and usable, whatever fails (a full disk). A build holds
+    ``OUT_DIR/.lock`` (with its PID): a second build into the same folder fails at once; a lock
+    left by a killed build is taken over (one line on stderr).
     """
     if len(corpus) == 0:
         raise ValueError("the corpus is empty: nothing to index")
@@ -308,18 +310,18 @@ def _build_locked(
     from crossknn.ce import default_cross_encoder, default_dual_encoder
     from crossknn.ce.folders import model_record
 
-    # the old index stops being one before any of its files is replaced
-    try:
-        os.unlink(out / "index.json")
-        _fsync_dir(out)
-    except FileNotFoundError:
-        pass
+    # the new index is written beside the old one (work/stage) and moved in at the end: the old
+    # index stays whole and usable until then, whatever fails on the way (a full disk ...)
     work = out / ".build"
+    stage = work / "stage"
+    if stage.exists():
+        shutil.rmtree(stage)  # a half-written index of an interrupted build
+    stage.mkdir(parents=True)
     de = de if de is not None else default_dual_encoder(show_progress_bar=False)
     ce = ce if ce is not None else default_cross_encoder()
 
     items_bytes = _items_jsonl(corpus)
-    atomic_write_bytes(out / ITEMS_FILE, items_bytes)
+    atomic_write_bytes(stage / ITEMS_FILE, items_bytes)
     V = _encode_resumable(
         de, list(corpus.texts), work / "de", chunk=chunk, progress=progress, ids=corpus.ids
     )
@@ -389,22 +391,20 @@ def _build_locked(
         # what search reopens by default: identity, hash, kind, precision, where found
         "models": {"ce": model_record(ce), "de": model_record(de)},
     }
-    # arrays of an earlier build that this one does not have would linger beside the new index
-    for stale in {"de_items", "R", "round_index", "auto_rows"} - set(arrays):
-        try:
-            os.unlink(out / f"{stale}.npy")
-        except FileNotFoundError:
-            pass
-    save_index(out, CORPUS_KIND, arrays, ce=ce, de=de, params=params, ce_calls=ce_calls, info=info)
+    # arrays of an earlier build that this one does not have must not linger beside the new index
+    save_index(
+        out,
+        CORPUS_KIND,
+        arrays,
+        ce=ce,
+        de=de,
+        params=params,
+        ce_calls=ce_calls,
+        info=info,
+        stage=stage,
+        stale=("de_items", "R", "round_index", "auto_rows"),
+    )
     shutil.rmtree(work, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass

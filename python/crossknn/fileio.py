@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -149,6 +150,17 @@ def fingerprint(obj: Any) -> str:
     return sha256_bytes(json_bytes(obj))
 
 
+def _alive(pid: str) -> bool:
+    """Whether the process ``pid`` (text from a lock file) exists."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, OverflowError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class FolderInUse(ValueError):
     """Another process holds the lock of a folder crossknn writes into."""
 
@@ -159,6 +171,8 @@ def folder_lock(lock_path: str | os.PathLike, *, what: str | None = None) -> Ite
     for the ``with`` block; the file is removed on exit.
 
     Raises :class:`FolderInUse` (one line naming the holder's PID) if another process holds it.
+    A lock file left by a process that died without removing it (``kill -9``: the ``flock``
+    dies with it) is stale: it is taken over, saying so in one line on stderr.
     The lock is per open file, so a second ``folder_lock`` on the same path in this process
     fails too. ``what``: the folder named in the message (default: the lock file's folder).
     """
@@ -185,6 +199,13 @@ def folder_lock(lock_path: str | os.PathLike, *, what: str | None = None) -> Ite
             break
         os.close(fd)  # the holder removed the file between our open and our lock: retry
     try:
+        old = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        if old and old != str(os.getpid()):
+            print(
+                f"crossknn: {what or path.parent}: taking over the stale lock {path} of process "
+                f"{old}, {'which is gone' if not _alive(old) else 'which no longer holds it'}",
+                file=sys.stderr,
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield path

@@ -7,8 +7,9 @@ so); the matrix files are written when every shard is done, ``meta.json`` last.
 What the matrix depends on (query and item ids and texts, the CE, the DE, the split) is hashed
 into ``meta.json``'s ``job_fingerprint`` and into the job's manifest: a rerun after an edit is
 refused rather than mixing old and new scores, and a different job into a finished folder is
-refused unless ``overwrite=True``. A run holds ``OUT_DIR/.lock`` (with its PID) for its whole
-life, so two runs into one folder never interleave.
+refused unless ``overwrite=True`` (``--overwrite``). An existing index or model folder, a folder
+of other files and the inputs are refused as ``OUT_DIR`` (:mod:`crossknn.outputs`). A run holds
+``OUT_DIR/.lock`` (with its PID) for its whole life, so two runs into one folder never interleave.
 """
 
 from __future__ import annotations
@@ -101,10 +102,14 @@ def build_score_matrix(
     ``de_model``: a crossknn or Hugging Face folder instead of the embedded CE / DE;
     ``precision``, ``provider``: as everywhere (:mod:`crossknn.ce.folders`)."""
     from crossknn.ce.folders import open_dual_encoder
+    from crossknn.outputs import check_output_folder
 
     options = options or JobOptions()
     ds = Path(dataset_dir)
     out = Path(out_dir)
+    # never into an index or model folder, a folder of other files, or over an input
+    inputs = [("DATASET_DIR", ds), ("--model", model), ("--de-model", de_model)]
+    check_output_folder(out, kind="score-matrix", inputs=inputs)
     corpus = load_beir(ds)
     item_ids, item_texts = corpus.item_ids, corpus.item_texts
     if n_items is not None:

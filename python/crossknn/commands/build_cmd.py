@@ -112,11 +112,12 @@ def check_output_folder(index_dir: str | os.PathLike, inputs: list[str]) -> None
     entries = list(out.iterdir())
     is_index = any(e.name in ("index.json", ".build") for e in entries)
     for e in entries:
-        own = e.name.startswith(".") and e.name.endswith(".tmp")
+        # atomic-write temp files, and the lock a killed build left (taken over when it runs)
+        own = e.name.startswith(".") and e.name.endswith(".tmp") or e.name == ".lock"
         if is_index:
             own = own or (
                 e.name in _INDEX_FILES
-                or e.name in _INDEX_FOLDERS
+                or (e.name in _INDEX_FOLDERS or e.name.startswith(".index-stage-"))
                 and e.is_dir()
                 or e.suffix == ".npy"
                 and e.is_file()
@@ -128,14 +129,30 @@ def check_output_folder(index_dir: str | os.PathLike, inputs: list[str]) -> None
             )
 
 
+def _unchanged(exc: Exception, index_dir) -> Exception:
+    """The error of a failed rebuild, saying that the old index is whole and usable (a rebuild
+    writes beside it: crossknn.corpus_index)."""
+    note = f"the old index in {index_dir} is unchanged and still usable"
+    if isinstance(exc, OSError) and exc.strerror:
+        return OSError(exc.errno, f"{exc.strerror}; {note}", exc.filename, None, exc.filename2)
+    if isinstance(exc, ValueError):
+        return ValueError(f"{exc}; {note}")
+    return exc
+
+
 def run(args: argparse.Namespace) -> int:
     from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
     from crossknn.corpus_index import build_corpus_index
     from crossknn.data import load_corpus, read_queries
 
     t0 = time.perf_counter()
+    from crossknn.outputs import check_output_folder as check_not_over
+
     inputs = [args.corpus] + ([args.train_queries] if args.train_queries else [])
     check_output_folder(args.index_dir, inputs)
+    named = [("CORPUS", args.corpus), ("--train-queries", args.train_queries)]
+    named += [("--model", args.model), ("--de-model", args.de_model)]
+    check_not_over(args.index_dir, kind="index", inputs=named, foreign=False)
     corpus = load_corpus(args.corpus)
     if len(corpus) < 2:
         raise ValueError(
@@ -144,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         )
     train = read_queries(args.train_queries) if args.train_queries else None
     created = not Path(args.index_dir).exists()
+    had_index = (Path(args.index_dir) / "index.json").is_file()
     opts = model_options(args)
     # the models first: a wrong folder or provider fails before the output folder is made
     ce = open_cross_encoder(args.model, precision=args.precision, **opts)
@@ -164,11 +182,13 @@ def run(args: argparse.Namespace) -> int:
             index_calls=args.index_calls,
             tune_rounds=args.tune_rounds,
         )
-    except Exception:
+    except Exception as exc:
         # a failed build (full disk, unreadable model ...) leaves no half index behind; an
         # interrupted one (Ctrl-C) keeps its work folder and resumes when rerun
         if created:
             shutil.rmtree(args.index_dir, ignore_errors=True)
+        elif had_index and (Path(args.index_dir) / "index.json").is_file():
+            raise _unchanged(exc, args.index_dir) from None
         raise
     print(
         f"index {idx.path}: {len(corpus)} items, arrays {sorted(idx.arrays)}, "

@@ -145,7 +145,14 @@ def _require_torch(what: str) -> None:
         ) from None
 
 
+def _inputs(args) -> list:
+    return [("--matrix", args.matrix), ("--beir", args.beir), ("--cache", args.cache)]
+
+
 def _train(args) -> int:
+    from crossknn.outputs import check_output_folder
+
+    check_output_folder(args.out, kind="CMC model", inputs=_inputs(args), foreign=False)
     _require_torch("train")
     from crossknn.cmc.export import export_onnx
     from crossknn.cmc.model import CmcConfig
@@ -195,6 +202,10 @@ def _eval(args) -> int:
     from crossknn.cmc.evaluate import qrels_metrics, rank_cmc, rank_de
     from crossknn.cmc.runtime import DEFAULT_CANDIDATES, CmcReranker
 
+    if args.json:
+        from crossknn.outputs import check_output_file
+
+        check_output_file(args.json, option="--json", inputs=[("DIR", args.model), *_inputs(args)])
     reranker = CmcReranker(args.model)
     ks_cand = sorted(set(args.candidates or [DEFAULT_CANDIDATES]))
     rows: list[dict] = []

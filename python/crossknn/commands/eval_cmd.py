@@ -143,9 +143,7 @@ def run(args: argparse.Namespace) -> int:
     from crossknn.eval import EvalConfig, evaluate, format_table, plot_curves, write_json
     from crossknn.matrix import load_score_matrix
 
-    for opt, out in (("--json", args.json), ("--plot", args.plot)):
-        if out and Path(out).is_dir():
-            raise ValueError(f"{opt} {out} is a folder; give a file name")
+    _check_outputs(args)
     m = load_score_matrix(args.matrix)
     V = P = smap = axn_calls = None
     if args.item_vectors and args.index:
@@ -221,3 +219,21 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"wrote {png}")
     return 0
+
+
+def _check_outputs(args) -> None:
+    """No output file over an input or a file of an index, matrix or model folder (the plot's
+    default path next to --json included)."""
+    from crossknn.outputs import check_output_file
+
+    inputs = [
+        ("MATRIX", args.matrix),
+        ("--item-vectors", args.item_vectors),
+        ("--index", args.index),
+        ("--corpus", args.corpus),
+        ("--cmc-model", args.cmc_model),
+    ]
+    check_output_file(args.json, option="--json", inputs=inputs)
+    if not args.no_plot:
+        png = args.plot or str(Path(args.json).with_suffix(".png"))
+        check_output_file(png, option="--plot", inputs=inputs, others=[("--json", args.json)])

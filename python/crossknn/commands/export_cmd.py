@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
 
     from crossknn.ce.export import checkpoint_hash, export_cross_encoder, export_dual_encoder
     from crossknn.ce.folders import infer_kind, st_layout
+    from crossknn.outputs import check_output_folder
 
+    check_output_folder(args.out_dir, kind="model", inputs=[("HF_DIR", args.hf_dir)], foreign=False)
     t0 = time.perf_counter()
     src = Path(args.hf_dir)
     if not src.exists():

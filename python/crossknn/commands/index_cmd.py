@@ -83,7 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from crossknn.index import build_cur_index, build_mf_index
     from crossknn.index.source import open_index_source
+    from crossknn.outputs import check_output_folder
 
+    check_output_folder(args.out_dir, kind="index", inputs=[("SOURCE", args.source)])
     options = job_options(args)
     s = open_index_source(
         args.source,

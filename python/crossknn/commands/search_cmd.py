@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from crossknn.searcher import Searcher
     from crossknn.trec import run_metrics, run_tag, write_run
 
+    _check_outputs(args)
     ids, queries, qrels = _queries(args)
     if args.metrics and qrels is None:
         raise ValueError("--metrics needs relevance judgments: --beir DIR or --qrels FILE")
@@ -243,6 +244,29 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr if args.quiet else sys.stdout,
         )
     return 0
+
+
+def _check_outputs(args) -> None:
+    """No output file over an input or a file of an index, matrix or model folder."""
+    from crossknn.outputs import check_output_file
+
+    inputs = [
+        ("INDEX_DIR", args.index_dir),
+        ("--queries", args.queries),
+        ("--beir", args.beir),
+        ("--qrels", args.qrels),
+        ("--model", args.model),
+        ("--de-model", args.de_model),
+        ("--cmc-model", args.cmc_model),
+    ]
+    outs = [
+        ("--run", args.run),
+        ("--first-stage-run", args.first_stage_run),
+        ("--metrics", args.metrics),
+    ]
+    for i, (opt, path) in enumerate(outs):
+        if path:
+            check_output_file(path, option=opt, inputs=inputs, others=outs[:i])
 
 
 def _models(searcher) -> dict:

@@ -116,8 +116,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from crossknn.outputs import check_output_folder
     from crossknn.train import TrainConfig, train_cross_encoder
 
+    inputs = [("DATA", args.data), ("--base", args.base), ("--de", args.de)]
+    inputs += [("--teacher", args.teacher), ("--cache-dir", args.cache_dir)]
+    check_output_folder(args.out_dir, kind="model", inputs=inputs, foreign=False)
     cfg = TrainConfig(
         kind=args.kind,
         loss=args.loss,

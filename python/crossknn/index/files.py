@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,22 +123,110 @@ def save_index(
     params: Mapping | None = None,
     ce_calls: int = 0,
     info: Mapping | None = None,
+    stage: str | os.PathLike | None = None,
+    stale: Iterable[str] = (),
 ) -> Path:
-    """Write an index directory. Arrays first, ``index.json`` last (it marks the index complete)."""
+    """Write an index directory: every file into a staging folder beside it first, then moved in
+    by renames, ``index.json`` last (it marks the index complete).
+
+    An old index in ``path`` stays whole and usable until the new one is complete: a failure
+    while writing (a full disk, a bad array) leaves it untouched; only the final renames, which
+    need no space, replace it. ``stage``: the staging folder (default a fresh ``.index-stage-*``
+    in ``path``, removed afterwards); files the caller put there (``items.jsonl``) move in too.
+    ``stale``: array names of an earlier index whose ``NAME.npy`` is removed if this index has no
+    such array (arrays the old ``index.json`` lists are removed in any case)."""
     path = Path(path)
     if not kind or not isinstance(kind, str):
         raise ValueError(f"kind must be a non-empty string; got {kind!r}")
     if not arrays:
         raise ValueError("an index needs at least one array")
-    path.mkdir(parents=True, exist_ok=True)
-    entries = {}
     for name, arr in arrays.items():
         if not name or set(name) - _NAME_OK:
             raise ValueError(f"array name {name!r} must be made of letters, digits, '_' and '-'")
-        arr = np.asarray(arr)
-        if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
-            raise ValueError(f"array {name!r}: only numeric dtypes are stored; got {arr.dtype}")
-        arr = np.ascontiguousarray(arr)
+        dtype = np.asarray(arr).dtype
+        if dtype.hasobject or dtype.kind not in "biuf":
+            raise ValueError(f"array {name!r}: only numeric dtypes are stored; got {dtype}")
+    path.mkdir(parents=True, exist_ok=True)
+    own_stage = stage is None
+    st = Path(tempfile.mkdtemp(prefix=".index-stage-", dir=path) if own_stage else stage)
+    try:
+        st.mkdir(parents=True, exist_ok=True)
+        _write_index(
+            st, kind, arrays, ce=ce, de=de, params=params, ce_calls=ce_calls, info=info, final=path
+        )
+        _swap_in(st, path, {f"{s}.npy" for s in stale})
+    finally:
+        if own_stage:
+            shutil.rmtree(st, ignore_errors=True)
+    return path
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _listed_files(meta_path: Path) -> set[str]:
+    """The array files an ``index.json`` lists (none if it is missing or unreadable)."""
+    try:
+        doc = json.loads(meta_path.read_bytes().decode("utf-8"))
+        return {
+            e["file"]
+            for e in doc["arrays"].values()
+            if isinstance(e["file"], str) and Path(e["file"]).name == e["file"]
+        }
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return set()
+
+
+def _swap_in(stage: Path, path: Path, stale: set[str]) -> None:
+    """Move every file of ``stage`` into ``path``, ``index.json`` last; remove array files of the
+    old index (and ``stale`` ones) that the new one does not have."""
+    _fsync_dir(stage)
+    meta = path / "index.json"
+    old = _listed_files(meta) | stale
+    new = _listed_files(stage / "index.json")
+    # the old index stops being one before any of its files is replaced: a reader (or a process
+    # killed here) never sees the old index.json with new arrays
+    try:
+        os.unlink(meta)
+        _fsync_dir(path)
+    except FileNotFoundError:
+        pass
+    for f in sorted(stage.iterdir()):
+        if f.name != "index.json" and f.is_file():
+            os.replace(f, path / f.name)
+    for name in old - new:
+        try:
+            os.unlink(path / name)
+        except FileNotFoundError:
+            pass
+    os.replace(stage / "index.json", meta)
+    _fsync_dir(path)
+
+
+def _write_index(
+    path: Path,
+    kind: str,
+    arrays: Mapping[str, np.ndarray],
+    *,
+    ce: Any,
+    de: Any,
+    params: Mapping | None,
+    ce_calls: int,
+    info: Mapping | None,
+    final: Path,
+) -> None:
+    """Arrays, then ``index.json``, into the folder ``path`` (the index's ``final`` folder is
+    the one errors name); params are checked before anything is written."""
+    probe = {"params": dict(params or {}), "info": dict(info or {})}
+    _check_params(probe, final / "index.json")
+    entries = {}
+    for name, arr in arrays.items():
+        arr = np.ascontiguousarray(np.asarray(arr))
         atomic_save_npy(path / f"{name}.npy", arr)
         entries[name] = {
             "file": f"{name}.npy",
@@ -154,10 +244,8 @@ def save_index(
         "ce_calls": int(ce_calls),
         "info": dict(info or {}),
     }
-    _check_params(doc, path / "index.json")
     doc[HASH_KEY] = _meta_hash(doc)
     atomic_write_json(path / "index.json", doc)
-    return path
 
 
 def update_params(path: str | os.PathLike, params: Mapping, *, ce_calls_added: int = 0) -> Path:
