@@ -279,5 +279,77 @@ def test_output_files_respect_umask(tmp_path):
         os.umask(old)
 
 
-if __name__ == "__main__":  # the build a test kills: NAME OUT DELAY
+def _cli_argv(corpus_file: Path, out: Path, delay: float) -> list[str]:
+    return [sys.executable, str(HERE), "cli", str(corpus_file), str(out), str(delay)]
+
+
+def _write_jsonl(c: Corpus, path: Path) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(c.ids, c.texts, strict=True)
+        ),
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over_saying_so(tmp_path, capsys):
+    """#28 item 6: a lock file whose holder is gone is taken over with one line."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / ".lock"
+    lock.write_text(f"{dead.pid}\n")
+    with folder_lock(lock, what="index folder X"):
+        assert lock.read_text().strip() == str(os.getpid())
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert f"taking over the stale lock {lock} of process {dead.pid}, which is gone" in err[0]
+
+
+def test_cli_build_killed_at_random_points_then_same_command_rerun_equals_clean(tmp_path):
+    """#28 item 6: ``crossknn build`` SIGKILLed anywhere (imports, lock, DE chunks, CUR rows,
+    the final swap), then the same command rerun: it succeeds (a stale lock is taken over) and
+    the index equals an uninterrupted build's."""
+    src = _write_jsonl(corpus("A"), tmp_path / "corpus.jsonl")
+    clean_dir = tmp_path / "clean"
+    t0 = time.monotonic()
+    r = subprocess.run(_cli_argv(src, clean_dir, 0.01), capture_output=True, text=True)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    clean = snapshot(clean_dir)
+    rng = np.random.default_rng(28)
+    took_over = 0
+    for it in range(5):
+        out = tmp_path / f"idx{it}"
+        p = subprocess.Popen(
+            _cli_argv(src, out, 0.01), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(float(rng.uniform(0.3, 1.0)) * took)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        r = subprocess.run(_cli_argv(src, out, 0.01), capture_output=True, text=True)
+        assert r.returncode == 0, f"iteration {it}: {r.stderr}"
+        assert "not part of an index" not in r.stderr
+        took_over += "taking over the stale lock" in r.stderr
+        assert snapshot(out) == clean, f"iteration {it}"
+        assert not (out / ".lock").exists()
+    assert took_over >= 1  # at least one kill came while the build held its lock
+
+
+def _cli_build(corpus_file: str, out: str, delay: float) -> int:
+    """``crossknn build CORPUS OUT --train-queries Q --cur`` with the stand-in models."""
+    import crossknn.ce.folders as folders
+    from crossknn.cli import main
+
+    folders.open_cross_encoder = lambda *a, **k: StubCE(delay)
+    folders.open_dual_encoder = lambda *a, **k: StubDE(delay)
+    queries = Path(out).parent / (Path(out).name + ".queries.txt")
+    queries.write_text("\n".join(TRAIN) + "\n", encoding="utf-8")
+    argv = ["build", corpus_file, out, "--train-queries", str(queries), "--cur", "--quiet"]
+    return main([*argv, "--calibration-items", "6"])
+
+
+if __name__ == "__main__":  # the build a test kills: NAME OUT DELAY, or cli CORPUS OUT DELAY
+    if sys.argv[1] == "cli":
+        sys.exit(_cli_build(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     build(sys.argv[1], sys.argv[2], delay=float(sys.argv[3]))
