@@ -129,13 +129,10 @@ def check_output_file(
     where = f"{option} {p}"
     if p.is_dir():
         raise ValueError(f"{where} is a folder; give a file name")
-    for what, src in _inputs(inputs):
+    named = _inputs(inputs)
+    for what, src in named:
         if _same(p, src):
             raise ValueError(f"{where} is the input {what} {src} of this command; write elsewhere")
-        if src.is_dir() and _within(p, src) and p.exists():
-            raise ValueError(
-                f"{where} is a file of the input {what} {src} of this command; write elsewhere"
-            )
     for what, other in _inputs(others):
         if _same(p, other):
             raise ValueError(f"{where} is also the output {what}; give each output its own file")
@@ -148,6 +145,11 @@ def check_output_file(
                 f"{where} would overwrite {rel} of the {kind} folder {folder}; write elsewhere"
                 if p.exists()
                 else f"{where} would put {rel} into the {kind} folder {folder}; write elsewhere"
+            )
+    for what, src in named:
+        if src.is_dir() and _within(p, src) and p.exists():
+            raise ValueError(
+                f"{where} is a file of the input {what} {src} of this command; write elsewhere"
             )
 
 
