@@ -226,3 +226,157 @@ def test_pickled_exact_cache_file_is_rescored(env, capsys):
     capsys.readouterr()
     assert main(["search", str(env["idx"]), "topic", "-k", "2", "--budget", "5", "--exact"]) == 0
     assert np.load(files[0], allow_pickle=False).dtype == np.float32
+
+
+# -- #28: the second reliability pass ------------------------------------------------------------
+
+
+def _tiny_hf(path, *, classifier: bool, tokenizer: bool = True):
+    """A tiny random BERT checkpoint (classifier or bare encoder), with MiniLM's tokenizer."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from crossknn.ce.models import minilm_checkpoint_dir
+
+    cfg = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    cls = transformers.BertForSequenceClassification if classifier else transformers.BertModel
+    cls(cfg).eval().save_pretrained(str(path))
+    if tokenizer:
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+            shutil.copyfile(minilm_checkpoint_dir() / name, path / name)
+    return path
+
+
+def test_export_without_tokenizer_files_is_refused_naming_them(tmp_path, capsys):
+    """#28 item 5: before, rc 0 with a 5-token vocabulary (every word [UNK])."""
+    hf = _tiny_hf(tmp_path / "hf", classifier=True, tokenizer=False)
+    line = _one_line_error(capsys, ["export", str(hf), str(tmp_path / "out")])
+    assert "no tokenizer files" in line and "tokenizer.json" in line and "vocab.txt" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_of_weights_of_another_architecture_is_refused_naming_them(tmp_path, capsys):
+    """#28 item 5: a config naming GPT2LMHeadModel over BERT weights; before, rc 0 with
+    "newly initialized" weights."""
+    hf = _tiny_hf(tmp_path / "hf", classifier=True)
+    cfg = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "n_layer": 1,
+        "n_embd": 32,
+        "n_head": 4,
+        "n_positions": 128,
+        "vocab_size": 30522,
+    }
+    (hf / "config.json").write_text(json.dumps(cfg))
+    line = _one_line_error(capsys, ["export", str(hf), str(tmp_path / "out"), "--kind", "emb"])
+    assert "do not match" in line and "GPT2LMHeadModel" in line
+    assert "missing (would be newly initialized)" in line and "unexpected" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_of_a_bare_encoder_as_cls_names_the_new_head(tmp_path, capsys):
+    hf = _tiny_hf(tmp_path / "hf", classifier=False)
+    line = _one_line_error(capsys, ["export", str(hf), str(tmp_path / "o"), "--kind", "cls"])
+    assert "classifier.weight" in line and "newly initialized" in line
+
+
+def test_truncated_safetensors_is_one_line_from_export_and_build(tmp_path, capsys, model_cache):
+    """#28 item 8: before, a SafetensorError traceback."""
+    hf = _tiny_hf(tmp_path / "hf", classifier=True)
+    weights = hf / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    line = _one_line_error(capsys, ["export", str(hf), str(tmp_path / "out")])
+    assert f"{weights}: not a readable safetensors file, truncated or corrupt" in line
+    corpus = _write_corpus(tmp_path / "c.jsonl")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CROSSKNN_CACHE", str(tmp_path / "cache"))
+        argv = ["build", str(corpus), str(tmp_path / "idx"), "--model", str(hf), "--quiet"]
+        line = _one_line_error(capsys, argv)
+    assert "model.safetensors: not a readable safetensors file" in line
+    assert not (tmp_path / "idx").exists()
+
+
+def test_export_refusal_names_the_flag_to_cli_users(tmp_path, capsys):
+    """#28 item 14: before, the CLI said "pass overwrite=True"."""
+    from crossknn.ce.export import export_cross_encoder
+
+    hf = _tiny_hf(tmp_path / "hf", classifier=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x").write_text("x")
+    line = _one_line_error(capsys, ["export", str(hf), str(out)])
+    assert "--overwrite" in line and "overwrite=True" not in line
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        export_cross_encoder(hf, out, max_length=64)
+
+
+def _matrix(folder, de_row0: float):
+    from crossknn.matrix import make_splits, save_score_matrix
+
+    rng = np.random.default_rng(0)
+    nq, n = 12, 30
+    dq = rng.normal(size=(nq, 8)).astype(np.float32)
+    dq[0] = de_row0
+    save_score_matrix(
+        folder,
+        rng.normal(size=(nq, n)).astype(np.float32),
+        [f"q{i}" for i in range(nq)],
+        [f"d{i}" for i in range(n)],
+        make_splits(nq, 4, 0),
+        {"dataset": "x", "ce": {"model_id": "a", "model_hash": "b"}},
+        de_queries=dq,
+        de_items=rng.normal(size=(n, 8)).astype(np.float32),
+    )
+    return folder
+
+
+def test_eval_with_a_huge_de_row_names_the_overflow(tmp_path, capsys):
+    """#28 item 14: before, "CE scores do not depend on the approximate scores"."""
+    m = _matrix(tmp_path / "m", 1e38)
+    argv = ["eval", str(m), "--method", "axn", "--budget", "10", "--k", "1", "--quiet"]
+    line = _one_line_error(capsys, [*argv, "--json", str(tmp_path / "r.json"), "--no-plot"])
+    assert "de_queries.npy: row 0 ('q0')" in line and "overflow float32" in line
+    assert "do not depend" not in line
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_score_map_fit_says_what_is_wrong():
+    from crossknn.score_map import ScoreMap
+
+    y = np.ones((2, 3))
+    with pytest.raises(ValueError, match="approximate scores include inf or NaN"):
+        ScoreMap.fit(y, np.array([[1.0, 2.0, np.inf], [1.0, 2.0, 3.0]]))
+    with pytest.raises(ValueError, match="CE scores include inf or NaN"):
+        ScoreMap.fit(np.array([[1.0, np.nan, 0.0], [0.0, 1.0, 2.0]]), y + np.arange(3))
+    with pytest.raises(ValueError, match="do not depend"):
+        ScoreMap.fit(y, np.arange(6.0).reshape(2, 3))
+
+
+def test_train_ce_refuses_a_qrels_line_without_its_score(tmp_path, capsys):
+    """#28 item 12: before, the line was dropped silently (its query lost a positive)."""
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "text": f"doc {i}"}) + "\n" for i in range(20))
+    )
+    (ds / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": f"query {i}"}) + "\n" for i in range(4))
+    )
+    (ds / "qrels").mkdir()
+    tsv = ds / "qrels" / "train.tsv"
+    tsv.write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td1\nq2\td2\t1\n\n")
+    line = _one_line_error(capsys, ["train-ce", str(ds), str(tmp_path / "out")])
+    assert f"{tsv}:3: expected 'query-id<TAB>corpus-id<TAB>score'" in line
+    assert not (tmp_path / "out").exists()

@@ -101,13 +101,24 @@ class ScoreMap:
             n += x.size
             sx += float(x.sum(dtype=np.float64))
             sy += float(y.sum(dtype=np.float64))
+        for what, total in (("approximate", sx), ("CE", sy)):
+            if not np.isfinite(total):
+                raise ValueError(
+                    f"the {what} scores include inf or NaN (or overflow: vectors so large that "
+                    "their dot products exceed float32); the CE score map cannot be fitted"
+                )
         mx, my = sx / n, sy / n
         sxx = sxy = 0.0
         for x, y in zip(x_rows, y_rows, strict=True):
             dx = x.astype(np.float64) - mx
             sxx += float(dx @ dx)
             sxy += float(dx @ (y.astype(np.float64) - my))
-        if not np.isfinite(sxx) or sxx <= 1e-300 or abs(sxy / sxx) < 1e-12:
+        if not (np.isfinite(sxx) and np.isfinite(sxy)):
+            raise ValueError(
+                "the approximate scores are too large to fit the CE score map (their squares "
+                "overflow float64)"
+            )
+        if sxx <= 1e-300 or abs(sxy / sxx) < 1e-12:
             raise ValueError("CE scores do not depend on the approximate scores (scale ~ 0)")
         scale = sxy / sxx
         return cls(scale, my - scale * mx)

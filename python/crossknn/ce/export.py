@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -82,6 +83,100 @@ def _require_checkpoint(hf_dir: Path) -> list[Path]:
     return [config, weights[0]]
 
 
+# the files a tokenizer is built from: a fast tokenizer.json, or a slow tokenizer's vocabulary
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
+# weights an export may lack or leave unused: the bare encoder's pooler (no exported graph reads
+# it), and the heads of other tasks (MLM, QA ...) or old buffers in the checkpoint
+_UNUSED_MISSING = re.compile(r"(^|\.)pooler\.")
+_UNUSED_EXTRA = re.compile(
+    r"(^|\.)(pooler|classifier|cls|lm_head|qa_outputs|score)\.|(^|\.)position_ids$"
+)
+
+
+def _require_tokenizer(hf_dir: Path) -> None:
+    """The checkpoint has its tokenizer files; ValueError naming what is missing otherwise (a
+    tokenizer made up without them maps every word to [UNK])."""
+    if not any((hf_dir / name).is_file() for name in _TOKENIZER_FILES):
+        raise ValueError(
+            f"{hf_dir}: no tokenizer files (tokenizer.json, or vocab.txt / vocab.json + "
+            "merges.txt / a sentencepiece .model); copy the checkpoint's tokenizer files there"
+        )
+    if (hf_dir / "vocab.json").is_file() and not any(
+        (hf_dir / n).is_file() for n in ("tokenizer.json", "merges.txt")
+    ):
+        raise ValueError(f"{hf_dir}: vocab.json without merges.txt: the tokenizer is incomplete")
+
+
+def _check_weights_file(hf_dir: Path) -> None:
+    """A ``model.safetensors`` that is truncated or corrupt: one line naming it."""
+    path = hf_dir / _WEIGHT_FILES[0]
+    if not path.is_file():
+        return
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            f.keys()
+    except Exception as exc:  # noqa: BLE001 - SafetensorError and I/O errors alike
+        raise ValueError(
+            f"{path}: not a readable safetensors file, truncated or corrupt ({exc}); copy the "
+            "checkpoint again"
+        ) from None
+
+
+def _load_checked(hf_dir: Path, *, classifier: bool):
+    """The checkpoint as a sequence classifier or a bare encoder (eager attention, eval), like
+    :func:`crossknn.ce.graphs.load_model`, refusing weights the architecture in config.json does
+    not match: missing ones (they would be newly initialized at random) or unexpected ones
+    (ignored), named in the message."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    load = AutoModelForSequenceClassification if classifier else AutoModel
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # its load report is a table; ours is the one line below
+    hf_logging.disable_progress_bar()
+    try:
+        model, info = load.from_pretrained(
+            str(hf_dir),
+            local_files_only=True,
+            attn_implementation="eager",
+            output_loading_info=True,
+        )
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing = [
+        k for k in info.get("missing_keys", []) if classifier or not _UNUSED_MISSING.search(k)
+    ]
+    extra = [k for k in info.get("unexpected_keys", []) if not _UNUSED_EXTRA.search(k)]
+    mismatched = [str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys", [])]
+    if missing or extra or mismatched:
+        arch = (_config(hf_dir).get("architectures") or ["?"])[0]
+        parts = []
+        for what, keys in (
+            ("missing (would be newly initialized)", missing),
+            ("unexpected (unused)", extra),
+            ("of another shape", mismatched),
+        ):
+            if keys:
+                shown = ", ".join(sorted(keys)[:4]) + (", ..." if len(keys) > 4 else "")
+                parts.append(f"{len(keys)} weights {what}: {shown}")
+        raise ValueError(
+            f"{hf_dir}: the weights do not match the {'classifier' if classifier else 'encoder'} "
+            f"that config.json describes ({arch}); " + "; ".join(parts)
+        )
+    return model.eval()
+
+
 def checkpoint_hash(hf_dir: str | os.PathLike) -> str:
     """sha256 over the checkpoint's config, weights and tokenizer files (identifies the source)."""
     hf_dir = Path(hf_dir)
@@ -114,6 +209,12 @@ def _write_tokenizer(hf_dir: Path, out_dir: Path) -> None:
         ) from None
     if backend is None:
         raise FileNotFoundError(f"missing file {src}: the checkpoint has no fast tokenizer")
+    size, want = backend.get_vocab_size(), _config(hf_dir).get("vocab_size")
+    if isinstance(want, int) and size < want // 2:
+        raise ValueError(
+            f"{hf_dir}: the tokenizer built from its files has {size} tokens, but the model's "
+            f"vocabulary has {want}: the tokenizer files are incomplete or of another model"
+        )
     backend.save(str(dst))
 
 
@@ -305,6 +406,8 @@ def _open_checkpoint(hf_dir: Path, *, max_length: int, fp32: bool, quantize: Any
     if not fp32 and not quantize:
         raise ValueError("fp32=False needs quantize=True: the export would have no model file")
     _require_checkpoint(hf_dir)
+    _require_tokenizer(hf_dir)
+    _check_weights_file(hf_dir)
     _offline_env()
     # the export dependencies: a missing one fails here, before the output directory is touched
     import torch  # noqa: F401
@@ -317,11 +420,10 @@ def _open_checkpoint(hf_dir: Path, *, max_length: int, fp32: bool, quantize: Any
 
 def _load_model(hf_dir: Path, out_dir: Path, *, classifier: bool, overwrite: bool):
     """Prepare ``out_dir``, write the tokenizer there, then load the model (eval mode)."""
-    from crossknn.ce.graphs import load_model
-
+    model = _load_checked(hf_dir, classifier=classifier)  # refused before out_dir is touched
     _prepare_out(out_dir, overwrite)
     _write_tokenizer(hf_dir, out_dir)
-    return load_model(hf_dir, classifier=classifier)
+    return model
 
 
 def _trace(wrapper, out_dir: Path) -> dict[str, Any]:

@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     m = load_score_matrix(args.matrix)
+    _check_de_vectors(m, args.matrix)
     V = P = smap = axn_calls = None
     if args.item_vectors and args.index:
         raise ValueError("give either --item-vectors or --index, not both")
@@ -237,3 +238,35 @@ def _check_outputs(args) -> None:
     if not args.no_plot:
         png = args.plot or str(Path(args.json).with_suffix(".png"))
         check_output_file(png, option="--plot", inputs=inputs, others=[("--json", args.json)])
+
+
+def _check_de_vectors(m, matrix) -> None:
+    """The matrix's DE vectors are finite and small enough that their dot products (the DE
+    scores) fit float32: otherwise one line naming the file and the row."""
+    import numpy as np
+
+    limit = float(np.finfo(np.float32).max)
+    norms = {}
+    for name, arr, ids in (
+        ("de_queries", m.de_queries, m.query_ids),
+        ("de_items", m.de_items, m.item_ids),
+    ):
+        if arr is None:
+            continue
+        a = np.asarray(arr, np.float64)
+        finite = np.isfinite(a).all(axis=1)
+        if not finite.all():
+            r = int(np.flatnonzero(~finite)[0])
+            raise ValueError(f"{matrix}/{name}.npy: row {r} ({ids[r]!r}) has inf or NaN values")
+        n = np.sqrt(np.einsum("ij,ij->i", a, a))
+        norms[name] = (n, ids)
+    if len(norms) == 2:
+        (nq, qids), (ni, _) = norms["de_queries"], norms["de_items"]
+        top = float(ni.max(initial=0.0))
+        if float(nq.max(initial=0.0)) * top > limit:
+            r = int(np.argmax(nq))
+            raise ValueError(
+                f"{matrix}/de_queries.npy: row {r} ({qids[r]!r}) has norm {nq[r]:.3g}; with item "
+                f"vectors of norm up to {top:.3g} its DE scores overflow float32 "
+                f"(max {limit:.3g}): DE vectors must be of moderate size (e.g. L2-normalized)"
+            )

@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from crossknn.outputs import check_output_folder
 
     check_output_folder(args.out_dir, kind="model", inputs=[("HF_DIR", args.hf_dir)], foreign=False)
+    out = Path(args.out_dir)
+    if not args.overwrite and out.is_dir() and any(out.iterdir()):
+        # the library's message names overwrite=True; a CLI user has the flag
+        raise FileExistsError(f"{out} exists and is not empty (pass --overwrite to replace it)")
     t0 = time.perf_counter()
     src = Path(args.hf_dir)
     if not src.exists():

@@ -8,6 +8,7 @@ explicit negative (used before the mined ones). The dev split is carved from the
 
 from __future__ import annotations
 
+import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ def _from_beir(folder: Path, split: str) -> Examples:
             f"{folder}: no qrels for split {split!r} (qrels/{split}.tsv; has "
             f"{sorted(beir.qrels) or 'none'})"
         )
+    _check_qrels_rows(folder / "qrels" / f"{split}.tsv")
     item_pos = {i: n for n, i in enumerate(beir.item_ids)}
     query_pos = {q: n for n, q in enumerate(beir.query_ids)}
     ex = Examples([], [], beir.item_ids, beir.item_texts, [], [], [])
@@ -88,6 +90,22 @@ def _from_beir(folder: Path, split: str) -> Examples:
     if not ex.query_ids:
         raise ValueError(f"{folder}: no query of split {split!r} has a positive item")
     return ex
+
+
+def _check_qrels_rows(tsv: Path) -> None:
+    """Every row of a BEIR qrels file (after its header) has its three columns: a line without
+    its score is refused (file:line), never silently dropped from the training positives."""
+    with open(tsv, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter="\t")
+        next(reader, None)  # header
+        for row in reader:
+            if not row or not any(c.strip() for c in row):
+                continue  # a blank line
+            if len(row) < 3 or not row[2].strip():
+                raise ValueError(
+                    f"{tsv}:{reader.line_num}: expected 'query-id<TAB>corpus-id<TAB>score'; got "
+                    f"{len([c for c in row if c.strip()])} column(s) {row!r}"
+                )
 
 
 def _from_jsonl(path: Path) -> Examples:
