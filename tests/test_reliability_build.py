@@ -336,6 +336,41 @@ def test_cli_build_killed_at_random_points_then_same_command_rerun_equals_clean(
     assert took_over >= 1  # at least one kill came while the build held its lock
 
 
+def test_cli_rebuild_on_a_full_disk_says_the_old_index_is_unchanged(tmp_path, monkeypatch, capsys):
+    """#28 item 4 from the CLI: before, the old index.json was deleted first and the error did
+    not say so; now the old index is whole, and the one line says it."""
+    import errno
+
+    import crossknn.ce.folders as folders
+    import crossknn.corpus_index as ci
+    from crossknn import fileio
+    from crossknn.cli import main
+
+    monkeypatch.setattr(folders, "open_cross_encoder", lambda *a, **k: StubCE())
+    monkeypatch.setattr(folders, "open_dual_encoder", lambda *a, **k: StubDE())
+    out = tmp_path / "idx"
+    argv = ["build", "", str(out), "--quiet", "--calibration-items", "6"]
+    argv[1] = str(_write_jsonl(corpus("C"), tmp_path / "c.jsonl"))
+    assert main(argv) == 0
+    before = _index_files(out)
+    argv[1] = str(_write_jsonl(corpus("B"), tmp_path / "b.jsonl"))
+
+    def full(path, data):
+        if Path(path).name == "index.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        atomic_write_bytes(path, data)
+
+    monkeypatch.setattr(fileio, "atomic_write_bytes", full)
+    monkeypatch.setattr(ci, "atomic_write_bytes", full)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0]
+    assert f"the old index in {out} is unchanged and still usable" in err[0]
+    assert _index_files(out) == before
+    assert open_index(out).corpus.texts == corpus("C").texts
+
+
 def _cli_build(corpus_file: str, out: str, delay: float) -> int:
     """``crossknn build CORPUS OUT --train-queries Q --cur`` with the stand-in models."""
     import crossknn.ce.folders as folders
