@@ -190,7 +190,7 @@ def _folder_targets(world: Path, skip: tuple) -> list[tuple[Path, str]]:
     kinds["hf"] = "Hugging Face checkpoint"
     for name, kind in kinds.items():
         if name not in skip:
-            out.append((world / name, f"is a {kind} folder"))
+            out.append((world / name, f"is {'an' if kind == 'index' else 'a'} {kind} folder"))
         out.append((world / name / "sub", f"lies inside the {kind} folder"))
     for f in folder_files(world)[::3]:
         out.append((f, "exists and is not a folder"))

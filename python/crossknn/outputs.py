@@ -105,6 +105,10 @@ def _owner(path: Path) -> tuple[str, Path] | None:
     return None
 
 
+def _a(kind: str) -> str:
+    return ("an " if kind[0] in "aeiouAEIOU" else "a ") + kind
+
+
 def _reserved(name: str) -> bool:
     return name in _RESERVED_NAMES or name.endswith(_RESERVED_SUFFIXES)
 
@@ -186,8 +190,8 @@ def check_output_folder(
     have = folder_kind(o)
     if have is not None and have != kind:
         raise ValueError(
-            f"the output folder {o} is a {have} folder; a {kind} folder is not written over it: "
-            "give another output folder"
+            f"the output folder {o} is {_a(have)} folder; {_a(kind)} folder is not written over "
+            "it: give another output folder"
         )
     owner = _owner(o)
     if owner is not None:
@@ -200,6 +204,6 @@ def check_output_folder(
     for e in o.iterdir():
         if not own_entry(kind, e.name, e.is_dir() and not e.is_symlink()):
             raise ValueError(
-                f"the output folder {o} holds {e.name!r}, which is not part of a {kind} folder; "
-                f"give a new or empty folder (or a {kind} folder to resume or rebuild)"
+                f"the output folder {o} holds {e.name!r}, which is not part of {_a(kind)} folder; "
+                f"give a new or empty folder (or {_a(kind)} folder to resume or rebuild)"
             )
