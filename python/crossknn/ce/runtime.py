@@ -205,6 +205,7 @@ class _OnnxModel:
     ``fp16`` half precision on a GPU provider; ``show_progress_bar`` tqdm bars for long runs.
     """
 
+    backend = "onnx"  # its name in crossknn.ce.backends
     _kinds: tuple[str, ...] = ()
     _template = "pair"  # the TokenizerPlan template the model's inputs follow: "pair" or "single"
     _batch_size = 16
@@ -284,6 +285,10 @@ class _OnnxModel:
     @property
     def kind(self) -> str:
         return str(self._s.manifest["kind"])
+
+    def close(self) -> None:
+        """Drop the ONNX Runtime session (crossknn.ce.interface); the scorer is unusable after."""
+        self._s.session = None
 
     def _warn_truncated(self, n: int) -> None:
         with self._lock:

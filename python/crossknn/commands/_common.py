@@ -91,6 +91,7 @@ def add_model_arguments(
     precision_default: str | None = "fp32",
     batch_size: bool = True,
     verbose: bool = False,
+    backend: bool = True,
 ) -> None:
     """The model options, with the same names and meaning on every command: ``--model``,
     ``--de-model``, ``--precision``, ``--provider``, ``--threads``, ``--batch-size`` (and
@@ -141,6 +142,14 @@ def add_model_arguments(
         metavar="N",
         help="CE/DE threads (default: all cores)",
     )
+    if backend:  # crossknn.ce.backends; model_options passes it on
+        g.add_argument(
+            "--backend",
+            choices=("onnx", "torch"),
+            default="onnx",
+            help="what runs the CE and DE: onnx (ONNX Runtime, default) or torch (PyTorch, "
+            "CPU or CUDA: --provider auto|cpu|cuda)",
+        )
     if batch_size:
         g.add_argument(
             "--batch-size",
@@ -171,8 +180,8 @@ def add_round_arguments(p: argparse.ArgumentParser) -> None:
 def fidelity_line(ce) -> str | None:
     """What the export measured for a quantized CE (its manifest's fidelity record), one line;
     None for fp32 (``--verbose``)."""
-    precision = getattr(ce, "precision", "fp32")
-    if precision == "fp32" or not hasattr(ce, "model_dir"):
+    precision = ce.precision  # a crossknn.ce.interface.CrossEncoder
+    if precision == "fp32":
         return None
     from crossknn.ce.fidelity import fidelity_record
 
@@ -200,6 +209,7 @@ def model_options(args: argparse.Namespace) -> dict:
         "provider": args.provider,
         "threads": args.threads,
         "batch_size": getattr(args, "batch_size", None),
+        "backend": getattr(args, "backend", None),
     }
 
 

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="seed of the query sample and the split (default 0)",
     )
-    add_model_arguments(p)
+    add_model_arguments(p, backend=False)  # the job's scorers run on ONNX Runtime
     p.add_argument("--no-de", action="store_true", help="skip the DE vectors")
     p.add_argument(
         "--overwrite",

@@ -46,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ONNX Runtime execution provider (default auto)",
     )
     p.add_argument(
+        "--backend",
+        choices=("onnx", "torch"),
+        default="onnx",
+        help="what runs the CE and DE: onnx (ONNX Runtime, default) or torch (PyTorch)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -123,6 +129,7 @@ def config_from_args(args: argparse.Namespace):
         de_model=args.de_model,
         precision=args.precision,
         provider=args.provider,
+        backend=args.backend,
         threads=args.threads,
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,

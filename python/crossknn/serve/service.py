@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from crossknn.ce.interface import DualEncoder, ModelInfo
 from crossknn.serve.batcher import Batcher
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
@@ -41,6 +42,7 @@ class ServeConfig:
         None  # a crossknn / sentence-transformers DE folder; default: the index's
     )
     provider: str = "auto"
+    backend: str = "onnx"  # what runs the CE and DE: crossknn.ce.backends ("onnx", "torch")
     threads: int | None = None  # CE (and DE) intra-op threads; None: one per physical core
     max_batch_pairs: int = 256  # 0: no cross-request merging
     max_wait_ms: float = 2.0
@@ -77,9 +79,18 @@ class ServeConfig:
             )
 
 
-def _model_info(m) -> dict[str, Any]:
-    keys = ("model_id", "model_hash", "kind", "precision", "provider", "max_length", "dim")
-    return {k: getattr(m, k) for k in keys if getattr(m, k, None) is not None}
+def _model_info(m: ModelInfo) -> dict[str, Any]:
+    info = {
+        "backend": m.backend,
+        "model_id": m.model_id,
+        "model_hash": m.model_hash,
+        "kind": m.kind,
+        "precision": m.precision,
+        "provider": m.provider,
+        "max_length": m.max_length,
+        "dim": m.dim if isinstance(m, DualEncoder) else None,
+    }
+    return {k: v for k, v in info.items() if v is not None}
 
 
 class SearchService:
@@ -127,6 +138,7 @@ class SearchService:
                 precision=c.precision,
                 provider=c.provider,
                 threads=threads,
+                backend=c.backend,
             )
             m = self.metrics
             batcher = Batcher(
