@@ -30,6 +30,9 @@ log = logging.getLogger("crossknn.serve")
 
 # DE query vectors the searcher keeps between requests (each ~1.5 KB); cleared beyond this
 QUERY_VECTOR_CACHE = 10_000
+# the search run once at load to measure the service time (and warm the models up)
+WARM_UP_QUERY = "how long does one search take"
+WARM_UP_BUDGET = 32  # small: startup stays short; its fixed costs make the first value high
 
 
 @dataclass
@@ -166,6 +169,7 @@ class SearchService:
             log.error("crossknn serve: loading failed: %s", exc)
             raise
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
+        self._measure_service_time()
         self.load_seconds = time.perf_counter() - t
         self.metrics.ready.set(1)
         self.ready.set()
@@ -177,6 +181,25 @@ class SearchService:
             ce.precision,
             ce.provider,
         )
+
+    def _measure_service_time(self) -> None:
+        """One search of the default size before the first request (it also warms the models
+        up): admission then knows the service time from the start, and a burst of requests at
+        startup is admitted only as far as it fits its deadline."""
+        budget = min(WARM_UP_BUDGET, self.n_items)
+        req = SearchRequest(
+            query=WARM_UP_QUERY, k=min(10, budget), budget=budget, method=self.config.method
+        )
+        decision = self.admission.try_admit(request_cost(1, req.budget, req.exact, self.n_items))
+        ctx = RequestContext(time.monotonic() + max(self.config.timeout_s, 60.0), self.engine_lock)
+        failed = False
+        try:
+            self.search(req, ctx)
+        except Exception as exc:  # not fatal: admission starts unmeasured (cold_limit)
+            failed = True
+            log.warning("crossknn serve: the warm-up search failed: %s", exc)
+        finally:
+            self.release(decision.ticket, ctx, failed=failed)
 
     def start_loading(self, on_error=None) -> threading.Thread:
         def run() -> None:
