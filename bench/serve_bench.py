@@ -10,6 +10,17 @@ one query each, B=100, k=10, 5 rounds (AXN). Every level is bounded in requests
 Rows: ``{concurrency, batching, qps, p50_ms, p95_ms, p99_ms, mean_batch_pairs, errors, ...}``
 for each level and server, one ``{concurrency, in_process_ms, ...}`` row per level, and the
 fault results.
+
+The overload rows (``"overload"``; ``--only overload`` runs just them and keeps the other rows of
+the JSON file): the sustainable rate is measured first (closed loop, ``--sustain-concurrency``
+clients for ``--sustain-seconds``), then a bounded open-loop client offers ``--overload-factor``
+times that rate for ``--overload-seconds`` to a server with ``--timeout-s 20`` and a queue of 64,
+once with deadline admission (``--admit-within 0.5``, the default) and once with the queue limit
+alone (``--admit-within 0``, the behaviour before it), while ``/healthz`` is probed twice a
+second. Goal: 0 x 5xx, every admitted request answered within its deadline (``n_late`` 0),
+goodput >= 90% of the sustainable rate, ``/healthz`` 200 throughout.
+
+    python bench/serve_bench.py --only overload
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -176,7 +188,7 @@ def closed_loop(url: str, conc: int, n: int, seconds: float, body: dict) -> dict
                     results.append((code, lat))
                     if code == 200:
                         h = resp.json()["hits"][0]
-                        overhead.append(lat - h["seconds_ce"] - h["seconds_other"])
+                        overhead.append(lat - h["ce_s"] - h["other_s"])
                 if code in (429, 503):
                     time.sleep(0.1)
 
@@ -329,6 +341,169 @@ def fault_sigkill(server: Server, index: Path, body: dict) -> dict:
     }
 
 
+def open_loop(url: str, rate: float, seconds: float, body: dict, timeout_s: float) -> dict:
+    """Requests at ``rate`` per second for ``seconds`` (no retries: each arrival is a new
+    request), sent by a bounded pool of client threads (an arrival finding none free is counted
+    in ``client_skipped``); ``/healthz`` probed every 0.5 s meanwhile. Waits for the answers at
+    most ``timeout_s + 60`` s after the last arrival."""
+    n_workers = 256
+    free = threading.Semaphore(n_workers)
+    local = threading.local()
+    lock = threading.Lock()
+    results: list[tuple[float, int, float, str | None]] = []  # (sent, code, latency, retry)
+    health: list[tuple[int, float]] = []
+    stop = threading.Event()
+
+    def http() -> httpx.Client:
+        if getattr(local, "http", None) is None:
+            local.http = httpx.Client(timeout=httpx.Timeout(timeout_s + 60.0))
+        return local.http
+
+    def one(i: int, sent: float) -> None:
+        try:
+            b = dict(body, query=QUERIES[i % len(QUERIES)])
+            t = time.perf_counter()
+            try:
+                r = http().post(url + "/search", json=b)
+                code, retry = r.status_code, r.headers.get("retry-after")
+            except httpx.HTTPError:
+                code, retry = -1, None
+            with lock:
+                results.append((sent, code, time.perf_counter() - t, retry))
+        finally:
+            free.release()
+
+    def probe() -> None:
+        with httpx.Client(timeout=httpx.Timeout(5.0)) as h:
+            while not stop.wait(0.5):
+                t = time.perf_counter()
+                try:
+                    code = h.get(url + "/healthz").status_code
+                except httpx.HTTPError:
+                    code = -1
+                health.append((code, time.perf_counter() - t))
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    pool = ThreadPoolExecutor(n_workers)
+    skipped, n = 0, int(rate * seconds)
+    t0 = time.perf_counter()
+    for i in range(n):
+        at = t0 + i / rate
+        delay = at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        if free.acquire(blocking=False):
+            pool.submit(one, i, time.perf_counter() - t0)
+        else:
+            skipped += 1
+    window = time.perf_counter() - t0
+    pool.shutdown(wait=True)  # every request is bounded by its client timeout
+    stop.set()
+    prober.join()
+    return {"results": results, "health": health, "window_s": window, "skipped": skipped}
+
+
+def overload_row(server: Server, sustainable: float, args, body, admit_within: float) -> dict:
+    rate = args.overload_factor * sustainable
+    m0 = server.metrics()
+    r = open_loop(server.url, rate, args.overload_seconds, body, args.overload_timeout_s)
+    m1 = server.metrics()
+    res, window = r["results"], r["window_s"]
+    codes = Counter(c for _, c, _, _ in res)
+    ok = [(sent, lat) for sent, c, lat, _ in res if c == 200]
+    on_time = [(sent, lat) for sent, lat in ok if lat <= args.overload_timeout_s]
+    # goodput: answers within their deadline that came back inside the offered window
+    in_window = [1 for sent, lat in on_time if sent + lat <= window]
+    lat_ok = np.array([lat for _, lat in ok]) * 1000
+    lat_429 = np.array([lat for _, c, lat, _ in res if c == 429]) * 1000
+    retry = [int(h) for _, c, _, h in res if c == 429 and h is not None and h.isdigit()]
+    health_codes = [c for c, _ in r["health"]]
+
+    def pct(a, q):
+        return round(float(np.percentile(a, q)), 1) if len(a) else None
+
+    def delta(name):
+        return int(m1.get(name, 0) - m0.get(name, 0))
+
+    row = {
+        "row": "overload",
+        "admission": "deadline" if admit_within > 0 else "queue",
+        "admit_within": admit_within,
+        "timeout_s": args.overload_timeout_s,
+        "max_queue": args.overload_max_queue,
+        "overload_factor": args.overload_factor,
+        "seconds": args.overload_seconds,
+        "sustainable_rps": round(sustainable, 3),
+        "offered_rps": round(rate, 3),
+        "n_offered": len(res) + r["skipped"],
+        "client_skipped": r["skipped"],
+        "n_200": codes.get(200, 0),
+        "n_429": codes.get(429, 0),
+        "n_5xx": sum(v for c, v in codes.items() if c >= 500),
+        "n_504": codes.get(504, 0),
+        "other_codes": {str(c): v for c, v in sorted(codes.items()) if c not in (200, 429, 504)},
+        # admitted and not answered 200 within the deadline (504s included)
+        "n_late": len(ok) - len(on_time) + codes.get(504, 0),
+        "goodput_rps": round(len(in_window) / window, 3),
+        "goodput_over_sustainable": round(len(in_window) / window / sustainable, 3),
+        "p50_ms_200": pct(lat_ok, 50),
+        "p99_ms_200": pct(lat_ok, 99),
+        "max_ms_200": round(float(lat_ok.max()), 1) if lat_ok.size else None,
+        "p50_ms_429": pct(lat_429, 50),
+        "p99_ms_429": pct(lat_429, 99),
+        "retry_after_s_median": float(np.median(retry)) if retry else None,
+        "rejected_deadline": delta("crossknn_rejected_deadline_total"),
+        "server_timeouts": delta("crossknn_timeouts_total"),
+        "healthz_probes": len(health_codes),
+        "healthz_ok": bool(health_codes) and all(c == 200 for c in health_codes),
+        "healthz_max_ms": round(max(t for _, t in r["health"]) * 1000, 1) if r["health"] else None,
+    }
+    return row
+
+
+def run_overload(index: Path, root: Path, args, body, common) -> dict:
+    """The sustainable rate: ``--sustain-concurrency`` closed-loop clients on a server with the
+    queue limit alone and no time limit to speak of (what it can do); then the overload rows,
+    one server each."""
+    out: dict = {"rows": []}
+    flags = ["--max-batch-pairs", "256", "--max-queue", str(args.overload_max_queue), *common]
+    server = Server(index, root, *flags, "--timeout-s", "600", "--admit-within", "0")
+    try:
+        for _ in range(3):  # warm up (not counted)
+            client.search(server.url, QUERIES[0], k=body["k"], budget=body["budget"], timeout=300)
+        n = int(args.sustain_seconds * 20)
+        r = closed_loop(server.url, args.sustain_concurrency, n, args.sustain_seconds, body)
+    finally:
+        server.stop()
+    sustainable = r["qps"]
+    out["sustainable"] = {"concurrency": args.sustain_concurrency, "timeout_s": 600, **r}
+    print(json.dumps(out["sustainable"]), flush=True)
+    for within in args.overload_admission:
+        server = Server(index, root, *flags, "--timeout-s", str(args.overload_timeout_s),
+                        "--admit-within", str(within))  # fmt: skip
+        try:
+            for _ in range(3):  # warm up; the server measures its service time
+                client.search(
+                    server.url, QUERIES[0], k=body["k"], budget=body["budget"], timeout=300
+                )
+            row = overload_row(server, sustainable, args, body, within)
+            print(json.dumps(row), flush=True)
+            out["rows"].append(row)
+        finally:
+            server.stop()
+    deadline = [r for r in out["rows"] if r["admission"] == "deadline"]
+    if deadline:
+        r = deadline[0]
+        out["goal_met"] = (
+            r["n_5xx"] == 0
+            and r["n_late"] == 0
+            and r["goodput_over_sustainable"] >= 0.9
+            and r["healthz_ok"]
+        )
+    return out
+
+
 def padding_stats(index: Path, seed: int = 0, requests: int = 16, pairs: int = 20) -> dict:
     """How much padding cross-request batching can save here: pair lengths in tokens from the
     CE's own tokenizer (query + item + 3 special tokens, cut at max_length), cut into batches
@@ -392,6 +567,26 @@ def main() -> int:
     p.add_argument("--max-items", type=int, default=None, help="docstrings (default: all)")
     p.add_argument("--threads", type=int, default=None, help="CE threads (default: cores)")
     p.add_argument("--out", default=str(HERE / "results" / "serve_bench.json"))
+    p.add_argument(
+        "--only",
+        choices=("all", "overload"),
+        default="all",
+        help="overload: run only the overload rows, keeping the rest of --out",
+    )
+    p.add_argument("--sustain-concurrency", type=int, default=16)
+    p.add_argument("--sustain-seconds", type=float, default=40.0)
+    p.add_argument("--overload-factor", type=float, default=4.0)
+    p.add_argument("--overload-seconds", type=float, default=60.0)
+    p.add_argument("--overload-timeout-s", type=float, default=20.0)
+    p.add_argument("--overload-max-queue", type=int, default=64)
+    p.add_argument(
+        "--overload-admission",
+        type=float,
+        nargs="+",
+        default=[0.5, 0.0],
+        metavar="F",
+        help="--admit-within of each overload server (0: the queue limit alone)",
+    )
     args = p.parse_args()
 
     from crossknn.ce import cache_root
@@ -403,6 +598,21 @@ def main() -> int:
     body = {"k": 10, "budget": 100, "rounds": 5, "method": "axn"}
     common = ["--threads", str(args.threads)] if args.threads else []
     t0 = time.time()
+    out = Path(args.out)
+    if args.only == "overload":
+        result = json.loads(out.read_text()) if out.is_file() else {}
+        over = run_overload(index, root, args, body, common)
+        over["machine"] = (
+            f"{platform.machine()}, {os.cpu_count()} logical cores, load average at start "
+            f"{os.getloadavg()[0]:.1f} (other jobs share the machine: compare the rows of one run)"
+        )
+        over["request"] = body
+        over["wall_s"] = round(time.time() - t0, 1)
+        result["overload"] = over
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out} (overload)")
+        return 0
     result: dict = {
         "machine": f"{platform.machine()}, {os.cpu_count()} logical cores, "
         f"load average at start {os.getloadavg()[0]:.1f}",
@@ -483,8 +693,8 @@ def main() -> int:
     result["goals"] = goals
     result["load_average_at_end"] = round(os.getloadavg()[0], 1)
     result["wall_s"] = round(time.time() - t0, 1)
+    result["overload"] = run_overload(index, root, args, body, common)
     print(json.dumps(goals, indent=2))
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

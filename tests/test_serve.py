@@ -231,7 +231,8 @@ def test_queue_full_is_429_with_retry_after(tight):
         list(pool.map(call, range(8)))
     assert statuses.count(429) >= 4, statuses  # a queue of 2
     assert set(statuses) <= {200, 429, 504}, statuses
-    assert all(h == "1" for s, h in zip(statuses, headers, strict=True) if s == 429)
+    # Retry-After: whole seconds until the work ahead has drained enough (at least 1)
+    assert all(int(h) >= 1 for s, h in zip(statuses, headers, strict=True) if s == 429)
 
 
 def test_over_the_time_limit_is_504_and_its_ce_work_dropped(tight):
@@ -321,7 +322,7 @@ def test_info_health_ready_and_openapi(server, searcher):
 
 def test_sigterm_drains_in_flight_requests_and_leaves_the_index_unchanged(env):
     before = _tree_hash(env["index_dir"])
-    s = Server(env)
+    s = Server(env, "--admit-within", "0")  # all four admitted, however loaded this machine is
     results = []
 
     def call(q):

@@ -25,6 +25,7 @@ __all__ = [
     "longest_first",
     "assemble_pairs",
     "assemble_single",
+    "check_encodable",
     "check_texts",
 ]
 
@@ -149,6 +150,7 @@ class TokenizerPlan:
         """Token ids of each text, without special tokens and without truncation."""
         if not texts:
             return []
+        check_encodable(texts, "text")  # a single query (rank, score) comes here unchecked
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
 
@@ -214,8 +216,33 @@ def assemble_single(t: _Template, pad_id: int, A: IdStore, ia, ta) -> dict[str, 
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
+def check_encodable(texts: list[str], what: str) -> None:
+    """ValueError naming the first text that is not valid Unicode (a lone surrogate: an
+    undecodable byte of a command line, kept by Python as U+DC80-U+DCFF, or ``"\\ud800"``
+    in JSON), its position in the list and the character's; the tokenizer cannot take it."""
+    for i, t in enumerate(texts):
+        if t.isascii():
+            continue
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            c = ord(t[exc.start])
+            kind = (
+                f"undecodable byte 0x{c - 0xDC00:02x}"
+                if 0xDC80 <= c <= 0xDCFF
+                else f"a lone surrogate U+{c:04X}"
+            )
+            where = f"{what}[{i}]" if len(texts) > 1 or what.endswith("s") else what
+            shown = t if len(t) <= 40 else t[:37] + "..."
+            raise ValueError(
+                f"{where} is not valid UTF-8 text: {kind} at character {exc.start} of "
+                f"{ascii(shown)}"
+            ) from None
+
+
 def check_texts(texts, what: str) -> list[str]:
-    """A list of strings, or TypeError naming the first bad entry."""
+    """A list of strings, or TypeError naming the first bad entry (ValueError for a string
+    that is not valid Unicode: see :func:`check_encodable`)."""
     if isinstance(texts, (str, bytes)):
         raise TypeError(f"{what} must be a list of strings, got a single {type(texts).__name__}")
     try:
@@ -227,4 +254,5 @@ def check_texts(texts, what: str) -> list[str]:
             raise TypeError(
                 f"{what} must be a list of strings; got {type(t).__name__} at position {i}"
             )
+    check_encodable(texts, what)
     return texts

@@ -24,13 +24,18 @@ __all__ = [
 ]
 
 # C0 and C1 control characters (ESC, BEL, CSI ...) and DEL; newlines and tabs included: one hit
-# is one line
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# is one line. Also the bidirectional controls (U+061C, U+200E/F, U+202A-202E, U+2066-2069: a
+# U+202E makes the rest of a line read right to left, so a printed id or score can lie) and lone
+# surrogates (undecodable bytes of a command line, which a UTF-8 terminal cannot print)
+_CONTROL = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
 
 def terminal_safe(text: str) -> str:
-    """``text`` with every control character shown as an escape (``\\x1b``), so a hostile corpus
-    cannot move the cursor, clear the screen or retitle the window when printed."""
+    """``text`` with every control character shown as an escape (``\\x1b``, ``\\u202e``), so a
+    hostile corpus cannot move the cursor, clear the screen, retitle the window or reorder what
+    is printed after it."""
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 

@@ -13,7 +13,7 @@ import sys
 
 from crossknn.ce.models import PRECISIONS
 from crossknn.ce.runtime import PROVIDERS
-from crossknn.commands._common import add_round_arguments
+from crossknn.commands._common import add_round_arguments, fraction
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
 
@@ -88,6 +88,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="per-request limit; over it: 504, CE work dropped (default 30)",
     )
     p.add_argument(
+        "--admit-within",
+        type=fraction,
+        default=0.5,
+        metavar="F",
+        help="admit a request only if its expected time in the server (the work ahead of it "
+        "and its own, at the measured service time) fits in F x --timeout-s; otherwise 429 "
+        "with Retry-After at once. 0: no such check, only --max-queue (default 0.5)",
+    )
+    p.add_argument(
         "--max-body-kb",
         type=int,
         default=1024,
@@ -135,6 +144,7 @@ def config_from_args(args: argparse.Namespace):
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
         timeout_s=args.timeout_s,
+        admit_within=args.admit_within,
         max_body_bytes=args.max_body_kb * 1024,
         method=args.method,
         rounds=args.rounds,

@@ -2,10 +2,12 @@
 ``/info`` (and FastAPI's ``/docs`` and ``/openapi.json``).
 
 Status codes of ``POST /search``: 200 the answer of ``crossknn search --json``; 413 a body over
-``max_body_bytes``; 422 malformed JSON or a field out of range (``detail`` names it); 429 the
-queue is full (``Retry-After``); 503 still loading; 504 over ``timeout_s`` (its pending CE work
-is dropped); 500 anything unexpected (logged; the server keeps running). A client that goes away
-mid-request gets its CE work dropped too (logged as 499).
+``max_body_bytes``; 422 malformed JSON (nested too deeply included), a text that is not valid
+Unicode or a field out of range (``detail`` names it); 429 at once, with ``Retry-After``, when the
+queue is full or the request is not expected to be answered within its deadline (see
+:mod:`crossknn.serve.admission`); 503 still loading; 504 over ``timeout_s`` (its pending CE work is
+dropped; admission makes this rare); 500 anything unexpected (logged; the server keeps running).
+A client that goes away, mid-body or mid-request, gets its CE work dropped too (counted as 499).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from crossknn.serve.batcher import Cancelled
 from crossknn.serve.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -175,6 +178,12 @@ def create_app(
         t0 = time.perf_counter()
         try:
             body = await _read_body(request, config.max_body_bytes)
+        except ClientDisconnect:  # the client left before sending its whole body
+            metrics.disconnects.inc()
+            return Response(status_code=CLIENT_GONE)
+        except RequestError as exc:
+            return _error(exc.status, exc.detail)
+        try:
             if not service.ready.is_set():
                 return _error(503, "the index and models are still loading", {"Retry-After": "1"})
             req = parse_search_request(
@@ -185,21 +194,37 @@ def create_app(
             )
         except RequestError as exc:
             return _error(exc.status, exc.detail)
-        if not service.try_admit():
+        decision = service.try_admit(req)
+        if not decision.admitted:
             metrics.rejected.inc()
+            retry = {"Retry-After": str(decision.retry_after_s)}
+            if decision.reason == "queue_full":
+                return _error(
+                    429, f"queue full ({config.max_queue} requests in flight); retry later", retry
+                )
+            metrics.rejected_deadline.inc()
             return _error(
                 429,
-                f"queue full ({config.max_queue} requests in flight); retry later",
-                {"Retry-After": "1"},
+                f"busy: this request is expected to take {decision.expected_s:.1f} s here, over "
+                f"{config.admit_within:g} x the {config.timeout_s:g} s limit; retry after "
+                f"{decision.retry_after_s} s"
+                if decision.expected_s is not None
+                else "busy: the service time is not measured yet; retry after 1 s",
+                retry,
             )
+        ticket = decision.ticket
         ctx = service.new_context()
         loop = asyncio.get_running_loop()
         try:
             fut = loop.run_in_executor(service.executor, service.search, req, ctx)
         except RuntimeError:  # executor shut down: we are stopping
-            service.release()
+            service.release(ticket, ctx, failed=True)
             return _error(503, "the server is shutting down", {"Retry-After": "1"})
-        fut.add_done_callback(lambda _f: service.release())
+
+        def finished(f) -> None:
+            service.release(ticket, ctx, failed=f.cancelled() or f.exception() is not None)
+
+        fut.add_done_callback(finished)
         gone = asyncio.ensure_future(_client_gone(request.receive))
         try:
             left = max(ctx.deadline - time.monotonic(), 0.0)
@@ -211,6 +236,7 @@ def create_app(
         if fut not in done:
             reason = "client gone" if gone in done else "timeout"
             ctx.cancel(reason)
+            service.admission.cancel(ticket)  # its pending work no longer delays newcomers
             fut.add_done_callback(lambda f: f.exception())  # never "exception never retrieved"
             if gone in done:
                 metrics.disconnects.inc()

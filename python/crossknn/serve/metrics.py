@@ -106,7 +106,20 @@ class Metrics:
             "crossknn_ce_pending_pairs", "pairs waiting for the CE", registry=r
         )
         self.rejected = Counter(
-            "crossknn_rejected", "requests refused with 429 (queue full)", registry=r
+            "crossknn_rejected",
+            "requests refused with 429 (queue full or expected to miss their deadline)",
+            registry=r,
+        )
+        self.rejected_deadline = Counter(
+            "crossknn_rejected_deadline",
+            "requests refused with 429 because their expected time in the server did not fit "
+            "in --admit-within x --timeout-s",
+            registry=r,
+        )
+        self.service_seconds_per_pair = Gauge(
+            "crossknn_service_seconds_per_pair",
+            "measured service time per CE pair a request asks for (moving average; 0: none yet)",
+            registry=r,
         )
         self.timeouts = Counter(
             "crossknn_timeouts", "requests cancelled at the timeout (504)", registry=r

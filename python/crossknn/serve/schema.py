@@ -56,6 +56,16 @@ def _err(field: str | None, msg: str, kind: str = "value_error") -> RequestError
     return RequestError([{"loc": loc, "msg": msg, "type": kind}])
 
 
+def _check_text(text: str, loc: list) -> None:
+    """422 for a text the tokenizer cannot take (a lone surrogate such as ``"\\ud800"``)."""
+    from crossknn.ce.tokenize import check_encodable
+
+    try:
+        check_encodable([text], "".join(f"[{x}]" if isinstance(x, int) else x for x in loc[1:]))
+    except ValueError as exc:
+        raise RequestError([{"loc": loc, "msg": str(exc), "type": "string_unicode"}]) from None
+
+
 def parse_search_request(
     body: bytes,
     *,
@@ -69,6 +79,10 @@ def parse_search_request(
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _err(None, f"malformed JSON: {exc}", "json_invalid") from None
+    except RecursionError:  # e.g. 100,000 nested '[': a request is at most 2 levels deep
+        raise _err(
+            None, "malformed JSON: nested too deeply (a search request is 2 levels deep)"
+        ) from None
     if not isinstance(data, dict):
         raise _err(None, "the body must be a JSON object", "model_attributes_type")
     try:
@@ -83,6 +97,8 @@ def parse_search_request(
         raise _err("query", "give exactly one of 'query' (a text) or 'queries' (a list)", "missing")
     if req.query is not None and not req.query.strip():
         raise _err("query", "the query is empty")
+    if req.query is not None:
+        _check_text(req.query, ["body", "query"])
     if req.queries is not None:
         if not req.queries:
             raise _err("queries", "the list of queries is empty")
@@ -95,6 +111,7 @@ def parse_search_request(
                 raise RequestError(
                     [{"loc": loc, "msg": "the query is empty", "type": "value_error"}]
                 )
+            _check_text(q, ["body", "queries", i])
     if req.method not in METHODS:
         raise _err("method", f"unknown method {req.method!r}; expected one of {list(METHODS)}")
     if req.method in NEEDS_CUR and not has_cur:

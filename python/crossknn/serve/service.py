@@ -3,7 +3,8 @@
 :class:`SearchService` owns one :class:`crossknn.Searcher` built with a
 :class:`~crossknn.serve.proxy.BatchedCE`, the :class:`~crossknn.serve.batcher.Batcher` that runs
 the real CE, a pool of request threads (each request's search runs in one, off the event loop)
-and the admission count behind ``--max-queue``. It knows nothing about HTTP.
+and the admission of requests (:mod:`crossknn.serve.admission`: ``--max-queue`` and the deadline
+check of ``--admit-within``). It knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from crossknn.ce.interface import DualEncoder, ModelInfo
+from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
 from crossknn.serve.batcher import Batcher
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
@@ -29,6 +31,9 @@ log = logging.getLogger("crossknn.serve")
 
 # DE query vectors the searcher keeps between requests (each ~1.5 KB); cleared beyond this
 QUERY_VECTOR_CACHE = 10_000
+# the search run once at load to measure the service time (and warm the models up)
+WARM_UP_QUERY = "how long does one search take"
+WARM_UP_BUDGET = 32  # small: startup stays short; its fixed costs make the first value high
 
 
 @dataclass
@@ -48,6 +53,9 @@ class ServeConfig:
     max_wait_ms: float = 2.0
     max_queue: int = 64
     timeout_s: float = 30.0
+    # admit a request only if its expected time in the server fits in this fraction of
+    # timeout_s (0: no deadline check, only max_queue)
+    admit_within: float = 0.5
     max_body_bytes: int = 1 << 20
     method: str = "axn"
     rounds: int = 5
@@ -62,6 +70,7 @@ class ServeConfig:
             ("max_wait_ms", self.max_wait_ms >= 0),
             ("max_queue", self.max_queue >= 1),
             ("timeout_s", self.timeout_s > 0),
+            ("admit_within", 0 <= self.admit_within <= 1),
             ("max_body_bytes", self.max_body_bytes >= 1024),
             ("threads", self.threads is None or self.threads >= 1),
             ("rounds", 1 <= self.rounds <= self.max_rounds),
@@ -113,10 +122,14 @@ class SearchService:
         self.load_error: BaseException | None = None
         self.load_seconds: float | None = None
         self.started = time.time()
-        self._inflight = 0
-        self._mu = threading.Lock()
+        self.admission = Admission(
+            max_queue=config.max_queue, timeout_s=config.timeout_s, within=config.admit_within
+        )
         self._loader: threading.Thread | None = None
-        self.metrics.inflight.set_function(lambda: self._inflight)
+        self.metrics.inflight.set_function(lambda: self.admission.in_server)
+        self.metrics.service_seconds_per_pair.set_function(
+            lambda: self.admission.seconds_per_unit() or 0.0
+        )
         self.metrics.pending_pairs.set_function(
             lambda: self.batcher.pending_pairs if self.batcher is not None else 0
         )
@@ -147,7 +160,7 @@ class SearchService:
                 max_wait_s=c.max_wait_ms / 1000.0,
                 on_batch=m.on_batch,
                 on_drop=m.on_drop,
-                active=lambda: self._inflight,
+                active=lambda: self.admission.in_server,
             )
             try:
                 searcher = crossknn.Searcher(
@@ -168,6 +181,7 @@ class SearchService:
             log.error("crossknn serve: loading failed: %s", exc)
             raise
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
+        self._measure_service_time()
         self.load_seconds = time.perf_counter() - t
         self.metrics.ready.set(1)
         self.ready.set()
@@ -179,6 +193,25 @@ class SearchService:
             ce.precision,
             ce.provider,
         )
+
+    def _measure_service_time(self) -> None:
+        """One search of the default size before the first request (it also warms the models
+        up): admission then knows the service time from the start, and a burst of requests at
+        startup is admitted only as far as it fits its deadline."""
+        budget = min(WARM_UP_BUDGET, self.n_items)
+        req = SearchRequest(
+            query=WARM_UP_QUERY, k=min(10, budget), budget=budget, method=self.config.method
+        )
+        decision = self.admission.try_admit(request_cost(1, req.budget, req.exact, self.n_items))
+        ctx = RequestContext(time.monotonic() + max(self.config.timeout_s, 60.0), self.engine_lock)
+        failed = False
+        try:
+            self.search(req, ctx)
+        except Exception as exc:  # not fatal: admission starts unmeasured (cold_limit)
+            failed = True
+            log.warning("crossknn serve: the warm-up search failed: %s", exc)
+        finally:
+            self.release(decision.ticket, ctx, failed=failed)
 
     def start_loading(self, on_error=None) -> threading.Thread:
         def run() -> None:
@@ -201,20 +234,19 @@ class SearchService:
         return self.index is not None and "R" in self.index.arrays
 
     # -- admission ------------------------------------------------------------------------------
-    def try_admit(self) -> bool:
-        with self._mu:
-            if self._inflight >= self.config.max_queue:
-                return False
-            self._inflight += 1
-            return True
+    def try_admit(self, req: SearchRequest) -> Decision:
+        """Admit ``req`` if it fits (see :class:`~crossknn.serve.admission.Admission`)."""
+        cost = request_cost(len(req.texts()), req.budget, req.exact, self.n_items)
+        return self.admission.try_admit(cost)
 
-    def release(self) -> None:
-        with self._mu:
-            self._inflight -= 1
+    def release(self, ticket: Ticket, ctx: RequestContext, failed: bool = False) -> None:
+        """The request's thread has ended; a cancelled or failed one did ``ctx.ce_pairs`` of
+        its work (the rest was never run)."""
+        self.admission.done(ticket, ctx.ce_pairs if failed or ctx.cancelled else None)
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        return self.admission.in_server
 
     def new_context(self) -> RequestContext:
         return RequestContext(time.monotonic() + self.config.timeout_s, self.engine_lock)
