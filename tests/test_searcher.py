@@ -19,7 +19,7 @@ from crossknn.search.methods import DEFAULT_RIDGE
 from crossknn.searcher import Searcher
 from shared_fixtures import cisi_head
 
-pytestmark = [pytest.mark.shared, pytest.mark.slow]
+pytestmark = [pytest.mark.data, pytest.mark.slow]
 
 N_ITEMS = 40
 QUERIES = ["the use of computers in libraries", "indexing and classification of documents"]
