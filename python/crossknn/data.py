@@ -202,11 +202,17 @@ class BeirCorpus:
 
 
 def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
+    """A BEIR qrels ``.tsv``; a line without its 3 columns names the file and line."""
     split: dict[str, dict[str, int]] = {}
     with open(tsv, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t")
         next(reader, None)  # header
         for row in reader:
+            if row and any(c.strip() for c in row) and len(row) < 3:
+                raise ValueError(
+                    f"{tsv}:{reader.line_num}: expected 3 tab-separated columns (query-id, "
+                    f"corpus-id, score) as in a BEIR qrels .tsv; got {len(row)}"
+                )
             if len(row) >= 3:
                 try:
                     rel = int(float(row[2]))
@@ -243,8 +249,14 @@ def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
     if not path.is_file():
         raise FileNotFoundError(f"qrels file not found: {path}")
     first = next((line for _, line in _lines(path) if line.strip()), "")
-    if len(first.split()) == 3:
-        return _read_qrels(path)
+    if "\t" in first and len(first.split("\t")) == 3:
+        qrels = _read_qrels(path)
+        if not qrels:
+            raise ValueError(
+                f"{path}: no relevance judgments found (a BEIR .tsv: header, then "
+                "query-id<TAB>corpus-id<TAB>score lines)"
+            )
+        return qrels
     qrels: dict[str, dict[str, int]] = {}
     for lineno, line in _lines(path):
         parts = line.split()
@@ -252,8 +264,9 @@ def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
             continue
         if len(parts) != 4:
             raise ValueError(
-                f"{path}:{lineno}: expected 'qid 0 docid relevance' (TREC) or a BEIR "
-                f"'query-id corpus-id score' .tsv; got {len(parts)} columns"
+                f"{path}:{lineno}: expected 4 columns 'qid 0 docid relevance' (TREC qrels) or a "
+                f"BEIR .tsv (header, then query-id<TAB>corpus-id<TAB>score); got {len(parts)} "
+                "columns"
             )
         try:
             rel = int(float(parts[3]))
