@@ -29,8 +29,9 @@ deps: $(DEPS)
 install: $(DEPS)
 	$(PIPI) --no-build-isolation --no-deps -e .
 
+# make demo EXACT=1 also runs the exact check (every item scored by the CE) and prints the recall
 demo: install
-	$(BIN)/crossknn demo --exact
+	$(BIN)/crossknn demo $(if $(EXACT),--exact)
 
 # ctest: the core's tests, the example against the Python package's ids (fixture), and an
 # out-of-tree project built against the package installed into a temp prefix (find_package)

@@ -77,7 +77,7 @@ def test_build_tunes_round_widths_per_step(model_cache, tmp_path, capsys, monkey
     assert searcher.round_features.round_widths == {int(k): v for k, v in widths.items()}
     exact = Searcher(open_index(tuned), round_index="exact")
     q = "the use of computers in libraries"
-    a, b = searcher.search(q, k=3, budget=10)[0], exact.search(q, k=3, budget=10)[0]
+    a, b = searcher.search(q, k=3, budget=10), exact.search(q, k=3, budget=10)
     assert a.ids == b.ids and a.ce_calls == b.ce_calls
     with pytest.raises(ValueError, match="needs a FAISS round index"):
         exact.tune_round_widths([q])

@@ -235,10 +235,12 @@ def test_resume_is_bitwise(setup, tmp_path):
 def test_resume_goes_past_a_spent_time_budget(setup, tmp_path):
     cfg = _cfg(kind="emb", loss="listwise", max_steps=8, checkpoint_every=4, eval_every=4)
     _train(setup, tmp_path / "a", cfg)
-    # a budget spent after the first step stops the run there; resuming with no budget goes on
+    # the step-0 dev evaluation counts in the budget: one it spends stops the run before the
+    # first step (checkpointed); resuming with no budget goes on
     _train(setup, tmp_path / "b", _cfg(**{**cfg.as_dict(), "max_minutes": 1e-9}))
     b1 = json.loads((tmp_path / "b" / "training.json").read_text())
-    assert b1["steps"] == 1 and b1["stopped"].startswith("time budget")
+    assert b1["steps"] == 0 and b1["stopped"].startswith("time budget")
+    assert "step-0 dev evaluation" in b1["stopped"]
     _train(setup, tmp_path / "b", cfg, resume=True)
     b = load_state(tmp_path / "b" / "train" / "checkpoint.pt")
     a = load_state(tmp_path / "a" / "train" / "checkpoint.pt")
@@ -411,3 +413,32 @@ def test_cls_head_has_its_own_learning_rate(setup):
     assert len(emb.param_groups(1e-5, 1e-3)) == 1
     with pytest.raises(ValueError, match="head_lr must be > 0"):
         _cfg(head_lr=0.0).check()
+
+
+def test_dev_evaluation_shows_a_bar_by_pairs_with_the_same_scores(setup, tmp_path, capsys):
+    """The dev evaluation (at step 0 it ran for minutes with no output) has a bar by pairs;
+    the bar changes nothing: the metrics equal those of the scorer's own chunked pass."""
+    from crossknn.ce.export import _write_tokenizer
+    from crossknn.train.dev import _run_and_qrels, dev_metrics, rerank_metrics
+    from crossknn.train.examples import load_examples
+    from crossknn.train.scorer import PairEncoder, TrainableCE
+
+    ex = load_examples(setup["data"], "train")
+    tok = tmp_path / "hf"
+    tok.mkdir()
+    _write_tokenizer(setup["base"], tok)
+    enc = PairEncoder(tok / "tokenizer.json", 32, ex.query_texts, ex.item_texts)
+    torch.manual_seed(0)
+    model = TrainableCE(setup["base"], "emb", loss="listwise").eval()
+    rows = np.arange(min(4, len(ex)))
+    rng = np.random.default_rng(0)
+    cand = rng.integers(0, len(ex.item_ids), size=(len(rows), 6))
+    rel = ex.subset(rows).relevance
+    with torch.no_grad():
+        ref = enc.score(model, np.repeat(rows, 6), cand.ravel(), torch.device("cpu"), 512)
+    want = rerank_metrics(*reversed(_run_and_qrels(cand, ref.numpy().reshape(cand.shape), rel)))
+    capsys.readouterr()
+    got = dev_metrics(model, enc, rows, rel, cand, torch.device("cpu"), 512, progress=True)
+    assert got == want
+    err = capsys.readouterr().err
+    assert "dev" in err and f"0/{len(rows) * 6}" in err and "pair/s" in err  # a bar by pairs

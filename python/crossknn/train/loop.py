@@ -200,7 +200,15 @@ def train_cross_encoder(
             return
         with amp():
             m = dev_metrics(
-                model, enc, dev_rows, dev_ex.relevance, dev_cand, device, cfg.max_tokens
+                model,
+                enc,
+                dev_rows,
+                dev_ex.relevance,
+                dev_cand,
+                device,
+                cfg.max_tokens,
+                progress=progress,
+                desc=f"dev at step {at}",
             )
         recent = st["losses"][-cfg.eval_every :]
         row = {"step": at, "train_loss": float(np.mean(recent)) if recent else None, **m}
@@ -211,14 +219,30 @@ def train_cross_encoder(
         else:
             st["bad_evals"] += 1
         log.info("dev at step %d: nDCG@10 %.4f RR@10 %.4f", at, m["ndcg@10"], m["rr@10"])
+        if progress:  # the dev curve as training goes
+            from tqdm.auto import tqdm as _tqdm
 
+            best = " (best)" if st["best_step"] == at else ""
+            _tqdm.write(
+                f"dev at step {at}: nDCG@10 {m['ndcg@10']:.4f}  RR@10 {m['rr@10']:.4f}{best}"
+            )
+
+    # the time budget counts from here: the step-0 dev evaluation is inside it
+    t_start = time.perf_counter() - st["train_s"]
     if step == 0 and not st["curve"]:
         evaluate(0)
+        st["train_s"] = time.perf_counter() - t_start
+        if cfg.max_minutes is not None and st["train_s"] >= 60 * cfg.max_minutes:
+            st["stopped"] = (
+                f"{_TIME_STOP} {cfg.max_minutes} min (spent by the step-0 dev evaluation)"
+            )
+            save_checkpoint(
+                work, model=model, optimizer=optimizer, scheduler=scheduler, step=step, state=st
+            )
 
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total, initial=step, desc=f"train-ce {cfg.kind}", disable=not progress)
-    t_start = time.perf_counter() - st["train_s"]
     per_q = cfg.group_size
     while step < total and st["stopped"] is None:
         rows = plan.queries(step)
