@@ -429,9 +429,7 @@ def test_searcher_takes_sentence_transformers_names(built):
     assert isinstance(same, list) and same[0].ids == one.ids
     bare = s.search(["library", "data"], top_k=2, budget=6, rounds=2, return_documents=False)
     assert [len(h.ids) for h in bare] == [2, 2] and all(h.texts == [] for h in bare)
-    assert (
-        s.search("library", budget=6, rounds=2).ids
-        == s.search("library", k=10, budget=6, rounds=2).ids
-    )  # default 10 either way
+    ten = s.search("library", budget=12, rounds=2)  # default k: 10, as with k=10
+    assert len(ten.ids) == 10 and ten.ids == s.search("library", k=10, budget=12, rounds=2).ids
     with pytest.raises(ValueError, match="k=3 and top_k=4 disagree"):
         s.search("library", k=3, top_k=4, budget=6)
