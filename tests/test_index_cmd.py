@@ -20,7 +20,7 @@ def test_splits_reproduce_the_shared_matrix(shared_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.shared
+@pytest.mark.data
 def test_score_matrix_reproduces_cisi_subset(shared_dir, tmp_path):
     ref = shared_dir / "matrices/cisi-minilm"
     out = tmp_path / "m"
@@ -68,7 +68,7 @@ def test_score_matrix_reproduces_cisi_subset(shared_dir, tmp_path):
     assert ce == meta["ce"] and de == meta["de_model"]
 
 
-@pytest.mark.shared
+@pytest.mark.data
 def test_index_commands_on_the_shared_matrix(shared_dir, tmp_path, capsys):
     m = shared_dir / "matrices/cisi-minilm"
     assert main(["index", "cur", str(m), str(tmp_path / "cur"), "--n-train", "5", "--quiet"]) == 0

@@ -140,14 +140,17 @@ def test_build_disk_full_is_one_line_and_leaves_nothing(env, tmp_path, capsys, m
     assert not out.exists()
 
 
-def test_score_matrix_disk_full_is_one_line(env, tmp_path, capsys, monkeypatch, shared_dir):
+def test_score_matrix_disk_full_is_one_line(env, tmp_path, capsys, monkeypatch):
     import crossknn.score_matrix_job as smj
+    from shared_fixtures import made_beir
 
     def boom(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m" / "scores.npy"))
 
     monkeypatch.setattr(smj, "build_score_matrix", boom)
-    line = _one_line_error(capsys, ["score-matrix", str(shared_dir), str(tmp_path / "m")])
+    line = _one_line_error(
+        capsys, ["score-matrix", str(made_beir(tmp_path / "beir")), str(tmp_path / "m")]
+    )
     assert line.endswith("scores.npy: No space left on device")
 
 

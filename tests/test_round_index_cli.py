@@ -6,32 +6,25 @@ import json
 import pytest
 
 from crossknn.cli import main
-from crossknn.data import load_corpus
 from crossknn.index.files import load_index
+from shared_fixtures import made_corpus
 
 pytest.importorskip("faiss")
-pytestmark = [pytest.mark.shared, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 N_ITEMS = 40
 
 
-def _small_corpus(shared_dir, tmp_path):
-    """The first N_ITEMS CISI documents as a JSONL corpus file."""
-    full = load_corpus(shared_dir / "data" / "cisi")
+def _small_corpus(tmp_path):
+    """N_ITEMS real-text items every machine has, as a JSONL corpus file."""
     path = tmp_path / "corpus.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"id": i, "text": t}) + "\n"
-            for i, t in zip(full.ids[:N_ITEMS], full.texts[:N_ITEMS], strict=True)
-        ),
-        encoding="utf-8",
-    )
+    made_corpus(N_ITEMS, path)
     return path
 
 
-def test_build_and_search_with_round_index(model_cache, shared_dir, tmp_path, capsys, monkeypatch):
+def test_build_and_search_with_round_index(model_cache, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("CROSSKNN_CACHE", str(model_cache))
-    path = _small_corpus(shared_dir, tmp_path)
+    path = _small_corpus(tmp_path)
     out = tmp_path / "idx"
     args = ["--calibration-queries", "2", "--calibration-items", "4", "--quiet"]
     assert main(["build", str(path), str(out), "--round-index", "hnsw", *args]) == 0
@@ -51,7 +44,7 @@ def test_build_and_search_with_round_index(model_cache, shared_dir, tmp_path, ca
     assert "has round index 'hnsw', not 'ivf'" in capsys.readouterr().err
 
 
-def test_build_tunes_round_widths_per_step(model_cache, shared_dir, tmp_path, capsys, monkeypatch):
+def test_build_tunes_round_widths_per_step(model_cache, tmp_path, capsys, monkeypatch):
     """--tune-rounds Q: the exact rounds of Q pseudo-queries tune one width per round step; the
     widths land in params.round_index (CE calls counted), the searcher uses them, and a build
     without a FAISS round index refuses the option before doing any work."""
@@ -59,7 +52,7 @@ def test_build_tunes_round_widths_per_step(model_cache, shared_dir, tmp_path, ca
     from crossknn.searcher import Searcher
 
     monkeypatch.setenv("CROSSKNN_CACHE", str(model_cache))
-    path = _small_corpus(shared_dir, tmp_path)
+    path = _small_corpus(tmp_path)
     args = ["--calibration-queries", "2", "--calibration-items", "4", "--quiet"]
     plain, tuned = tmp_path / "plain", tmp_path / "tuned"
     assert main(["build", str(path), str(plain), "--round-index", "hnsw", *args]) == 0
@@ -84,7 +77,7 @@ def test_build_tunes_round_widths_per_step(model_cache, shared_dir, tmp_path, ca
     assert searcher.round_features.round_widths == {int(k): v for k, v in widths.items()}
     exact = Searcher(open_index(tuned), round_index="exact")
     q = "the use of computers in libraries"
-    a, b = searcher.search(q, k=3, budget=10)[0], exact.search(q, k=3, budget=10)[0]
+    a, b = searcher.search(q, k=3, budget=10), exact.search(q, k=3, budget=10)
     assert a.ids == b.ids and a.ce_calls == b.ce_calls
     with pytest.raises(ValueError, match="needs a FAISS round index"):
         exact.tune_round_widths([q])

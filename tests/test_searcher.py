@@ -19,7 +19,7 @@ from crossknn.search.methods import DEFAULT_RIDGE
 from crossknn.searcher import Searcher
 from shared_fixtures import cisi_head
 
-pytestmark = [pytest.mark.shared, pytest.mark.slow]
+pytestmark = [pytest.mark.data, pytest.mark.slow]
 
 N_ITEMS = 40
 QUERIES = ["the use of computers in libraries", "indexing and classification of documents"]
@@ -189,7 +189,7 @@ def test_small_budget_matches_the_reference_and_beats_random(env, index_dir, exa
     if method != "axn":
         return
     # exact=True reports the exact top-k and the recall of the exact CE rows
-    h = s.search(TEST_QUERIES[2], k=K, budget=B, exact=True)[0]
+    h = s.search(TEST_QUERIES[2], k=K, budget=B, exact=True)
     top = ref.topk(exact["S"][2], K)
     assert h.exact_ids == [s.corpus.ids[j] for j in top]
     assert h.recall == ref.recall(exact["S"][2], h.indices, K)
@@ -207,7 +207,7 @@ def test_small_budget_returns_exact_ce_scores_and_honours_budget(env, index_dir)
         np.testing.assert_allclose(h.scores, ce.score(h.query, h.indices), atol=1e-5)
         assert h.seconds_ce > 0
     # the same query alone gives the same result as inside the batch
-    alone = s.search(QUERIES[1], k=5, budget=12, rounds=3)[0]
+    alone = s.search(QUERIES[1], k=5, budget=12, rounds=3)
     assert alone.ids == hits[1].ids
 
 

@@ -112,6 +112,8 @@ def _cfg(**kw) -> TrainConfig:
 
 
 def _train(setup, out, cfg, **kw):
+    """Train with the checkpoints kept in OUT/train (the tests read them)."""
+    kw = {"work_dir": out / "train", "keep_checkpoints": True, **kw}
     return train_cross_encoder(
         setup["data"],
         out,
@@ -235,10 +237,12 @@ def test_resume_is_bitwise(setup, tmp_path):
 def test_resume_goes_past_a_spent_time_budget(setup, tmp_path):
     cfg = _cfg(kind="emb", loss="listwise", max_steps=8, checkpoint_every=4, eval_every=4)
     _train(setup, tmp_path / "a", cfg)
-    # a budget spent after the first step stops the run there; resuming with no budget goes on
+    # the step-0 dev evaluation counts in the budget: one it spends stops the run before the
+    # first step (checkpointed); resuming with no budget goes on
     _train(setup, tmp_path / "b", _cfg(**{**cfg.as_dict(), "max_minutes": 1e-9}))
     b1 = json.loads((tmp_path / "b" / "training.json").read_text())
-    assert b1["steps"] == 1 and b1["stopped"].startswith("time budget")
+    assert b1["steps"] == 0 and b1["stopped"].startswith("time budget")
+    assert "step-0 dev evaluation" in b1["stopped"]
     _train(setup, tmp_path / "b", cfg, resume=True)
     b = load_state(tmp_path / "b" / "train" / "checkpoint.pt")
     a = load_state(tmp_path / "a" / "train" / "checkpoint.pt")
@@ -322,8 +326,12 @@ def test_cli_trains_both_kinds(setup, tmp_path, capsys):
             ]
         )
         assert rc == 0
-        assert f"trained {kind} CE: 3 steps" in capsys.readouterr().out
+        out_text = capsys.readouterr().out
+        assert f"trained {kind} CE: 3 steps" in out_text
         assert json.loads((out / "training.json").read_text())["config"]["kind"] == kind
+        # checkpoints went beside the output and were removed once the model was exported
+        assert not (tmp_path / f"{kind}.train").exists() and not (out / "train").exists()
+        assert sorted(p.name for p in out.iterdir() if p.suffix == ".pt") == []
 
 
 def _err(capsys) -> str:
@@ -411,3 +419,62 @@ def test_cls_head_has_its_own_learning_rate(setup):
     assert len(emb.param_groups(1e-5, 1e-3)) == 1
     with pytest.raises(ValueError, match="head_lr must be > 0"):
         _cfg(head_lr=0.0).check()
+
+
+def test_dev_evaluation_shows_a_bar_by_pairs_with_the_same_scores(setup, tmp_path, capsys):
+    """The dev evaluation (at step 0 it ran for minutes with no output) has a bar by pairs;
+    the bar changes nothing: the metrics equal those of the scorer's own chunked pass."""
+    from crossknn.ce.export import _write_tokenizer
+    from crossknn.train.dev import _run_and_qrels, dev_metrics, rerank_metrics
+    from crossknn.train.examples import load_examples
+    from crossknn.train.scorer import PairEncoder, TrainableCE
+
+    ex = load_examples(setup["data"], "train")
+    tok = tmp_path / "hf"
+    tok.mkdir()
+    _write_tokenizer(setup["base"], tok)
+    enc = PairEncoder(tok / "tokenizer.json", 32, ex.query_texts, ex.item_texts)
+    torch.manual_seed(0)
+    model = TrainableCE(setup["base"], "emb", loss="listwise").eval()
+    rows = np.arange(min(4, len(ex)))
+    rng = np.random.default_rng(0)
+    cand = rng.integers(0, len(ex.item_ids), size=(len(rows), 6))
+    rel = ex.subset(rows).relevance
+    with torch.no_grad():
+        ref = enc.score(model, np.repeat(rows, 6), cand.ravel(), torch.device("cpu"), 512)
+    want = rerank_metrics(*reversed(_run_and_qrels(cand, ref.numpy().reshape(cand.shape), rel)))
+    capsys.readouterr()
+    got = dev_metrics(model, enc, rows, rel, cand, torch.device("cpu"), 512, progress=True)
+    assert got == want
+    err = capsys.readouterr().err
+    assert "dev" in err and f"0/{len(rows) * 6}" in err and "pair/s" in err  # a bar by pairs
+
+
+def test_checkpoints_go_beside_the_output_and_are_removed_on_success(setup, tmp_path):
+    """The model folder holds the model only; the work folder (OUT.train by default) survives an
+    interruption (for --resume) and is removed once the model is exported, unless kept."""
+    cfg = _cfg(kind="emb", loss="listwise", max_steps=4, checkpoint_every=2, eval_every=2)
+    plain = {"work_dir": None, "keep_checkpoints": False}
+
+    class Killed(Exception):
+        pass
+
+    def kill(step, loss):
+        if step == 3:
+            raise Killed
+
+    out = tmp_path / "m"
+    with pytest.raises(Killed):
+        _train(setup, out, cfg, on_step=kill, **plain)
+    work = tmp_path / "m.train"
+    assert load_state(work / "checkpoint.pt")["step"] == 2
+    with pytest.raises(FileExistsError, match=r"m.train exists and is not empty \(pass --resume"):
+        _train(setup, out, cfg, **plain)
+    rec = _train(setup, out, cfg, resume=True, **plain)
+    assert rec["steps"] == 4 and not work.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["crossknn_model.json", "dev_curve.json", "model.onnx", "tokenizer.json", "training.json"]
+    )
+    kept = tmp_path / "k"
+    _train(setup, kept, cfg, work_dir=tmp_path / "w", keep_checkpoints=True)
+    assert (tmp_path / "w" / "checkpoint.pt").is_file() and not (kept / "train").exists()

@@ -416,3 +416,20 @@ def test_rank_with_an_emb_kind_and_a_hugging_face_folder(world, capsys):
     assert main(["export", str(world["ce_hf"]), str(root / "ce-as-emb"), "--kind", "emb"]) == 0
     manifest = json.loads((root / "ce-as-emb" / "crossknn_model.json").read_text())
     assert manifest["kind"] == "joint-ce"
+
+
+def test_searcher_takes_sentence_transformers_names(built):
+    """top_k for k, return_documents, one query string -> one Hits (a list -> a list)."""
+    import crossknn
+
+    s = crossknn.Searcher(built)
+    one = s.search("library", top_k=3, budget=6, rounds=2)
+    assert isinstance(one, crossknn.Hits) and len(one.ids) == 3 and len(one.texts) == 3
+    same = s.search(["library"], k=3, budget=6, rounds=2)
+    assert isinstance(same, list) and same[0].ids == one.ids
+    bare = s.search(["library", "data"], top_k=2, budget=6, rounds=2, return_documents=False)
+    assert [len(h.ids) for h in bare] == [2, 2] and all(h.texts == [] for h in bare)
+    ten = s.search("library", budget=12, rounds=2)  # default k: 10, as with k=10
+    assert len(ten.ids) == 10 and ten.ids == s.search("library", k=10, budget=12, rounds=2).ids
+    with pytest.raises(ValueError, match="k=3 and top_k=4 disagree"):
+        s.search("library", k=3, top_k=4, budget=6)

@@ -31,6 +31,7 @@ __all__ = [
     "RNR",
     "BudgetExceededError",
     "BudgetedScorer",
+    "CrossEncoder",
     "CurIndex",
     "Hits",
     "ItemFeatures",
@@ -44,3 +45,12 @@ __all__ = [
     "make_method",
     "open_index",
 ]
+
+
+def __getattr__(name: str):
+    """``crossknn.CrossEncoder`` is imported on first use (it loads the CE runtime)."""
+    if name == "CrossEncoder":
+        from crossknn.cross_encoder import CrossEncoder
+
+        return CrossEncoder
+    raise AttributeError(f"module 'crossknn' has no attribute {name!r}")

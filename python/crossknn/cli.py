@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "export": "export_cmd",
     "evaluate": "evaluate_cmd",
     "train-ce": "train_ce_cmd",
+    "data": "data_cmd",
 }
 
 

@@ -7,6 +7,15 @@
 - :func:`read_queries`: queries from JSONL (``text``) or plain text, one per line;
   :func:`read_query_file` also their ids (JSONL ``_id``/``id``, else the line number).
 - :func:`read_qrels`: relevance judgments from a BEIR ``.tsv`` or a TREC qrels file.
+- :func:`data_roots`, :func:`find_beir`, :func:`describe_beir`: where BEIR folders are found by
+  name (``$CROSSKNN_DATA``, ``os.pathsep``-separated folders holding ``<name>/`` or
+  ``data/<name>/``) and what one holds (``crossknn data``).
+
+The BEIR layout (what BEIR's and ir_datasets' public downloads unpack to)::
+
+    NAME/corpus.jsonl      {"_id": "d1", "title": "...", "text": "..."} per line
+    NAME/queries.jsonl     {"_id": "q1", "text": "..."} per line
+    NAME/qrels/test.tsv    query-id<TAB>corpus-id<TAB>score, after a header line (also train, dev)
 
 Item text convention (the benchmark matrices'): ``text`` if the title is empty or ``text``
 already starts with it, else ``title + " " + text`` (:func:`item_text`).
@@ -23,8 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "DATA_ENV",
     "BeirCorpus",
     "Corpus",
+    "data_roots",
+    "describe_beir",
+    "find_beir",
+    "list_beir",
     "item_text",
     "load_beir",
     "load_corpus",
@@ -33,6 +47,16 @@ __all__ = [
     "read_queries",
     "read_query_file",
 ]
+
+
+#: The environment variable naming the folder(s) that hold BEIR datasets.
+DATA_ENV = "CROSSKNN_DATA"
+
+#: Where the public BEIR datasets come from (one line, printed when none is found).
+BEIR_SOURCE = (
+    "the public BEIR datasets (nfcorpus, scifact, fiqa, ...) are zip files on the BEIR "
+    "benchmark's download page (github.com/beir-cellar/beir), each unpacking to this layout"
+)
 
 
 def item_text(title: str | None, text: str | None) -> str:
@@ -178,11 +202,17 @@ class BeirCorpus:
 
 
 def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
+    """A BEIR qrels ``.tsv``; a line without its 3 columns names the file and line."""
     split: dict[str, dict[str, int]] = {}
     with open(tsv, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t")
         next(reader, None)  # header
         for row in reader:
+            if row and any(c.strip() for c in row) and len(row) < 3:
+                raise ValueError(
+                    f"{tsv}:{reader.line_num}: expected 3 tab-separated columns (query-id, "
+                    f"corpus-id, score) as in a BEIR qrels .tsv; got {len(row)}"
+                )
             if len(row) >= 3:
                 try:
                     rel = int(float(row[2]))
@@ -219,8 +249,14 @@ def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
     if not path.is_file():
         raise FileNotFoundError(f"qrels file not found: {path}")
     first = next((line for _, line in _lines(path) if line.strip()), "")
-    if len(first.split()) == 3:
-        return _read_qrels(path)
+    if "\t" in first and len(first.split("\t")) == 3:
+        qrels = _read_qrels(path)
+        if not qrels:
+            raise ValueError(
+                f"{path}: no relevance judgments found (a BEIR .tsv: header, then "
+                "query-id<TAB>corpus-id<TAB>score lines)"
+            )
+        return qrels
     qrels: dict[str, dict[str, int]] = {}
     for lineno, line in _lines(path):
         parts = line.split()
@@ -228,8 +264,9 @@ def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
             continue
         if len(parts) != 4:
             raise ValueError(
-                f"{path}:{lineno}: expected 'qid 0 docid relevance' (TREC) or a BEIR "
-                f"'query-id corpus-id score' .tsv; got {len(parts)} columns"
+                f"{path}:{lineno}: expected 4 columns 'qid 0 docid relevance' (TREC qrels) or a "
+                f"BEIR .tsv (header, then query-id<TAB>corpus-id<TAB>score); got {len(parts)} "
+                "columns"
             )
         try:
             rel = int(float(parts[3]))
@@ -285,3 +322,76 @@ def read_queries(path: str, *, ids: list[str] | None = None) -> list[str]:
     if not out:
         raise ValueError(f"{src}: no queries found")
     return out
+
+
+def data_roots() -> list[Path]:
+    """The folders named by ``$CROSSKNN_DATA`` (``os.pathsep``-separated), in order."""
+    return [Path(p) for p in os.environ.get(DATA_ENV, "").split(os.pathsep) if p]
+
+
+def _is_beir(folder: Path) -> bool:
+    return (folder / "corpus.jsonl").is_file() and (folder / "queries.jsonl").is_file()
+
+
+def find_beir(name: str | os.PathLike) -> Path:
+    """The BEIR folder ``name``: an existing path, else ``ROOT/name`` or ``ROOT/data/name`` for
+    the first ``ROOT`` of ``$CROSSKNN_DATA`` that has it. The error says where it looked and
+    what the layout is."""
+    path = Path(name)
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(f"{path} is a file; a BEIR folder is expected")
+        if not _is_beir(path):
+            missing = [f for f in ("corpus.jsonl", "queries.jsonl") if not (path / f).is_file()]
+            raise FileNotFoundError(
+                f"{path} is not a BEIR folder: {', '.join(missing)} missing "
+                "(expected corpus.jsonl, queries.jsonl, qrels/<split>.tsv)"
+            )
+        return path
+    looked = []
+    if len(path.parts) == 1:
+        for root in data_roots():
+            for cand in (root / path, root / "data" / path):
+                looked.append(str(cand))
+                if _is_beir(cand):
+                    return cand
+    where = (
+        f"looked in {', '.join(looked)}"
+        if looked
+        else f"not a folder, and ${DATA_ENV} is not set (the folder that holds BEIR datasets)"
+    )
+    raise FileNotFoundError(f"BEIR dataset {str(name)!r} not found: {where}; {BEIR_SOURCE}")
+
+
+def list_beir() -> list[Path]:
+    """Every BEIR folder directly under a ``$CROSSKNN_DATA`` root (or its ``data/``)."""
+    found = []
+    for root in data_roots():
+        for base in (root, root / "data"):
+            if base.is_dir():
+                found += [d for d in sorted(base.iterdir()) if d.is_dir() and _is_beir(d)]
+    return found
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def describe_beir(folder: str | os.PathLike) -> dict:
+    """What a BEIR folder holds: ``{"path", "items", "queries", "qrels": {split: {"queries",
+    "judgments"}}}`` (lines counted; the files are checked by :func:`find_beir`)."""
+    folder = find_beir(folder)
+    qrels = {}
+    for tsv in sorted((folder / "qrels").glob("*.tsv")):
+        split = _read_qrels(tsv)
+        qrels[tsv.stem] = {
+            "queries": len(split),
+            "judgments": sum(len(d) for d in split.values()),
+        }
+    return {
+        "path": str(folder),
+        "items": _count_lines(folder / "corpus.jsonl"),
+        "queries": _count_lines(folder / "queries.jsonl"),
+        "qrels": qrels,
+    }

@@ -35,8 +35,12 @@ class ExactScores:
         items_key: str,
         model_key: str,
         cache_dir: str | os.PathLike | None = None,
+        score_items: Callable[[str, np.ndarray], np.ndarray] | None = None,
+        chunk: int = 512,
     ) -> None:
         self.score_row, self.n_items = score_row, int(n_items)
+        # score_items(query, item indices): a row is scored in chunks and the bar moves by pairs
+        self.score_items, self.chunk = score_items, max(1, int(chunk))
         self.items_key, self.model_key = items_key, model_key
         self.cache_dir = None if cache_dir is None else Path(cache_dir)
 
@@ -59,14 +63,29 @@ class ExactScores:
             return None
         return s
 
-    def row(self, query: str) -> np.ndarray:
+    def row(self, query: str, bar=None) -> np.ndarray:
+        """The query's full row: cached, else scored (and kept); ``bar`` moves by pairs."""
         path = self.path(query)
         s = self._cached(path)
-        if s is None:
+        if s is not None:
+            if bar is not None:
+                bar.update(self.n_items)
+            return s
+        if self.score_items is None:
             s = np.asarray(self.score_row(query), np.float32)
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_save_npy(path, s)
+            if bar is not None:
+                bar.update(self.n_items)
+        else:
+            parts = []
+            for lo in range(0, self.n_items, self.chunk):
+                idx = np.arange(lo, min(lo + self.chunk, self.n_items), dtype=np.int64)
+                parts.append(np.asarray(self.score_items(query, idx), np.float32))
+                if bar is not None:
+                    bar.update(len(idx))
+            s = np.concatenate(parts)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_save_npy(path, s)
         return s
 
     def top_k(self, queries: Sequence[str], *, k: int, progress: bool = False) -> list[np.ndarray]:
@@ -79,6 +98,5 @@ class ExactScores:
         total = len(qs) * self.n_items
         with tqdm(total=total, desc="exact CE", unit="pair", disable=not progress) as bar:
             for q in qs:
-                out.append(self.row(q))
-                bar.update(self.n_items)
+                out.append(self.row(q, bar))
         return out

@@ -13,6 +13,7 @@ The index comes from :func:`crossknn.corpus_index.build_corpus_index`; the metho
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -157,6 +158,13 @@ def _open(index: CorpusIndex, role: str, given, precision: str | None, opts: dic
     if not rec.get("path") and not rec.get("embedded"):
         rec = {**rec, "embedded": True}  # an index from before models were recorded: the defaults
     return reopen({**rec, "precision": built}, role, **opts)
+
+
+def _top_k(k: int | None, top_k: int | None) -> int:
+    """``k`` (crossknn's name) or ``top_k`` (sentence-transformers' and rerankers'); default 10."""
+    if k is not None and top_k is not None and k != top_k:
+        raise ValueError(f"k={k!r} and top_k={top_k!r} disagree; give one")
+    return 10 if k is None and top_k is None else (k if k is not None else top_k)
 
 
 class Searcher:
@@ -348,7 +356,7 @@ class Searcher:
         self,
         queries: str | Sequence[str],
         *,
-        k: int = 10,
+        k: int | None = None,
         budget: int = 100,
         method: str | None = None,
         rounds: int | None = None,
@@ -360,7 +368,9 @@ class Searcher:
         batch_size: int | None = None,
         show_progress_bar: bool | None = None,
         query_batch: int = 1,
-    ) -> list[Hits]:
+        top_k: int | None = None,
+        return_documents: bool = True,
+    ) -> Hits | list[Hits]:
         """Top-k items by exact CE score for each query, spending at most ``budget`` CE calls
         each. Queries are searched ``query_batch`` at a time (default 1: every query's own CE
         and other time is measured; more: one CE batch per round for the group, times shared).
@@ -368,7 +378,49 @@ class Searcher:
         ``ce_calls``) and reports the exact top-k, its scores and Top-k-Recall@budget.
         ``query_ids`` name the queries (default "1", "2", ...); ``batch_size`` pairs per CE batch
         for this call; ``show_progress_bar`` (alias ``progress``) a bar over the queries with
-        pairs/s and ETA (and by pairs for ``exact``)."""
+        pairs/s and ETA (and by pairs for ``exact``).
+
+        sentence-transformers' and rerankers' names are accepted with their meaning: ``top_k``
+        for ``k`` (default 10), ``return_documents`` (default True here: ``Hits.texts`` holds the
+        item texts; False leaves it empty). One query string gives one :class:`Hits`, a list of
+        queries a list."""
+        k = _top_k(k, top_k)
+        if isinstance(queries, str):
+            return self.search(
+                [queries],
+                k=k,
+                budget=budget,
+                method=method,
+                rounds=rounds,
+                seed=seed,
+                exact=exact,
+                exact_cache=exact_cache,
+                progress=progress,
+                query_ids=query_ids,
+                batch_size=batch_size,
+                show_progress_bar=show_progress_bar,
+                query_batch=query_batch,
+                return_documents=return_documents,
+            )[0]
+        if not return_documents:
+            return [
+                dataclasses.replace(h, texts=[])
+                for h in self.search(
+                    queries,
+                    k=k,
+                    budget=budget,
+                    method=method,
+                    rounds=rounds,
+                    seed=seed,
+                    exact=exact,
+                    exact_cache=exact_cache,
+                    progress=progress,
+                    query_ids=query_ids,
+                    batch_size=batch_size,
+                    show_progress_bar=show_progress_bar,
+                    query_batch=query_batch,
+                )
+            ]
         single = isinstance(queries, str)
         qs = [queries] if single else list(queries)
         bad = [i for i, q in enumerate(qs) if not isinstance(q, str) or not q.strip()]

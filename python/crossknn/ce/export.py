@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("crossknn.ce")
+#: one INFO line per export step ("loading weights", "tracing", ...): ``crossknn export`` shows them
+stages = logging.getLogger("crossknn.ce.export.stages")
 
 DEFAULT_JOINT_POOLING: dict[str, Any] = {
     "query": "mean",
@@ -263,6 +265,8 @@ def _finish(
     """Add the int8 variants, optimize, write the manifest (last); returns the manifest."""
     # int8 recipes and their fidelity record: crossknn.ce.quantize / crossknn.ce.fidelity
     recipes = requested_recipes(quantize, manifest["kind"])
+    if recipes:
+        stages.info("int8 variants %s (calibration on a sample of pairs)", list(recipes))
     variants, quantized, cal = quantize_variants(
         out_dir,
         recipes,
@@ -275,9 +279,11 @@ def _finish(
     else:
         (out_dir / "model.onnx").unlink()
     if optimize:
+        stages.info("optimizing %d graph(s) for the CPU", len(variants))
         for name in variants.values():
             optimize_for_cpu(out_dir / name)
     if quantized:
+        stages.info("measuring the int8 variants' fidelity to fp32")
         manifest["quantization"] = record_fidelity(out_dir, variants, quantized, cal)
     manifest["variants"] = variants
     manifest["optimized"] = "CPUExecutionProvider" if optimize else None
@@ -420,6 +426,7 @@ def _open_checkpoint(hf_dir: Path, *, max_length: int, fp32: bool, quantize: Any
 
 def _load_model(hf_dir: Path, out_dir: Path, *, classifier: bool, overwrite: bool):
     """Prepare ``out_dir``, write the tokenizer there, then load the model (eval mode)."""
+    stages.info("loading the weights of %s", hf_dir)
     model = _load_checked(hf_dir, classifier=classifier)  # refused before out_dir is touched
     _prepare_out(out_dir, overwrite)
     _write_tokenizer(hf_dir, out_dir)
@@ -428,6 +435,7 @@ def _load_model(hf_dir: Path, out_dir: Path, *, classifier: bool, overwrite: boo
 
 def _trace(wrapper, out_dir: Path) -> dict[str, Any]:
     """Trace a :class:`~crossknn.ce.graphs.Wrapper` to ``model.onnx``; its manifest entries."""
+    stages.info("tracing the ONNX graph")
     names = wrapper.export(out_dir / "model.onnx", opset=_OPSET)
     return {"output": wrapper.output, "inputs": names}
 

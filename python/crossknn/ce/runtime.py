@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,79 @@ def _progress(iterable, enabled: bool, desc: str, total: int):
     from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, total=total, unit="batch")
+
+
+def provider_of_device(device) -> str | None:
+    """The crossknn ``provider`` of a sentence-transformers ``device``: "cpu" -> "cpu",
+    "cuda" or "cuda:N" -> "cuda" (None stays None)."""
+    if device is None:
+        return None
+    name = str(device).strip().lower()
+    if name == "cpu":
+        return "cpu"
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        return "cuda"
+    raise ValueError(
+        f"device must be 'cpu', 'cuda' or 'cuda:N' (as in sentence-transformers; provider= also "
+        f"takes 'tensorrt'); got {device!r}"
+    )
+
+
+def _refuse_prompt(prompt_name, prompt) -> None:
+    if prompt_name is not None or prompt is not None:
+        raise ValueError(
+            "crossknn cross-encoders take no prompts (prompt_name/prompt); put the text into "
+            "the query"
+        )
+
+
+def _activation_choice(apply_activation: bool, activation_fn) -> bool:
+    """Whether the model's own activation runs: not when ``activation_fn`` replaces it."""
+    if activation_fn is None:
+        return bool(apply_activation)
+    if not callable(activation_fn):
+        raise TypeError(f"activation_fn must be callable; got {type(activation_fn).__name__}")
+    if not apply_activation:
+        raise ValueError("give activation_fn or apply_activation=False, not both")
+    return False
+
+
+def _st_activation(scores: np.ndarray, activation_fn, apply_softmax, num_labels: int) -> np.ndarray:
+    """sentence-transformers' order: ``activation_fn`` on the (n, num_labels) logits (a torch
+    tensor when torch is installed), then a softmax over the labels if asked (num_labels > 1)."""
+    if activation_fn is None and not (apply_softmax and num_labels > 1):
+        return scores
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is optional at run time
+        torch = None
+    logits = scores.reshape(len(scores), num_labels)
+    if torch is not None:
+        t = torch.from_numpy(np.ascontiguousarray(logits))
+        if activation_fn is not None:
+            t = activation_fn(t)
+        if apply_softmax and num_labels > 1:
+            t = torch.nn.functional.softmax(t, dim=1)
+        logits = t.detach().float().cpu().numpy()
+    else:  # pragma: no cover
+        if activation_fn is not None:
+            logits = np.asarray(activation_fn(logits), dtype=np.float32)
+        if apply_softmax and num_labels > 1:
+            e = np.exp(logits - logits.max(axis=1, keepdims=True))
+            logits = e / e.sum(axis=1, keepdims=True)
+    logits = np.asarray(logits, dtype=np.float32)
+    return logits.reshape(len(scores)) if num_labels == 1 else logits
+
+
+def _st_convert(scores: np.ndarray, convert_to_numpy: bool, convert_to_tensor: bool):
+    """sentence-transformers' output types: one tensor (``convert_to_tensor``), a numpy array
+    (``convert_to_numpy``, the default), else a list of one tensor per pair."""
+    if not convert_to_tensor and convert_to_numpy:
+        return scores
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(scores))
+    return t if convert_to_tensor else list(t)
 
 
 class _OnnxModel:
@@ -423,33 +497,42 @@ class OnnxCrossEncoder(_OnnxModel):
     def predict(
         self,
         pairs,
-        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
         batch_size: int | None = None,
-        apply_activation: bool = True,
         show_progress_bar: bool | None = None,
-    ) -> np.ndarray:
+        activation_fn: Callable | None = None,
+        apply_softmax: bool | None = False,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device: str | None = None,
+        *,
+        apply_activation: bool = True,
+    ):
         """Scores of ``(query, document)`` string pairs, float32, in input order.
 
-        ``apply_activation=False`` returns raw logits of a [CLS]-CE (the joint CE has no
-        activation). An empty list gives an empty array. One pair ``(query, document)`` (as
-        sentence-transformers' ``CrossEncoder.predict`` accepts) gives its score alone (a numpy
-        float32 scalar, or the label vector of a multi-label model).
+        The arguments are sentence-transformers' ``CrossEncoder.predict``'s, in its order and
+        with its meaning: ``activation_fn`` a callable applied to the logits (a torch tensor of
+        shape (n, num_labels) when torch is installed) instead of the model's own activation;
+        ``apply_softmax`` a softmax over the labels of a multi-label model; ``convert_to_tensor``
+        one torch tensor, ``convert_to_numpy=False`` a list of one tensor per pair; ``device``
+        ``"cpu"`` or ``"cuda[:N]"``, which must be where this model runs (choose it when opening
+        the model: ``crossknn.CrossEncoder(..., device=)`` or ``provider=``). Prompts are not
+        supported (refused). ``apply_activation=False`` (crossknn's) returns raw logits. An
+        empty list gives an empty array; one pair ``(query, document)`` gives its score alone.
         """
+        _refuse_prompt(prompt_name, prompt)
+        self._check_device(device)
+        activate = _activation_choice(apply_activation, activation_fn)
         if isinstance(pairs, (str, bytes)):
             raise TypeError("pairs must be a list of (query, document) string pairs, got a string")
-        if (
+        single = (
             isinstance(pairs, (tuple, list))
             and len(pairs) == 2
             and isinstance(pairs[0], str)
             and isinstance(pairs[1], str)
-        ):
-            return self.predict(
-                [tuple(pairs)],
-                batch_size=batch_size,
-                apply_activation=apply_activation,
-                show_progress_bar=show_progress_bar,
-            )[0]
-        pairs = list(pairs)
+        )
+        pairs = [tuple(pairs)] if single else list(pairs)
         qs: dict[str, int] = {}
         ds: dict[str, int] = {}
         ia = np.empty(len(pairs), dtype=np.int64)
@@ -469,36 +552,54 @@ class OnnxCrossEncoder(_OnnxModel):
             ib[i] = ds.setdefault(pair[1], len(ds))
         A = self._encode_store(list(qs), self._room)
         B = self._encode_store(list(ds), self._room)
-        return self._run_pairs(
+        scores = self._run_pairs(
             A,
             ia,
             B,
             ib,
             batch_size=batch_size,
-            apply_activation=apply_activation,
+            apply_activation=activate,
             show_progress_bar=show_progress_bar,
         )
+        scores = _st_activation(scores, activation_fn, apply_softmax, self.num_labels)
+        out = _st_convert(scores, convert_to_numpy, convert_to_tensor)
+        return out[0] if single else out
 
     def rank(
         self,
         query: str,
         documents: list[str],
         top_k: int | None = None,
-        *,
         return_documents: bool = False,
-        doc_ids: list | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
         batch_size: int | None = None,
-        apply_activation: bool = True,
         show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+        device: str | None = None,
+        *,
+        doc_ids: list | None = None,
+        apply_activation: bool = True,
     ) -> list[dict[str, Any]]:
         """Documents sorted by score: ``[{"corpus_id": i, "score": s, ("id": doc_ids[i]),
         ("text": doc)}, ...]``.
 
-        Ties keep the lower ``corpus_id`` first; ``top_k=None`` returns all. ``doc_ids`` (one per
+        The arguments are sentence-transformers' ``CrossEncoder.rank``'s, in its order and with
+        its meaning (see :meth:`predict`): the third is ``top_k`` (``None`` all, ``0`` none);
+        ties keep the lower ``corpus_id`` first. ``doc_ids`` (crossknn's, keyword only: one per
         document) are passed through as ``id``.
         """
+        _refuse_prompt(prompt_name, prompt)
+        self._check_device(device)
+        activate = _activation_choice(apply_activation, activation_fn)
         if not isinstance(query, str):
             raise TypeError(f"query must be a string; got {type(query).__name__}")
+        if isinstance(top_k, (list, tuple, np.ndarray)):
+            raise TypeError(
+                "rank's third argument is top_k, an int, as in sentence-transformers' "
+                "CrossEncoder.rank(query, documents, top_k, return_documents, ...); pass "
+                f"document ids as doc_ids=[...]; got a {type(top_k).__name__}"
+            )
         documents = check_texts(documents, "documents")
         if doc_ids is not None:
             doc_ids = list(doc_ids)
@@ -506,9 +607,14 @@ class OnnxCrossEncoder(_OnnxModel):
                 raise ValueError(
                     f"doc_ids and documents differ in length: {len(doc_ids)} vs {len(documents)}"
                 )
-        _check_positive("top_k", top_k, allow_none=True)
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0
+        ):
+            raise ValueError(f"top_k must be None or an int >= 0; got {top_k!r}")
         if self.num_labels != 1:
             raise ValueError(f"rank needs a one-score model; this one has {self.num_labels} labels")
+        if top_k == 0:
+            return []
         B = self._encode_store(documents, self._room)
         scores = self._run_pairs(
             self._query_store(query),
@@ -516,9 +622,10 @@ class OnnxCrossEncoder(_OnnxModel):
             B,
             np.arange(len(documents), dtype=np.int64),
             batch_size=batch_size,
-            apply_activation=apply_activation,
+            apply_activation=activate,
             show_progress_bar=show_progress_bar,
         )
+        scores = _st_activation(scores, activation_fn, False, self.num_labels)
         order = np.argsort(-scores, kind="stable")[:top_k]
         out = []
         for i in order:
@@ -529,6 +636,16 @@ class OnnxCrossEncoder(_OnnxModel):
                 row["text"] = documents[i]
             out.append(row)
         return out
+
+    def _check_device(self, device) -> None:
+        """``device`` (sentence-transformers' meaning) must name where this model runs."""
+        want = provider_of_device(device)
+        if want is not None and _PROVIDERS[want] != self.provider:
+            raise ValueError(
+                f"device={device!r} asks for {_PROVIDERS[want]}, but this model runs on "
+                f"{self.provider}; open it there: crossknn.CrossEncoder(..., device={device!r}) "
+                f"or provider={want!r}"
+            )
 
     # -- the scorer protocol of crossknn.search -------------------------------------------------
     def _item_indices(self, items, store: IdStore) -> np.ndarray:

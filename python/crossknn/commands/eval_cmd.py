@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from crossknn.eval import FIRSTS
     from crossknn.search import DEFAULT_MIX, METHODS
 
-    p.add_argument("matrix", metavar="MATRIX_DIR", help="score-matrix folder (BENCHMARKS.md)")
+    p.add_argument("matrix", metavar="MATRIX_DIR", help="score-matrix folder (docs/data.md)")
     p.add_argument(
         "--method",
         action="append",

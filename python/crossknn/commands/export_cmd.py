@@ -9,6 +9,7 @@ left out (a bare encoder is then an [EMB] CE).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from crossknn.commands._common import positive_int
@@ -43,6 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    with export_steps_shown(t0, quiet=getattr(args, "quiet", False)):
+        return _run(args, t0)
+
+
+def _run(args: argparse.Namespace, t0: float) -> int:
     from pathlib import Path
 
     from crossknn.ce.export import checkpoint_hash, export_cross_encoder, export_dual_encoder
@@ -54,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.overwrite and out.is_dir() and any(out.iterdir()):
         # the library's message names overwrite=True; a CLI user has the flag
         raise FileExistsError(f"{out} exists and is not empty (pass --overwrite to replace it)")
-    t0 = time.perf_counter()
     src = Path(args.hf_dir)
     if not src.exists():
         raise FileNotFoundError(f"checkpoint folder not found: {src}")
@@ -94,3 +100,44 @@ def _positions(hf_dir) -> int:
 
     config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     return int(config.get("max_position_embeddings", 512))
+
+
+class _StepLines:
+    """A logging handler printing each export step with the time since the start (stderr)."""
+
+    def __init__(self, t0: float) -> None:
+        import logging
+
+        class Handler(logging.Handler):
+            def emit(self, record) -> None:
+                from crossknn.commands._common import terminal_safe
+
+                msg = terminal_safe(record.getMessage())
+                print(f"export [{time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr)
+
+        self.handler = Handler()
+
+
+def export_steps_shown(t0: float, *, quiet: bool = False):
+    """While an export runs, print its steps (loading, tracing, int8, fidelity) as they start:
+    the export takes a minute or more on a CPU and was silent."""
+    import contextlib
+    import logging
+
+    if quiet:
+        return contextlib.nullcontext()
+    logger = logging.getLogger("crossknn.ce.export.stages")
+
+    @contextlib.contextmanager
+    def shown():
+        lines = _StepLines(t0)
+        old = logger.level
+        logger.addHandler(lines.handler)
+        logger.setLevel(logging.INFO)
+        try:
+            yield
+        finally:
+            logger.removeHandler(lines.handler)
+            logger.setLevel(old)
+
+    return shown()

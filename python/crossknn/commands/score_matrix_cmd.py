@@ -1,6 +1,6 @@
 """``crossknn score-matrix DATASET_DIR OUT_DIR``: exact CE scores of chosen queries x all items.
 
-Writes the score-matrix format of shared/BENCHMARKS.md: scores.npy, query_ids.json,
+Writes the score-matrix format of docs/data.md: scores.npy, query_ids.json,
 item_ids.json, splits.json, de_queries.npy, de_items.npy, meta.json. The CE work runs as a
 resumable sharded job in ``OUT_DIR/.job`` (rerun the same command to resume; ``--ray`` to run the
 shards on a Ray cluster); the matrix files are written when every shard is done.
@@ -18,7 +18,7 @@ from crossknn.commands._common import (
     positive_int,
 )
 
-HELP = "exact CE score matrix of a BEIR folder's queries x items (BENCHMARKS.md format), resumable"
+HELP = "exact CE score matrix of a BEIR folder's queries x items (docs/data.md), resumable"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

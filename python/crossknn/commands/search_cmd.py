@@ -40,9 +40,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument(
         "--beir",
         metavar="DIR",
-        help="a BEIR folder: the queries of --split that have qrels, with their ids and qrels",
+        help="a BEIR folder (or a dataset name in $CROSSKNN_DATA: docs/data.md): the queries "
+        "of --split that have qrels, with their ids and qrels",
     )
     q.add_argument("--split", default="test", help="qrels split of --beir (default test)")
+    q.add_argument(
+        "--max-queries",
+        type=positive_int,
+        metavar="N",
+        help="only the first N queries (file order) of --beir or --queries: a quick look",
+    )
     q.add_argument(
         "--qrels",
         metavar="FILE",
@@ -102,14 +109,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _queries(args) -> tuple[list[str], list[str], dict | None]:
     """(ids, texts, qrels or None) from the arguments."""
-    from crossknn.data import load_beir, read_qrels, read_query_file
+    from crossknn.data import find_beir, load_beir, read_qrels, read_query_file
 
     ids, texts = [], []
     qrels = None
     if args.beir:
         if args.query or args.queries:
             raise ValueError("--beir brings its own queries: give no query text or --queries")
-        beir = load_beir(args.beir)
+        beir = load_beir(find_beir(args.beir))
         if args.split not in beir.qrels:
             raise ValueError(
                 f"{args.beir}: no qrels/{args.split}.tsv (splits: {sorted(beir.qrels) or 'none'})"
@@ -139,6 +146,8 @@ def _queries(args) -> tuple[list[str], list[str], dict | None]:
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"query id {dup!r} appears more than once")
+    if getattr(args, "max_queries", None) is not None:
+        ids, texts = ids[: args.max_queries], texts[: args.max_queries]
     return ids, texts, qrels
 
 

@@ -103,6 +103,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every", type=positive_int, default=50)
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        default=None,
+        help="checkpoints, mined negatives, trained weights (default OUT_DIR.train beside "
+        "OUT_DIR); removed when the model is exported unless --keep-checkpoints",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep the work folder after a successful run",
+    )
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads")
     p.add_argument("--int8", action="store_true", help="also export an int8 variant")
     p.add_argument(
@@ -158,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
         cache_dir=args.cache_dir,
         progress=not args.no_progress,
+        work_dir=args.work_dir,
+        keep_checkpoints=args.keep_checkpoints,
     )
     q = rec["queries"]
     print(

@@ -48,14 +48,41 @@ def de_order_metrics(candidates: np.ndarray, relevance) -> dict[str, float]:
 
 
 @torch.no_grad()
-def dev_metrics(model, enc, rows, relevance, candidates, device, max_tokens: int) -> dict:
+def dev_metrics(
+    model,
+    enc,
+    rows,
+    relevance,
+    candidates,
+    device,
+    max_tokens: int,
+    *,
+    progress: bool = False,
+    desc: str = "dev",
+) -> dict:
     """Rerank ``candidates`` (dev queries x N item indices) with ``model`` (in eval mode);
-    ``rows`` are the dev queries' indices in ``enc``, ``relevance`` their qrels."""
+    ``rows`` are the dev queries' indices in ``enc``, ``relevance`` their qrels. ``progress``:
+    a bar by pairs (rate, ETA). The pairs go through the same length-sorted chunks as
+    ``enc.score``, so the scores are the same bits with or without the bar."""
+    from tqdm.auto import tqdm
+
     was_training = model.training
     model.eval()
     qi = np.repeat(np.asarray(rows, np.int64), candidates.shape[1])
     ii = candidates.ravel()
-    scores = enc.score(model, qi, ii, device, max_tokens).float().cpu().numpy()
+    parts, where = [], []
+    with tqdm(total=len(qi), desc=desc, unit="pair", disable=not progress, leave=False) as bar:
+        for idx in enc.chunks(qi, ii, max_tokens):
+            parts.append(model(enc.feeds(qi[idx], ii[idx], device)))
+            where.append(idx)
+            bar.update(len(idx))
+    order = np.argsort(np.concatenate(where)) if where else np.zeros(0, np.int64)
+    if parts:
+        cat = torch.cat(parts)
+        scores = cat[torch.from_numpy(order).to(cat.device)]
+    else:
+        scores = torch.zeros(0)
+    scores = scores.float().cpu().numpy()
     model.train(was_training)
     run, qrels = _run_and_qrels(candidates, scores.reshape(candidates.shape), relevance)
     return rerank_metrics(qrels, run)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,11 +31,19 @@ log = logging.getLogger("crossknn.train")
 WORK = "train"
 
 
-def _prepare_out(out: Path, resume: bool) -> Path:
-    work = out / WORK
-    if out.exists() and any(out.iterdir()) and not (resume and work.is_dir()):
-        hint = "" if resume else " (pass --resume to continue a run in it)"
-        raise FileExistsError(f"{out} exists and is not empty{hint}")
+def default_work_dir(out: Path) -> Path:
+    """Where checkpoints go by default: beside the output folder, ``OUT_DIR.train``."""
+    return out.with_name(out.name + "." + WORK)
+
+
+def _prepare_out(out: Path, resume: bool, work: Path) -> Path:
+    """Check the output and work folders (each empty or new, unless ``resume`` finds the work
+    folder, which holds the checkpoints) and make the work folder."""
+    if not (resume and work.is_dir()):
+        for folder in (out, work):
+            if folder.exists() and any(folder.iterdir()):
+                hint = "" if resume else " (pass --resume to continue a run in it)"
+                raise FileExistsError(f"{folder} exists and is not empty{hint}")
     (work / "hf").mkdir(parents=True, exist_ok=True)
     return work
 
@@ -98,13 +107,19 @@ def train_cross_encoder(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     on_step: Callable[[int, float], None] | None = None,
+    work_dir: str | os.PathLike | None = None,
+    keep_checkpoints: bool = False,
 ) -> dict:
     """Train, select on dev, export; returns the ``training.json`` record.
 
     ``base``: a Hugging Face encoder folder (default: the embedded all-MiniLM-L6-v2 weights);
     ``de``: an exported dual-encoder folder that mines the hard negatives (default: the embedded
     minilm-l6-de); ``teacher``: a score-matrix or CE folder (the distill loss);
-    ``on_step(step, loss)`` is called after every optimizer step (tests use it to interrupt).
+    ``on_step(step, loss)`` is called after every optimizer step (tests use it to interrupt);
+    ``work_dir``: the checkpoints, mined negatives and the trained Hugging Face weights (default
+    ``OUT_DIR.train`` beside the output), removed when the run ends with its model exported
+    unless ``keep_checkpoints`` (an interrupted run, or one stopped on its time budget, keeps
+    it, for ``resume``).
     """
     import torch
 
@@ -138,7 +153,7 @@ def train_cross_encoder(
             f"{len(pool)} items are too few for groups of {cfg.group_size} (a query has "
             f"{most_pos} positives)"
         )
-    work = _prepare_out(out, resume)
+    work = _prepare_out(out, resume, Path(work_dir) if work_dir else default_work_dir(out))
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -200,7 +215,15 @@ def train_cross_encoder(
             return
         with amp():
             m = dev_metrics(
-                model, enc, dev_rows, dev_ex.relevance, dev_cand, device, cfg.max_tokens
+                model,
+                enc,
+                dev_rows,
+                dev_ex.relevance,
+                dev_cand,
+                device,
+                cfg.max_tokens,
+                progress=progress,
+                desc=f"dev at step {at}",
             )
         recent = st["losses"][-cfg.eval_every :]
         row = {"step": at, "train_loss": float(np.mean(recent)) if recent else None, **m}
@@ -211,14 +234,30 @@ def train_cross_encoder(
         else:
             st["bad_evals"] += 1
         log.info("dev at step %d: nDCG@10 %.4f RR@10 %.4f", at, m["ndcg@10"], m["rr@10"])
+        if progress:  # the dev curve as training goes
+            from tqdm.auto import tqdm as _tqdm
 
+            best = " (best)" if st["best_step"] == at else ""
+            _tqdm.write(
+                f"dev at step {at}: nDCG@10 {m['ndcg@10']:.4f}  RR@10 {m['rr@10']:.4f}{best}"
+            )
+
+    # the time budget counts from here: the step-0 dev evaluation is inside it
+    t_start = time.perf_counter() - st["train_s"]
     if step == 0 and not st["curve"]:
         evaluate(0)
+        st["train_s"] = time.perf_counter() - t_start
+        if cfg.max_minutes is not None and st["train_s"] >= 60 * cfg.max_minutes:
+            st["stopped"] = (
+                f"{_TIME_STOP} {cfg.max_minutes} min (spent by the step-0 dev evaluation)"
+            )
+            save_checkpoint(
+                work, model=model, optimizer=optimizer, scheduler=scheduler, step=step, state=st
+            )
 
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total, initial=step, desc=f"train-ce {cfg.kind}", disable=not progress)
-    t_start = time.perf_counter() - st["train_s"]
     per_q = cfg.group_size
     while step < total and st["stopped"] is None:
         rows = plan.queries(step)
@@ -264,7 +303,7 @@ def train_cross_encoder(
         if on_step is not None:
             on_step(step, step_loss)
     bar.close()
-    return _finish(
+    record = _finish(
         work,
         out,
         base,
@@ -282,6 +321,11 @@ def train_cross_encoder(
         # the DE's own order of the same dev candidates: what the CE has to beat
         de_order_metrics(dev_cand, dev_ex.relevance) if len(dev_ex) else None,
     )
+    # the model is exported: the checkpoints are no longer needed, unless kept or the run
+    # stopped on its time budget (a resume with a larger one goes on from them)
+    if not keep_checkpoints and not (st["stopped"] or "").startswith(_TIME_STOP):
+        shutil.rmtree(work, ignore_errors=True)
+    return record
 
 
 def _finish(
