@@ -381,5 +381,6 @@ def test_train_ce_refuses_a_qrels_line_without_its_score(tmp_path, capsys):
     tsv = ds / "qrels" / "train.tsv"
     tsv.write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td1\nq2\td2\t1\n\n")
     line = _one_line_error(capsys, ["train-ce", str(ds), str(tmp_path / "out")])
-    assert f"{tsv}:3: expected 'query-id<TAB>corpus-id<TAB>score'" in line
+    assert f"{tsv}:3: expected 3 tab-separated columns (query-id, corpus-id, score)" in line
+    assert line.endswith("got 2")
     assert not (tmp_path / "out").exists()
