@@ -1,0 +1,198 @@
+"""Host-side cost of one CE call: one search round's 20 pairs, CPU provider, before vs after.
+
+A round of a search scores one query against ``--pairs`` items (20: a budget of 100 in 5 rounds)
+through ``OnnxCrossEncoder.score``. Its time is split, per call, into
+
+- ``session_ms``: ``InferenceSession.run`` itself (the CE's own work);
+- ``bind_copy_ms``: the rest of the session wrapper: picking the feeds, IO binding where used,
+  the copy of the scores back;
+- ``prep_ms``: everything before and after it: the query's cached ids, ``longest_first``
+  truncation, length sort and batches, the padded input arrays, the output array;
+- ``host_ms`` = total - session: what the CE call costs beyond the CE (goal <= 0.3 ms).
+
+``before``: the row-by-row pair assembly (``crossknn.ce.tokenize.assemble_pairs``, one Python
+iteration per pair); ``after``: the bulk numpy assembly (``crossknn.ce.feeds.pair_feeds``), the
+runtime's default. Both on the same scorer, the same calls, interleaved (the machine is shared),
+medians over ``--calls`` calls each. With ``--search Q`` also Q queries of ``Searcher.search``
+(budget 100) over an index of the first ``--items`` SciFact abstracts, before/after interleaved:
+CPU-provider search must be unchanged or faster.
+
+    nice -n 5 .venv/bin/python bench/ce_host_bench.py [--calls 400] [--search 20]
+
+Prints a table and writes bench/results/ce_host_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import RESULTS, SHARED, machine, utc_now, write_json
+from crossknn.ce import default_cross_encoder, default_dual_encoder
+from crossknn.ce.feeds import pair_feeds
+from crossknn.ce.tokenize import assemble_pairs
+
+VARIANTS = {"before": staticmethod(assemble_pairs), "after": staticmethod(pair_feeds)}
+
+
+class Timed:
+    """Wraps a scorer's session: ``inner`` = InferenceSession.run, ``outer`` = _Session.run."""
+
+    def __init__(self, ce) -> None:
+        self.ce, self.inner, self.outer = ce, 0.0, 0.0
+        sess = ce._s
+        real_outer, real_inner = sess.run, sess.session.run
+
+        def inner(*a, **k):
+            t = time.perf_counter()
+            try:
+                return real_inner(*a, **k)
+            finally:
+                self.inner += time.perf_counter() - t
+
+        def outer(feeds):
+            t = time.perf_counter()
+            try:
+                return real_outer(feeds)
+            finally:
+                self.outer += time.perf_counter() - t
+
+        sess.session.run = inner
+        sess.run = outer
+
+    def call(self, fn) -> dict:
+        self.inner = self.outer = 0.0
+        t = time.perf_counter()
+        fn()
+        total = time.perf_counter() - t
+        return {
+            "total_ms": total * 1e3,
+            "session_ms": self.inner * 1e3,
+            "bind_copy_ms": (self.outer - self.inner) * 1e3,
+            "prep_ms": (total - self.outer) * 1e3,
+            "host_ms": (total - self.inner) * 1e3,
+        }
+
+
+def medians(rows: list[dict]) -> dict:
+    return {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
+
+
+def scifact(n_items: int, n_queries: int):
+    root = SHARED / "data" / "scifact"
+    items, queries = [], []
+    with (root / "corpus.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            items.append(f"{rec.get('title') or ''} {rec.get('text') or ''}".strip())
+            if len(items) >= n_items:
+                break
+    with (root / "queries.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            queries.append(json.loads(line)["text"])
+            if len(queries) >= n_queries:
+                break
+    return items, queries
+
+
+def ce_calls(ce, timed: Timed, queries, n_items: int, pairs: int, calls: int, seed: int):
+    rng = np.random.default_rng(seed)
+    plan = [
+        (queries[i % len(queries)], rng.choice(n_items, pairs, replace=False)) for i in range(calls)
+    ]
+    for q, _ in plan:  # the queries' ids cached first, as after a search's first round
+        ce.score(q, np.arange(1))
+    rows = {v: [] for v in VARIANTS}
+    for q, items in plan:
+        for name, fn in VARIANTS.items():  # interleaved: the same load on both
+            ce._pair_feeds = fn
+            rows[name].append(timed.call(lambda q=q, items=items: ce.score(q, items)))
+    ce._pair_feeds = VARIANTS["after"]
+    return {name: medians(r) for name, r in rows.items()}
+
+
+def search_rows(ce, items, queries, n_queries: int, threads: int) -> dict:
+    from crossknn import Searcher
+    from crossknn.corpus_index import build_corpus_index
+    from crossknn.data import Corpus
+
+    de = default_dual_encoder(threads=threads)
+    corpus = Corpus(ids=[str(i) for i in range(len(items))], texts=list(items))
+    with tempfile.TemporaryDirectory() as tmp:
+        build_corpus_index(corpus, Path(tmp) / "idx", ce=ce, de=de, progress=False)
+        s = Searcher(Path(tmp) / "idx", ce=ce, de=de)
+        qs = queries[:n_queries]
+        s.search(qs[:2], k=10, budget=100)  # warm: query vectors, caches
+        per = {v: [] for v in VARIANTS}
+        hits = {}
+        for q in qs:
+            for name, fn in VARIANTS.items():
+                ce._pair_feeds = fn
+                t = time.perf_counter()
+                h = s.search([q], k=10, budget=100)[0]
+                per[name].append((time.perf_counter() - t) * 1e3)
+                hits.setdefault(name, []).append(list(h.ids))
+        ce._pair_feeds = VARIANTS["after"]
+    return {
+        name: {
+            "queries": len(v),
+            "p50_ms": round(statistics.median(v), 3),
+            "mean_ms": round(statistics.fmean(v), 3),
+        }
+        for name, v in per.items()
+    } | {"same_results": hits["before"] == hits["after"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=20, help="pairs per CE call (default 20)")
+    ap.add_argument("--calls", type=int, default=400, help="calls per variant (default 400)")
+    ap.add_argument("--items", type=int, default=1000, help="SciFact abstracts (default 1000)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--search", type=int, default=0, metavar="Q", help="also Q searches")
+    ap.add_argument("--out", default=str(RESULTS / "ce_host_bench.json"))
+    args = ap.parse_args()
+
+    items, queries = scifact(args.items, 300)
+    ce = default_cross_encoder(items=items, threads=args.threads, provider="cpu")
+    timed = Timed(ce)
+    rows = ce_calls(ce, timed, queries, len(items), args.pairs, args.calls, seed=0)
+    doc = {
+        "bench": "ce_host_bench",
+        "when": utc_now(),
+        "command": "bench/ce_host_bench.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+        "machine": machine("onnxruntime"),
+        "provider": ce.provider,
+        "pairs": args.pairs,
+        "calls": args.calls,
+        "ce_call": rows,
+        "goal_host_ms": 0.3,
+    }
+    print(f"one CE call of {args.pairs} pairs, CPU provider, medians over {args.calls} calls (ms)")
+    print(f"{'':8}{'total':>9}{'session':>9}{'bind+copy':>11}{'prep':>8}{'host':>8}")
+    for name, r in rows.items():
+        print(
+            f"{name:8}{r['total_ms']:9.3f}{r['session_ms']:9.3f}{r['bind_copy_ms']:11.3f}"
+            f"{r['prep_ms']:8.3f}{r['host_ms']:8.3f}"
+        )
+    if args.search:
+        doc["search"] = search_rows(ce, items, queries, args.search, args.threads)
+        sr = doc["search"]
+        before, after = sr["before"]["p50_ms"], sr["after"]["p50_ms"]
+        print(
+            f"search (budget 100, {args.search} queries, {len(items)} items): before p50 "
+            f"{before:.1f} ms, after p50 {after:.1f} ms, same results: {sr['same_results']}"
+        )
+    write_json(args.out, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
