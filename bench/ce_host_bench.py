@@ -10,6 +10,9 @@ through ``OnnxCrossEncoder.score``. Its time is split, per call, into
   truncation, length sort and batches, the padded input arrays, the output array;
 - ``host_ms`` = total - session: what the CE call costs beyond the CE (goal <= 0.3 ms).
 
+Also the padded inputs of one batch alone at 10..512 pairs (a GPU round or a merged serve
+batch is one session run of up to 512 pairs), before vs after.
+
 ``before``: the row-by-row pair assembly (``crossknn.ce.tokenize.assemble_pairs``, one Python
 iteration per pair); ``after``: the bulk numpy assembly (``crossknn.ce.feeds.pair_feeds``), the
 runtime's default. Both on the same scorer, the same calls, interleaved (the machine is shared),
@@ -117,6 +120,35 @@ def ce_calls(ce, timed: Timed, queries, n_items: int, pairs: int, calls: int, se
     return {name: medians(r) for name, r in rows.items()}
 
 
+def assembly_rows(ce, queries, n_items: int, sizes, reps: int, seed: int) -> list[dict]:
+    """The padded inputs of one batch alone, before vs after, at the batch sizes of a CPU round
+    (a 20-pair call is cut into batches of at most 16) and of GPU calls (one session run per
+    round, up to 512 pairs; merged serve batches): median microseconds over ``reps``."""
+    from crossknn.ce.tokenize import longest_first
+
+    rng = np.random.default_rng(seed)
+    store, room, tpl = ce._items, ce._room, ce._tpl
+    rows = []
+    for n in sizes:
+        A = ce._query_store(queries[0])
+        ia = np.zeros(n, dtype=np.int64)
+        ib = rng.choice(n_items, n, replace=n > n_items)
+        ta, tb = longest_first(A.lengths[ia], store.lengths[ib], room)
+        row = {"pairs": n}
+        for _ in range(2):  # interleaved rounds
+            for name, fn in VARIANTS.items():
+                times = []
+                for _ in range(reps):
+                    t = time.perf_counter()
+                    fn(tpl, ce._plan.pad_id, A, ia, ta, store, ib, tb)
+                    times.append(time.perf_counter() - t)
+                key = f"{name}_us"
+                row[key] = min(row.get(key, 1e18), round(statistics.median(times) * 1e6, 1))
+        row["speedup"] = round(row["before_us"] / row["after_us"], 2)
+        rows.append(row)
+    return rows
+
+
 def search_rows(ce, items, queries, n_queries: int, threads: int) -> dict:
     from crossknn import Searcher
     from crossknn.corpus_index import build_corpus_index
@@ -163,6 +195,7 @@ def main() -> int:
     ce = default_cross_encoder(items=items, threads=args.threads, provider="cpu")
     timed = Timed(ce)
     rows = ce_calls(ce, timed, queries, len(items), args.pairs, args.calls, seed=0)
+    asm = assembly_rows(ce, queries, len(items), (10, 16, 20, 64, 256, 512), 100, seed=1)
     doc = {
         "bench": "ce_host_bench",
         "when": utc_now(),
@@ -174,6 +207,7 @@ def main() -> int:
         "calls": args.calls,
         "ce_call": rows,
         "goal_host_ms": 0.3,
+        "assembly": asm,
     }
     print(f"one CE call of {args.pairs} pairs, CPU provider, medians over {args.calls} calls (ms)")
     print(f"{'':8}{'total':>9}{'session':>9}{'bind+copy':>11}{'prep':>8}{'host':>8}")
@@ -181,6 +215,11 @@ def main() -> int:
         print(
             f"{name:8}{r['total_ms']:9.3f}{r['session_ms']:9.3f}{r['bind_copy_ms']:11.3f}"
             f"{r['prep_ms']:8.3f}{r['host_ms']:8.3f}"
+        )
+    print("one batch's padded inputs alone (one query, median us): before / after")
+    for r in asm:
+        print(
+            f"  {r['pairs']:>4} pairs: {r['before_us']:9.1f} {r['after_us']:9.1f}  x{r['speedup']}"
         )
     if args.search:
         doc["search"] = search_rows(ce, items, queries, args.search, args.threads)

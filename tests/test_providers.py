@@ -228,6 +228,9 @@ def test_cuda_fp16_graph_is_made_once_and_cached(tiny_joint, fake_cuda, monkeypa
     )
     assert (ce.provider, ce.precision, ce.variant) == (CUDA, "fp16", "fp32")
     assert ce.model_hash == ref.model_hash  # the model is the fp32 graph
+    from crossknn.ce.folders import model_record
+
+    assert model_record(ce)["precision"] == "fp32"  # what an index records: reopens on a CPU
     made = list(tiny_joint.glob("model.fp16-*.onnx"))
     assert len(made) == 1 and fake_cuda[-1][0] == made[0].name and len(calls) == 1
     # the fp16 graph runs (here on the CPU provider) and scores like fp32
@@ -298,10 +301,14 @@ def test_bulk_feeds_equal_the_row_by_row_reference():
         for room in (60 - tpl.n_special, 125):
             A, B = IdStore(plan.encode(queries), room), IdStore(plan.encode(texts), room)
             for n in (1, 2, 7, 20, 64):
-                ia, ib = rng.integers(0, len(A), n), rng.integers(0, len(B), n)
-                ta, tb = longest_first(A.lengths[ia], B.lengths[ib], room)
-                ref = assemble_pairs(tpl, pad, A, ia, ta, B, ib, tb)
-                _check_same(ref, pair_feeds(tpl, pad, A, ia, ta, B, ib, tb))
+                for one_query in (False, True):  # a search round: one query, many items
+                    ia = rng.integers(0, len(A), 1 if one_query else n).repeat(
+                        n if one_query else 1
+                    )
+                    ib = rng.integers(0, len(B), n)
+                    ta, tb = longest_first(A.lengths[ia], B.lengths[ib], room)
+                    ref = assemble_pairs(tpl, pad, A, ia, ta, B, ib, tb)
+                    _check_same(ref, pair_feeds(tpl, pad, A, ia, ta, B, ib, tb))
     single = plan.single
     B = IdStore(plan.encode(texts), 50)
     for n in (1, 9, 42):
@@ -311,3 +318,62 @@ def test_bulk_feeds_equal_the_row_by_row_reference():
             assemble_single(single, plan.pad_id, B, ib, kept),
             single_feeds(single, plan.pad_id, B, ib, kept),
         )
+
+
+# -- the command line: --precision fp16, --de-precision, --max-batch-tokens -----------------
+def _parse(*argv):
+    from crossknn.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_model_arguments_on_every_command():
+    from crossknn.commands._common import model_options
+
+    for cmd in (["build", "c", "i"], ["search", "i", "q"], ["rank", "q", "--corpus", "c"]):
+        args = _parse(
+            *cmd, "--precision", "fp16", "--provider", "cuda", "--max-batch-tokens", "8192"
+        )
+        assert (args.precision, args.provider) == ("fp16", "cuda")
+        assert model_options(args)["max_batch_tokens"] == 8192
+    assert _parse("build", "c", "i").de_precision == "fp32"  # the DE's own, default fp32
+    assert _parse("build", "c", "i", "--precision", "int8").de_precision == "fp32"
+    assert _parse("search", "i", "q").de_precision is None  # search: the index's
+    sm = _parse("score-matrix", "d", "o", "--precision", "fp16", "--de-precision", "int8")
+    assert (sm.precision, sm.de_precision) == ("fp16", "int8")
+    with pytest.raises(SystemExit):
+        _parse("build", "c", "i", "--max-batch-tokens", "0")
+
+
+def test_serve_takes_the_shared_runtime_options():
+    from crossknn.commands.serve_cmd import config_from_args
+    from crossknn.serve.service import ServeConfig
+
+    args = _parse("serve", "idx", "--provider", "cpu", "--threads", "2")
+    c = config_from_args(args)
+    assert (c.provider, c.threads, c.precision) == ("cpu", 2, None)
+    args = _parse("serve", "idx", "--max-batch-tokens", "4096")
+    if "max_batch_tokens" in ServeConfig.__dataclass_fields__:
+        assert config_from_args(args).max_batch_tokens == 4096
+    else:  # refused in one line, never silently dropped
+        with pytest.raises(ValueError, match="--max-batch-tokens is not supported"):
+            config_from_args(args)
+
+
+class _Index:
+    path = "idx"
+
+    def __init__(self, ce: str, de: str) -> None:
+        self.model_records = {"ce": {"precision": ce}, "de": {"precision": de}}
+
+
+def test_index_models_take_fp16_over_fp32_and_refuse_other_precisions():
+    from crossknn.ce.folders import open_index_models
+    from crossknn.index.files import ModelMismatchError
+
+    with pytest.raises(ModelMismatchError, match=r"CE precision 'fp32'.*'int8'.*--precision"):
+        open_index_models(_Index("fp32", "fp32"), precision="int8")
+    with pytest.raises(ModelMismatchError, match=r"DE precision 'int8'.*'fp32'.*--de-precision"):
+        open_index_models(_Index("fp32", "int8"), de_precision="fp32")
+    with pytest.raises(ModelMismatchError, match=r"CE precision 'int8'.*'fp16'"):
+        open_index_models(_Index("int8", "fp32"), precision="fp16")

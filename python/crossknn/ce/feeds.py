@@ -29,6 +29,9 @@ def _gather(store: IdStore, rows: np.ndarray, start, cols: np.ndarray, inside: n
 
 def _place(out: np.ndarray, rows: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
     """Write the template tokens ``values`` at column ``at[r] + j`` of each row ``r``."""
+    if len(values) == 1:
+        out[rows, at] = values[0]
+        return
     for j, v in enumerate(values.tolist()):
         out[rows, at + j] = v
 
@@ -44,6 +47,8 @@ def pair_feeds(t, pad_id: int, A: IdStore, ia, ta, B: IdStore, ib, tb) -> dict[s
     n = len(ia)
     p, mid = len(t.prefix), len(t.mid)
     lengths = ta + tb + t.n_special
+    if n and (ia == ia[0]).all() and (ta == ta[0]).all():
+        return _one_query(t, pad_id, A, int(ia[0]), int(ta[0]), B, ib, tb, lengths)
     cols = np.arange(int(lengths.max()), dtype=np.int64)
     a_end = ta + p  # first segment: [p, a_end)
     b_start = a_end + mid  # second segment: [b_start, b_end)
@@ -68,6 +73,41 @@ def pair_feeds(t, pad_id: int, A: IdStore, ia, ta, B: IdStore, ib, tb) -> dict[s
     _place(types, rows, a_end, t.type_mid)
     _place(ids, rows, b_end, t.suffix)
     _place(types, rows, b_end, t.type_suffix)
+    if pad_id != 0:
+        ids[mask == 0] = pad_id
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "pool_mask": pool}
+
+
+def _one_query(t, pad_id: int, A: IdStore, qa: int, na: int, B: IdStore, ib, tb, lengths):
+    """:func:`pair_feeds` where every pair has the same first segment (one query kept to the
+    same length: a search round): that segment is one broadcast copy, the second starts at the
+    same column in every row."""
+    p, mid = len(t.prefix), len(t.mid)
+    b0 = p + na + mid  # where the second segment starts
+    width = int(lengths.max())
+    ids = np.zeros((len(ib), width), dtype=np.int64)
+    types = np.zeros_like(ids)
+    pool = np.zeros_like(ids)
+    ids[:, :p] = t.prefix
+    types[:, :p] = t.type_prefix
+    ids[:, p : p + na] = A.get(qa, na)
+    types[:, p : p + na] = t.type_a
+    pool[:, p : p + na] = 1
+    ids[:, p + na : b0] = t.mid
+    types[:, p + na : b0] = t.type_mid
+    wb = width - b0
+    cols = np.arange(wb, dtype=np.int64)
+    in_b = np.less(cols, tb[:, None])
+    if B.flat.size:
+        src = B.offsets[ib][:, None] + cols
+        ids[:, b0:] = B.flat.take(src, mode="clip") * in_b
+    types[:, b0:] = in_b * t.type_b
+    pool[:, b0:] = in_b * 2
+    rows = np.arange(len(ib))
+    b_end = tb + b0
+    _place(ids, rows, b_end, t.suffix)
+    _place(types, rows, b_end, t.type_suffix)
+    mask = np.less(np.arange(width), lengths[:, None]).astype(np.int64)
     if pad_id != 0:
         ids[mask == 0] = pad_id
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "pool_mask": pool}

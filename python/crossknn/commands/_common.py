@@ -93,12 +93,14 @@ def add_model_arguments(
     batch_size: bool = True,
     verbose: bool = False,
     models: bool = True,
+    batch_tokens: bool = True,
 ) -> None:
     """The model options, with the same names and meaning on every command: ``--model``,
     ``--de-model``, ``--precision`` (the CE's), ``--de-precision``, ``--provider``,
     ``--threads``, ``--batch-size``, ``--max-batch-tokens`` (and ``--verbose``: print a quantized
     CE's recorded fidelity, :func:`fidelity_line`). ``models=False`` leaves out ``--model`` and
-    ``--de-model`` (a command that declares its own)."""
+    ``--de-model`` (a command that declares its own), ``batch_tokens=False`` ``--max-batch-tokens``
+    (a command whose scorers do not take it)."""
     from crossknn.ce.folders import RUN_PRECISIONS
     from crossknn.ce.runtime import PROVIDERS
 
@@ -163,6 +165,8 @@ def add_model_arguments(
             metavar="N",
             help="CE pairs per session run at most (default 16 on the CPU, 512 on a GPU)",
         )
+    if not batch_tokens:
+        return
     g.add_argument(
         "--max-batch-tokens",
         type=positive_int,
