@@ -8,7 +8,9 @@ through ``OnnxCrossEncoder.score``. Its time is split, per call, into
   the copy of the scores back;
 - ``prep_ms``: everything before and after it: the query's cached ids, ``longest_first``
   truncation, length sort and batches, the padded input arrays, the output array;
-- ``host_ms`` = total - session: what the CE call costs beyond the CE (goal <= 0.3 ms).
+- ``host_ms`` = total - session: what the CE call costs beyond the CE (goal <= 0.3 ms);
+  ``host_only_session_noop``: the same calls with the session replaced by a no-op (the host
+  cost without the cache and scheduling effects of a real session run next to it).
 
 Also the padded inputs of one batch alone at 10..512 pairs (a GPU round or a merged serve
 batch is one session run of up to 512 pairs), before vs after.
@@ -120,6 +122,35 @@ def ce_calls(ce, timed: Timed, queries, n_items: int, pairs: int, calls: int, se
     return {name: medians(r) for name, r in rows.items()}
 
 
+def stub_rows(ce, queries, n_items: int, pairs: int, calls: int, seed: int) -> dict:
+    """The same calls with ``InferenceSession.run`` replaced by a no-op returning zeros: the host
+    cost alone, free of the cache and scheduler effects of a real session run next to it."""
+    sess = ce._s.session
+    real = sess.run
+
+    def noop(names, feeds, *a, **k):
+        return [np.zeros(len(feeds["input_ids"]), dtype=np.float32)]
+
+    sess.run = noop
+    try:
+        rng = np.random.default_rng(seed)
+        plan = [
+            (queries[i % len(queries)], rng.choice(n_items, pairs, replace=False))
+            for i in range(calls)
+        ]
+        rows = {v: [] for v in VARIANTS}
+        for q, items in plan:
+            for name, fn in VARIANTS.items():
+                ce._pair_feeds = fn
+                t = time.perf_counter()
+                ce.score(q, items)
+                rows[name].append((time.perf_counter() - t) * 1e3)
+    finally:
+        sess.run = real
+        ce._pair_feeds = VARIANTS["after"]
+    return {name: {"host_ms": round(statistics.median(v), 4)} for name, v in rows.items()}
+
+
 def assembly_rows(ce, queries, n_items: int, sizes, reps: int, seed: int) -> list[dict]:
     """The padded inputs of one batch alone, before vs after, at the batch sizes of a CPU round
     (a 20-pair call is cut into batches of at most 16) and of GPU calls (one session run per
@@ -195,6 +226,7 @@ def main() -> int:
     ce = default_cross_encoder(items=items, threads=args.threads, provider="cpu")
     timed = Timed(ce)
     rows = ce_calls(ce, timed, queries, len(items), args.pairs, args.calls, seed=0)
+    stub = stub_rows(ce, queries, len(items), args.pairs, max(args.calls, 2000), seed=2)
     asm = assembly_rows(ce, queries, len(items), (10, 16, 20, 64, 256, 512), 100, seed=1)
     doc = {
         "bench": "ce_host_bench",
@@ -207,6 +239,7 @@ def main() -> int:
         "calls": args.calls,
         "ce_call": rows,
         "goal_host_ms": 0.3,
+        "host_only_session_noop": stub,
         "assembly": asm,
     }
     print(f"one CE call of {args.pairs} pairs, CPU provider, medians over {args.calls} calls (ms)")
@@ -216,6 +249,10 @@ def main() -> int:
             f"{name:8}{r['total_ms']:9.3f}{r['session_ms']:9.3f}{r['bind_copy_ms']:11.3f}"
             f"{r['prep_ms']:8.3f}{r['host_ms']:8.3f}"
         )
+    print(
+        f"host cost alone (session replaced by a no-op, median of {max(args.calls, 2000)} calls): "
+        f"before {stub['before']['host_ms']:.3f} ms, after {stub['after']['host_ms']:.3f} ms"
+    )
     print("one batch's padded inputs alone (one query, median us): before / after")
     for r in asm:
         print(

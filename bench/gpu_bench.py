@@ -592,8 +592,12 @@ def main() -> int:
     args.level_seconds = 6.0 if quick else 10.0
     args.search_seconds = 15.0 if quick else 25.0
     name = gpu_name()
-    import onnxruntime as ort
+    try:
+        import onnxruntime as ort
 
+        ort_providers = ort.get_available_providers()
+    except Exception as exc:  # recorded in the JSON: the setup below fails and says so
+        ort_providers = f"onnxruntime does not import: {type(exc).__name__}: {exc}"
     rep = Report(
         out,
         {
@@ -602,7 +606,7 @@ def main() -> int:
             "device": name or f"cpu: {platform.processor() or platform.machine()}",
             "nvidia_smi": name,
             "machine": machine("onnxruntime", "onnxruntime-gpu", "torch", "transformers", "onnx"),
-            "ort_providers": ort.get_available_providers(),
+            "ort_providers": ort_providers,
             "commands": [shlex.join([sys.executable, *sys.argv])],
             "setup_commands": os.environ.get("GPU_BENCH_SETUP", "").splitlines(),
             "settings": {"quick": quick, "max_seconds": args.max_seconds, "data": str(args.data)},

@@ -5,15 +5,17 @@
 #
 #   BUNDLE=/path/to/parts OUT=/path/to/results bash bench/gpu_run.sh
 #
-# BUNDLE   the folder holding the parts (unpacked here if BUNDLE/site is missing)
+# BUNDLE   the folder holding the parts, their files side by side or in part1/ ... partN/
+#          subfolders (default .gpu); unpacked here if BUNDLE/site is missing
 # OUT      where gpu_bench.json, the logs and nvidia-smi's report are copied (default
 #          bench/results)
 # DATA     a BEIR folder (default: the first of shared/data/scifact, ../shared/data/scifact,
-#          $CROSSKNN_DATA/scifact; without one the bench records the error and stops)
+#          $CROSSKNN_DATA/scifact, else scifact/ of BUNDLE/data/beir.tar.xz extracted to /tmp;
+#          without one the bench records the error and stops)
 # MAX_SECONDS  the bench's global deadline (default 270); the export of the embedded models
 #          (first use, about a minute) and the install happen before it starts
 set -uo pipefail
-BUNDLE=$(cd "${BUNDLE:?set BUNDLE to the folder with the gpu-bundle parts}" && pwd)
+BUNDLE=$(cd "${BUNDLE:-.gpu}" && pwd) || { echo "! set BUNDLE to the folder with the gpu-bundle parts" >&2; exit 2; }
 OUT=${OUT:-bench/results}
 MAX_SECONDS=${MAX_SECONDS:-270}
 PY=${PYTHON:-python3}
@@ -30,8 +32,15 @@ run() {  # print, record, run; a failing step is reported and the run goes on
 }
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "! nvidia-smi failed (no GPU?)" >&2
-[ -d "$BUNDLE/site" ] || run bash "$BUNDLE/unpack.sh" "$BUNDLE"
-export PYTHONPATH="$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
+S=$BUNDLE
+if [ ! -d "$S/site" ] && [ ! -f "$S/unpack.sh" ] && ls -d "$S"/part*/ >/dev/null 2>&1; then
+  S=$BUNDLE/all  # unpack.sh wants every part's files in one folder
+  if [ ! -d "$S/site" ]; then
+    run mkdir -p "$S" && { cp -ln "$BUNDLE"/part*/* "$S"/ 2>/dev/null || run cp -n "$BUNDLE"/part*/* "$S"/; }
+  fi
+fi
+[ -d "$S/site" ] || run bash "$S/unpack.sh" "$S" || exit 1
+export PYTHONPATH="$S/site${PYTHONPATH:+:$PYTHONPATH}"
 SETUP+="export PYTHONPATH=$PYTHONPATH"$'\n'
 
 # onnxruntime-gpu from the bundle, its CUDA provider visible
@@ -52,6 +61,10 @@ if [ -z "${DATA:-}" ]; then
   for d in shared/data/scifact ../shared/data/scifact "${CROSSKNN_DATA:-/nonexistent}/scifact"; do
     if [ -f "$d/corpus.jsonl" ]; then DATA=$d; break; fi
   done
+fi
+if [ -z "${DATA:-}" ] && [ -f "$BUNDLE/data/beir.tar.xz" ]; then
+  run mkdir -p /tmp/gpu-data && run tar -C /tmp/gpu-data -xJf "$BUNDLE/data/beir.tar.xz" scifact \
+    && DATA=/tmp/gpu-data/scifact
 fi
 echo "data: ${DATA:-none found}" >&2
 
