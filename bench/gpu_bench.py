@@ -578,7 +578,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="folder for the index and logs")
     args = ap.parse_args()
     dl = Deadline(args.max_seconds)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("crossknn.ce").setLevel(logging.INFO)  # provider choice, fp16 graph
     cpu = args.provider == "cpu"
     if not cpu:
