@@ -9,7 +9,8 @@ recorded as skipped):
    that many pairs): ``{device, provider, precision, batch, pairs_per_s,
    top10_agreement_vs_fp32}`` (the top-10 of each query's candidates against fp32 on the same
    provider), also ``score_pairs_per_s`` (the same pairs through the item token cache,
-   ``score_batch``) and ``max_abs_diff_vs_fp32``.
+   ``score_batch``) and ``max_abs_diff_vs_fp32``; ``round`` rows: one search round's 20-pair
+   call (``score``) at the provider's default batching, median ms, IO binding on and off.
 2. ``torch``: the same model in PyTorch eager mode (``crossknn.ce.graphs.JointCE`` over the
    transformers checkpoint: what a user would otherwise write), length-sorted batches of 256,
    fp32 and fp16 on CUDA: the same row fields, ``provider: "torch-eager"``.
@@ -165,6 +166,7 @@ def ce_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
         except Exception as exc:
             rep.note("errors", "ce", f"{precision}: {type(exc).__name__}: {exc}")
             continue
+        ctx["default_batch"] = (ce.batch_size, ce.max_batch_tokens)
         ce.predict(pairs[: min(len(pairs), 64)])  # warm up: first run, kernels, the fp16 file
         for batch in ctx["batches"]:
             if dl.left() < 10:
@@ -201,7 +203,42 @@ def ce_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
             )
         if precision == "fp32":
             ctx["ce_ref"] = ref.get("fp32")
+        if dl.left() > 15:
+            round_rows(rep, ctx, ce, queries, cand, args)
+        else:
+            rep.note("skipped", "round", f"{precision}: deadline")
         del ce
+
+
+def round_rows(rep: Report, ctx: dict, ce, queries, cand, args) -> None:
+    """One search round's CE call (20 pairs of one query, the default batching of the
+    provider): median latency over 100 calls (quick: 3), with IO binding on and off."""
+    ce.batch_size, ce.max_batch_tokens = ctx["default_batch"]
+    calls, warm = (3, 1) if args.quick else (100, 3)
+    for binding in (True, False) if ctx["gpu"] else (False,):
+        ce._s.io_binding = binding
+        times = []
+        for i in range(calls + warm):
+            q, row = queries[i % len(queries)], cand[i % len(queries)]
+            items = row[(i * 20) % len(row) :][:20]
+            t = time.perf_counter()
+            ce.score(q, items)
+            if i >= warm:  # the first calls warm up
+                times.append((time.perf_counter() - t) * 1e3)
+        rep.row(
+            "round",
+            {
+                "device": ctx["device"],
+                "provider": ce.provider,
+                "precision": ce.precision,
+                "pairs": 20,
+                "io_binding": binding,
+                "call_ms_p50": pct(times, 50),
+                "call_ms_p90": pct(times, 90),
+                "calls": len(times),
+            },
+        )
+    ce._s.io_binding = ctx["gpu"]
 
 
 # -- 2. torch eager --------------------------------------------------------------------------
@@ -545,6 +582,11 @@ def table(doc: dict) -> None:
             f"{r['provider']:28}{r['precision']:>10}{r['batch']:>7}{r['pairs_per_s']:>11.1f}"
             f"{'' if agree is None else f'{agree:.3f}':>15}"
         )
+    for r in doc.get("round", []):
+        print(
+            f"one round's 20-pair call on {r['provider']} {r['precision']}, IO binding "
+            f"{'on' if r['io_binding'] else 'off'}: p50 {r['call_ms_p50']} ms"
+        )
     print("\nsearch (ms per query)")
     print(
         f"{'mode':8}{'provider':26}{'prec':>6}{'conc':>6}{'q/s':>9}{'p50':>9}{'p99':>9}{'ce':>8}{'other':>8}"
@@ -611,6 +653,7 @@ def main() -> int:
             "setup_commands": os.environ.get("GPU_BENCH_SETUP", "").splitlines(),
             "settings": {"quick": quick, "max_seconds": args.max_seconds, "data": str(args.data)},
             "ce": [],
+            "round": [],
             "torch": [],
             "search": [],
             "serve": [],
