@@ -38,11 +38,16 @@ from crossknn.ce.manifest import read_manifest
 from crossknn.ce.tokenize import IdStore, TokenizerPlan, check_texts, longest_first
 
 __all__ = [
+    "FP16",
     "PROVIDERS",
     "OnnxCrossEncoder",
     "OnnxDualEncoder",
     "ProviderUnavailableError",
     "available_providers",
+    "check_precision",
+    "open_first",
+    "provider_candidates",
+    "tensorrt_loads",
 ]
 
 log = logging.getLogger("crossknn.ce")
