@@ -203,8 +203,9 @@ def test_bad_input(ce, cache):
         ce.score("q", np.array([0.5]))
     with pytest.raises(ValueError, match="differ in length"):
         ce.score_batch(["a", "b"], [np.array([0])])
+    assert ce.rank("q", ["a"], top_k=0) == []  # as sentence-transformers' CrossEncoder.rank
     with pytest.raises(ValueError, match="top_k"):
-        ce.rank("q", ["a"], top_k=0)
+        ce.rank("q", ["a"], top_k=-1)
     assert ce.predict([]).shape == (0,)
     assert ce.score("q", np.array([], dtype=np.int64)).shape == (0,)
     assert ce.score_batch([], []) == []
@@ -370,17 +371,25 @@ def test_runtime_needs_neither_torch_nor_transformers(cache):
     assert out.stdout.split() == ["1", "(2,)"]
 
 
-def test_cuda_fp16_without_onnx_names_the_export_extra(cache, monkeypatch):
-    # fp16 on CUDA converts the graph when the session opens: the one run-time use of onnx
+def test_cuda_fp16_without_onnx_names_the_export_extra(cache, monkeypatch, tmp_path):
+    # fp16 on CUDA converts the graph once, when no cached copy exists: the one run-time use
+    # of onnx
     import sys
 
     from crossknn.ce import runtime
 
     gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     monkeypatch.setattr(runtime, "available_providers", lambda: gpu)
+    monkeypatch.setattr(runtime, "_preload_gpu_libraries", lambda: None)
+    monkeypatch.setenv("CROSSKNN_CACHE", str(tmp_path))  # no cached fp16 copy there
+    model = ensure_model(cache_dir=cache)
+    for old in model.glob("model.fp16-*.onnx"):
+        old.unlink()
     monkeypatch.setitem(sys.modules, "onnx", None)  # importing onnx now fails
     with pytest.raises(ImportError, match="needs the onnx package.*'export' extra.*tensorrt"):
-        OnnxCrossEncoder(ensure_model(cache_dir=cache), provider="cuda", fp16=True)
+        OnnxCrossEncoder(model, provider="cuda", precision="fp16")
+    with pytest.raises(ImportError, match="needs the onnx package"):
+        OnnxCrossEncoder(model, provider="cuda", fp16=True)
 
 
 def test_fp16_conversion_keeps_io_types(cache):

@@ -226,16 +226,18 @@ def test_export_refuses_to_overwrite(tiny, tiny_export):
 
 
 def test_provider_choice_is_explicit(monkeypatch):
+    # auto: the first provider whose session opens (tests/test_providers.py has the rest)
     from crossknn.ce import runtime
 
     monkeypatch.setattr(runtime, "available_providers", lambda: ["CPUExecutionProvider"])
-    assert runtime._choose_provider("auto") == "CPUExecutionProvider"
+    monkeypatch.setattr(runtime, "tensorrt_loads", lambda: True)
+    assert runtime.provider_candidates("auto") == ["CPUExecutionProvider"]
     with pytest.raises(RuntimeError, match="TensorrtExecutionProvider.*only"):
-        runtime._choose_provider("tensorrt")
+        runtime.provider_candidates("tensorrt")
     gpu = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     monkeypatch.setattr(runtime, "available_providers", lambda: gpu)
-    assert runtime._choose_provider("auto") == "TensorrtExecutionProvider"
-    assert runtime._choose_provider("cuda") == "CUDAExecutionProvider"
-    assert runtime._choose_provider("cpu") == "CPUExecutionProvider"
+    assert runtime.provider_candidates("auto")[0] == "TensorrtExecutionProvider"
+    assert runtime.provider_candidates("cuda") == ["CUDAExecutionProvider"]
+    assert runtime.provider_candidates("cpu") == ["CPUExecutionProvider"]
     monkeypatch.setattr(runtime, "available_providers", lambda: gpu[1:])
-    assert runtime._choose_provider("auto") == "CUDAExecutionProvider"
+    assert runtime.provider_candidates("auto")[0] == "CUDAExecutionProvider"

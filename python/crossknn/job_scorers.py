@@ -21,11 +21,12 @@ def _open_ce(
     precision: str = "fp32",
     provider: str = "auto",
 ):
-    from crossknn.ce import OnnxCrossEncoder, default_cross_encoder
+    from crossknn.ce import OnnxCrossEncoder
+    from crossknn.ce.folders import open_cross_encoder
 
     opts = {"threads": threads, "batch_size": batch_size, "provider": provider}
-    if model_dir is None:
-        return default_cross_encoder(items=items, precision=precision, **opts)
+    if model_dir is None:  # the embedded CE (any run precision: fp16 runs its fp32 graph)
+        return open_cross_encoder(None, items=items, precision=precision, **opts)
     return OnnxCrossEncoder(model_dir, items=items, precision=precision, **opts)
 
 
@@ -49,7 +50,10 @@ def ce_scorer(
         return _open_ce(item_texts, threads, batch_size, model_dir, precision, provider)
     from crossknn.jobs import LazyScorer
 
-    probe = _open_ce(None, 1, batch_size, model_dir, precision, "cpu")  # identity only
+    # identity only, on the CPU (fp16 runs the fp32 graph: its identity)
+    probe = _open_ce(
+        None, 1, batch_size, model_dir, "fp32" if precision == "fp16" else precision, "cpu"
+    )
     return LazyScorer(
         _open_ce,
         item_texts,

@@ -93,6 +93,7 @@ def build_score_matrix(
     de_model: str | os.PathLike | None = None,
     precision: str = "fp32",
     provider: str = "auto",
+    de_precision: str = "fp32",
 ) -> dict:
     """Scores the chosen queries x the items of ``dataset_dir`` with the embedded CE and writes
     the folder; returns the job's stats with the matrix shape (``n_queries``, ``n_items``).
@@ -100,7 +101,8 @@ def build_score_matrix(
     ``overwrite``: replace a finished matrix of a different job in ``out_dir`` (and discard an
     unfinished job of different inputs in ``out_dir/.job``); refused otherwise. ``model`` /
     ``de_model``: a crossknn or Hugging Face folder instead of the embedded CE / DE;
-    ``precision``, ``provider``: as everywhere (:mod:`crossknn.ce.folders`)."""
+    ``precision`` (the CE's), ``de_precision``, ``provider``: as everywhere
+    (:mod:`crossknn.ce.folders`)."""
     from crossknn.ce.folders import open_dual_encoder
     from crossknn.outputs import check_output_folder
 
@@ -136,7 +138,7 @@ def build_score_matrix(
         )
     ce_ident = {"model_id": scorer.model_id, "model_hash": scorer.model_hash}
     enc = (
-        open_dual_encoder(de_model, precision=precision, threads=threads, provider=provider)
+        open_dual_encoder(de_model, precision=de_precision, threads=threads, provider=provider)
         if de
         else None
     )
@@ -190,7 +192,7 @@ def build_score_matrix(
         if enc is not None:
             vectors["de_queries"] = enc.encode(query_texts, show_progress_bar=options.progress)
             vectors["de_items"] = enc.encode(item_texts, show_progress_bar=options.progress)
-            meta["de"] = DE_DEF if de_model is None else f"{de_model} ({precision})"
+            meta["de"] = DE_DEF if de_model is None else f"{de_model} ({de_precision})"
             meta["de_model"] = de_ident
         save_score_matrix(out, scores, qids, item_ids, splits, meta, **vectors)
         if not options.keep_job:

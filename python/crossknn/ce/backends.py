@@ -69,11 +69,23 @@ def get_backend(name: str | None) -> Backend:
     return BACKENDS[name]
 
 
+def _fp16_option(precision: str, options: dict[str, Any]) -> str:
+    """The embedded default's folder variant for ``precision``: fp16 is its fp32 graph run in
+    half precision (``fp16=True``) on a GPU provider."""
+    from crossknn.ce.runtime import FP16
+
+    if precision == FP16:
+        options["fp16"] = True
+        return "fp32"
+    return precision
+
+
 def _onnx_ce(model_dir: Path | None, *, precision: str, cache_dir=None, **options: Any):
     if model_dir is None:
         # looked up on the package at call time (one place to substitute the default)
         import crossknn.ce
 
+        precision = _fp16_option(precision, options)
         return crossknn.ce.default_cross_encoder(
             precision=precision, cache_dir=cache_dir, **options
         )
@@ -86,6 +98,7 @@ def _onnx_de(model_dir: Path | None, *, precision: str, cache_dir=None, **option
     if model_dir is None:
         import crossknn.ce
 
+        precision = _fp16_option(precision, options)
         return crossknn.ce.default_dual_encoder(precision=precision, cache_dir=cache_dir, **options)
     from crossknn.ce.runtime import OnnxDualEncoder
 

@@ -15,7 +15,12 @@ the second use opens the cached export at once and a changed checkpoint gets a n
   inner products). Only mean pooling is exported: another pooling mode is an error naming it.
 
 :func:`open_cross_encoder` / :func:`open_dual_encoder` also open the embedded defaults
-(``model=None``); :func:`reopen` opens the model an index records.
+(``model=None``); :func:`reopen` opens the model an index records, :func:`open_index_models` the
+CE and DE of a search (the index's, or given folders, with the run's precision and provider).
+
+``precision`` is a variant of the model folder (:data:`PRECISIONS`: fp32 and the int8 recipes) or
+``fp16``: the fp32 variant run in half precision on a GPU provider (:data:`RUN_PRECISIONS`). An
+index records the variant, so an index built with fp16 on a GPU opens its fp32 graph on a CPU.
 """
 
 from __future__ import annotations
@@ -37,13 +42,16 @@ from crossknn.ce.models import (
     cache_root,
     cached_export,
 )
+from crossknn.ce.runtime import FP16
 
 __all__ = [
     "CE_KINDS",
+    "RUN_PRECISIONS",
     "infer_kind",
     "model_record",
     "open_cross_encoder",
     "open_dual_encoder",
+    "open_index_models",
     "reopen",
     "resolve_model",
     "st_layout",
@@ -53,6 +61,15 @@ __all__ = [
 CE_KINDS = ("cls", "emb")
 _EXPORT_KIND = {"cls": "cls", "emb": "joint"}
 _DE_MAX_LENGTH = 256
+#: ``--precision`` / ``--de-precision`` choices: the folder variants and fp16 (GPU providers)
+RUN_PRECISIONS = (*PRECISIONS, FP16)
+
+
+def _variant(precision: str) -> str:
+    """The model folder variant a run precision uses (fp16 runs the fp32 graph)."""
+    if precision not in RUN_PRECISIONS:
+        raise ValueError(f"precision must be one of {RUN_PRECISIONS}; got {precision!r}")
+    return "fp32" if precision == FP16 else precision
 
 
 def _read_json(path: Path) -> dict:
@@ -151,8 +168,7 @@ def resolve_model(
     ``"de"``; ``kind`` ("cls" | "emb") overrides the CE kind inferred from the config."""
     from crossknn.ce.export import export_cross_encoder, export_dual_encoder
 
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+    precision = _variant(precision)
     if kind is not None and kind not in CE_KINDS:
         raise ValueError(f"kind must be one of {CE_KINDS}; got {kind!r}")
     path = Path(path)
@@ -218,10 +234,11 @@ def open_cross_encoder(
     ``options`` go to the backend's scorer (``provider``, ``threads``, ``batch_size``...);
     ``None`` values mean "the default"."""
     be = get_backend(backend)
+    variant = _variant(precision)  # fp16 runs the fp32 folder variant in half precision
     be.check(precision)
     path = None
     if model is not None:
-        path = resolve_model(model, role="ce", kind=kind, precision=precision, cache_dir=cache_dir)
+        path = resolve_model(model, role="ce", kind=kind, precision=variant, cache_dir=cache_dir)
     return be.open_ce(path, precision=precision, cache_dir=cache_dir, **_options(options))
 
 
@@ -236,10 +253,11 @@ def open_dual_encoder(
     """The DE of ``model`` (a crossknn, sentence-transformers or Hugging Face folder; ``None``:
     the embedded one); ``backend`` and ``options`` as for :func:`open_cross_encoder`."""
     be = get_backend(backend)
+    variant = _variant(precision)
     be.check(precision)
     path = None
     if model is not None:
-        path = resolve_model(model, role="de", precision=precision, cache_dir=cache_dir)
+        path = resolve_model(model, role="de", precision=variant, cache_dir=cache_dir)
     return be.open_de(path, precision=precision, cache_dir=cache_dir, **_options(options))
 
 
@@ -263,7 +281,8 @@ def model_record(model: Any) -> dict[str, Any]:
         "model_id": None if mid is None else str(mid),
         "model_hash": mhash,
         "kind": kind,
-        "precision": precision,
+        # the folder's variant (fp16 runs the fp32 graph: the index records fp32)
+        "precision": getattr(model, "variant", None) or precision,
         "path": None if path is None else str(Path(path).resolve()),
         "source": source,
         "embedded": bool(embedded),
@@ -275,7 +294,7 @@ def reopen(record: dict[str, Any], role: str, *, backend: str | None = None, **o
     """Open the model an index records (``model_record``): the embedded default, else its
     crossknn folder, else its Hugging Face source folder (exported again if needed), on
     ``backend`` (default "onnx", whichever backend the record names: it is not the identity)."""
-    precision = record.get("precision") or "fp32"
+    precision = record.get("precision") or "fp32"  # a variant, or fp16 for a run on a GPU
     opener = open_cross_encoder if role == "ce" else open_dual_encoder
     if record.get("embedded"):
         return opener(None, precision=precision, backend=backend, **options)
@@ -287,3 +306,45 @@ def reopen(record: dict[str, Any], role: str, *, backend: str | None = None, **o
         f"{record.get('path')} (source {record.get('source')}), which is no longer there; pass "
         f"{'--model' if role == 'ce' else '--de-model'} DIR"
     )
+
+
+def _index_model(index: Any, role: str, given, precision: str | None, opts: dict[str, Any]):
+    rec = index.model_records.get(role) or {}
+    built = rec.get("precision") or "fp32"
+    run = built if precision is None else precision
+    if _variant(run) != built:
+        from crossknn.index.files import ModelMismatchError
+
+        flag = "--precision" if role == "ce" else "--de-precision"
+        raise ModelMismatchError(
+            f"index {index.path} was built with {role.upper()} precision {built!r}, but this run "
+            f"uses precision {run!r}; leave {flag} out (the index's), use fp16 on a GPU (it "
+            f"runs the fp32 graph), or rebuild the index with {flag} {run}"
+        )
+    if given is not None:
+        opener = open_cross_encoder if role == "ce" else open_dual_encoder
+        return opener(given, precision=run, **opts)
+    if not rec.get("path") and not rec.get("embedded"):
+        rec = {**rec, "embedded": True}  # an index from before models were recorded: the defaults
+    return reopen({**rec, "precision": run}, role, **opts)
+
+
+def open_index_models(
+    index: Any,
+    *,
+    model: str | os.PathLike | None = None,
+    de_model: str | os.PathLike | None = None,
+    precision: str | None = None,
+    de_precision: str | None = None,
+    **options: Any,
+) -> tuple[CrossEncoder, DualEncoder]:
+    """``(ce, de)`` to search ``index`` with: the models it records, or ``model`` / ``de_model``
+    folders. ``precision`` / ``de_precision`` (default: the recorded ones) must name the
+    recorded variant, or be fp16 where fp32 is recorded (the same graph in half precision).
+    ``options`` are the runtime options (``provider``, ``threads``, ``batch_size``,
+    ``max_batch_tokens``); the DE gets them without ``batch_size`` (which counts CE pairs).
+    The caller checks the models against the index (``index.check_models``)."""
+    de_opts = {k: v for k, v in options.items() if k != "batch_size"}
+    de = _index_model(index, "de", de_model, de_precision, de_opts)
+    ce = _index_model(index, "ce", model, precision, dict(options))
+    return ce, de

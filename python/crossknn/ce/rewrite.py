@@ -1,5 +1,6 @@
 """Rewrites of an exported ONNX graph: int8 quantization and CPU graph optimization (at export
-time), fp16 conversion (when a CUDA session opens with ``fp16=True``).
+time), fp16 conversion (made once, when a CUDA session first runs ``precision="fp16"``, and cached
+by the fp32 graph's hash: :func:`fp16_graph`).
 
 The int8 recipes live in :mod:`crossknn.ce.quantize`, the fidelity check in
 :mod:`crossknn.ce.fidelity`; :func:`quantize_variants` and :func:`record_fidelity` run them for
@@ -23,7 +24,11 @@ __all__ = [
     "requested_recipes",
     "optimize_for_cpu",
     "to_fp16",
+    "fp16_graph",
 ]
+
+#: bumped when the fp16 conversion changes (a new cached file is made)
+FP16_RECIPE = 1
 
 log = logging.getLogger("crossknn.ce")
 
@@ -127,10 +132,50 @@ def to_fp16(path: Path) -> bytes:
         from onnxruntime.transformers.float16 import convert_float_to_float16
     except ImportError as exc:
         raise ImportError(
-            "fp16=True on the CUDA provider converts the graph to fp16 when the session opens, "
-            f"which needs the onnx package ({exc}): install the 'export' extra, or run fp16 with "
-            "provider='tensorrt' (no conversion needed), or leave fp16=False"
+            "fp16 on the CUDA provider converts the graph to fp16 once (then cached), which "
+            f"needs the onnx package ({exc}): install the 'export' extra, or run fp16 with "
+            "provider='tensorrt' (no conversion needed), or use precision fp32"
         ) from None
 
     proto = convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
     return proto.SerializeToString()
+
+
+def fp16_graph(src: Path, sha256: str, *, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The fp16 copy of the fp32 graph ``src`` (whose file hash is ``sha256``), made once.
+
+    Looked for beside ``src`` (``model.fp16-<hash>.onnx``), then in the crossknn cache
+    (``cache_root()/fp16/<hash>.onnx``); made by :func:`to_fp16` when neither exists, written
+    beside ``src`` or, when that folder is read-only, into the cache. Written to a temporary
+    file and renamed into place: a half-written copy is never used, and two processes making it
+    at once both end with a complete file.
+    """
+    from crossknn.ce.models import cache_root
+
+    src = Path(src)
+    key = f"{sha256[:16]}-r{FP16_RECIPE}"
+    beside = src.parent / f"{src.stem}.fp16-{key}.onnx"
+    cached = cache_root(cache_dir) / "fp16" / f"{key}.onnx"
+    for path in (beside, cached):
+        if path.is_file():
+            return path
+    data = to_fp16(src)
+    for path in (beside, cached):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.info("crossknn.ce: cannot write the fp16 graph to %s (%s)", path, exc)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            continue
+        log.info("crossknn.ce: fp16 graph of %s written to %s", src, path)
+        return path
+    raise OSError(
+        f"cannot write the fp16 graph of {src} beside it nor into {cached.parent}: set "
+        "CROSSKNN_CACHE to a writable folder"
+    )

@@ -2,9 +2,11 @@
 
 Both load a directory written by :mod:`crossknn.ce.export` (``crossknn_model.json``,
 ``tokenizer.json``, ``model.onnx`` / ``model.int8.onnx``) and need only numpy, onnxruntime and
-tokenizers at run time. The one exception is ``fp16=True`` on the CUDA provider: the graph is
-converted to fp16 when the session opens, which needs ``onnx`` (the ``export`` extra; without it
-an ImportError says so). TensorRT runs fp16 without a conversion.
+tokenizers at run time. The one exception is ``precision="fp16"`` (or ``fp16=True``) on the CUDA
+provider: the fp32 graph is converted to fp16 once, when a session first needs it, and kept beside
+the model (or in the crossknn cache when that folder is read-only) under its hash; the conversion
+needs ``onnx`` (the ``export`` extra; without it an ImportError says so). TensorRT runs fp16
+without a conversion.
 
 How pairs are scored: every text is tokenized once without special tokens (items when they are
 set, a query when first seen: a small LRU cache), pairs are assembled from the cached ids with the
@@ -32,23 +34,21 @@ from typing import Any
 
 import numpy as np
 
+from crossknn.ce.feeds import pair_feeds, single_feeds
 from crossknn.ce.manifest import read_manifest
-from crossknn.ce.rewrite import to_fp16
-from crossknn.ce.tokenize import (
-    IdStore,
-    TokenizerPlan,
-    assemble_pairs,
-    assemble_single,
-    check_texts,
-    longest_first,
-)
+from crossknn.ce.tokenize import IdStore, TokenizerPlan, check_texts, longest_first
 
 __all__ = [
+    "FP16",
     "PROVIDERS",
     "OnnxCrossEncoder",
     "OnnxDualEncoder",
     "ProviderUnavailableError",
     "available_providers",
+    "check_precision",
+    "open_first",
+    "provider_candidates",
+    "tensorrt_loads",
 ]
 
 log = logging.getLogger("crossknn.ce")
@@ -58,9 +58,18 @@ _PROVIDERS = {
     "cuda": "CUDAExecutionProvider",
     "tensorrt": "TensorrtExecutionProvider",
 }
-#: the ``provider`` names every entry point accepts ("auto": the best one installed)
+_CPU = _PROVIDERS["cpu"]
+#: the ``provider`` names every entry point accepts ("auto": the first one whose session opens)
 PROVIDERS = ("auto", *_PROVIDERS)
+#: the run precision that is no file of its own: the fp32 graph in half precision on a GPU
+FP16 = "fp16"
 _ENCODE_CHUNK = 8192
+# batch defaults on a GPU provider: one session run per round call (and per merged serve batch)
+# up to this many pairs / padded tokens (512 pairs of 128 tokens; a few hundred MB of
+# activations for a MiniLM-sized CE in fp16, a few GB for a large one at 512 tokens)
+_GPU_BATCH_SIZE = 512
+_GPU_MAX_BATCH_TOKENS = 65536
+_TRT_LIBS = ("libnvinfer.so.10", "libnvinfer.so.8", "libnvinfer.so")
 
 
 class ProviderUnavailableError(RuntimeError, ValueError):
@@ -75,13 +84,64 @@ def available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
-def _choose_provider(provider: str) -> str:
-    avail = available_providers()
+def tensorrt_loads() -> bool:
+    """Whether TensorRT's runtime library can be loaded (onnxruntime-gpu lists the TensorRT
+    provider even where TensorRT is not installed; ``auto`` tries it only when this is true)."""
+    import ctypes
+
+    for name in _TRT_LIBS:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
+
+
+def check_precision(precision: str, provider: str, name: str) -> None:
+    """Refuse a precision the provider cannot run, in one line naming both: fp16 needs a GPU
+    provider, the int8 graphs (QDQ / integer ops tuned for CPUs) run on the CPU provider only."""
+    if precision == FP16 and name == _CPU:
+        raise ValueError(
+            f"precision 'fp16' needs a GPU provider (cuda or tensorrt), but provider "
+            f"{provider!r} runs {name}: use precision fp32 (or an int8 one) on the CPU"
+        )
+    if precision not in ("fp32", FP16) and name != _CPU:
+        raise ValueError(
+            f"precision {precision!r} is an int8 graph for the CPU provider, but provider "
+            f"{provider!r} runs {name}: use precision fp32 or fp16 on a GPU, or provider 'cpu'"
+        )
+
+
+def provider_candidates(
+    provider: str, precision: str = "fp32", available: list[str] | None = None
+) -> list[str]:
+    """The onnxruntime providers to try, in order, for ``provider`` and ``precision``.
+
+    ``auto``: TensorRT (only when :func:`tensorrt_loads`), CUDA, CPU, those this onnxruntime
+    offers; fp16 keeps only the GPU ones, int8 only the CPU. An explicit provider is the one
+    candidate: not offered is a :class:`ProviderUnavailableError`, a precision it cannot run a
+    ValueError (both one line).
+    """
+    avail = available_providers() if available is None else list(available)
     if provider == "auto":
-        for key in ("tensorrt", "cuda", "cpu"):
-            if _PROVIDERS[key] in avail:
-                return _PROVIDERS[key]
-        raise RuntimeError(f"onnxruntime offers no usable provider (has {avail})")
+        keys = ["tensorrt", "cuda", "cpu"]
+        if precision == FP16:
+            keys = ["tensorrt", "cuda"]
+        elif precision != "fp32":
+            keys = ["cpu"]
+        names = [_PROVIDERS[k] for k in keys if _PROVIDERS[k] in avail]
+        if _PROVIDERS["tensorrt"] in names and not tensorrt_loads():
+            names.remove(_PROVIDERS["tensorrt"])
+        if not names:
+            if precision == FP16:
+                raise ProviderUnavailableError(
+                    f"precision 'fp16' needs a GPU provider (cuda or tensorrt), but this "
+                    f"onnxruntime offers only {avail}: install onnxruntime-gpu (pip install "
+                    "'crossknn[gpu]'), or use precision fp32"
+                )
+            raise ProviderUnavailableError(f"onnxruntime offers no usable provider (has {avail})")
+        return names
     if provider not in _PROVIDERS:
         raise ValueError(f"provider must be 'auto', 'cpu', 'cuda' or 'tensorrt'; got {provider!r}")
     name = _PROVIDERS[provider]
@@ -92,7 +152,55 @@ def _choose_provider(provider: str) -> str:
             "install the GPU build (pip install 'crossknn[gpu]', i.e. onnxruntime-gpu with a "
             "matching CUDA/TensorRT), or use provider 'cpu'"
         )
-    return name
+    check_precision(precision, provider, name)
+    return [name]
+
+
+def open_first(candidates: list[str], open_one) -> tuple[Any, str, list[str]]:
+    """``(session, provider, skipped)``: the first candidate whose session opens and runs that
+    provider first (``open_one(name)`` opens one). With one candidate (an explicit provider)
+    its failure is raised as it is (strict); otherwise a candidate that fails is skipped with a
+    reason and the next one tried; none left: a ProviderUnavailableError listing the reasons."""
+    skipped: list[str] = []
+    for name in candidates:
+        try:
+            session = open_one(name)
+        except Exception as exc:
+            if len(candidates) == 1:
+                raise
+            skipped.append(f"{name}: {' '.join(str(exc).split())[:200]}")
+            continue
+        running = list(session.get_providers())
+        if running and running[0] == name:
+            return session, name, skipped
+        if len(candidates) == 1:
+            raise RuntimeError(f"requested {name} but onnxruntime runs {running}")
+        skipped.append(f"{name}: onnxruntime ran {running} instead")
+    raise ProviderUnavailableError(
+        "no execution provider could open the model (" + "; ".join(skipped) + ")"
+    )
+
+
+_preloaded: list[bool] = []
+
+
+def _preload_gpu_libraries() -> None:
+    """Let onnxruntime find the CUDA/cuDNN libraries that pip packages (PyTorch's nvidia-*)
+    ship (``onnxruntime.preload_dlls``, onnxruntime >= 1.21); a no-op where that fails."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None or _preloaded:
+        return
+    _preloaded.append(True)
+    import contextlib
+    import sys
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # it prints; stdout may carry --json
+            preload()
+    except Exception as exc:  # the system's libraries may still be found
+        log.debug("crossknn.ce: onnxruntime.preload_dlls failed: %s", exc)
 
 
 def _check_positive(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -103,7 +211,15 @@ def _check_positive(name: str, value: Any, *, allow_none: bool = False) -> None:
 
 
 class _Session:
-    """One ONNX Runtime session over one variant of an exported model directory."""
+    """One ONNX Runtime session over one variant of an exported model directory.
+
+    ``precision`` is a variant of the folder ("fp32", an int8 recipe) or "fp16": the fp32 graph
+    in half precision (CUDA: a converted copy made once and cached by hash,
+    :func:`crossknn.ce.rewrite.fp16_graph`; TensorRT: its fp16 flag). On a GPU provider inputs
+    and outputs are bound explicitly (IO binding) and the device output buffers are kept per
+    thread and batch shape, reused by the next call of that shape (``io_binding``: force it on
+    or off, e.g. to test it on the CPU provider).
+    """
 
     def __init__(
         self,
@@ -113,63 +229,97 @@ class _Session:
         threads: int | None,
         provider: str,
         fp16: bool,
+        io_binding: bool | None = None,
     ) -> None:
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)
         self.manifest = read_manifest(self.model_dir)
         variants = self.manifest["variants"]
-        if precision not in variants:
+        if fp16:
+            if precision not in ("fp32", FP16):
+                raise ValueError(
+                    f"fp16=True runs the fp32 graph in half precision; it cannot be combined "
+                    f"with precision {precision!r}"
+                )
+            precision = FP16
+        variant = "fp32" if precision == FP16 else precision
+        if variant not in variants:
             raise ValueError(
-                f"{self.model_dir} has no {precision!r} variant (has {sorted(variants)}); "
+                f"{self.model_dir} has no {variant!r} variant (has {sorted(variants)}); "
                 "export with quantize=True for int8"
             )
         self.precision = precision
-        self.file = variants[precision]
+        self.variant = variant
+        self.file = variants[variant]
         self.model_hash = self.manifest["files"][self.file]["sha256"]
         _check_positive("threads", threads, allow_none=True)
-        self.provider = _choose_provider(provider)
-        gpu = self.provider != _PROVIDERS["cpu"]
-        if fp16 and not gpu:
-            raise ValueError(
-                "fp16=True needs the CUDA or TensorRT provider; this session runs on CPU"
-            )
+        candidates = provider_candidates(provider, precision)
+        if any(c != _CPU for c in candidates):
+            _preload_gpu_libraries()
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = int(threads or 0)  # 0: one per physical core
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        model: Any = str(self.model_dir / self.file)
-        options: dict[str, Any] = {}
-        if self.provider == _PROVIDERS["tensorrt"]:
-            options = {"trt_fp16_enable": bool(fp16)}
-        elif fp16:  # CUDA: convert the graph to fp16 once, inputs/outputs stay as they are
-            model = to_fp16(self.model_dir / self.file)
-        self.fp16 = bool(fp16)
-        providers: list[Any] = [(self.provider, options)]
-        if self.provider == _PROVIDERS["tensorrt"] and _PROVIDERS["cuda"] in available_providers():
-            providers.append(_PROVIDERS["cuda"])  # for subgraphs TensorRT does not take
-        if gpu:
-            providers.append("CPUExecutionProvider")  # for nodes the GPU providers do not take
-        self.session = ort.InferenceSession(model, so, providers=providers)
-        running = self.session.get_providers()
-        if not running or running[0] != self.provider:
-            raise RuntimeError(f"requested {self.provider} but onnxruntime runs {running}")
+        avail = available_providers()
+        src = self.model_dir / self.file
+
+        def open_one(name: str):
+            model: Any = str(src)
+            options: dict[str, Any] = {}
+            if name == _PROVIDERS["tensorrt"]:
+                options = {"trt_fp16_enable": precision == FP16}
+            elif name == _PROVIDERS["cuda"] and precision == FP16:
+                # converted once, cached beside the model (or in the crossknn cache) by hash
+                from crossknn.ce.rewrite import fp16_graph
+
+                model = str(fp16_graph(src, self.model_hash))
+            providers: list[Any] = [(name, options)]
+            if name == _PROVIDERS["tensorrt"] and _PROVIDERS["cuda"] in avail:
+                providers.append(_PROVIDERS["cuda"])  # for subgraphs TensorRT does not take
+            if name != _CPU:
+                providers.append(_CPU)  # for nodes the GPU providers do not take
+            return ort.InferenceSession(model, so, providers=providers)
+
+        self.session, self.provider, self.skipped = open_first(candidates, open_one)
+        self.requested = provider
+        gpu = self.provider != _CPU
+        self.fp16 = precision == FP16
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output = self.manifest["output"]
         self._gpu = gpu
+        self.io_binding = gpu if io_binding is None else bool(io_binding)
+        self._device = "cuda" if gpu else "cpu"
+        self._local = threading.local()  # per thread: {output shape: device OrtValue}
+        for why in self.skipped:
+            log.info("crossknn.ce: provider auto skipped %s", why)
         log.info("crossknn.ce: %s (%s) runs on %s", self.model_dir.name, precision, self.provider)
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
-        if not self._gpu:
+        if not self.io_binding:
             return self.session.run([self.output], feeds)[0]
-        # GPU: bind inputs and outputs explicitly (one copy each way, no per-run allocation guess)
+        # bind inputs and outputs explicitly: one copy each way; the device output buffer of
+        # this batch shape is kept (per thread) and reused by the next call of that shape
         io = self.session.io_binding()
         for name, arr in feeds.items():
             io.bind_cpu_input(name, arr)
-        io.bind_output(self.output, "cuda")  # allocated on the device, copied back once
+        n = len(next(iter(feeds.values())))
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = OrderedDict()
+        out = buffers.get(n)
+        if out is not None:
+            io.bind_ortvalue_output(self.output, out)
+            buffers.move_to_end(n)
+        else:
+            io.bind_output(self.output, self._device)
         self.session.run_with_iobinding(io)
+        if out is None:
+            buffers[n] = io.get_outputs()[0]
+            while len(buffers) > 64:  # batch sizes seen lately
+                buffers.popitem(last=False)
         return io.copy_outputs_to_cpu()[0]
 
 
@@ -273,15 +423,21 @@ class _OnnxModel:
     Options (keywords of both classes): ``precision`` "fp32" or "int8" (a variant in the
     directory); ``max_length`` in tokens (default: the export's); ``threads`` intra-op threads
     (default: one per physical core); ``batch_size`` the most texts or pairs per batch and
-    ``max_batch_tokens`` the most (padded) tokens per batch (defaults: per class);
-    ``provider`` "auto" (TensorRT, then CUDA, then CPU: whichever this onnxruntime offers),
-    "cpu", "cuda" or "tensorrt" (an error if not available, never a silent fallback);
-    ``fp16`` half precision on a GPU provider; ``show_progress_bar`` tqdm bars for long runs.
+    ``max_batch_tokens`` the most (padded) tokens per batch (defaults: per class on the CPU
+    provider; on a GPU provider 512 pairs / 65,536 tokens, one session run per round call);
+    ``provider`` "auto" (the first whose session opens: TensorRT where its libraries load, then
+    CUDA, then CPU; :attr:`provider` says which), "cpu", "cuda" or "tensorrt" (an error if not
+    available, never a silent fallback); ``precision`` "fp16" (or ``fp16=True``): the fp32
+    graph in half precision on a GPU provider; ``show_progress_bar`` tqdm bars for long runs.
     """
 
     backend = "onnx"  # its name in crossknn.ce.backends
     _kinds: tuple[str, ...] = ()
     _template = "pair"  # the TokenizerPlan template the model's inputs follow: "pair" or "single"
+    # the batch inputs from cached ids, in bulk (crossknn.ce.feeds; the row-by-row reference
+    # crossknn.ce.tokenize.assemble_* builds the same arrays: bench/ce_host_bench.py times both)
+    _pair_feeds = staticmethod(pair_feeds)
+    _single_feeds = staticmethod(single_feeds)
     _batch_size = 16
     _max_batch_tokens = 2048
 
@@ -297,14 +453,23 @@ class _OnnxModel:
         provider: str = "auto",
         fp16: bool = False,
         show_progress_bar: bool = False,
+        io_binding: bool | None = None,
     ) -> None:
-        batch_size = self._batch_size if batch_size is None else batch_size
-        max_batch_tokens = self._max_batch_tokens if max_batch_tokens is None else max_batch_tokens
-        _check_positive("batch_size", batch_size)
-        _check_positive("max_batch_tokens", max_batch_tokens)
+        _check_positive("batch_size", batch_size, allow_none=True)
+        _check_positive("max_batch_tokens", max_batch_tokens, allow_none=True)
         self._s = _Session(
-            model_dir, precision=precision, threads=threads, provider=provider, fp16=fp16
+            model_dir,
+            precision=precision,
+            threads=threads,
+            provider=provider,
+            fp16=fp16,
+            io_binding=io_binding,
         )
+        gpu = self._s.provider != _CPU
+        if batch_size is None:
+            batch_size = _GPU_BATCH_SIZE if gpu else self._batch_size
+        if max_batch_tokens is None:
+            max_batch_tokens = _GPU_MAX_BATCH_TOKENS if gpu else self._max_batch_tokens
         m = self._s.manifest
         if m["kind"] not in self._kinds:
             other = "OnnxDualEncoder" if m["kind"] == "dual-encoder" else "OnnxCrossEncoder"
@@ -338,12 +503,21 @@ class _OnnxModel:
 
     @property
     def provider(self) -> str:
-        """The execution provider that actually runs, e.g. ``CPUExecutionProvider``."""
+        """The execution provider that actually runs, e.g. ``CPUExecutionProvider`` (with
+        ``provider="auto"``: the first whose session opened)."""
         return self._s.provider
 
     @property
     def precision(self) -> str:
+        """The precision that runs: a variant of the folder ("fp32", an int8 recipe) or "fp16"
+        (the fp32 graph in half precision on a GPU)."""
         return self._s.precision
+
+    @property
+    def variant(self) -> str:
+        """The model folder's variant that runs (``precision``, but "fp32" for fp16): what an
+        index records, so an index built with fp16 reopens the fp32 graph on the CPU."""
+        return self._s.variant
 
     @property
     def model_dir(self) -> Path:
@@ -479,7 +653,7 @@ class OnnxCrossEncoder(_OnnxModel):
         batches = _batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
         progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
         for idx in _progress(batches, progress, "CE", len(batches)):
-            feeds = assemble_pairs(
+            feeds = self._pair_feeds(
                 self._tpl, self._plan.pad_id, A, ia[idx], ta[idx], B, ib[idx], tb[idx]
             )
             res = self._s.run(feeds)
@@ -742,6 +916,6 @@ class OnnxDualEncoder(_OnnxModel):
         lengths = kept + self._tpl.n_special
         batches = _batches(lengths, bs, self.max_batch_tokens)
         for idx in _progress(batches, progress, "encode", len(batches)):
-            feeds = assemble_single(self._tpl, self._plan.pad_id, store, idx, kept[idx])
+            feeds = self._single_feeds(self._tpl, self._plan.pad_id, store, idx, kept[idx])
             out[idx] = self._s.run(feeds)
         return out

@@ -20,6 +20,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "print_hits",
+    "provider_line",
     "terminal_safe",
 ]
 
@@ -97,22 +98,28 @@ def add_model_arguments(
     batch_size: bool = True,
     verbose: bool = False,
     backend: bool = True,
+    models: bool = True,
+    batch_tokens: bool = True,
 ) -> None:
     """The model options, with the same names and meaning on every command: ``--model``,
-    ``--de-model``, ``--precision``, ``--provider``, ``--threads``, ``--batch-size`` (and
-    ``--verbose``: print a quantized CE's recorded fidelity, :func:`fidelity_line`)."""
-    from crossknn.ce.models import PRECISIONS
+    ``--de-model``, ``--precision`` (the CE's), ``--de-precision``, ``--provider``,
+    ``--threads``, ``--batch-size``, ``--max-batch-tokens`` (and ``--verbose``: print a quantized
+    CE's recorded fidelity, :func:`fidelity_line`). ``models=False`` leaves out ``--model`` and
+    ``--de-model`` (a command that declares its own), ``batch_tokens=False`` ``--max-batch-tokens``
+    (a command whose scorers do not take it)."""
+    from crossknn.ce.folders import RUN_PRECISIONS
     from crossknn.ce.runtime import PROVIDERS
 
     g = p.add_argument_group("models")
-    g.add_argument(
-        "--model",
-        metavar="DIR",
-        help="the cross-encoder: a crossknn model folder (crossknn export) or a Hugging Face "
-        "folder (exported into the cache on first use); default: "
-        + ("the embedded minilm-l6-joint" if precision_default else "the index's CE"),
-    )
-    if de:
+    if models:
+        g.add_argument(
+            "--model",
+            metavar="DIR",
+            help="the cross-encoder: a crossknn model folder (crossknn export) or a Hugging Face "
+            "folder (exported into the cache on first use); default: "
+            + ("the embedded minilm-l6-joint" if precision_default else "the index's CE"),
+        )
+    if models and de:
         g.add_argument(
             "--de-model",
             metavar="DIR",
@@ -120,13 +127,21 @@ def add_model_arguments(
             "sentence-transformers / Hugging Face folder (mean pooling); default: "
             + ("the embedded minilm-l6-de" if precision_default else "the index's DE"),
         )
+    default_text = f"default {precision_default}" if precision_default else "default: the index's"
     g.add_argument(
         "--precision",
-        choices=PRECISIONS,
+        choices=RUN_PRECISIONS,
         default=precision_default,
-        help="model precision"
-        + (f" (default {precision_default})" if precision_default else " (default: the index's)"),
+        help=f"the CE's precision ({default_text}); fp16 runs the fp32 graph in half precision "
+        "on a GPU provider (cuda, tensorrt), int8 ones run on the CPU provider",
     )
+    if de:
+        g.add_argument(
+            "--de-precision",
+            choices=RUN_PRECISIONS,
+            default=precision_default,
+            help=f"the dual encoder's precision ({default_text})",
+        )
     if verbose:
         g.add_argument(
             "--verbose",
@@ -137,8 +152,9 @@ def add_model_arguments(
         "--provider",
         choices=PROVIDERS,
         default="auto",
-        help="ONNX Runtime execution provider (default auto: TensorRT, CUDA, then CPU, "
-        "whichever is installed; GPU ones need pip install 'crossknn[gpu]')",
+        help="ONNX Runtime execution provider (default auto: the first whose session opens, "
+        "TensorRT where its libraries load, then CUDA, then CPU; GPU ones need pip install "
+        "'crossknn[gpu]'); cuda/tensorrt are strict: an error where they do not run",
     )
     g.add_argument(
         "--threads",
@@ -161,8 +177,18 @@ def add_model_arguments(
             type=positive_int,
             default=None,
             metavar="N",
-            help="CE pairs per batch (default 16)",
+            help="CE pairs per session run at most (default 16 on the CPU, 512 on a GPU)",
         )
+    if not batch_tokens:
+        return
+    g.add_argument(
+        "--max-batch-tokens",
+        type=positive_int,
+        default=None,
+        metavar="T",
+        help="padded tokens per CE/DE session run at most (default 2048 for the CE on the CPU, "
+        "65536 on a GPU: one session run per round)",
+    )
 
 
 def add_round_arguments(p: argparse.ArgumentParser) -> None:
@@ -209,13 +235,26 @@ def fidelity_line(ce) -> str | None:
 
 def model_options(args: argparse.Namespace) -> dict:
     """The :func:`crossknn.ce.folders.open_cross_encoder` options of
-    :func:`add_model_arguments` (provider, threads, batch size)."""
+    :func:`add_model_arguments` (provider, threads, batch size, token budget)."""
     return {
         "provider": args.provider,
         "threads": args.threads,
         "batch_size": getattr(args, "batch_size", None),
         "backend": getattr(args, "backend", None),
+        "max_batch_tokens": getattr(args, "max_batch_tokens", None),
     }
+
+
+def provider_line(*models) -> str:
+    """Which execution provider and precision each model runs on, one line for stderr (with
+    ``--provider auto`` the provider is the first whose session opened)."""
+    parts = []
+    for m in models:
+        if m is None or not hasattr(m, "provider"):
+            continue
+        role = "DE" if getattr(m, "kind", "") == "dual-encoder" else "CE"
+        parts.append(f"{role} {getattr(m, 'model_id', '?')} ({m.precision}) on {m.provider}")
+    return "# " + "; ".join(parts)
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from crossknn.commands._common import (
     model_options,
     nonneg_int,
     positive_int,
+    provider_line,
+    terminal_safe,
 )
 
 HELP = "index a corpus (JSONL with id/text, or a BEIR folder) for crossknn search"
@@ -165,7 +168,11 @@ def run(args: argparse.Namespace) -> int:
     opts = model_options(args)
     # the models first: a wrong folder or provider fails before the output folder is made
     ce = open_cross_encoder(args.model, precision=args.precision, **opts)
-    de = open_dual_encoder(args.de_model, precision=args.precision, **{**opts, "batch_size": None})
+    de = open_dual_encoder(
+        args.de_model, precision=args.de_precision, **{**opts, "batch_size": None}
+    )
+    if not args.quiet:
+        print(terminal_safe(provider_line(ce, de)), file=sys.stderr)
     try:
         idx = build_corpus_index(
             corpus,

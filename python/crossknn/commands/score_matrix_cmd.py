@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="seed of the query sample and the split (default 0)",
     )
-    add_model_arguments(p, backend=False)  # the job's scorers run on ONNX Runtime
+    add_model_arguments(p, backend=False, batch_tokens=False)  # the job's scorers: ONNX Runtime
     p.add_argument("--no-de", action="store_true", help="skip the DE vectors")
     p.add_argument(
         "--overwrite",
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         de_model=args.de_model,
         precision=args.precision,
+        de_precision=args.de_precision,
         provider=args.provider,
         de=not args.no_de,
         options=job_options(args),

@@ -20,6 +20,7 @@ from crossknn.commands._common import (
     nonneg_int,
     positive_int,
     print_hits,
+    provider_line,
     terminal_safe,
 )
 from crossknn.searcher import METHODS
@@ -161,16 +162,29 @@ def run(args: argparse.Namespace) -> int:
     ids, queries, qrels = _queries(args)
     if args.metrics and qrels is None:
         raise ValueError("--metrics needs relevance judgments: --beir DIR or --qrels FILE")
-    searcher = Searcher(
-        args.index_dir,
+    from crossknn.ce.folders import open_index_models
+    from crossknn.corpus_index import open_index
+
+    index = open_index(args.index_dir)
+    # the models with the run's precision (fp16: the recorded fp32 graph on a GPU) and options
+    ce, de = open_index_models(
+        index,
         model=args.model,
         de_model=args.de_model,
+        precision=args.precision,
+        de_precision=args.de_precision,
+        **model_options(args),
+    )
+    if not args.quiet:
+        print(terminal_safe(provider_line(ce, de)), file=sys.stderr)
+    searcher = Searcher(
+        index,
+        ce=ce,
+        de=de,
         method=args.method,
         rounds=args.rounds,
-        precision=args.precision,
         cmc_model=args.cmc_model,
         cmc_candidates=args.cmc_candidates,
-        **model_options(args),
         round_index=args.round_index,
         shards=args.shards,
         ray_address=args.ray_address,
@@ -231,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
                 "rounds": args.rounds,
                 "tag": tag,
                 "precision": searcher.ce.precision,
+                "provider": searcher.ce.provider,
                 "models": records,
                 "hits": [h.to_dict() for h in hits],
             },

@@ -11,9 +11,7 @@ import argparse
 import logging
 import sys
 
-from crossknn.ce.models import PRECISIONS
-from crossknn.ce.runtime import PROVIDERS
-from crossknn.commands._common import add_round_arguments, fraction
+from crossknn.commands._common import add_model_arguments, add_round_arguments, fraction
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
 
@@ -33,31 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the DE: a crossknn or sentence-transformers folder (default: the index's)",
     )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default=None,
-        help="CE/DE precision (default: the index's)",
-    )
-    p.add_argument(
-        "--provider",
-        choices=PROVIDERS,
-        default="auto",
-        help="ONNX Runtime execution provider (default auto)",
-    )
-    p.add_argument(
-        "--backend",
-        choices=("onnx", "torch"),
-        default="onnx",
-        help="what runs the CE and DE: onnx (ONNX Runtime, default) or torch (PyTorch)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="CE/DE threads, fixed once (default: one per physical core)",
-    )
+    # --precision/--de-precision (fp16 on a GPU), --provider, --backend, --threads,
+    # --max-batch-tokens
+    add_model_arguments(p, precision_default=None, batch_size=False, models=False)
     p.add_argument(
         "--max-batch-pairs",
         type=int,
@@ -132,7 +108,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace):
     from crossknn.serve.service import ServeConfig
 
+    # runtime options the service may not take yet: passed where ServeConfig has the field,
+    # refused in one line where it has not (never silently dropped)
+    fields = getattr(ServeConfig, "__dataclass_fields__", {})
+    runtime = {}
+    for name, flag in (
+        ("de_precision", "--de-precision"),
+        ("max_batch_tokens", "--max-batch-tokens"),
+    ):
+        value = getattr(args, name, None)
+        if name in fields:
+            runtime[name] = value
+        elif value is not None:
+            raise ValueError(f"serve: {flag} is not supported by this server yet")
     return ServeConfig(
+        **runtime,
         index=args.index_dir,
         model=args.model,
         de_model=args.de_model,

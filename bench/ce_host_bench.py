@@ -1,0 +1,274 @@
+"""Host-side cost of one CE call: one search round's 20 pairs, CPU provider, before vs after.
+
+A round of a search scores one query against ``--pairs`` items (20: a budget of 100 in 5 rounds)
+through ``OnnxCrossEncoder.score``. Its time is split, per call, into
+
+- ``session_ms``: ``InferenceSession.run`` itself (the CE's own work);
+- ``bind_copy_ms``: the rest of the session wrapper: picking the feeds, IO binding where used,
+  the copy of the scores back;
+- ``prep_ms``: everything before and after it: the query's cached ids, ``longest_first``
+  truncation, length sort and batches, the padded input arrays, the output array;
+- ``host_ms`` = total - session: what the CE call costs beyond the CE (goal <= 0.3 ms);
+  ``host_only_session_noop``: the same calls with the session replaced by a no-op (the host
+  cost without the cache and scheduling effects of a real session run next to it).
+
+Also the padded inputs of one batch alone at 10..512 pairs (a GPU round or a merged serve
+batch is one session run of up to 512 pairs), before vs after.
+
+``before``: the row-by-row pair assembly (``crossknn.ce.tokenize.assemble_pairs``, one Python
+iteration per pair); ``after``: the bulk numpy assembly (``crossknn.ce.feeds.pair_feeds``), the
+runtime's default. Both on the same scorer, the same calls, interleaved (the machine is shared),
+medians over ``--calls`` calls each. With ``--search Q`` also Q queries of ``Searcher.search``
+(budget 100) over an index of the first ``--items`` SciFact abstracts, before/after interleaved:
+CPU-provider search must be unchanged or faster.
+
+    nice -n 5 .venv/bin/python bench/ce_host_bench.py [--calls 400] [--search 20]
+
+Prints a table and writes bench/results/ce_host_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import RESULTS, SHARED, machine, utc_now, write_json
+from crossknn.ce import default_cross_encoder, default_dual_encoder
+from crossknn.ce.feeds import pair_feeds
+from crossknn.ce.tokenize import assemble_pairs
+
+VARIANTS = {"before": staticmethod(assemble_pairs), "after": staticmethod(pair_feeds)}
+
+
+class Timed:
+    """Wraps a scorer's session: ``inner`` = InferenceSession.run, ``outer`` = _Session.run."""
+
+    def __init__(self, ce) -> None:
+        self.ce, self.inner, self.outer = ce, 0.0, 0.0
+        sess = ce._s
+        real_outer, real_inner = sess.run, sess.session.run
+
+        def inner(*a, **k):
+            t = time.perf_counter()
+            try:
+                return real_inner(*a, **k)
+            finally:
+                self.inner += time.perf_counter() - t
+
+        def outer(feeds):
+            t = time.perf_counter()
+            try:
+                return real_outer(feeds)
+            finally:
+                self.outer += time.perf_counter() - t
+
+        sess.session.run = inner
+        sess.run = outer
+
+    def call(self, fn) -> dict:
+        self.inner = self.outer = 0.0
+        t = time.perf_counter()
+        fn()
+        total = time.perf_counter() - t
+        return {
+            "total_ms": total * 1e3,
+            "session_ms": self.inner * 1e3,
+            "bind_copy_ms": (self.outer - self.inner) * 1e3,
+            "prep_ms": (total - self.outer) * 1e3,
+            "host_ms": (total - self.inner) * 1e3,
+        }
+
+
+def medians(rows: list[dict]) -> dict:
+    return {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
+
+
+def scifact(n_items: int, n_queries: int):
+    root = SHARED / "data" / "scifact"
+    items, queries = [], []
+    with (root / "corpus.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            items.append(f"{rec.get('title') or ''} {rec.get('text') or ''}".strip())
+            if len(items) >= n_items:
+                break
+    with (root / "queries.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            queries.append(json.loads(line)["text"])
+            if len(queries) >= n_queries:
+                break
+    return items, queries
+
+
+def ce_calls(ce, timed: Timed, queries, n_items: int, pairs: int, calls: int, seed: int):
+    rng = np.random.default_rng(seed)
+    plan = [
+        (queries[i % len(queries)], rng.choice(n_items, pairs, replace=False)) for i in range(calls)
+    ]
+    for q, _ in plan:  # the queries' ids cached first, as after a search's first round
+        ce.score(q, np.arange(1))
+    rows = {v: [] for v in VARIANTS}
+    for q, items in plan:
+        for name, fn in VARIANTS.items():  # interleaved: the same load on both
+            ce._pair_feeds = fn
+            rows[name].append(timed.call(lambda q=q, items=items: ce.score(q, items)))
+    ce._pair_feeds = VARIANTS["after"]
+    return {name: medians(r) for name, r in rows.items()}
+
+
+def stub_rows(ce, queries, n_items: int, pairs: int, calls: int, seed: int) -> dict:
+    """The same calls with ``InferenceSession.run`` replaced by a no-op returning zeros: the host
+    cost alone, free of the cache and scheduler effects of a real session run next to it."""
+    sess = ce._s.session
+    real = sess.run
+
+    def noop(names, feeds, *a, **k):
+        return [np.zeros(len(feeds["input_ids"]), dtype=np.float32)]
+
+    sess.run = noop
+    try:
+        rng = np.random.default_rng(seed)
+        plan = [
+            (queries[i % len(queries)], rng.choice(n_items, pairs, replace=False))
+            for i in range(calls)
+        ]
+        rows = {v: [] for v in VARIANTS}
+        for q, items in plan:
+            for name, fn in VARIANTS.items():
+                ce._pair_feeds = fn
+                t = time.perf_counter()
+                ce.score(q, items)
+                rows[name].append((time.perf_counter() - t) * 1e3)
+    finally:
+        sess.run = real
+        ce._pair_feeds = VARIANTS["after"]
+    return {name: {"host_ms": round(statistics.median(v), 4)} for name, v in rows.items()}
+
+
+def assembly_rows(ce, queries, n_items: int, sizes, reps: int, seed: int) -> list[dict]:
+    """The padded inputs of one batch alone, before vs after, at the batch sizes of a CPU round
+    (a 20-pair call is cut into batches of at most 16) and of GPU calls (one session run per
+    round, up to 512 pairs; merged serve batches): median microseconds over ``reps``."""
+    from crossknn.ce.tokenize import longest_first
+
+    rng = np.random.default_rng(seed)
+    store, room, tpl = ce._items, ce._room, ce._tpl
+    rows = []
+    for n in sizes:
+        A = ce._query_store(queries[0])
+        ia = np.zeros(n, dtype=np.int64)
+        ib = rng.choice(n_items, n, replace=n > n_items)
+        ta, tb = longest_first(A.lengths[ia], store.lengths[ib], room)
+        row = {"pairs": n}
+        for _ in range(2):  # interleaved rounds
+            for name, fn in VARIANTS.items():
+                times = []
+                for _ in range(reps):
+                    t = time.perf_counter()
+                    fn(tpl, ce._plan.pad_id, A, ia, ta, store, ib, tb)
+                    times.append(time.perf_counter() - t)
+                key = f"{name}_us"
+                row[key] = min(row.get(key, 1e18), round(statistics.median(times) * 1e6, 1))
+        row["speedup"] = round(row["before_us"] / row["after_us"], 2)
+        rows.append(row)
+    return rows
+
+
+def search_rows(ce, items, queries, n_queries: int, threads: int) -> dict:
+    from crossknn import Searcher
+    from crossknn.corpus_index import build_corpus_index
+    from crossknn.data import Corpus
+
+    de = default_dual_encoder(threads=threads)
+    corpus = Corpus(ids=[str(i) for i in range(len(items))], texts=list(items))
+    with tempfile.TemporaryDirectory() as tmp:
+        build_corpus_index(corpus, Path(tmp) / "idx", ce=ce, de=de, progress=False)
+        s = Searcher(Path(tmp) / "idx", ce=ce, de=de)
+        qs = queries[:n_queries]
+        s.search(qs[:2], k=10, budget=100)  # warm: query vectors, caches
+        per = {v: [] for v in VARIANTS}
+        hits = {}
+        for q in qs:
+            for name, fn in VARIANTS.items():
+                ce._pair_feeds = fn
+                t = time.perf_counter()
+                h = s.search([q], k=10, budget=100)[0]
+                per[name].append((time.perf_counter() - t) * 1e3)
+                hits.setdefault(name, []).append(list(h.ids))
+        ce._pair_feeds = VARIANTS["after"]
+    return {
+        name: {
+            "queries": len(v),
+            "p50_ms": round(statistics.median(v), 3),
+            "mean_ms": round(statistics.fmean(v), 3),
+        }
+        for name, v in per.items()
+    } | {"same_results": hits["before"] == hits["after"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=20, help="pairs per CE call (default 20)")
+    ap.add_argument("--calls", type=int, default=400, help="calls per variant (default 400)")
+    ap.add_argument("--items", type=int, default=1000, help="SciFact abstracts (default 1000)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--search", type=int, default=0, metavar="Q", help="also Q searches")
+    ap.add_argument("--out", default=str(RESULTS / "ce_host_bench.json"))
+    args = ap.parse_args()
+
+    items, queries = scifact(args.items, 300)
+    ce = default_cross_encoder(items=items, threads=args.threads, provider="cpu")
+    timed = Timed(ce)
+    rows = ce_calls(ce, timed, queries, len(items), args.pairs, args.calls, seed=0)
+    stub = stub_rows(ce, queries, len(items), args.pairs, max(args.calls, 2000), seed=2)
+    asm = assembly_rows(ce, queries, len(items), (10, 16, 20, 64, 256, 512), 100, seed=1)
+    doc = {
+        "bench": "ce_host_bench",
+        "when": utc_now(),
+        "command": "bench/ce_host_bench.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+        "machine": machine("onnxruntime"),
+        "provider": ce.provider,
+        "pairs": args.pairs,
+        "calls": args.calls,
+        "ce_call": rows,
+        "goal_host_ms": 0.3,
+        "host_only_session_noop": stub,
+        "assembly": asm,
+    }
+    print(f"one CE call of {args.pairs} pairs, CPU provider, medians over {args.calls} calls (ms)")
+    print(f"{'':8}{'total':>9}{'session':>9}{'bind+copy':>11}{'prep':>8}{'host':>8}")
+    for name, r in rows.items():
+        print(
+            f"{name:8}{r['total_ms']:9.3f}{r['session_ms']:9.3f}{r['bind_copy_ms']:11.3f}"
+            f"{r['prep_ms']:8.3f}{r['host_ms']:8.3f}"
+        )
+    print(
+        f"host cost alone (session replaced by a no-op, median of {max(args.calls, 2000)} calls): "
+        f"before {stub['before']['host_ms']:.3f} ms, after {stub['after']['host_ms']:.3f} ms"
+    )
+    print("one batch's padded inputs alone (one query, median us): before / after")
+    for r in asm:
+        print(
+            f"  {r['pairs']:>4} pairs: {r['before_us']:9.1f} {r['after_us']:9.1f}  x{r['speedup']}"
+        )
+    if args.search:
+        doc["search"] = search_rows(ce, items, queries, args.search, args.threads)
+        sr = doc["search"]
+        before, after = sr["before"]["p50_ms"], sr["after"]["p50_ms"]
+        print(
+            f"search (budget 100, {args.search} queries, {len(items)} items): before p50 "
+            f"{before:.1f} ms, after p50 {after:.1f} ms, same results: {sr['same_results']}"
+        )
+    write_json(args.out, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

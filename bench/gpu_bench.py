@@ -1,0 +1,740 @@
+"""The GPU path in one script: CE throughput, torch-eager baseline, serial search and serve.
+
+Sections, in this order, each in its own try/except (an error is recorded and the next section
+runs), all under one global deadline (``--max-seconds``; a section that cannot start in time is
+recorded as skipped):
+
+1. ``ce``: ``OnnxCrossEncoder.predict`` on the DE top-``--candidates`` of ``--ce-queries`` test
+   queries (real pairs), per precision (fp32, fp16 on a GPU) and batch size (one session run of
+   that many pairs): ``{device, provider, precision, batch, pairs_per_s,
+   top10_agreement_vs_fp32}`` (the top-10 of each query's candidates against fp32 on the same
+   provider), also ``score_pairs_per_s`` (the same pairs through the item token cache,
+   ``score_batch``) and ``max_abs_diff_vs_fp32``; ``round`` rows: one search round's 20-pair
+   call (``score``) at the provider's default batching, median ms, IO binding on and off.
+2. ``torch``: the same model in PyTorch eager mode (``crossknn.ce.graphs.JointCE`` over the
+   transformers checkpoint: what a user would otherwise write), length-sorted batches of 256,
+   fp32 and fp16 on CUDA: the same row fields, ``provider: "torch-eager"``.
+3. ``search``: an index built over the ``--data`` BEIR corpus (embedded CE and DE, fp32), then
+   ``crossknn.Searcher.search`` one query at a time (AXN, budget 100, k 10) for each precision:
+   ``{device, provider, precision, budget, concurrency: 1, queries_per_s, p50_ms, p99_ms,
+   ce_ms, other_ms}`` (latency per query end to end; ce/other: medians of the searcher's own
+   split).
+4. ``serve``: ``crossknn serve`` on that index (a subprocess on loopback, stopped by its PID),
+   closed-loop clients at concurrency 1/8/32/64, each level bounded in requests and seconds:
+   the search row fields plus ``errors`` (status -> count) and ``http_5xx``. Skipped with the
+   reason when fastapi/uvicorn are missing.
+
+Every finished row is written to the JSON at once (atomically), with the device (nvidia-smi),
+the versions and the commands run, so a run cut short keeps what it measured.
+
+    python bench/gpu_bench.py --max-seconds 270                  # on a GPU host (auto provider)
+    python bench/gpu_bench.py --provider cpu --quick             # a smoke run on a CPU (< 2 min)
+
+Writes bench/results/gpu_bench.json (``--provider cpu``: gpu_bench_cpu.json) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from _common import RESULTS, SHARED, machine, utc_now
+
+K = 10
+SINGULAR = {"errors": "error", "skipped": "skipped"}
+
+
+class Report:
+    """The result document, saved after every change (a timeout loses nothing)."""
+
+    def __init__(self, path: Path, doc: dict) -> None:
+        self.path, self.doc = path, doc
+        self.save()
+
+    def save(self) -> None:
+        from crossknn.fileio import atomic_write_bytes
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.path, (json.dumps(self.doc, indent=1) + "\n").encode("utf-8"))
+
+    def row(self, section: str, row: dict) -> None:
+        self.doc.setdefault(section, []).append(row)
+        self.save()
+        print(f"[{section}] " + json.dumps(row), flush=True)
+
+    def note(self, key: str, section: str, what: str) -> None:
+        self.doc.setdefault(key, []).append({"section": section, "what": what})
+        self.save()
+        print(f"[{section}] {SINGULAR[key]}: {what}", flush=True)
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def gpu_name() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+# -- data ------------------------------------------------------------------------------------
+def load_data(folder: Path, max_items: int | None, max_queries: int):
+    """(item ids, item texts, query texts) of a BEIR folder: the test queries (or all)."""
+    from crossknn.data import load_beir
+
+    b = load_beir(folder)
+    ids, texts = b.item_ids, b.item_texts
+    if max_items is not None:
+        ids, texts = ids[:max_items], texts[:max_items]
+    test = b.qrels.get("test")
+    pos = {q: i for i, q in enumerate(b.query_ids)}
+    order = [pos[q] for q in test if q in pos] if test else range(len(b.query_ids))
+    queries = [b.query_texts[i] for i in order][:max_queries]
+    return ids, texts, queries
+
+
+def top_candidates(de, texts: list[str], queries: list[str], n: int) -> np.ndarray:
+    V = de.encode(texts)
+    Q = de.encode(queries)
+    S = Q @ V.T
+    n = min(n, len(texts))
+    top = np.argpartition(-S, n - 1, axis=1)[:, :n]
+    rows = np.arange(len(queries))[:, None]
+    return top[rows, np.argsort(-S[rows, top], axis=1, kind="stable")]
+
+
+def top10_agreement(a: np.ndarray, b: np.ndarray, per: int) -> float:
+    a, b = a.reshape(-1, per), b.reshape(-1, per)
+    k = min(10, per)
+    got = [
+        len(set(np.argsort(-x, kind="stable")[:k]) & set(np.argsort(-y, kind="stable")[:k])) / k
+        for x, y in zip(a, b, strict=True)
+    ]
+    return round(float(np.mean(got)), 4)
+
+
+# -- 1. CE -----------------------------------------------------------------------------------
+def open_ce(precision: str, provider: str, threads: int | None, items=None):
+    from crossknn.ce.folders import open_cross_encoder
+
+    return open_cross_encoder(
+        None, precision=precision, provider=provider, threads=threads, items=items
+    )
+
+
+def ce_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
+    queries, cand, texts = ctx["ce_queries"], ctx["cand"], ctx["texts"]
+    pairs = [(q, texts[j]) for q, row in zip(queries, cand, strict=True) for j in row]
+    per = cand.shape[1]
+    ref: dict[str, np.ndarray] = {}
+    for precision in ctx["precisions"]:
+        if dl.left() < 15:
+            rep.note("skipped", "ce", f"{precision}: deadline")
+            continue
+        try:
+            ce = open_ce(precision, args.provider, args.threads, items=texts)
+        except Exception as exc:
+            rep.note("errors", "ce", f"{precision}: {type(exc).__name__}: {exc}")
+            continue
+        ctx["default_batch"] = (ce.batch_size, ce.max_batch_tokens)
+        ce.predict(pairs[: min(len(pairs), 64)])  # warm up: first run, kernels, the fp16 file
+        for batch in ctx["batches"]:
+            if dl.left() < 10:
+                rep.note("skipped", "ce", f"{precision} batch {batch}: deadline")
+                continue
+            ce.batch_size, ce.max_batch_tokens = batch, batch * ce.max_length
+            ce.predict(pairs[: min(len(pairs), batch)])
+            t = time.perf_counter()
+            got = ce.predict(pairs)
+            dt = time.perf_counter() - t
+            ts = time.perf_counter()
+            ce.score_batch(queries, list(cand))
+            dts = time.perf_counter() - ts
+            if precision == "fp32" and "fp32" not in ref:
+                ref["fp32"] = got
+            base = ref.get("fp32")
+            rep.row(
+                "ce",
+                {
+                    "device": ctx["device"],
+                    "provider": ce.provider,
+                    "precision": ce.precision,
+                    "batch": batch,
+                    "pairs_per_s": round(len(pairs) / dt, 1),
+                    "top10_agreement_vs_fp32": None
+                    if base is None
+                    else top10_agreement(got, base, per),
+                    "max_abs_diff_vs_fp32": None
+                    if base is None
+                    else round(float(np.abs(got - base).max()), 8),
+                    "score_pairs_per_s": round(len(pairs) / dts, 1),
+                    "pairs": len(pairs),
+                },
+            )
+        if precision == "fp32":
+            ctx["ce_ref"] = ref.get("fp32")
+        if dl.left() > 15:
+            round_rows(rep, ctx, ce, queries, cand, args)
+        else:
+            rep.note("skipped", "round", f"{precision}: deadline")
+        del ce
+
+
+def round_rows(rep: Report, ctx: dict, ce, queries, cand, args) -> None:
+    """One search round's CE call (20 pairs of one query, the default batching of the
+    provider): median latency over 100 calls (quick: 3), with IO binding on and off."""
+    ce.batch_size, ce.max_batch_tokens = ctx["default_batch"]
+    calls, warm = (3, 1) if args.quick else (100, 3)
+    for binding in (True, False) if ctx["gpu"] else (False,):
+        ce._s.io_binding = binding
+        times = []
+        for i in range(calls + warm):
+            q, row = queries[i % len(queries)], cand[i % len(queries)]
+            items = row[(i * 20) % len(row) :][:20]
+            t = time.perf_counter()
+            ce.score(q, items)
+            if i >= warm:  # the first calls warm up
+                times.append((time.perf_counter() - t) * 1e3)
+        rep.row(
+            "round",
+            {
+                "device": ctx["device"],
+                "provider": ce.provider,
+                "precision": ce.precision,
+                "pairs": 20,
+                "io_binding": binding,
+                "call_ms_p50": pct(times, 50),
+                "call_ms_p90": pct(times, 90),
+                "calls": len(times),
+            },
+        )
+    ce._s.io_binding = ctx["gpu"]
+
+
+# -- 2. torch eager --------------------------------------------------------------------------
+def torch_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
+    import torch
+
+    from crossknn.ce.feeds import pair_feeds
+    from crossknn.ce.graphs import JointCE, load_model
+    from crossknn.ce.models import minilm_checkpoint_dir
+    from crossknn.ce.runtime import _batches
+    from crossknn.ce.tokenize import IdStore, longest_first
+
+    gpu = ctx["gpu"] and torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    if not gpu and args.threads:
+        torch.set_num_threads(args.threads)
+    queries, cand, texts = ctx["ce_queries"], ctx["cand"], ctx["texts"]
+    per = cand.shape[1]
+    # the same inputs as the ONNX runtime builds: cached ids, longest_first, length-sorted
+    plan = ctx["plan"]
+    room = 128 - plan.pair.n_special
+    A = IdStore(plan.encode(queries), room)
+    B = IdStore(plan.encode(texts), room)
+    ia = np.repeat(np.arange(len(queries)), per)
+    ib = cand.reshape(-1)
+    ta, tb = longest_first(A.lengths[ia], B.lengths[ib], room)
+    batch = 256
+    batches = _batches(ta + tb + plan.pair.n_special, batch, 1 << 30)
+    feeds = [pair_feeds(plan.pair, plan.pad_id, A, ia[i], ta[i], B, ib[i], tb[i]) for i in batches]
+    model = JointCE(load_model(minilm_checkpoint_dir(), classifier=False), normalize=True).eval()
+    model.to(device)
+    precisions = ["fp32", "fp16"] if gpu else ["fp32"]
+    if not gpu:
+        rep.note("skipped", "torch", "fp16: torch eager fp16 is measured on CUDA only")
+    for precision in precisions:
+        if dl.left() < 15:
+            rep.note("skipped", "torch", f"{precision}: deadline")
+            continue
+        if precision == "fp16":
+            model.half()
+        tensors = [{k: torch.from_numpy(v).to(device) for k, v in f.items()} for f in feeds]
+        out = np.empty(len(ia), dtype=np.float32)
+
+        def run_all(tensors=tensors, out=out):
+            with torch.inference_mode():
+                res = [
+                    model(f["input_ids"], f["attention_mask"], f["token_type_ids"], f["pool_mask"])
+                    for f in tensors
+                ]
+                if gpu:
+                    torch.cuda.synchronize()
+            for idx, r in zip(batches, res, strict=True):
+                out[idx] = r.float().cpu().numpy()
+
+        run_all()  # warm up
+        t = time.perf_counter()
+        run_all()
+        dt = time.perf_counter() - t
+        base = ctx.get("ce_ref")
+        rep.row(
+            "torch",
+            {
+                "device": ctx["device"],
+                "provider": "torch-eager",
+                "precision": precision,
+                "batch": batch,
+                "pairs_per_s": round(len(ia) / dt, 1),
+                "top10_agreement_vs_fp32": None
+                if base is None
+                else top10_agreement(out, base, per),
+                "max_abs_diff_vs_fp32": None
+                if base is None
+                else round(float(np.abs(out - base).max()), 8),
+                "pairs": int(len(ia)),
+                "torch": torch.__version__,
+                "note": "inputs built outside the timer; the reference is ONNX Runtime fp32",
+            },
+        )
+
+
+# -- 3. serial search ------------------------------------------------------------------------
+def build_index(ctx: dict, args, folder: Path) -> Path:
+    from crossknn.ce.folders import open_dual_encoder
+    from crossknn.corpus_index import build_corpus_index
+    from crossknn.data import Corpus
+
+    ce = open_ce("fp32", args.provider, args.threads)
+    de = open_dual_encoder(None, precision="fp32", provider=args.provider, threads=args.threads)
+    corpus = Corpus(ids=list(ctx["ids"]), texts=list(ctx["texts"]), source=str(args.data))
+    t = time.perf_counter()
+    quick = {"calibration_queries": 2, "calibration_items": 8} if args.quick else {}
+    build_corpus_index(corpus, folder, ce=ce, de=de, progress=False, **quick)
+    ctx["build_s"] = round(time.perf_counter() - t, 1)
+    print(f"[search] index of {len(corpus)} items built in {ctx['build_s']} s", flush=True)
+    return folder
+
+
+def pct(values, q):
+    return round(float(np.percentile(values, q)), 2) if len(values) else None
+
+
+def search_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
+    import crossknn
+    from crossknn.ce.folders import open_index_models
+
+    index = crossknn.open_index(ctx["index"])
+    queries = ctx["search_queries"]
+    for precision in ctx["precisions"]:
+        if dl.left() < 20:
+            rep.note("skipped", "search", f"{precision}: deadline")
+            continue
+        ce, de = open_index_models(
+            index, precision=precision, provider=args.provider, threads=args.threads
+        )
+        s = crossknn.Searcher(index, ce=ce, de=de)
+        for q in queries[:3]:  # warm up (not counted): sessions, caches, query vectors
+            s.search([q], k=K, budget=args.budget)
+        lat, ce_ms, other_ms = [], [], []
+        stop = time.monotonic() + min(args.search_seconds, max(dl.left() - 10, 1))
+        t0 = time.perf_counter()
+        for q in queries[3:]:
+            if time.monotonic() > stop:
+                break
+            t = time.perf_counter()
+            h = s.search([q], k=K, budget=args.budget)[0]
+            lat.append((time.perf_counter() - t) * 1e3)
+            ce_ms.append(h.seconds_ce * 1e3)
+            other_ms.append(h.seconds_other * 1e3)
+        wall = time.perf_counter() - t0
+        rep.row(
+            "search",
+            {
+                "device": ctx["device"],
+                "provider": ce.provider,
+                "precision": ce.precision,
+                "budget": args.budget,
+                "concurrency": 1,
+                "queries_per_s": round(len(lat) / wall, 2) if lat else None,
+                "p50_ms": pct(lat, 50),
+                "p99_ms": pct(lat, 99),
+                "ce_ms": pct(ce_ms, 50),
+                "other_ms": pct(other_ms, 50),
+                "queries": len(lat),
+                "items": len(index),
+                "method": s.method,
+                "mode": "serial Searcher.search",
+            },
+        )
+        del s, ce, de
+
+
+# -- 4. serve --------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_json(port: int, path: str, timeout: float = 5.0):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+class Server:
+    def __init__(self, index: Path, port: int, extra: list[str], log: Path) -> None:
+        self.port = port
+        self.cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(index), "--port", str(port)]
+        self.cmd += ["--log-level", "warning", *extra]
+        self.log_path = log
+        self.log = open(log, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, seconds: float) -> dict:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                status, _ = get_json(self.port, "/readyz", 2.0)
+                if status == 200:
+                    return get_json(self.port, "/info")[1]
+            except (OSError, http.client.HTTPException, ValueError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"serve not ready after {seconds:.0f} s: {self.tail()}")
+
+    def tail(self) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-4:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self.log.close()
+
+
+def closed_loop(
+    port: int, conc: int, queries: list[str], n: int, seconds: float, budget: int
+) -> dict:
+    """``conc`` clients, each sending its next request when its last is answered, until ``n``
+    requests are done or ``seconds`` passed (a 429/503 client waits 50 ms)."""
+    lock = threading.Lock()
+    state = {"next": 0}
+    results: list[tuple[int, float, float | None, float | None]] = []
+    stop_at = time.monotonic() + seconds
+
+    def worker(w: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            while time.monotonic() < stop_at:
+                with lock:
+                    i = state["next"]
+                    if i >= n:
+                        return
+                    state["next"] += 1
+                body = json.dumps(
+                    {"query": queries[(i * 7 + w) % len(queries)], "k": K, "budget": budget}
+                )
+                t = time.perf_counter()
+                ce = other = None
+                try:
+                    conn.request("POST", "/search", body, {"Content-Type": "application/json"})
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    code = resp.status
+                    if code == 200:
+                        h = json.loads(data)["hits"][0]
+                        ce = h.get("ce_s", h.get("seconds_ce"))
+                        other = h.get("other_s", h.get("seconds_other"))
+                except (OSError, http.client.HTTPException, ValueError):
+                    code = -1
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+                lat = time.perf_counter() - t
+                with lock:
+                    results.append((code, lat, ce, other))
+                if code in (429, 503):
+                    time.sleep(0.05)
+        finally:
+            conn.close()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ok = [r for r in results if r[0] == 200]
+    lat = np.array([r[1] for r in ok]) * 1e3
+    ce = [r[2] * 1e3 for r in ok if r[2] is not None]
+    other = [r[3] * 1e3 for r in ok if r[3] is not None]
+    errors = Counter(str(r[0]) for r in results if r[0] != 200)
+    return {
+        "queries_per_s": round(len(ok) / wall, 2),
+        "p50_ms": pct(lat, 50),
+        "p99_ms": pct(lat, 99),
+        "ce_ms": pct(ce, 50),
+        "other_ms": pct(other, 50),
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": dict(sorted(errors.items())),
+        "http_5xx": sum(v for c, v in errors.items() if c.startswith("5")),
+        "wall_s": round(wall, 2),
+    }
+
+
+def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        rep.note(
+            "skipped",
+            "serve",
+            f"{' and '.join(missing)} not installed (pip install 'crossknn[serve]')",
+        )
+        return
+    queries = ctx["search_queries"]
+    log_dir = Path(ctx["work"])
+    # the best precision first; fp32 (the index's) when the server refuses it
+    for precision in reversed(ctx["precisions"]):
+        if dl.left() < 40:
+            rep.note("skipped", "serve", f"{precision}: deadline")
+            return
+        extra = ["--provider", args.provider] + (
+            ["--precision", precision] if precision != "fp32" else []
+        )
+        port = free_port()
+        server = Server(ctx["index"], port, extra, log_dir / f"serve-{precision}.log")
+        rep.doc["commands"].append(shlex.join(server.cmd))
+        rep.save()
+        try:
+            info = server.wait_ready(min(180.0, dl.left() - 30))
+            for q in queries[:3]:  # warm up
+                closed_loop(port, 1, [q], 1, 60, args.budget)
+            for conc in ctx["levels"]:
+                if dl.left() < 12:
+                    rep.note("skipped", "serve", f"{precision} concurrency {conc}: deadline")
+                    continue
+                n = ctx["serve_requests"] * (1 if conc == 1 else 4)
+                seconds = min(args.level_seconds, dl.left() - 10)
+                r = closed_loop(port, conc, queries, n, seconds, args.budget)
+                rep.row(
+                    "serve",
+                    {
+                        "device": ctx["device"],
+                        "provider": info.get("provider"),
+                        "precision": info.get("precision"),
+                        "budget": args.budget,
+                        "concurrency": conc,
+                        **r,
+                    },
+                )
+            return
+        except Exception as exc:
+            rep.note("errors", "serve", f"{precision}: {type(exc).__name__}: {exc}")
+        finally:
+            server.stop()
+
+
+# -- main ------------------------------------------------------------------------------------
+def table(doc: dict) -> None:
+    print("\nCE throughput (pairs/s)")
+    print(f"{'provider':28}{'precision':>10}{'batch':>7}{'pairs/s':>11}{'top10 vs fp32':>15}")
+    for r in doc.get("ce", []) + doc.get("torch", []):
+        agree = r["top10_agreement_vs_fp32"]
+        print(
+            f"{r['provider']:28}{r['precision']:>10}{r['batch']:>7}{r['pairs_per_s']:>11.1f}"
+            f"{'' if agree is None else f'{agree:.3f}':>15}"
+        )
+    for r in doc.get("round", []):
+        print(
+            f"one round's 20-pair call on {r['provider']} {r['precision']}, IO binding "
+            f"{'on' if r['io_binding'] else 'off'}: p50 {r['call_ms_p50']} ms"
+        )
+    print("\nsearch (ms per query)")
+    print(
+        f"{'mode':8}{'provider':26}{'prec':>6}{'conc':>6}{'q/s':>9}{'p50':>9}{'p99':>9}{'ce':>8}{'other':>8}"
+    )
+    for kind in ("search", "serve"):
+        for r in doc.get(kind, []):
+
+            def f(x, w):
+                return f"{'-' if x is None else x:>{w}}"
+
+            print(
+                f"{kind:8}{str(r['provider']):26}{str(r['precision']):>6}{r['concurrency']:>6}"
+                f"{f(r['queries_per_s'], 9)}{f(r['p50_ms'], 9)}{f(r['p99_ms'], 9)}"
+                f"{f(r['ce_ms'], 8)}{f(r['other_ms'], 8)}"
+            )
+    for key in ("errors", "skipped"):
+        for e in doc.get(key, []):
+            print(f"{SINGULAR[key]}: [{e['section']}] {e['what']}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda", "tensorrt"))
+    ap.add_argument("--data", type=Path, default=SHARED / "data" / "scifact", help="a BEIR folder")
+    ap.add_argument("--quick", action="store_true", help="small counts (a smoke run on a CPU)")
+    ap.add_argument("--max-seconds", type=float, default=270.0, help="global deadline (s)")
+    ap.add_argument("--sections", default="ce,torch,search,serve")
+    ap.add_argument("--threads", type=int, default=None, help="CE/DE threads (default: all)")
+    ap.add_argument("--budget", type=int, default=None, help="CE calls per query (100; quick 20)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=None, help="folder for the index and logs")
+    args = ap.parse_args()
+    dl = Deadline(args.max_seconds)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("crossknn.ce").setLevel(logging.INFO)  # provider choice, fp16 graph
+    cpu = args.provider == "cpu"
+    if not cpu:
+        try:  # PyTorch's CUDA libraries first, so onnxruntime's CUDA provider finds them
+            import torch  # noqa: F401
+        except ImportError:
+            pass
+    out = args.out or RESULTS / ("gpu_bench_cpu.json" if cpu else "gpu_bench.json")
+    quick = args.quick
+    args.budget = args.budget or (20 if quick else 100)
+    args.level_seconds = 6.0 if quick else 10.0
+    args.search_seconds = 15.0 if quick else 25.0
+    name = gpu_name()
+    try:
+        import onnxruntime as ort
+
+        ort_providers = ort.get_available_providers()
+    except Exception as exc:  # recorded in the JSON: the setup below fails and says so
+        ort_providers = f"onnxruntime does not import: {type(exc).__name__}: {exc}"
+    rep = Report(
+        out,
+        {
+            "bench": "gpu_bench",
+            "started": utc_now(),
+            "device": name or f"cpu: {platform.processor() or platform.machine()}",
+            "nvidia_smi": name,
+            "machine": machine("onnxruntime", "onnxruntime-gpu", "torch", "transformers", "onnx"),
+            "ort_providers": ort_providers,
+            "commands": [shlex.join([sys.executable, *sys.argv])],
+            "setup_commands": os.environ.get("GPU_BENCH_SETUP", "").splitlines(),
+            "settings": {"quick": quick, "max_seconds": args.max_seconds, "data": str(args.data)},
+            "ce": [],
+            "round": [],
+            "torch": [],
+            "search": [],
+            "serve": [],
+            "errors": [],
+            "skipped": [],
+        },
+    )
+    ctx: dict = {"device": rep.doc["device"]}
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ctx["work"] = str(work)
+    try:
+        from crossknn.ce.folders import open_dual_encoder
+
+        ids, texts, queries = load_data(args.data, 200 if quick else None, 300)
+        ctx["ids"], ctx["texts"] = ids, texts
+        probe = open_ce("fp32", args.provider, args.threads)
+        ctx["gpu"] = probe.provider != "CPUExecutionProvider"
+        ctx["precisions"] = ["fp32", "fp16"] if ctx["gpu"] else ["fp32"]
+        ctx["plan"] = probe._plan
+        rep.doc["provider_auto"] = probe.provider
+        rep.doc["provider_skipped"] = list(probe._s.skipped)  # why auto passed a provider by
+        if not ctx["gpu"] and not quick:
+            rep.note("skipped", "setup", "fp16 rows: the provider is the CPU")
+        de = open_dual_encoder(None, precision="fp32", provider=args.provider, threads=args.threads)
+        n_ce = 2 if quick else 60
+        per = 20 if quick else 100
+        t = time.perf_counter()
+        ctx["cand"] = top_candidates(de, texts, queries[:n_ce], per)
+        ctx["ce_queries"] = queries[:n_ce]
+        ctx["search_queries"] = queries
+        ctx["batches"] = [16, 40] if quick else [16, 256, 1024]
+        ctx["levels"] = [1, 8] if quick else [1, 8, 32, 64]
+        ctx["serve_requests"] = 2 if quick else 100
+        rep.doc["settings"].update(
+            items=len(texts),
+            queries=len(queries),
+            ce_queries=n_ce,
+            candidates=per,
+            de_provider=de.provider,
+            de_top_s=round(time.perf_counter() - t, 1),
+        )
+        rep.save()
+        del probe, de
+    except Exception as exc:
+        rep.note("errors", "setup", f"{type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        sections = []
+    runners = {
+        "ce": ce_section,
+        "torch": torch_section,
+        "search": search_section,
+        "serve": serve_section,
+    }
+    for sec in sections:
+        if sec not in runners:
+            rep.note("errors", sec, "unknown section")
+            continue
+        if dl.left() < 10:
+            rep.note("skipped", sec, "deadline")
+            continue
+        try:
+            if sec in ("search", "serve") and "index" not in ctx:
+                ctx["index"] = build_index(ctx, args, work / "index")
+                rep.doc["settings"]["index_build_s"] = ctx["build_s"]
+                rep.save()
+            t = time.perf_counter()
+            runners[sec](rep, dl, ctx, args)
+            rep.doc.setdefault("section_seconds", {})[sec] = round(time.perf_counter() - t, 1)
+            rep.save()
+        except Exception as exc:
+            rep.note("errors", sec, f"{type(exc).__name__}: {exc}")
+            traceback.print_exc()
+    rep.doc["finished"] = utc_now()
+    rep.doc["seconds"] = round(args.max_seconds - dl.left(), 1)
+    rep.save()
+    table(rep.doc)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

