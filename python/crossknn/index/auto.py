@@ -15,9 +15,64 @@ import numpy as np
 
 from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
 
-__all__ = ["AUTO_ARRAY", "auto_index_of", "build_corpus_auto", "pseudo_query_count"]
+__all__ = [
+    "AUTO_ARRAY",
+    "DEFAULT_INDEX_MINUTES",
+    "ITEMS_PER_ROW",
+    "MAX_DEFAULT_ROWS",
+    "auto_index_of",
+    "build_corpus_auto",
+    "default_index_rows",
+    "expected_gain",
+    "pseudo_query_count",
+]
 
 AUTO_ARRAY = "auto_rows"
+
+# The default index budget of ``crossknn build`` (no --index-calls): m complete CE rows, C = m x N,
+#   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, rows the CE scores in DEFAULT_INDEX_MINUTES at
+#           the speed measured on the calibration batches, train queries given)
+# so a corpus under 100 items spends nothing (search keeps AXN over DE there), and a GPU build
+# of NFCorpus (3,633 items) reads 32 rows in seconds. docs/search.md has the numbers behind it.
+ITEMS_PER_ROW = 100
+MAX_DEFAULT_ROWS = 32
+DEFAULT_INDEX_MINUTES = 10.0
+# measured on nfcorpus-minilm-gpu (323 test queries, DE first round, seed 0; bench/recall_bench.py
+# --nfcorpus): Top-10-Recall@100 of auto by complete rows read, and of AXN over DE
+EXPECTED_K10_B100 = {0: None, 16: 0.920, 167: 0.955}
+AXN_K10_B100 = 0.707
+
+
+def default_index_rows(
+    n_items: int,
+    pairs_per_s: float | None,
+    *,
+    n_train: int | None = None,
+    minutes: float = DEFAULT_INDEX_MINUTES,
+) -> int:
+    """The rows m of the default index budget (C = m x N; see the constants above):
+    ``pairs_per_s`` the CE's measured speed (None: no time cap), ``n_train`` the train queries
+    given (None: pseudo-queries, as many as needed)."""
+    if n_items < 1 or minutes < 0:
+        raise ValueError(f"need n_items >= 1 and minutes >= 0; got {n_items}, {minutes}")
+    m = min(int(n_items) // ITEMS_PER_ROW, MAX_DEFAULT_ROWS)
+    if n_train is not None:
+        m = min(m, int(n_train))
+    if pairs_per_s is not None:
+        m = min(m, int(minutes * 60.0 * float(pairs_per_s) // n_items))
+    return max(m, 0)
+
+
+def expected_gain(rows: int) -> str:
+    """What ``rows`` complete rows are expected to buy, from the NFCorpus measurement."""
+    known = sorted(r for r, v in EXPECTED_K10_B100.items() if v is not None and r <= rows)
+    if rows < 2 or not known:
+        return "DE vectors only (too few rows for cross-validation)"
+    r = known[-1]
+    return (
+        f"on NFCorpus {r} rows gave Top-10-Recall@100 {EXPECTED_K10_B100[r]:.2f} "
+        f"(AXN over DE {AXN_K10_B100:.2f})"
+    )
 
 
 def pseudo_query_count(index_calls: int, n_items: int, calibration_queries: int) -> int:
