@@ -70,3 +70,24 @@ def test_pseudo_queries_and_no_auto_without_index_calls(env):
     assert "auto" not in plain.params and Searcher(plain).method == "axn"
     with pytest.raises(ValueError, match="--index-calls"):
         Searcher(plain, method="auto")
+
+
+def test_default_budget_builds_auto_from_the_rule(env, monkeypatch, capsys):
+    import crossknn.index.auto as auto_index
+
+    # 40 items are under the rule's 100 items per row: no auto index, search keeps axn
+    plain = _build(env, env["root"] / "d", "--calibration-queries", "3")
+    assert "auto" not in plain.params and Searcher(plain).method == "axn"
+    assert "auto index: none (fewer than 100 items)" in capsys.readouterr().out
+    # one row per 10 items: 4 complete rows of pseudo-queries, C = 4 x 40
+    monkeypatch.setattr(auto_index, "ITEMS_PER_ROW", 10)
+    idx = _build(env, env["root"] / "e", "--calibration-queries", "3")
+    auto = idx.params["auto"]
+    assert auto["rows"] == 4 and auto["index_calls"] == 4 * N_ITEMS == auto["index_calls_limit"]
+    assert auto["default_rule"]["rows"] == 4 and auto["default_rule"]["pairs_per_s"] > 0
+    assert idx.ce_calls == 3 * 8 + 4 * N_ITEMS and Searcher(idx).method == "auto"
+    out = capsys.readouterr().out
+    assert f"auto index: {4 * N_ITEMS} CE calls for 4 complete rows (default rule" in out
+    # a zero time cap reads no row
+    capped = _build(env, env["root"] / "f", "--calibration-queries", "3", "--index-minutes", "0")
+    assert "auto" not in capped.params
