@@ -157,6 +157,11 @@ def cost_table(matrix, tag: str = "cisi") -> None:
     plot_cost(out, dense, REPO / "docs" / "img" / f"{tag}_index_cost.png", title)
 
 
+def _x(share: float, floor: float) -> float:
+    """A share of dense as the x position (percent), C = 0 drawn at ``floor``."""
+    return max(share, floor) * 100
+
+
 def plot_cost(out, dense, png, title="cisi-minilm") -> None:
     """Recall vs index CE calls (share of dense ADACUR's), one panel per k, a line per B for
     auto and a marker per baseline."""
@@ -167,18 +172,21 @@ def plot_cost(out, dense, png, title="cisi-minilm") -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     auto = sorted((r for r in out if r["method"] == "auto"), key=lambda r: r["index_calls_limit"])
+    # where C = 0 is drawn on the log axis: a tenth of the smallest nonzero share (cisi: 0.1%)
+    shares = [r["index_calls_limit"] / dense for r in auto if r["index_calls_limit"]]
+    floor = min([1e-2, *shares]) / 10
     colors = {50: "C0", 100: "C1", 200: "C2"}
     marks = {"adacur": "s", "axn": "^", "rnr": "v"}
     for ax, k in zip(axes, (10, 50), strict=True):
         for b in (50, 100, 200):
-            x = [max(r["index_calls_limit"] / dense, 1e-3) * 100 for r in auto]
+            x = [_x(r["index_calls_limit"] / dense, floor) for r in auto]
             ax.plot(
                 x, [r["recall"][f"k{k}B{b}"] for r in auto], "o-", c=colors[b], label=f"auto B={b}"
             )
             for r in out:
                 if r["method"] in marks:
                     ax.plot(
-                        max(r["share_of_dense"], 1e-3) * 100,
+                        _x(r["share_of_dense"], floor),
                         r["recall"][f"k{k}B{b}"],
                         marks[r["method"]],
                         c=colors[b],
@@ -187,12 +195,9 @@ def plot_cost(out, dense, png, title="cisi-minilm") -> None:
                         label=f"{r['method']} (DE first) B={b}",
                     )
         ax.set_xscale("log")
-        ticks = sorted({round(max(r["index_calls_limit"] / dense, 1e-3) * 100, 3) for r in auto})
+        ticks = sorted({_x(r["index_calls_limit"] / dense, floor) for r in auto})
         ax.set_xticks(ticks)
-        ax.set_xticklabels(
-            ["0" if t == 0.1 and not auto[0]["index_calls_limit"] else f"{t:g}%" for t in ticks],
-            fontsize=7,
-        )
+        ax.set_xticklabels(["0" if t == floor * 100 else f"{t:.3g}%" for t in ticks], fontsize=7)
         ax.minorticks_off()
         ax.set_xlabel(f"index CE calls C (share of dense ADACUR's {dense:,})")
         ax.set_title(f"Top-{k}-Recall@B, {title}")
