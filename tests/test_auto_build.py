@@ -91,3 +91,42 @@ def test_default_budget_builds_auto_from_the_rule(env, monkeypatch, capsys):
     # a zero time cap reads no row
     capped = _build(env, env["root"] / "f", "--calibration-queries", "3", "--index-minutes", "0")
     assert "auto" not in capped.params
+
+
+class _Interrupting:
+    """The real CE, interrupted (KeyboardInterrupt) at its ``stop_at``-th complete row."""
+
+    def __init__(self, ce, n_items, stop_at=None):
+        self.ce, self.n_items, self.stop_at, self.rows = ce, n_items, stop_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.ce, name)
+
+    def score_batch(self, queries, items):
+        for it in items:
+            if len(it) == self.n_items:
+                self.rows += 1
+                if self.rows == self.stop_at:
+                    raise KeyboardInterrupt
+        return self.ce.score_batch(queries, items)
+
+
+def test_interrupted_auto_rows_resume(env, tmp_path):
+    from crossknn.ce import default_dual_encoder
+    from crossknn.corpus_index import build_corpus_index
+
+    de = default_dual_encoder()
+    kw = {"calibration_queries": 3, "calibration_items": 8, "progress": False, "de": de}
+    first = _Interrupting(default_cross_encoder(), N_ITEMS, stop_at=4)
+    with pytest.raises(KeyboardInterrupt):
+        build_corpus_index(env["corpus"], tmp_path / "i", ce=first, index_calls=5 * N_ITEMS, **kw)
+    assert first.rows == 4  # three rows finished and kept, the fourth interrupted
+    again = _Interrupting(default_cross_encoder(), N_ITEMS)
+    idx = build_corpus_index(env["corpus"], tmp_path / "i", ce=again, index_calls=5 * N_ITEMS, **kw)
+    assert again.rows == 2  # only the two rows not finished before are scored
+    assert idx.params["auto"]["rows"] == 5 and idx.params["auto"]["index_calls"] == 5 * N_ITEMS
+    whole = build_corpus_index(
+        env["corpus"], tmp_path / "w", ce=default_cross_encoder(), index_calls=5 * N_ITEMS, **kw
+    )
+    assert np.array_equal(idx["auto_rows"], whole["auto_rows"])
+    assert idx.params["auto"] == whole.params["auto"]

@@ -382,8 +382,17 @@ def _build_locked(
         qs = train_queries or pseudo_queries(
             corpus, pseudo_query_count(index_calls, len(corpus), calibration_queries), seed=seed
         )
+        auto_key = {"what": "auto_rows", "ce": _model_key(ce), "items": sha256_bytes(items_bytes)}
+        _fresh_work(work / "auto", auto_key, "auto index rows")
         a_arrays, auto, a_calls = build_corpus_auto(
-            ce, de, V, list(qs), index_calls=index_calls, seed=seed, progress=progress
+            ce,
+            de,
+            V,
+            list(qs),
+            index_calls=index_calls,
+            seed=seed,
+            progress=progress,
+            work=work / "auto",
         )
         arrays.update(a_arrays)
         ce_calls += a_calls

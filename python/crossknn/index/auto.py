@@ -10,9 +10,11 @@ CE over the corpus and train queries given by the user, or pseudo-queries made f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from crossknn.fileio import atomic_save_npy, sha256_texts
 from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
 
 __all__ = [
@@ -80,13 +82,39 @@ def pseudo_query_count(index_calls: int, n_items: int, calibration_queries: int)
 
 
 class _TextScorer:
-    """The CE over the corpus items, addressed by train query position (IndexCallBudget keys)."""
+    """The CE over the corpus items, addressed by train query position (IndexCallBudget keys).
+    With ``work``, each complete row is kept there (``row_<sha256 of the query>.npy``) and read
+    back instead of scored: an interrupted build resumes after its last finished row."""
 
-    def __init__(self, ce, texts: Sequence[str], n_items: int) -> None:
+    def __init__(self, ce, texts: Sequence[str], n_items: int, work: Path | None = None) -> None:
         self.ce, self.texts, self.n_items = ce, list(texts), int(n_items)
+        self.work = None if work is None else Path(work)
+
+    def _row_path(self, q) -> Path:
+        return self.work / f"row_{sha256_texts([self.texts[int(q)]])[:24]}.npy"
 
     def score_batch(self, queries, items):
-        return self.ce.score_batch([self.texts[int(q)] for q in queries], items)
+        if self.work is None:
+            return self.ce.score_batch([self.texts[int(q)] for q in queries], items)
+        out = []
+        for q, it in zip(queries, items, strict=True):
+            it = np.asarray(it, np.int64)
+            full = it.size == self.n_items and np.array_equal(it, np.arange(self.n_items))
+            path = self._row_path(q) if full else None
+            row = None
+            if path is not None and path.is_file():
+                try:
+                    row = np.load(path, allow_pickle=False)
+                except (ValueError, OSError, EOFError):
+                    row = None
+                if row is not None and (row.shape != (self.n_items,) or row.dtype != np.float32):
+                    row = None
+            if row is None:
+                row = np.asarray(self.ce.score_batch([self.texts[int(q)]], [it])[0], np.float32)
+                if path is not None:
+                    atomic_save_npy(path, row)
+            out.append(row)
+        return out
 
 
 def build_corpus_auto(
@@ -98,16 +126,20 @@ def build_corpus_auto(
     index_calls: int,
     seed: int = 0,
     progress: bool = False,
+    work: Path | None = None,
 ) -> tuple[dict[str, np.ndarray], dict, int]:
     """(arrays, params, CE calls spent) of the auto index; ``ce`` must have the corpus items set
     (``ce.set_items``). Train queries are addressed by position; ``de.encode`` gives their DE
-    vectors (used for the cross-validated choices)."""
+    vectors (used for the cross-validated choices). ``work``: a folder that keeps the finished
+    rows of an interrupted build (the caller keys it to the CE and the items)."""
     qs = list(train_queries)
     if not qs:
         raise ValueError("the auto index needs at least one train or pseudo query")
     V = np.asarray(item_vectors, np.float32)
     Q = np.asarray(de.encode(qs), np.float32)
-    reader = IndexCallBudget(_TextScorer(ce, qs, V.shape[0]), range(len(qs)), index_calls)
+    if work is not None:
+        Path(work).mkdir(parents=True, exist_ok=True)
+    reader = IndexCallBudget(_TextScorer(ce, qs, V.shape[0], work), range(len(qs)), index_calls)
     idx = build_auto_index(
         reader, list(range(len(qs))), V, Q, index_calls=index_calls, seed=seed, progress=progress
     )
