@@ -8,6 +8,11 @@ x (B, k): ``auto`` at 0, 1, 5, 10 and 100% of dense ADACUR's index calls beside 
 RNR, all with the DE first round) as bench/results/recall_index_cost.json and
 docs/img/cisi_index_cost.png. Uses the precomputed score matrix only (no model runs); takes
 about half an hour on 2 cores (``--only`` runs a part).
+
+``--nfcorpus``: issue 29's table on ../shared/matrices/nfcorpus-minilm-gpu (eval_nfcorpus_*.json;
+RNR, AXN and ADACUR over the DE, auto at 0, 0.1, 1, 10 and 100% of dense and at the default
+build's 32 rows; B in 50/100/200, k in 10/50): recall_index_cost_nfcorpus.json and
+docs/img/nfcorpus_index_cost.png.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import argparse
 import json
 import time
 
-from _common import CISI_MATRIX, REPO, RESULTS
+from _common import CISI_MATRIX, REPO, RESULTS, SHARED
 from crossknn.cli import main as crossknn
 
 
@@ -55,6 +60,15 @@ INDEX_SHARES = (0.0, 0.01, 0.05, 0.10, 1.0)
 for _share in INDEX_SHARES:
     RUNS[f"eval_cisi_auto_{round(100 * _share)}pct"] = methods("auto") + ["--first", "de"]
 
+# --nfcorpus: nfcorpus-minilm-gpu (1,677 train x 3,633 items, 323 test queries), the cells of
+# issue 29 only; auto at 0, 0.1, 1, 10, 100% of dense and at the default rule's 32 rows
+NF_GRID = repeat("--budget", 50, 100, 200) + repeat("--k", 10, 50)
+NF_SHARES = {"0pct": 0.0, "0.1pct": 0.001, "1pct": 0.01, "10pct": 0.10, "100pct": 1.0}
+NF_DEFAULT_ROWS = 32  # crossknn.index.auto.MAX_DEFAULT_ROWS: the default build on 3,633 items
+NF_RUNS = {"eval_nfcorpus_base": methods("rnr", "axn", "adacur") + ["--first", "de"]}
+for _label in [*NF_SHARES, "default"]:
+    NF_RUNS[f"eval_nfcorpus_auto_{_label}"] = methods("auto") + ["--first", "de"]
+
 FIGURE_SERIES = [  # (run, method, first, rounds)
     ("eval_cisi_rnr", "rnr", "de", 1),
     ("eval_cisi_rnr", "rnr", "tfidf", 1),
@@ -76,19 +90,25 @@ def _dense_calls(matrix) -> int:
 
 
 def _index_calls(name: str, matrix) -> list[str]:
-    if not name.startswith("eval_cisi_auto_"):
+    if "_auto_" not in name:
         return []
-    share = int(name.rsplit("_", 1)[1].removesuffix("pct")) / 100
+    label = name.rsplit("_", 1)[1]
+    if label == "default":
+        from crossknn.matrix import load_score_matrix
+
+        return ["--index-calls", str(NF_DEFAULT_ROWS * load_score_matrix(matrix).n_items)]
+    share = float(label.removesuffix("pct")) / 100
     return ["--index-calls", str(int(share * _dense_calls(matrix)))]
 
 
-def cost_table(matrix) -> None:
+def cost_table(matrix, tag: str = "cisi") -> None:
     """Method x index CE calls x (B, k), all with the DE first round: auto from its runs, RNR,
-    AXN and ADACUR (5 rounds) from eval_cisi_rnr / eval_cisi_de; printed, JSON, figure."""
+    AXN and ADACUR (5 rounds) from eval_cisi_rnr / eval_cisi_de (nfcorpus: eval_nfcorpus_base);
+    printed, JSON, figure."""
     rows = []
-    for name in ["eval_cisi_rnr", "eval_cisi_de"] + [
-        n for n in RUNS if n.startswith("eval_cisi_auto_")
-    ]:
+    base = ["eval_nfcorpus_base"] if tag == "nfcorpus" else ["eval_cisi_rnr", "eval_cisi_de"]
+    runs = NF_RUNS if tag == "nfcorpus" else RUNS
+    for name in base + [n for n in runs if n.startswith(f"eval_{tag}_auto_")]:
         path = RESULTS / f"{name}.json"
         limit = _index_calls(name, matrix)
         if path.is_file():
@@ -129,13 +149,20 @@ def cost_table(matrix) -> None:
                 "recall": {f"k{k}B{b}": rec.get((b, k)) for b, k in cells},
             }
         )
-    (RESULTS / "recall_index_cost.json").write_text(
+    suffix = "" if tag == "cisi" else f"_{tag}"
+    (RESULTS / f"recall_index_cost{suffix}.json").write_text(
         json.dumps({"dense_index_calls": dense, "rows": out}, indent=1) + "\n"
     )
-    plot_cost(out, dense, REPO / "docs" / "img" / "cisi_index_cost.png")
+    title = "cisi-minilm" if tag == "cisi" else "nfcorpus-minilm-gpu"
+    plot_cost(out, dense, REPO / "docs" / "img" / f"{tag}_index_cost.png", title)
 
 
-def plot_cost(out, dense, png) -> None:
+def _x(share: float, floor: float) -> float:
+    """A share of dense as the x position (percent), C = 0 drawn at ``floor``."""
+    return max(share, floor) * 100
+
+
+def plot_cost(out, dense, png, title="cisi-minilm") -> None:
     """Recall vs index CE calls (share of dense ADACUR's), one panel per k, a line per B for
     auto and a marker per baseline."""
     import matplotlib
@@ -145,18 +172,21 @@ def plot_cost(out, dense, png) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     auto = sorted((r for r in out if r["method"] == "auto"), key=lambda r: r["index_calls_limit"])
+    # where C = 0 is drawn on the log axis: a tenth of the smallest nonzero share (cisi: 0.1%)
+    shares = [r["index_calls_limit"] / dense for r in auto if r["index_calls_limit"]]
+    floor = min([1e-2, *shares]) / 10
     colors = {50: "C0", 100: "C1", 200: "C2"}
     marks = {"adacur": "s", "axn": "^", "rnr": "v"}
     for ax, k in zip(axes, (10, 50), strict=True):
         for b in (50, 100, 200):
-            x = [max(r["index_calls_limit"] / dense, 1e-3) * 100 for r in auto]
+            x = [_x(r["index_calls_limit"] / dense, floor) for r in auto]
             ax.plot(
                 x, [r["recall"][f"k{k}B{b}"] for r in auto], "o-", c=colors[b], label=f"auto B={b}"
             )
             for r in out:
                 if r["method"] in marks:
                     ax.plot(
-                        max(r["share_of_dense"], 1e-3) * 100,
+                        _x(r["share_of_dense"], floor),
                         r["recall"][f"k{k}B{b}"],
                         marks[r["method"]],
                         c=colors[b],
@@ -165,11 +195,12 @@ def plot_cost(out, dense, png) -> None:
                         label=f"{r['method']} (DE first) B={b}",
                     )
         ax.set_xscale("log")
-        ax.set_xticks([0.1, 1, 5, 10, 100])
-        ax.set_xticklabels(["0", "1%", "5%", "10%", "100%"])
+        ticks = sorted({_x(r["index_calls_limit"] / dense, floor) for r in auto})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(["0" if t == floor * 100 else f"{t:.3g}%" for t in ticks], fontsize=7)
         ax.minorticks_off()
         ax.set_xlabel(f"index CE calls C (share of dense ADACUR's {dense:,})")
-        ax.set_title(f"Top-{k}-Recall@B, cisi-minilm")
+        ax.set_title(f"Top-{k}-Recall@B, {title}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("recall")
     h, lab = axes[0].get_legend_handles_labels()
@@ -185,12 +216,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", default=str(CISI_MATRIX))
     ap.add_argument("--only", action="append", help="run only these runs (names above)")
+    ap.add_argument(
+        "--nfcorpus",
+        action="store_true",
+        help="issue 29's table on nfcorpus-minilm-gpu (eval_nfcorpus_* runs) instead of cisi",
+    )
+    ap.add_argument("--table-only", action="store_true", help="no runs: table and figure")
     args = ap.parse_args()
+    if args.nfcorpus and args.matrix == str(CISI_MATRIX):
+        args.matrix = str(SHARED / "matrices" / "nfcorpus-minilm-gpu")
+    runs, base_grid = (NF_RUNS, NF_GRID) if args.nfcorpus else (RUNS, GRID)
     timings = {}
-    for name, argv in RUNS.items():
-        if args.only and name not in args.only:
+    for name, argv in runs.items():
+        if (args.only and name not in args.only) or args.table_only:
             continue
-        grid = GRID + _index_calls(name, args.matrix)
+        grid = base_grid + _index_calls(name, args.matrix)
         print(f"\n== {name}: crossknn eval MATRIX {' '.join(argv + grid)}")
         t0 = time.perf_counter()
         rc = crossknn(
@@ -209,6 +249,9 @@ def main() -> int:
             return rc
         timings[name] = round(time.perf_counter() - t0, 1)
     print("\nseconds per run:", json.dumps(timings))
+    if args.nfcorpus:
+        cost_table(args.matrix, "nfcorpus")
+        return 0
     cost_table(args.matrix)
 
     from crossknn.eval import plot_curves

@@ -70,3 +70,63 @@ def test_pseudo_queries_and_no_auto_without_index_calls(env):
     assert "auto" not in plain.params and Searcher(plain).method == "axn"
     with pytest.raises(ValueError, match="--index-calls"):
         Searcher(plain, method="auto")
+
+
+def test_default_budget_builds_auto_from_the_rule(env, monkeypatch, capsys):
+    import crossknn.index.auto as auto_index
+
+    # 40 items are under the rule's 100 items per row: no auto index, search keeps axn
+    plain = _build(env, env["root"] / "d", "--calibration-queries", "3")
+    assert "auto" not in plain.params and Searcher(plain).method == "axn"
+    assert "auto index: none (fewer than 100 items)" in capsys.readouterr().out
+    # one row per 10 items: 4 complete rows of pseudo-queries, C = 4 x 40
+    monkeypatch.setattr(auto_index, "ITEMS_PER_ROW", 10)
+    idx = _build(env, env["root"] / "e", "--calibration-queries", "3")
+    auto = idx.params["auto"]
+    assert auto["rows"] == 4 and auto["index_calls"] == 4 * N_ITEMS == auto["index_calls_limit"]
+    assert auto["default_rule"]["rows"] == 4 and auto["default_rule"]["pairs_per_s"] > 0
+    assert idx.ce_calls == 3 * 8 + 4 * N_ITEMS and Searcher(idx).method == "auto"
+    out = capsys.readouterr().out
+    assert f"auto index: {4 * N_ITEMS} CE calls for 4 complete rows (default rule" in out
+    # a zero time cap reads no row
+    capped = _build(env, env["root"] / "f", "--calibration-queries", "3", "--index-minutes", "0")
+    assert "auto" not in capped.params
+
+
+class _Interrupting:
+    """The real CE, interrupted (KeyboardInterrupt) at its ``stop_at``-th complete row."""
+
+    def __init__(self, ce, n_items, stop_at=None):
+        self.ce, self.n_items, self.stop_at, self.rows = ce, n_items, stop_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.ce, name)
+
+    def score_batch(self, queries, items):
+        for it in items:
+            if len(it) == self.n_items:
+                self.rows += 1
+                if self.rows == self.stop_at:
+                    raise KeyboardInterrupt
+        return self.ce.score_batch(queries, items)
+
+
+def test_interrupted_auto_rows_resume(env, tmp_path):
+    from crossknn.ce import default_dual_encoder
+    from crossknn.corpus_index import build_corpus_index
+
+    de = default_dual_encoder()
+    kw = {"calibration_queries": 3, "calibration_items": 8, "progress": False, "de": de}
+    first = _Interrupting(default_cross_encoder(), N_ITEMS, stop_at=4)
+    with pytest.raises(KeyboardInterrupt):
+        build_corpus_index(env["corpus"], tmp_path / "i", ce=first, index_calls=5 * N_ITEMS, **kw)
+    assert first.rows == 4  # three rows finished and kept, the fourth interrupted
+    again = _Interrupting(default_cross_encoder(), N_ITEMS)
+    idx = build_corpus_index(env["corpus"], tmp_path / "i", ce=again, index_calls=5 * N_ITEMS, **kw)
+    assert again.rows == 2  # only the two rows not finished before are scored
+    assert idx.params["auto"]["rows"] == 5 and idx.params["auto"]["index_calls"] == 5 * N_ITEMS
+    whole = build_corpus_index(
+        env["corpus"], tmp_path / "w", ce=default_cross_encoder(), index_calls=5 * N_ITEMS, **kw
+    )
+    assert np.array_equal(idx["auto_rows"], whole["auto_rows"])
+    assert idx.params["auto"] == whole.params["auto"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ __all__ = [
     "CorpusIndex",
     "build_corpus_index",
     "open_index",
+    "PSEUDO_KINDS",
     "pseudo_queries",
 ]
 
@@ -59,14 +62,32 @@ def _items_jsonl(corpus: Corpus) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def pseudo_queries(corpus: Corpus, n: int, *, seed: int = 0, words: int = 10) -> list[str]:
-    """``n`` short pseudo-queries: the first ``words`` words of random items (seeded).
+PSEUDO_KINDS = ("first", "sentence")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
-    Used to calibrate the CE score scale when the user gives no train queries.
+
+def pseudo_queries(
+    corpus: Corpus, n: int, *, seed: int = 0, words: int = 10, kind: str = "first"
+) -> list[str]:
+    """``n`` short pseudo-queries from random items (seeded), one per item.
+
+    ``kind="first"``: the item's first ``words`` words (with a title, mostly the title);
+    ``"sentence"``: one seeded random sentence of the item other than its first (the first when
+    it has only one), clipped to ``words`` + 2 words. Used to calibrate the CE score scale and as
+    the rows of ``auto``'s index when the user gives no train queries.
     """
+    if kind not in PSEUDO_KINDS:
+        raise ValueError(f"pseudo-query kind must be one of {PSEUDO_KINDS}; got {kind!r}")
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(corpus), size=min(n, len(corpus)), replace=False)
-    return [" ".join(corpus.texts[i].split()[:words]) for i in sorted(picks.tolist())]
+    if kind == "first":
+        return [" ".join(corpus.texts[i].split()[:words]) for i in sorted(picks.tolist())]
+    out = []
+    for i in sorted(picks.tolist()):
+        sents = [t for t in _SENTENCE_END.split(corpus.texts[i]) if t.split()]
+        pick = sents[1 + int(rng.integers(len(sents) - 1))] if len(sents) > 1 else sents[0]
+        out.append(" ".join(pick.split()[: words + 2]))
+    return out
 
 
 def _model_key(model: Any) -> dict:
@@ -204,8 +225,9 @@ def build_corpus_index(
     progress: bool = True,
     chunk: int = 1024,
     round_index: str = "auto",
-    index_calls: int | None = None,
+    index_calls: int | str | None = None,
     tune_rounds: int = 0,
+    index_minutes: float | None = None,
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
@@ -216,7 +238,11 @@ def build_corpus_index(
       for ADACUR/ANNCUR, through a resumable sharded job;
     - ``tune_rounds=Q`` with a FAISS round index: its width per round step, tuned on the exact
       rounds of the first Q train (or pseudo-) queries (100 CE calls each; see
-      :meth:`crossknn.Searcher.tune_round_widths`), stored in ``params.round_index``.
+      :meth:`crossknn.Searcher.tune_round_widths`), stored in ``params.round_index``;
+    - ``index_calls=C``: ``auto``'s index (:mod:`crossknn.index.auto`) from at most C CE calls;
+      ``"default"``: C by the default rule (:func:`crossknn.index.auto.default_index_rows`, the
+      CE's speed measured on the calibration batches, capped at ``index_minutes``; no auto index
+      when it gives no row); None: no auto index.
 
     Work in progress lives in ``OUT_DIR/.build`` and is resumed after an interruption (DE
     vectors in chunks of ``chunk`` items); each piece of it is keyed by a fingerprint of its
@@ -257,6 +283,7 @@ def build_corpus_index(
             chunk=chunk,
             round_index=round_index,
             index_calls=index_calls,
+            index_minutes=index_minutes,
         )
         if tune_rounds:
             _tune_round_widths(out, ce, de, train_queries, tune_rounds, seed, progress)
@@ -305,7 +332,8 @@ def _build_locked(
     progress: bool,
     chunk: int,
     round_index: str = "auto",
-    index_calls: int | None = None,
+    index_calls: int | str | None = None,
+    index_minutes: float | None = None,
 ) -> None:
     from crossknn.ce import default_cross_encoder, default_dual_encoder
     from crossknn.ce.folders import model_record
@@ -332,9 +360,22 @@ def _build_locked(
         if train_queries
         else pseudo_queries(corpus, calibration_queries, seed=seed)
     )
+    t_cal = time.perf_counter()
     smap, ce_calls = _calibrate(
         ce, de, V, cal, items_per_query=calibration_items, seed=seed, progress=progress
     )
+    rule = None
+    if index_calls == "default":  # C from the CE's speed on the calibration batches
+        from crossknn.index.auto import DEFAULT_INDEX_MINUTES, default_index_rows
+
+        rate = ce_calls / max(time.perf_counter() - t_cal, 1e-9)
+        minutes = DEFAULT_INDEX_MINUTES if index_minutes is None else float(index_minutes)
+        n_train = len(train_queries) if train_queries else None
+        rows = default_index_rows(len(corpus), rate, n_train=n_train, minutes=minutes)
+        rule = {"rows": rows, "pairs_per_s": round(rate, 1), "minutes": minutes}
+        index_calls = rows * len(corpus) if rows else None
+    elif isinstance(index_calls, str):
+        raise ValueError(f"index_calls must be an int, 'default' or None; got {index_calls!r}")
     arrays: dict[str, np.ndarray] = {"de_items": V}
     auto = None
     if index_calls is not None:  # the default method's index (crossknn.index.auto)
@@ -343,11 +384,22 @@ def _build_locked(
         qs = train_queries or pseudo_queries(
             corpus, pseudo_query_count(index_calls, len(corpus), calibration_queries), seed=seed
         )
+        auto_key = {"what": "auto_rows", "ce": _model_key(ce), "items": sha256_bytes(items_bytes)}
+        _fresh_work(work / "auto", auto_key, "auto index rows")
         a_arrays, auto, a_calls = build_corpus_auto(
-            ce, de, V, list(qs), index_calls=index_calls, seed=seed, progress=progress
+            ce,
+            de,
+            V,
+            list(qs),
+            index_calls=index_calls,
+            seed=seed,
+            progress=progress,
+            work=work / "auto",
         )
         arrays.update(a_arrays)
         ce_calls += a_calls
+        if rule is not None:
+            auto["default_rule"] = rule
     if cur:
         cur_key = {
             "what": "cur_rows",

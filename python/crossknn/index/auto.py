@@ -10,14 +10,69 @@ CE over the corpus and train queries given by the user, or pseudo-queries made f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from crossknn.fileio import atomic_save_npy, sha256_texts
 from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
 
-__all__ = ["AUTO_ARRAY", "auto_index_of", "build_corpus_auto", "pseudo_query_count"]
+__all__ = [
+    "AUTO_ARRAY",
+    "DEFAULT_INDEX_MINUTES",
+    "ITEMS_PER_ROW",
+    "MAX_DEFAULT_ROWS",
+    "auto_index_of",
+    "build_corpus_auto",
+    "default_index_rows",
+    "expected_gain",
+    "pseudo_query_count",
+]
 
 AUTO_ARRAY = "auto_rows"
+
+# The default index budget of ``crossknn build`` (no --index-calls): m complete CE rows, C = m x N,
+#   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, rows the CE scores in DEFAULT_INDEX_MINUTES at
+#           the speed measured on the calibration batches, train queries given)
+# so a corpus under 100 items spends nothing (search keeps AXN over DE there), and a GPU build
+# of NFCorpus (3,633 items) reads 32 rows in seconds. docs/search.md has the numbers behind it.
+ITEMS_PER_ROW = 100
+MAX_DEFAULT_ROWS = 32
+DEFAULT_INDEX_MINUTES = 10.0
+# measured on nfcorpus-minilm-gpu (323 test queries, DE first round, seed 0; bench/recall_bench.py
+# --nfcorpus): Top-10-Recall@100 of auto by complete rows read, and of AXN over DE
+EXPECTED_K10_B100 = {0: 0.758, 1: 0.791, 16: 0.920, 32: 0.923, 167: 0.955}
+AXN_K10_B100 = 0.707
+
+
+def default_index_rows(
+    n_items: int,
+    pairs_per_s: float | None,
+    *,
+    n_train: int | None = None,
+    minutes: float = DEFAULT_INDEX_MINUTES,
+) -> int:
+    """The rows m of the default index budget (C = m x N; see the constants above):
+    ``pairs_per_s`` the CE's measured speed (None: no time cap), ``n_train`` the train queries
+    given (None: pseudo-queries, as many as needed)."""
+    if n_items < 1 or minutes < 0:
+        raise ValueError(f"need n_items >= 1 and minutes >= 0; got {n_items}, {minutes}")
+    m = min(int(n_items) // ITEMS_PER_ROW, MAX_DEFAULT_ROWS)
+    if n_train is not None:
+        m = min(m, int(n_train))
+    if pairs_per_s is not None:
+        m = min(m, int(minutes * 60.0 * float(pairs_per_s) // n_items))
+    return max(m, 0)
+
+
+def expected_gain(rows: int) -> str:
+    """What ``rows`` complete rows are expected to buy: the NFCorpus measurement for the largest
+    measured row count not above ``rows``."""
+    r = max(k for k in EXPECTED_K10_B100 if k <= max(int(rows), 0))
+    return (
+        f"on NFCorpus {r} row{'s' if r != 1 else ''} gave Top-10-Recall@100 "
+        f"{EXPECTED_K10_B100[r]:.2f} (AXN over DE {AXN_K10_B100:.2f})"
+    )
 
 
 def pseudo_query_count(index_calls: int, n_items: int, calibration_queries: int) -> int:
@@ -27,13 +82,39 @@ def pseudo_query_count(index_calls: int, n_items: int, calibration_queries: int)
 
 
 class _TextScorer:
-    """The CE over the corpus items, addressed by train query position (IndexCallBudget keys)."""
+    """The CE over the corpus items, addressed by train query position (IndexCallBudget keys).
+    With ``work``, each complete row is kept there (``row_<sha256 of the query>.npy``) and read
+    back instead of scored: an interrupted build resumes after its last finished row."""
 
-    def __init__(self, ce, texts: Sequence[str], n_items: int) -> None:
+    def __init__(self, ce, texts: Sequence[str], n_items: int, work: Path | None = None) -> None:
         self.ce, self.texts, self.n_items = ce, list(texts), int(n_items)
+        self.work = None if work is None else Path(work)
+
+    def _row_path(self, q) -> Path:
+        return self.work / f"row_{sha256_texts([self.texts[int(q)]])[:24]}.npy"
 
     def score_batch(self, queries, items):
-        return self.ce.score_batch([self.texts[int(q)] for q in queries], items)
+        if self.work is None:
+            return self.ce.score_batch([self.texts[int(q)] for q in queries], items)
+        out = []
+        for q, it in zip(queries, items, strict=True):
+            it = np.asarray(it, np.int64)
+            full = it.size == self.n_items and np.array_equal(it, np.arange(self.n_items))
+            path = self._row_path(q) if full else None
+            row = None
+            if path is not None and path.is_file():
+                try:
+                    row = np.load(path, allow_pickle=False)
+                except (ValueError, OSError, EOFError):
+                    row = None
+                if row is not None and (row.shape != (self.n_items,) or row.dtype != np.float32):
+                    row = None
+            if row is None:
+                row = np.asarray(self.ce.score_batch([self.texts[int(q)]], [it])[0], np.float32)
+                if path is not None:
+                    atomic_save_npy(path, row)
+            out.append(row)
+        return out
 
 
 def build_corpus_auto(
@@ -45,16 +126,20 @@ def build_corpus_auto(
     index_calls: int,
     seed: int = 0,
     progress: bool = False,
+    work: Path | None = None,
 ) -> tuple[dict[str, np.ndarray], dict, int]:
     """(arrays, params, CE calls spent) of the auto index; ``ce`` must have the corpus items set
     (``ce.set_items``). Train queries are addressed by position; ``de.encode`` gives their DE
-    vectors (used for the cross-validated choices)."""
+    vectors (used for the cross-validated choices). ``work``: a folder that keeps the finished
+    rows of an interrupted build (the caller keys it to the CE and the items)."""
     qs = list(train_queries)
     if not qs:
         raise ValueError("the auto index needs at least one train or pseudo query")
     V = np.asarray(item_vectors, np.float32)
     Q = np.asarray(de.encode(qs), np.float32)
-    reader = IndexCallBudget(_TextScorer(ce, qs, V.shape[0]), range(len(qs)), index_calls)
+    if work is not None:
+        Path(work).mkdir(parents=True, exist_ok=True)
+    reader = IndexCallBudget(_TextScorer(ce, qs, V.shape[0], work), range(len(qs)), index_calls)
     idx = build_auto_index(
         reader, list(range(len(qs))), V, Q, index_calls=index_calls, seed=seed, progress=progress
     )

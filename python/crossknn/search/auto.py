@@ -306,8 +306,18 @@ def build_auto_index(
     R = np.empty((m, N), np.float32)
     from tqdm.auto import tqdm
 
-    for j, p in enumerate(tqdm(pos, desc="auto index rows", disable=not progress, leave=False)):
-        R[j] = reader.score(train[p], all_items)
+    # one bar over the CE pairs of the rows: pairs/s and the time left
+    with tqdm(
+        total=m * N,
+        desc=f"auto index ({m} CE rows)",
+        unit="pair",
+        unit_scale=True,
+        disable=not progress or m == 0,
+        leave=False,
+    ) as bar:
+        for j, p in enumerate(pos):
+            R[j] = reader.score(train[p], all_items)
+            bar.update(N)
     rho_d, rho_r, rounds, first = DEFAULTS
     decay = 0.0
     table = None
