@@ -352,12 +352,22 @@ def test_serve_takes_the_shared_runtime_options():
     args = _parse("serve", "idx", "--provider", "cpu", "--threads", "2")
     c = config_from_args(args)
     assert (c.provider, c.threads, c.precision) == ("cpu", 2, None)
-    args = _parse("serve", "idx", "--max-batch-tokens", "4096")
-    if "max_batch_tokens" in ServeConfig.__dataclass_fields__:
-        assert config_from_args(args).max_batch_tokens == 4096
-    else:  # refused in one line, never silently dropped
-        with pytest.raises(ValueError, match="--max-batch-tokens is not supported"):
-            config_from_args(args)
+    args = _parse(
+        "serve",
+        "idx",
+        "--max-batch-tokens",
+        "4096",
+        "--precision",
+        "fp16",
+        "--de-precision",
+        "fp32",
+    )
+    c = config_from_args(args)
+    assert (c.max_batch_tokens, c.precision, c.de_precision) == (4096, "fp16", "fp32")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        ServeConfig(index="idx", precision="fp8")
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        ServeConfig(index="idx", max_batch_tokens=0)
 
 
 class _Index:

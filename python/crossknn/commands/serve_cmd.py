@@ -108,21 +108,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace):
     from crossknn.serve.service import ServeConfig
 
-    # runtime options the service may not take yet: passed where ServeConfig has the field,
-    # refused in one line where it has not (never silently dropped)
-    fields = getattr(ServeConfig, "__dataclass_fields__", {})
-    runtime = {}
-    for name, flag in (
-        ("de_precision", "--de-precision"),
-        ("max_batch_tokens", "--max-batch-tokens"),
-    ):
-        value = getattr(args, name, None)
-        if name in fields:
-            runtime[name] = value
-        elif value is not None:
-            raise ValueError(f"serve: {flag} is not supported by this server yet")
     return ServeConfig(
-        **runtime,
+        de_precision=args.de_precision,
+        max_batch_tokens=args.max_batch_tokens,
         index=args.index_dir,
         model=args.model,
         de_model=args.de_model,

@@ -42,7 +42,9 @@ class ServeConfig:
 
     index: str
     model: str | None = None  # a crossknn or HF CE folder; default: the index's CE
-    precision: str | None = None  # default: the index's
+    precision: str | None = None  # the CE's; default: the index's (fp16: its fp32 graph on a GPU)
+    de_precision: str | None = None  # the DE's; default: the index's
+    max_batch_tokens: int | None = None  # tokens per CE session run; None: the provider's default
     de_model: str | None = (
         None  # a crossknn / sentence-transformers DE folder; default: the index's
     )
@@ -73,6 +75,7 @@ class ServeConfig:
             ("admit_within", 0 <= self.admit_within <= 1),
             ("max_body_bytes", self.max_body_bytes >= 1024),
             ("threads", self.threads is None or self.threads >= 1),
+            ("max_batch_tokens", self.max_batch_tokens is None or self.max_batch_tokens >= 1),
             ("rounds", 1 <= self.rounds <= self.max_rounds),
             ("shards", self.shards >= 0),
             ("round_index", self.round_index in ("auto", "exact", "ivf", "hnsw")),
@@ -80,12 +83,12 @@ class ServeConfig:
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"serve: {name}={getattr(self, name)!r} is out of range")
-        from crossknn.ce.models import PRECISIONS
+        from crossknn.ce.folders import RUN_PRECISIONS
 
-        if self.precision is not None and self.precision not in PRECISIONS:
-            raise ValueError(
-                f"serve: precision must be one of {PRECISIONS}; got {self.precision!r}"
-            )
+        for name in ("precision", "de_precision"):
+            value = getattr(self, name)
+            if value is not None and value not in RUN_PRECISIONS:
+                raise ValueError(f"serve: {name} must be one of {RUN_PRECISIONS}; got {value!r}")
 
 
 def _model_info(m: ModelInfo) -> dict[str, Any]:
@@ -137,22 +140,25 @@ class SearchService:
     # -- loading --------------------------------------------------------------------------------
     def load(self) -> None:
         import crossknn
-        from crossknn.searcher import open_models
+        from crossknn.ce.folders import open_index_models
 
         t = time.perf_counter()
         c = self.config
         try:
             index = self._index if self._index is not None else crossknn.open_index(c.index)
             threads = c.threads
-            ce, de = open_models(
+            ce, de = open_index_models(
                 index,
                 model=c.model,
                 de_model=c.de_model,
                 precision=c.precision,
+                de_precision=c.de_precision,
                 provider=c.provider,
                 threads=threads,
                 backend=c.backend,
+                max_batch_tokens=c.max_batch_tokens,
             )
+            index.check_models(ce=ce, de=de)
             m = self.metrics
             batcher = Batcher(
                 ce,
