@@ -17,7 +17,8 @@ import pytest
 
 from crossknn import ADACUR, AXN, CurIndex, ItemFeatures, MatrixScorer, _core
 from crossknn.score_map import ScoreMap
-from crossknn.search import query_seed, run_rounds
+from crossknn.search import query_seed
+from ref_rounds import run_rounds
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "cpp" / "tests" / "fixtures"

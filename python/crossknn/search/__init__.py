@@ -9,10 +9,11 @@ Quick use (a precomputed score matrix as the CE)::
     scores_k, items_k = ADACUR(index, rounds=5).search(MatrixScorer(scores), test_rows,
                                                        budget=100, k=10)
 
-Modules: ``rounds`` (the loop), ``methods`` (what each method scores), ``factory`` (methods by
-name), ``tuning`` (free parameters chosen on held-out train rows).
+Modules: ``engine`` (the C++ round loop), ``rounds`` (plans and seeds), ``methods`` (what each
+method scores), ``factory`` (methods by name), ``tuning`` (free parameters chosen on held-out train rows).
 """
 
+from crossknn.search.engine import search_rounds
 from crossknn.search.factory import METHODS, make_method
 from crossknn.search.methods import (
     ADACUR,
@@ -23,7 +24,7 @@ from crossknn.search.methods import (
     CurIndex,
     RoundMethod,
 )
-from crossknn.search.rounds import SearchResult, Step, query_seed, run_rounds, split_sizes
+from crossknn.search.rounds import SearchResult, Step, query_seed, split_sizes
 from crossknn.search.tuning import choose_on_dev, dev_split
 
 __all__ = [
@@ -41,6 +42,6 @@ __all__ = [
     "dev_split",
     "make_method",
     "query_seed",
-    "run_rounds",
+    "search_rounds",
     "split_sizes",
 ]
