@@ -14,6 +14,7 @@ import sys
 from crossknn.ce.models import PRECISIONS
 from crossknn.ce.runtime import PROVIDERS
 from crossknn.commands._common import add_round_arguments
+from crossknn.search.registry import names as method_names
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
 
@@ -90,9 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--method",
-        choices=("axn", "rnr", "adacur", "anncur"),
-        default="axn",
-        help="default method of requests that name none (default axn)",
+        choices=method_names(),
+        default=None,
+        help="default method of requests that name none (default: auto when the index was "
+        "built with --index-calls, else axn)",
     )
     p.add_argument("--rounds", type=int, default=5, help="default rounds (default 5)")
     p.add_argument(

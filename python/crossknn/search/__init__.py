@@ -10,7 +10,8 @@ Quick use (a precomputed score matrix as the CE)::
                                                        budget=100, k=10)
 
 Modules: ``engine`` (the C++ round loop), ``rounds`` (plans and seeds), ``methods`` (what each
-method scores), ``factory`` (methods by name), ``tuning`` (free parameters chosen on held-out train rows).
+method scores), ``registry`` (the one list of methods), ``factory`` (methods by name), ``tuning``
+(free parameters chosen on held-out train rows).
 """
 
 from crossknn.search.engine import search_rounds
@@ -24,6 +25,7 @@ from crossknn.search.methods import (
     CurIndex,
     RoundMethod,
 )
+from crossknn.search.registry import REGISTRY, MethodSpec
 from crossknn.search.rounds import SearchResult, Step, query_seed, split_sizes
 from crossknn.search.tuning import choose_on_dev, dev_split
 
@@ -33,6 +35,8 @@ __all__ = [
     "AXN",
     "DEFAULT_MIX",
     "METHODS",
+    "REGISTRY",
+    "MethodSpec",
     "RNR",
     "CurIndex",
     "RoundMethod",

@@ -17,10 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from crossknn.search import registry
 from crossknn.serve.batcher import Batcher
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
-from crossknn.serve.schema import NEEDS_CUR, SearchRequest
+from crossknn.serve.schema import SearchRequest
 
 __all__ = ["ServeConfig", "SearchService"]
 
@@ -47,7 +48,7 @@ class ServeConfig:
     max_queue: int = 64
     timeout_s: float = 30.0
     max_body_bytes: int = 1 << 20
-    method: str = "axn"
+    method: str | None = None  # None: the index's default (auto when built with it, else axn)
     rounds: int = 5
     max_rounds: int = 20  # each distinct rounds value keeps a method object (and its features)
     round_index: str = "auto"  # the folder's MIPS round index (auto), or exact rounds
@@ -188,6 +189,11 @@ class SearchService:
     def has_cur(self) -> bool:
         return self.index is not None and "R" in self.index.arrays
 
+    @property
+    def index_kinds(self) -> set[str]:
+        """The method indexes the loaded index holds (crossknn.search.registry kinds)."""
+        return self.searcher.index_kinds if self.searcher is not None else set()
+
     # -- admission ------------------------------------------------------------------------------
     def try_admit(self) -> bool:
         with self._mu:
@@ -238,7 +244,7 @@ class SearchService:
         m.engine_seconds.inc(max(wall - ctx.ce_wait_seconds, 0.0))
         m.queries.inc(len(hits))
         return {
-            "method": req.method,
+            "method": req.method or self.searcher.method,
             "k": req.k,
             "budget": req.budget,
             "hits": [h.to_dict() for h in hits],
@@ -264,9 +270,7 @@ class SearchService:
                 "items_sha256": idx.info.get("items_sha256"),
                 "arrays": sorted(idx.arrays),
                 "params": {k: v for k, v in idx.params.items() if k != "calibration"},
-                "methods": [
-                    m for m in ("axn", "rnr") + NEEDS_CUR if m not in NEEDS_CUR or self.has_cur
-                ],
+                "methods": registry.available(self.index_kinds),
             }
         if self.ce is not None:
             out["models"] = {"ce": _model_info(self.ce), "de": _model_info(self.de)}
