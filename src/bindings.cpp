@@ -174,6 +174,18 @@ class PyScorer final : public crossknn::Scorer {
   py::object fn_;
 };
 
+// Largest result of one sampling call, in ids (2 GiB of int64): more is refused up front instead
+// of failing the allocation (std::bad_alloc / MemoryError).
+constexpr int64_t kMaxResultIds = int64_t{1} << 28;
+
+void check_result_size(int64_t Q, int64_t k, const char* what) {
+  if (k > 0 && Q > kMaxResultIds / k)
+    throw py::value_error(std::string(what) + ": n_queries x k = " + std::to_string(Q) + " x " +
+                          std::to_string(k) + " result ids exceed the limit of 2**28 (" +
+                          std::to_string(kMaxResultIds) +
+                          ") per call; split the queries into smaller calls");
+}
+
 // Round selection through a Python object with ItemFeatures' top_k / sample_softmax (a FAISS
 // round index, item shards, a recording wrapper); called with the GIL held.
 class PySelector final : public crossknn::RoundSelector {
@@ -491,6 +503,7 @@ PYBIND11_MODULE(_core, m) {
             if (k > f.n_items())
               throw py::value_error("k=" + std::to_string(k) + " exceeds the " +
                                     std::to_string(f.n_items()) + " items");
+            check_result_size(Q, k, "sample_random");
             Exclude ex = make_exclude(ids, off, Q);
             py::array_t<int64_t> idx({Q, k});
             int64_t* pi = idx.mutable_data();
