@@ -271,8 +271,9 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   check_plan(plan, o, n_items);
   for (int64_t i = 0; i < Q; ++i)
     if ((o.mix > 0.0 || o.solve == Solve::PriorRidge) && !queries[i].prior)
-      throw std::invalid_argument("mix > 0 (or the PriorRidge solve) needs a prior for every query; "
-                                  "query " + std::to_string(i) + " has none");
+      throw std::invalid_argument(
+          "mix > 0 (or the PriorRidge solve) needs a prior for every query; query " +
+          std::to_string(i) + " has none");
   if (o.solve == Solve::PriorRidge) {
     if (static_cast<int64_t>(o.inv_penalties.size()) != d + 1)
       throw std::invalid_argument("the PriorRidge solve needs d + 1 = " + std::to_string(d + 1) +
@@ -460,7 +461,8 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     std::vector<int64_t> order;
     order.reserve(R.scored_items.size());
     for (size_t t = 0; t < R.scored_items.size(); ++t)
-      if (!use_ranked || ranked[i].count(R.scored_items[t])) order.push_back(static_cast<int64_t>(t));
+      if (!use_ranked || ranked[i].count(R.scored_items[t]))
+        order.push_back(static_cast<int64_t>(t));
     const int64_t kk = std::min<int64_t>(o.k, static_cast<int64_t>(order.size()));
     std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](int64_t a, int64_t b) {
       const float sa = R.scored_scores[a], sb = R.scored_scores[b];
