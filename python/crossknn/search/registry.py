@@ -32,7 +32,6 @@ from crossknn.search.methods import (
     CurIndex,
     RoundMethod,
 )
-from crossknn.search.toy_random import RandomItems
 
 __all__ = [
     "INDEXES",
@@ -243,12 +242,6 @@ REGISTRY: dict[str, MethodSpec] = {
             _anncur,
             dev_param="split",
             defaults={"split": 0.5, "ridge": DEFAULT_RIDGE},
-        ),
-        MethodSpec(
-            "random",
-            "B uniform random items, reranked by the CE",
-            "none",
-            lambda r, spec: RandomItems(n_items=r.n_items),
         ),
     )
 }
