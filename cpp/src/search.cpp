@@ -155,6 +155,16 @@ void check_plan(const std::vector<Step>& plan, const SearchOptions& o, int64_t n
 
 namespace {
 
+// sum_j a[j] b[j] with eight independent partial sums (the compiler may not reorder one sum)
+inline double dot8(const double* a, const double* b, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) s[l] += a[j + l] * b[j + l];
+  for (; j < n; ++j) s[0] += a[j] * b[j];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 // One query's PriorRidge state (Solve::PriorRidge in search.h). Rows z_a = [x_a, x_a . p0] are
 // kept; K = Z diag(inv) Z^T grows by one row per scored item; with decay 0 the Cholesky factor of
 // K + I grows with it (each step only factors the new rows).
@@ -188,12 +198,7 @@ class PriorRidge {
     for (int64_t r = n0; r < n_; ++r) {
       const double* zr = Z_.data() + r * D1;
       for (int64_t j = 0; j < D1; ++j) zl[j] = zr[j] * inv_[j];
-      for (int64_t b = 0; b <= r; ++b) {
-        const double* zb = Z_.data() + b * D1;
-        double acc = 0.0;
-        for (int64_t j = 0; j < D1; ++j) acc += zl[j] * zb[j];
-        K[r * n_ + b] = acc;
-      }
+      for (int64_t b = 0; b <= r; ++b) K[r * n_ + b] = dot8(zl.data(), Z_.data() + b * D1, D1);
     }
     K_.swap(K);
   }
@@ -237,10 +242,8 @@ class PriorRidge {
       std::copy(L_.begin() + r * done, L_.begin() + r * done + r + 1, L.begin() + r * n_);
     for (int64_t i = done; i < n_; ++i) {
       for (int64_t j = 0; j <= i; ++j) {
-        double v = s * K_[i * n_ + j] + (i == j ? 1.0 : 0.0);
-        const double* li = L.data() + i * n_;
-        const double* lj = L.data() + j * n_;
-        for (int64_t t = 0; t < j; ++t) v -= li[t] * lj[t];
+        const double v = s * K_[i * n_ + j] + (i == j ? 1.0 : 0.0) -
+                         dot8(L.data() + i * n_, L.data() + j * n_, j);
         if (i == j) {
           // s K + I has eigenvalues >= 1: v > 0 up to rounding; keep it positive
           L[i * n_ + i] = std::sqrt(std::max(v, 1e-300));
