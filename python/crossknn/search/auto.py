@@ -13,8 +13,9 @@ DE query vector with a free per-query slope (no global CE -> DE score map is nee
     u = c * p0 + w,   (w, c) = argmin ||[X_A, X_A p0] (w, c) - a||^2 + sum_j rho_j w_j^2 + eps c^2
 
 with ``p0 = [DE query vector, 0, ..., 0]`` and ``rho = rho_D`` on the DE block, ``rho_R`` on the
-CE-row block; the C++ loop solves it (``Solve::PriorRidge`` in ``crossknn/search.h``). The first round is the DE's top items (``first_share`` of B, or B / rounds), then
-TopK rounds over ``X u``; the final top-k is ranked by exact CE scores among every scored item.
+CE-row block; the C++ loop solves it (``Solve::PriorRidge`` in ``crossknn/search.h``). The first
+round is the DE's top items (``first_share`` of B, or B / rounds), then TopK rounds over ``X u``;
+the final top-k is ranked by exact CE scores among every scored item.
 
 ``rho_D``, ``rho_R`` and the number of rounds are chosen by K-fold cross-validation over the m
 complete rows (rows of a fold are searched with features built from the other rows only; their
