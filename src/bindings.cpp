@@ -174,6 +174,77 @@ class PyScorer final : public crossknn::Scorer {
   py::object fn_;
 };
 
+// Largest result of one sampling call, in ids (2 GiB of int64): more is refused up front instead
+// of failing the allocation (std::bad_alloc / MemoryError).
+constexpr int64_t kMaxResultIds = int64_t{1} << 28;
+
+void check_result_size(int64_t Q, int64_t k, const char* what) {
+  if (k > 0 && Q > kMaxResultIds / k)
+    throw py::value_error(std::string(what) + ": n_queries x k = " + std::to_string(Q) + " x " +
+                          std::to_string(k) + " result ids exceed the limit of 2**28 (" +
+                          std::to_string(kMaxResultIds) +
+                          ") per call; split the queries into smaller calls");
+}
+
+// Round selection through a Python object with ItemFeatures' top_k / sample_softmax (a FAISS
+// round index, item shards, a recording wrapper); called with the GIL held.
+class PySelector final : public crossknn::RoundSelector {
+ public:
+  PySelector(py::object obj, int64_t d) : obj_(std::move(obj)), d_(d) {}
+  void top_k(const float* U, int64_t Q, int64_t n, const crossknn::ExcludeLists& ex, float* keys,
+             int64_t* out) override {
+    py::gil_scoped_acquire gil;
+    py::array_t<float> u({Q, d_});
+    std::copy(U, U + Q * d_, u.mutable_data());
+    py::list exclude;
+    for (int64_t q = 0; q < Q; ++q) exclude.append(ids_of(ex, q));
+    py::object got = obj_.attr("top_k")(u, n, py::arg("exclude") = exclude);
+    copy_pair(got, Q * n, keys, out, "top_k");
+  }
+  void sample_softmax(const float* u, int64_t n, const crossknn::ExcludeLists& ex,
+                      double temperature, uint64_t seed, float* keys, int64_t* out) override {
+    py::gil_scoped_acquire gil;
+    py::array_t<float> uu(d_);
+    std::copy(u, u + d_, uu.mutable_data());
+    py::object got = obj_.attr("sample_softmax")(uu, n, py::arg("exclude") = ids_of(ex, 0),
+                                                 py::arg("temperature") = temperature,
+                                                 py::arg("seed") = py::int_(seed));
+    copy_pair(got, n, keys, out, "sample_softmax");
+  }
+
+ private:
+  static py::array_t<int64_t> ids_of(const crossknn::ExcludeLists& ex, int64_t q) {
+    const int64_t lo = ex.offsets ? ex.offsets[q] : 0, hi = ex.offsets ? ex.offsets[q + 1] : 0;
+    py::array_t<int64_t> a(hi - lo);
+    if (hi > lo) std::copy(ex.ids + lo, ex.ids + hi, a.mutable_data());
+    return a;
+  }
+  static void copy_pair(const py::object& got, int64_t count, float* keys, int64_t* out,
+                        const char* what) {
+    py::tuple t = py::reinterpret_borrow<py::tuple>(py::tuple(got));
+    if (t.size() != 2)
+      throw py::value_error(std::string("the round selector's ") + what +
+                            " must return (scores, indices)");
+    auto s = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(t[0]);
+    auto i = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(t[1]);
+    if (!s || !i || s.size() != count || i.size() != count)
+      throw py::value_error(std::string("the round selector's ") + what + " returned " +
+                            (i ? std::to_string(i.size()) : std::string("no")) +
+                            " indices; expected " + std::to_string(count));
+    std::copy(s.data(), s.data() + count, keys);
+    std::copy(i.data(), i.data() + count, out);
+  }
+  py::object obj_;
+  int64_t d_;
+};
+
+crossknn::Solve parse_solve(const std::string& s) {
+  if (s == "lstsq") return crossknn::Solve::LeastSquares;
+  if (s == "targets") return crossknn::Solve::Targets;
+  if (s == "prior_ridge") return crossknn::Solve::PriorRidge;
+  throw py::value_error("solve must be 'lstsq', 'targets' or 'prior_ridge'; got '" + s + "'");
+}
+
 crossknn::StepKind parse_kind(const std::string& k) {
   if (k == "first") return crossknn::StepKind::First;
   if (k == "round") return crossknn::StepKind::Round;
@@ -193,7 +264,9 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
                     const std::vector<uint64_t>& query_ids, int64_t budget, int64_t k,
                     const std::string& strategy, double temperature, double ridge, int refine,
                     double jitter_rel, double mix, uint64_t seed, const py::object& first_items,
-                    const py::object& priors, double score_alpha, double score_beta) {
+                    const py::object& priors, double score_alpha, double score_beta,
+                    const std::string& solve, const py::object& inv_penalties,
+                    double penalty_decay, bool final_retrieved, const py::object& selector) {
   if (!f) throw py::type_error("features must be a crossknn._core.Features");
   if (!PyCallable_Check(scorer.ptr())) throw py::type_error("scorer must be callable");
   std::vector<crossknn::Step> plan;
@@ -210,6 +283,18 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
   o.seed = seed;
   o.score_alpha = score_alpha;
   o.score_beta = score_beta;
+  o.solve = parse_solve(solve);
+  if (!inv_penalties.is_none()) {
+    auto ip = expect<double>(inv_penalties, "inv_penalties", 1);
+    o.inv_penalties.assign(ip.data(), ip.data() + ip.shape(0));
+  }
+  o.penalty_decay = penalty_decay;
+  o.final_retrieved = final_retrieved;
+  std::unique_ptr<PySelector> sel;
+  if (!selector.is_none()) {
+    sel = std::make_unique<PySelector>(selector, f->dim());
+    o.selector = sel.get();
+  }
   const int64_t Q = static_cast<int64_t>(query_ids.size());
   std::vector<crossknn::SearchQuery> qs(static_cast<size_t>(Q));
   py::array_t<int64_t, py::array::c_style> fi;
@@ -331,7 +416,9 @@ PYBIND11_MODULE(_core, m) {
         py::arg("strategy") = "topk", py::arg("temperature") = 1.0, py::arg("ridge") = 0.0,
         py::arg("refine") = 3, py::arg("jitter_rel") = 1e-10, py::arg("mix") = 0.0,
         py::arg("seed") = 0, py::arg("first_items") = py::none(), py::arg("priors") = py::none(),
-        py::arg("score_alpha") = 1.0, py::arg("score_beta") = 0.0,
+        py::arg("score_alpha") = 1.0, py::arg("score_beta") = 0.0, py::arg("solve") = "lstsq",
+        py::arg("inv_penalties") = py::none(), py::arg("penalty_decay") = 0.0,
+        py::arg("final_retrieved") = false, py::arg("selector") = py::none(),
         "The C++ round loop (crossknn/search.h) for a batch of queries; scorer(queries, items) "
         "-> list of float arrays is called once per step with the GIL held.");
 
@@ -416,6 +503,7 @@ PYBIND11_MODULE(_core, m) {
             if (k > f.n_items())
               throw py::value_error("k=" + std::to_string(k) + " exceeds the " +
                                     std::to_string(f.n_items()) + " items");
+            check_result_size(Q, k, "sample_random");
             Exclude ex = make_exclude(ids, off, Q);
             py::array_t<int64_t> idx({Q, k});
             int64_t* pi = idx.mutable_data();

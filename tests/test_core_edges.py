@@ -360,3 +360,14 @@ def test_scalar_parameters_accept_numpy_and_0d_values():
     )
     st.append(np.array([1], np.uint16), [1.0])
     assert np.all(np.isfinite(st.solve()))
+
+
+def test_sample_random_refuses_a_result_past_the_limit_before_allocating():
+    """#28 item 10: 7 ids for 2**31 - 1 queries (15e9 ids, 120 GB) was a MemoryError, the raw
+    binding's 2**40 queries a std::bad_alloc; both are a ValueError naming the limit now."""
+    f = ItemFeatures(np.ones((10, 2), np.float32))
+    with pytest.raises(ValueError, match=r"exceed the limit of 2\*\*28"):
+        f.sample_random(7, n_queries=2**31 - 1)
+    with pytest.raises(ValueError, match=r"n_queries x k = 1099511627776 x 7 .* limit of 2\*\*28"):
+        _core.Features(np.ones((10, 2), np.float32)).sample_random(2**40, 7)
+    assert f.sample_random(7, n_queries=3).shape == (3, 7)  # within the limit: as before

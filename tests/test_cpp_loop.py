@@ -17,7 +17,8 @@ import pytest
 
 from crossknn import ADACUR, AXN, CurIndex, ItemFeatures, MatrixScorer, _core
 from crossknn.score_map import ScoreMap
-from crossknn.search import query_seed, run_rounds
+from crossknn.search import query_seed
+from ref_rounds import run_rounds
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "cpp" / "tests" / "fixtures"
@@ -291,3 +292,102 @@ def test_opening_an_index_matrix_holds_it_once(tmp_path):
         grow[mode] = int(out.stdout.strip())
     assert grow["view"] < 1.3 * 25.6e6  # the matrix once (file pages read by the NaN check)
     assert grow["copy"] > 2 * 25.6e6  # a float64 copy and the float32 core copy
+
+
+# ---- the product path (RoundMethod.search -> search_rounds -> _core.run_search) against the old
+# Python loop (tests/ref_rounds.py) on the shared score matrices, for every method -------------
+MATRICES = ("cisi-minilm", "nfcorpus-minilm-gpu")
+VARIANTS = (
+    "rnr",
+    "anncur",
+    "anncur-de",
+    "anncur-retrieved",
+    "adacur",
+    "adacur-softmax",
+    "adacur-random",
+    "adacur-split",
+    "adacur-split-retrieved",
+    "adacur-de",
+    "axn",
+    "axn-plain",
+    "auto",
+    "auto-decay",
+)
+_LOADED: dict = {}
+
+
+def _matrix(name):
+    import os
+
+    from crossknn.matrix import load_score_matrix
+
+    root = Path(os.environ.get("CROSSKNN_DATA", REPO.parent / "shared")) / "matrices" / name
+    if not root.is_dir():
+        pytest.skip(f"score matrix {root} not found (set CROSSKNN_DATA)")
+    if name not in _LOADED:
+        m = load_score_matrix(root)
+        _LOADED[name] = (m, CurIndex.from_matrix(m.scores, m.train, test_rows=m.test))
+    return _LOADED[name]
+
+
+def _variant(name, m, cur):
+    from crossknn.retrievers import make_retriever
+    from crossknn.search import RNR, make_method
+    from crossknn.search.auto import AUTO, AutoIndex
+
+    de = make_retriever("de", item_vectors=m.de_items, query_vectors=m.de_queries)
+    if name == "rnr":
+        return RNR(de, n_items=m.n_items)
+    if name.startswith("anncur"):
+        first = de if name == "anncur-de" else "random"
+        final = "retrieved" if name.endswith("retrieved") else "all"
+        return make_method("anncur", cur=cur, first=first, split=0.4, final=final)
+    if name.startswith("adacur"):
+        base = "adacur-split" if "split" in name else name.replace("-de", "")
+        final = "retrieved" if name.endswith("retrieved") else "all"
+        first = de if name.endswith("-de") else "random"
+        return make_method(
+            base, cur=cur, first=first, rounds=5, split=0.6, temperature=0.3, final=final
+        )
+    if name.startswith("axn"):
+        V, P = m.de_items, m.de_queries
+        if name == "axn-plain":
+            return make_method("axn", item_vectors=V, first="random", prior=None)
+        smap = ScoreMap.fit(m.scores[m.train], P[m.train] @ V.T)
+        return make_method("axn", item_vectors=V, first=de, prior=P, mix=0.5, score_map=smap)
+    rows = m.scores[m.train[: min(40, m.train.size)]]
+    decay = name == "auto-decay"
+    idx = AutoIndex(
+        m.de_items,
+        rows,
+        rho_d=0.1,
+        rho_r=0.3,
+        rounds=5,
+        first_share=0.3 if decay else None,
+        decay=0.5 if decay else 0.0,
+    )
+    return AUTO(idx, prior=m.de_queries, first=de)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("matrix", MATRICES)
+def test_product_path_equals_python_loop(matrix, variant):
+    from ref_rounds import search as ref_search
+
+    m, cur = _matrix(matrix)
+    method = _variant(variant, m, cur)
+    scorer = MatrixScorer(m.scores)
+    rows = m.test[:: max(1, m.test.size // 8)][:8].tolist()
+    for budget in (30, 100):
+        new = method.search(scorer, rows, budget=budget, k=10, seed=3)
+        old = ref_search(method, scorer, rows, budget=budget, k=10, seed=3)
+        assert_same(
+            old,
+            {
+                "scored_items": new.scored_items,
+                "scored_scores": new.scored_scores,
+                "indices": new.indices,
+                "scores": new.scores,
+                "ce_calls": new.ce_calls,
+            },
+        )

@@ -337,3 +337,32 @@ def test_anncur_embedding_matches_pinv(ridge):
     C = R[:, many]
     W = np.linalg.solve(C.T @ C + 1e-2 * np.eye(60), C.T)
     np.testing.assert_allclose(INDEX.anncur_embedding(many, ridge=1e-2), W @ R, atol=1e-8)
+
+
+def test_one_registry_feeds_every_method_list():
+    """#32 item 2: the CLI choices, Searcher, eval and serve read the registry; serve accepts
+    every method search runs (auto included) when the index holds its index kind."""
+    import json
+
+    from crossknn import eval as eval_mod
+    from crossknn import searcher
+    from crossknn.search import registry
+    from crossknn.serve import schema
+
+    names = registry.names()
+    assert {"auto", "axn", "rnr", "adacur", "anncur"} <= set(names)
+    assert tuple(searcher.METHODS) == tuple(eval_mod.METHODS) == tuple(schema.METHODS) == names
+    kinds = {"cur", "auto"}
+    for name in names:
+        body = json.dumps({"query": "x", "method": name, "k": 2, "budget": 5}).encode()
+        req = schema.parse_search_request(body, n_items=50, has_cur=True, indexes=kinds)
+        assert req.method == name
+    body = json.dumps({"query": "x", "method": "auto"}).encode()
+    with pytest.raises(schema.RequestError, match="--index-calls"):
+        schema.parse_search_request(body, n_items=500, has_cur=True, indexes={"cur"})
+    assert registry.available(set()) == ["axn", "rnr"]
+    assert "auto" in registry.available({"auto"})
+    with pytest.raises(ValueError, match="unknown method 'bm42'"):
+        registry.get("bm42")
+    with pytest.raises(ValueError, match="needs a CUR index"):
+        registry.check_available("adacur", set())

@@ -211,6 +211,29 @@ def test_small_budget_returns_exact_ce_scores_and_honours_budget(env, index_dir)
     assert alone.ids == hits[1].ids
 
 
+@pytest.mark.parametrize("method", ["axn", "rnr"])
+def test_query_batch_runs_rounds_in_lockstep_with_one_ce_call_per_round(env, index_dir, method):
+    """Q queries in lockstep (#30 item 4): one CE call per round for the group, and every
+    query's items, scores and CE calls equal a one-at-a-time search."""
+    s = Searcher(index_dir, method=method)
+    rec = _RecordingCE(s.ce)
+    batches = []
+    real = rec.score_batch
+    rec.score_batch = lambda qs, items: batches.append(len(qs)) or real(qs, items)
+    s.ce = rec
+    one = s.search(TEST_QUERIES, k=K, budget=B, rounds=3, query_batch=1)
+    batches_one = list(batches)
+    batches.clear()
+    group = s.search(TEST_QUERIES, k=K, budget=B, rounds=3, query_batch=len(TEST_QUERIES))
+    steps = 1 if method == "rnr" else 3
+    assert batches == [len(TEST_QUERIES)] * steps  # one CE call per round for all the queries
+    assert batches_one == [1] * (steps * len(TEST_QUERIES))
+    for a, b in zip(one, group, strict=True):
+        assert a.ids == b.ids and a.ce_calls == b.ce_calls
+        np.testing.assert_array_equal(a.scores, b.scores)
+        assert b.seconds_ce > 0
+
+
 def test_search_errors(env, index_dir):
     s = Searcher(index_dir)
     with pytest.raises(ValueError, match="exceeds the number of items"):

@@ -153,6 +153,119 @@ void check_plan(const std::vector<Step>& plan, const SearchOptions& o, int64_t n
 
 }  // namespace
 
+namespace {
+
+// sum_j a[j] b[j] with eight independent partial sums (the compiler may not reorder one sum)
+inline double dot8(const double* a, const double* b, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) s[l] += a[j + l] * b[j + l];
+  for (; j < n; ++j) s[0] += a[j] * b[j];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// One query's PriorRidge state (Solve::PriorRidge in search.h). Rows z_a = [x_a, x_a . p0] are
+// kept; K = Z diag(inv) Z^T grows by one row per scored item; with decay 0 the Cholesky factor of
+// K + I grows with it (each step only factors the new rows).
+class PriorRidge {
+ public:
+  PriorRidge(const Features& f, const double* prior, const std::vector<double>& inv, double decay)
+      : f_(f), d_(f.dim()), p0_(prior, prior + f.dim()), inv_(inv), decay_(decay) {}
+
+  void append(const int64_t* items, const double* targets, int64_t m) {
+    const int64_t D1 = d_ + 1, n0 = n_;
+    rows_.resize(static_cast<size_t>(m * d_));
+    f_.rows(items, m, rows_.data());
+    Z_.resize(static_cast<size_t>((n0 + m) * D1));
+    for (int64_t t = 0; t < m; ++t) {
+      double* z = Z_.data() + (n0 + t) * D1;
+      const double* x = rows_.data() + t * d_;
+      double dot = 0.0;
+      for (int64_t j = 0; j < d_; ++j) {
+        z[j] = x[j];
+        dot += x[j] * p0_[j];
+      }
+      z[d_] = dot;
+      a_.push_back(targets[t]);
+    }
+    n_ = n0 + m;
+    // K rows n0 .. n_ (lower triangle), stored n_ x n_ (re-laid out when it grows)
+    std::vector<double> K(static_cast<size_t>(n_ * n_));
+    for (int64_t r = 0; r < n0; ++r)
+      std::copy(K_.begin() + r * n0, K_.begin() + r * n0 + r + 1, K.begin() + r * n_);
+    std::vector<double> zl(static_cast<size_t>(D1));
+    for (int64_t r = n0; r < n_; ++r) {
+      const double* zr = Z_.data() + r * D1;
+      for (int64_t j = 0; j < D1; ++j) zl[j] = zr[j] * inv_[j];
+      for (int64_t b = 0; b <= r; ++b) K[r * n_ + b] = dot8(zl.data(), Z_.data() + b * D1, D1);
+    }
+    K_.swap(K);
+  }
+
+  void solve(double* u) {
+    if (n_ == 0) {
+      std::copy(p0_.begin(), p0_.end(), u);
+      return;
+    }
+    const double s = decay_ != 0.0 ? std::pow(static_cast<double>(n_) / 10.0, decay_) : 1.0;
+    if (decay_ != 0.0 || static_cast<int64_t>(L_.size()) != n_ * n_) factor(s);
+    // L L^T x = a
+    std::vector<double> x(a_);
+    for (int64_t i = 0; i < n_; ++i) {
+      double v = x[i];
+      for (int64_t j = 0; j < i; ++j) v -= L_[i * n_ + j] * x[j];
+      x[i] = v / L_[i * n_ + i];
+    }
+    for (int64_t i = n_ - 1; i >= 0; --i) {
+      double v = x[i];
+      for (int64_t j = i + 1; j < n_; ++j) v -= L_[j * n_ + i] * x[j];
+      x[i] = v / L_[i * n_ + i];
+    }
+    const int64_t D1 = d_ + 1;
+    std::vector<double> w(static_cast<size_t>(D1), 0.0);
+    for (int64_t a = 0; a < n_; ++a) {
+      const double* z = Z_.data() + a * D1;
+      const double xa = x[a];
+      for (int64_t j = 0; j < D1; ++j) w[j] += z[j] * xa;
+    }
+    for (int64_t j = 0; j < D1; ++j) w[j] *= s * inv_[j];
+    for (int64_t j = 0; j < d_; ++j) u[j] = w[j] + w[d_] * p0_[j];
+  }
+
+ private:
+  // Cholesky of s K + I: incremental from the rows factored so far when s == 1 (decay 0)
+  void factor(double s) {
+    const int64_t done = (decay_ == 0.0 && lsize_ > 0) ? lsize_ : 0;
+    std::vector<double> L(static_cast<size_t>(n_ * n_), 0.0);
+    for (int64_t r = 0; r < done; ++r)
+      std::copy(L_.begin() + r * done, L_.begin() + r * done + r + 1, L.begin() + r * n_);
+    for (int64_t i = done; i < n_; ++i) {
+      for (int64_t j = 0; j <= i; ++j) {
+        const double v = s * K_[i * n_ + j] + (i == j ? 1.0 : 0.0) -
+                         dot8(L.data() + i * n_, L.data() + j * n_, j);
+        if (i == j) {
+          // s K + I has eigenvalues >= 1: v > 0 up to rounding; keep it positive
+          L[i * n_ + i] = std::sqrt(std::max(v, 1e-300));
+        } else {
+          L[i * n_ + j] = v / L[j * n_ + j];
+        }
+      }
+    }
+    L_.swap(L);
+    lsize_ = n_;
+  }
+
+  Features f_;
+  int64_t d_;
+  std::vector<double> p0_, inv_;
+  double decay_;
+  int64_t n_ = 0, lsize_ = 0;
+  std::vector<double> Z_, K_, L_, a_, rows_;
+};
+
+}  // namespace
+
 std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                                  const std::vector<Step>& plan, const SearchOptions& o,
                                  const std::vector<SearchQuery>& queries) {
@@ -160,9 +273,22 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   const int64_t Q = static_cast<int64_t>(queries.size());
   check_plan(plan, o, n_items);
   for (int64_t i = 0; i < Q; ++i)
-    if (o.mix > 0.0 && !queries[i].prior)
-      throw std::invalid_argument("mix > 0 needs a prior for every query; query " +
-                                  std::to_string(i) + " has none");
+    if ((o.mix > 0.0 || o.solve == Solve::PriorRidge) && !queries[i].prior)
+      throw std::invalid_argument(
+          "mix > 0 (or the PriorRidge solve) needs a prior for every query; query " +
+          std::to_string(i) + " has none");
+  if (o.solve == Solve::PriorRidge) {
+    if (static_cast<int64_t>(o.inv_penalties.size()) != d + 1)
+      throw std::invalid_argument("the PriorRidge solve needs d + 1 = " + std::to_string(d + 1) +
+                                  " inverse penalties; got " +
+                                  std::to_string(o.inv_penalties.size()));
+    for (double v : o.inv_penalties)
+      if (!(v > 0.0) || !std::isfinite(v))
+        throw std::invalid_argument("inverse penalties must be finite and > 0; got " +
+                                    std::to_string(v));
+    if (!std::isfinite(o.penalty_decay))
+      throw std::invalid_argument("penalty_decay must be finite");
+  }
   std::vector<SearchResult> res(static_cast<size_t>(Q));
   if (Q == 0) return res;
 
@@ -171,14 +297,26 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   const bool rounds = std::any_of(plan.begin(), plan.end(),
                                   [](const Step& s) { return s.kind != StepKind::First; });
   std::vector<LeastSquares> states;
-  if (rounds) {
+  std::vector<PriorRidge> ridges;
+  std::vector<std::vector<double>> targets_of;  // Solve::Targets
+  if (rounds && o.solve == Solve::LeastSquares) {
     states.reserve(static_cast<size_t>(Q));
     for (int64_t i = 0; i < Q; ++i) {
       states.emplace_back(features, o.ridge, o.refine, o.jitter_rel);
       if (o.mix > 0.0) states.back().set_prior(queries[i].prior, o.mix);
     }
+  } else if (rounds && o.solve == Solve::PriorRidge) {
+    ridges.reserve(static_cast<size_t>(Q));
+    for (int64_t i = 0; i < Q; ++i)
+      ridges.emplace_back(features, queries[i].prior, o.inv_penalties, o.penalty_decay);
+  } else if (rounds) {
+    targets_of.resize(static_cast<size_t>(Q));
   }
   std::vector<std::unordered_set<int64_t>> seen(static_cast<size_t>(Q));
+  // final_retrieved: the items each query ranks at the end (empty: every scored item)
+  std::vector<std::unordered_set<int64_t>> ranked(static_cast<size_t>(Q));
+  bool use_ranked = false;
+  std::vector<double> rowbuf;
 
   std::vector<int64_t> chosen, ex_ids, ex_off;
   std::vector<float> U, keys, new_scores;
@@ -197,7 +335,18 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     } else {
       U.resize(static_cast<size_t>(Q * d));
       for (int64_t i = 0; i < Q; ++i) {
-        states[i].solve(u.data());
+        if (o.solve == Solve::LeastSquares) {
+          states[i].solve(u.data());
+        } else if (o.solve == Solve::PriorRidge) {
+          ridges[i].solve(u.data());
+        } else {
+          if (static_cast<int64_t>(targets_of[i].size()) != d)
+            throw std::invalid_argument("the Targets solve needs exactly d = " + std::to_string(d) +
+                                        " scored items before a round; query " +
+                                        std::to_string(i) + " has " +
+                                        std::to_string(targets_of[i].size()));
+          std::copy(targets_of[i].begin(), targets_of[i].end(), u.begin());
+        }
         for (int64_t j = 0; j < d; ++j) U[i * d + j] = static_cast<float>(u[j]);
       }
       ex_ids.clear();
@@ -209,19 +358,53 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       const Strategy strategy = step.kind == StepKind::Retrieve ? Strategy::TopK : o.strategy;
       keys.resize(static_cast<size_t>(Q * n));
       if (strategy == Strategy::TopK) {
-        features.top_k(U.data(), Q, n, ExcludeLists{ex_ids.data(), ex_off.data()}, keys.data(),
-                       chosen.data());
+        const ExcludeLists ex{ex_ids.data(), ex_off.data()};
+        if (o.selector)
+          o.selector->top_k(U.data(), Q, n, ex, keys.data(), chosen.data());
+        else
+          features.top_k(U.data(), Q, n, ex, keys.data(), chosen.data());
       } else {
         for (int64_t i = 0; i < Q; ++i) {
           // one query (row 0, as Python's single calls): offsets {0, m} over its own ids
           const int64_t off1[2] = {0, ex_off[i + 1] - ex_off[i]};
           const ExcludeLists ex1{ex_ids.data() + ex_off[i], off1};
           const uint64_t rs = query_seed(seeds[i], static_cast<uint64_t>(r));
-          if (strategy == Strategy::SoftMax)
+          if (strategy == Strategy::SoftMax && o.selector)
+            o.selector->sample_softmax(U.data() + i * d, n, ex1, o.temperature, rs,
+                                       keys.data() + i * n, chosen.data() + i * n);
+          else if (strategy == Strategy::SoftMax)
             features.sample_softmax(U.data() + i * d, 1, n, ex1, o.temperature, rs,
                                     keys.data() + i * n, chosen.data() + i * n);
           else
             features.sample_random(1, n, ex1, rs, chosen.data() + i * n);
+        }
+      }
+      if (step.kind == StepKind::Retrieve && o.final_retrieved) {
+        // rank the retrieved items and the earlier ones whose approximate score reaches the
+        // lowest retrieved one (approximate scores in double, as the Python reference)
+        use_ranked = true;
+        for (int64_t i = 0; i < Q; ++i) {
+          const float* ui = U.data() + i * d;
+          auto approx = [&](const int64_t* its, int64_t m, std::vector<double>& out) {
+            rowbuf.resize(static_cast<size_t>(m * d));
+            features.rows(its, m, rowbuf.data());
+            out.assign(static_cast<size_t>(m), 0.0);
+            for (int64_t t = 0; t < m; ++t) {
+              double acc = 0.0;
+              for (int64_t j = 0; j < d; ++j)
+                acc += rowbuf[t * d + j] * static_cast<double>(ui[j]);
+              out[t] = acc;
+            }
+          };
+          std::vector<double> a_ret, a_prev;
+          approx(chosen.data() + i * n, n, a_ret);
+          const auto& prev = res[i].scored_items;
+          approx(prev.data(), static_cast<int64_t>(prev.size()), a_prev);
+          double floor = std::numeric_limits<double>::infinity();
+          for (double v : a_ret) floor = std::min(floor, v);
+          ranked[i].insert(chosen.begin() + i * n, chosen.begin() + (i + 1) * n);
+          for (size_t t = 0; t < prev.size(); ++t)
+            if (a_prev[t] >= floor) ranked[i].insert(prev[t]);
         }
       }
     }
@@ -265,15 +448,24 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
         targets.resize(static_cast<size_t>(n));
         for (int64_t t = 0; t < n; ++t)
           targets[t] = (static_cast<double>(new_scores[i * n + t]) - o.score_beta) / o.score_alpha;
-        states[i].append(chosen.data() + i * n, targets.data(), n);
+        if (o.solve == Solve::LeastSquares)
+          states[i].append(chosen.data() + i * n, targets.data(), n);
+        else if (o.solve == Solve::PriorRidge)
+          ridges[i].append(chosen.data() + i * n, targets.data(), n);
+        else
+          targets_of[i].insert(targets_of[i].end(), targets.begin(), targets.end());
       }
     }
   }
 
   // final ranking: exact score descending, ties to the lower id
-  for (auto& R : res) {
-    std::vector<int64_t> order(R.scored_items.size());
-    for (size_t t = 0; t < order.size(); ++t) order[t] = static_cast<int64_t>(t);
+  for (int64_t i = 0; i < Q; ++i) {
+    SearchResult& R = res[i];
+    std::vector<int64_t> order;
+    order.reserve(R.scored_items.size());
+    for (size_t t = 0; t < R.scored_items.size(); ++t)
+      if (!use_ranked || ranked[i].count(R.scored_items[t]))
+        order.push_back(static_cast<int64_t>(t));
     const int64_t kk = std::min<int64_t>(o.k, static_cast<int64_t>(order.size()));
     std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](int64_t a, int64_t b) {
       const float sa = R.scored_scores[a], sb = R.scored_scores[b];

@@ -307,11 +307,129 @@ static void test_search() {
   CHECK(query_seed(1ULL << 40, 123456789012ULL) == 2599386372348279959ULL);
 }
 
+
+// top-n ids of V u (u rounded to float as the loop does) outside `skip`, ties to the lower id
+static std::vector<int64_t> brute_top(const std::vector<float>& V, int64_t n_items, int64_t d,
+                                      const std::vector<double>& u, int64_t n,
+                                      const std::vector<int64_t>& skip) {
+  std::vector<std::pair<double, int64_t>> s;
+  for (int64_t i = 0; i < n_items; ++i) {
+    if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
+    double v = 0;
+    for (int64_t j = 0; j < d; ++j) v += double(V[i * d + j]) * double(float(u[j]));
+    s.push_back({-v, i});
+  }
+  std::sort(s.begin(), s.end());
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < n; ++t) out.push_back(s[t].second);
+  return out;
+}
+
+// Solve::Targets, Solve::PriorRidge (against the primal normal equations) and the selector hook
+static void test_solves() {
+  const int64_t n = 400, d = 6;
+  auto V = randn(n * d, 11);
+  auto ut = randn(d, 12);
+  std::vector<float> S(n);
+  for (int64_t i = 0; i < n; ++i) {
+    double v = 0;
+    for (int64_t j = 0; j < d; ++j) v += double(V[i * d + j]) * ut[j];
+    S[i] = static_cast<float>(v + 0.1 * std::sin(double(i)));
+  }
+  Features f(V.data(), n, d, Storage::Float32, 1);
+  FunctionScorer sc([&](int64_t, const int64_t* it, int64_t m, float* out) {
+    for (int64_t t = 0; t < m; ++t) out[t] = S[it[t]];
+  });
+  const std::vector<int64_t> first = {3, 17, 40, 41, 99, 150, 200, 333};
+  SearchQuery q;
+  q.first_items = first.data();
+  // Targets: u = the first d scores
+  {
+    SearchOptions o;
+    o.budget = 11;
+    o.k = 5;
+    o.solve = Solve::Targets;
+    std::vector<Step> plan = {{StepKind::First, d}, {StepKind::Retrieve, 5}};
+    auto r = search_one(f, sc, plan, o, q);
+    std::vector<double> u(first.begin(), first.begin() + d);
+    for (int64_t j = 0; j < d; ++j) u[j] = S[first[j]];
+    auto want = brute_top(V, n, d, u, 5, std::vector<int64_t>(first.begin(), first.begin() + d));
+    CHECK(std::vector<int64_t>(r.scored_items.begin() + d, r.scored_items.end()) == want);
+    std::vector<Step> too_few = {{StepKind::First, 3}, {StepKind::Round, 2}};
+    CHECK(throws<std::invalid_argument>([&] { search_one(f, sc, too_few, o, q); }));
+  }
+  // PriorRidge: (Z^T Z + diag(rho)) (w, c) = Z^T a with Z = [X_A, X_A p0]; u = w + c p0
+  {
+    auto pf = randn(d, 13);
+    std::vector<double> p0(pf.begin(), pf.end());
+    std::vector<double> rho = {0.3, 0.3, 0.1, 0.1, 0.2, 1e-6, 1e-6};
+    SearchOptions o;
+    o.budget = 13;
+    o.k = 5;
+    o.solve = Solve::PriorRidge;
+    for (double r : rho) o.inv_penalties.push_back(1.0 / r);
+    SearchQuery qp = q;
+    qp.prior = p0.data();
+    std::vector<Step> plan = {{StepKind::First, 8}, {StepKind::Round, 5}};
+    struct Rec final : RoundSelector {
+      const Features* f;
+      int calls = 0;
+      void top_k(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex, float* keys,
+                 int64_t* out) override {
+        ++calls;
+        f->top_k(U, Q, k, ex, keys, out);
+      }
+      void sample_softmax(const float* u, int64_t k, const ExcludeLists& ex, double t,
+                          uint64_t seed, float* keys, int64_t* out) override {
+        ++calls;
+        f->sample_softmax(u, 1, k, ex, t, seed, keys, out);
+      }
+    } rec;
+    rec.f = &f;
+    o.selector = &rec;
+    auto r = search_one(f, sc, plan, o, qp);
+    CHECK(rec.calls == 1);
+    const int64_t D1 = d + 1;
+    std::vector<double> A(D1 * D1, 0.0), b(D1, 0.0);
+    for (int64_t t = 0; t < 8; ++t) {
+      std::vector<double> z(D1, 0.0);
+      for (int64_t j = 0; j < d; ++j) {
+        z[j] = V[first[t] * d + j];
+        z[d] += z[j] * p0[j];
+      }
+      for (int64_t i = 0; i < D1; ++i) {
+        b[i] += z[i] * S[first[t]];
+        for (int64_t j = 0; j < D1; ++j) A[i * D1 + j] += z[i] * z[j];
+      }
+    }
+    for (int64_t i = 0; i < D1; ++i) A[i * D1 + i] += rho[i];
+    for (int64_t c = 0; c < D1; ++c)  // Gaussian elimination (SPD: no pivoting needed)
+      for (int64_t r2 = c + 1; r2 < D1; ++r2) {
+        const double m = A[r2 * D1 + c] / A[c * D1 + c];
+        for (int64_t j = c; j < D1; ++j) A[r2 * D1 + j] -= m * A[c * D1 + j];
+        b[r2] -= m * b[c];
+      }
+    std::vector<double> w(D1);
+    for (int64_t i = D1 - 1; i >= 0; --i) {
+      double v = b[i];
+      for (int64_t j = i + 1; j < D1; ++j) v -= A[i * D1 + j] * w[j];
+      w[i] = v / A[i * D1 + i];
+    }
+    std::vector<double> u(d);
+    for (int64_t j = 0; j < d; ++j) u[j] = w[j] + w[d] * p0[j];
+    CHECK(std::vector<int64_t>(r.scored_items.begin() + 8, r.scored_items.end()) ==
+          brute_top(V, n, d, u, 5, first));
+    o.inv_penalties.pop_back();  // d values: refused
+    CHECK(throws<std::invalid_argument>([&] { search_one(f, sc, plan, o, qp); }));
+  }
+}
+
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "test_search_tmp";
   ::mkdir(dir.c_str(), 0755);
   test_npy(dir);
   test_search();
+  test_solves();
   if (failures) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;

@@ -1,7 +1,7 @@
 """Type stub of the C++ extension crossknn._core (use crossknn.core, which wraps it)."""
 
 from collections.abc import Callable, Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,11 @@ def run_search(
     priors: npt.NDArray[np.float64] | None = None,
     score_alpha: float = 1.0,
     score_beta: float = 0.0,
+    solve: str = "lstsq",  # "lstsq" | "targets" | "prior_ridge"
+    inv_penalties: npt.NDArray[np.float64] | None = None,  # prior_ridge: d + 1 values 1/rho
+    penalty_decay: float = 0.0,
+    final_retrieved: bool = False,
+    selector: Any = None,  # an object with ItemFeatures' top_k / sample_softmax
 ) -> RunSearchResult: ...
 
 class Features:

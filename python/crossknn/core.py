@@ -93,6 +93,7 @@ _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _F32_MAX = float(np.finfo(np.float32).max)
 _F16_LIMIT = 65520.0  # float32 values at or above this round to inf in float16
 _MAX_QUERIES = 2**31 - 1
+_MAX_RESULT_IDS = 2**28  # ids one sampling call may return (2 GiB of int64)
 # scaling of the queries (powers of two): scores and keys stay below 2^_SCORE_EXP, queries below
 # 2^_U_EXP in float32; a top-k query whose bound is outside [2^_LOW_EXP, 2^_SCORE_EXP] is moved
 # to about 2^_TARGET_EXP
@@ -452,6 +453,11 @@ class ItemFeatures:
             Q = 1 if single else len(exclude)
         else:
             single, Q = False, _check_int(n_queries, "n_queries", 0, _MAX_QUERIES)
+        if Q * k > _MAX_RESULT_IDS:
+            raise ValueError(
+                f"n_queries x k = {Q} x {k} result ids exceed the limit of 2**28 "
+                f"({_MAX_RESULT_IDS}) per call; split the queries into smaller calls"
+            )
         ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
         out = self._f.sample_random(Q, k, ids, off, seed)
         return out[0] if single else out

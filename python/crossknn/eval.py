@@ -24,10 +24,12 @@ from crossknn.matrix import ScoreMatrix, load_score_matrix
 from crossknn.retrievers import make_retriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import MatrixScorer
-from crossknn.search import CurIndex, choose_on_dev
-from crossknn.search.factory import METHODS, make_method
+from crossknn.search import CurIndex, choose_on_dev, registry
 from crossknn.search.methods import DEFAULT_MIX
 from crossknn.topk import topk_recall
+
+#: every method eval runs (crossknn.search.registry)
+METHODS = registry.names()
 
 __all__ = [
     "METHODS",
@@ -104,13 +106,14 @@ class _Context:
     def index_ce_calls(self, name: str) -> int:
         """Train CE entries read to build ``name``'s index (0 when it reads none)."""
         m, cfg = self.m, self.cfg
-        if name == "auto":
+        kind = registry.get(name).index
+        if kind == "auto":
             return int(self.auto_index().index_calls)
-        if name == "rnr":
+        if kind == "none":
             return 0
-        if name == "axn" and cfg.axn_index_calls is not None:
+        if kind == "vectors" and cfg.axn_index_calls is not None:
             return int(cfg.axn_index_calls)
-        if name == "axn":  # the CE->DE score map is fitted on every train row
+        if kind == "vectors":  # the CE->DE score map is fitted on every train row
             fitted = cfg.score_map is None and cfg.axn_normalize and m.de_queries is not None
             return int(m.train.size * m.n_items) if fitted else 0
         return int(m.train.size * m.n_items)  # dense CUR index of every train row
@@ -158,10 +161,27 @@ class _Context:
             self._indexes[key] = CurIndex.from_matrix(self.m.scores, rows, test_rows=self.m.test)
         return self._indexes[key]
 
-    def make(self, name: str, *, first: str, rounds: int, rows, split=0.5, temperature=1.0):
+    def vectors(self):
+        """(item vectors, prior query vectors, CE score map) of ``vectors`` methods (AXN)."""
         cfg = self.cfg
-        kw = dict(
-            first=self.first(first),
+        V = self.m.de_items if cfg.item_vectors is None else cfg.item_vectors
+        if V is None:
+            raise FileNotFoundError(f"{self.m.path} has no de_items.npy; pass item vectors")
+        P = cfg.query_vectors  # query embeddings in V's space (the λ prior)
+        if P is None and self.m.de_queries is not None:
+            if V.shape[1] == self.m.de_queries.shape[1]:
+                P = self.m.de_queries
+        smap = cfg.score_map
+        if smap is None and cfg.axn_normalize and P is not None:
+            tr = self.m.train  # fit CE ~ scale * <p_q, v_i> + offset on the train rows only
+            smap = ScoreMap.fit(self.m.scores[tr], P[tr] @ V.T)
+        return V, P, smap
+
+    def make(self, name: str, *, first: str, rounds: int, rows, split=None, temperature=None):
+        cfg = self.cfg
+        spec = registry.get(name)
+        res = registry.Resources(
+            first=self.first(spec.first or first),
             rounds=rounds,
             split=split,
             temperature=temperature,
@@ -170,36 +190,23 @@ class _Context:
             anchor_seed=cfg.seed,
             n_items=self.m.n_items,
         )
-        if name == "auto":
-            return make_method(
-                name, auto_index=self.auto_index(), prior=self.m.de_queries, first=kw["first"]
-            )
-        if name == "axn":
-            V = self.m.de_items if cfg.item_vectors is None else cfg.item_vectors
-            if V is None:
-                raise FileNotFoundError(f"{self.m.path} has no de_items.npy; pass item vectors")
-            P = cfg.query_vectors  # query embeddings in V's space (the λ prior)
-            if P is None and self.m.de_queries is not None:
-                if V.shape[1] == self.m.de_queries.shape[1]:
-                    P = self.m.de_queries
-            smap = cfg.score_map
-            if smap is None and cfg.axn_normalize and P is not None:
-                tr = self.m.train  # fit CE ~ scale * <p_q, v_i> + offset on the train rows only
-                smap = ScoreMap.fit(self.m.scores[tr], P[tr] @ V.T)
-            return make_method(name, item_vectors=V, prior=P, mix=cfg.mix, score_map=smap, **kw)
-        cur = self.index(rows) if name != "rnr" else None
-        return make_method(name, cur=cur, **kw)
+        if spec.index == "auto":
+            res.auto_index, res.prior = self.auto_index(), self.m.de_queries
+        elif spec.index == "vectors":
+            res.item_vectors, res.prior, res.score_map = self.vectors()
+            res.mix = cfg.mix
+        elif spec.index == "cur":
+            res.cur = self.index(rows)
+        return spec.build(res)
 
 
 def _tasks(cfg: EvalConfig, n_items: int):
     for name in cfg.methods:
-        if name not in METHODS:
-            raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
-        uses_rounds, _ = METHODS[name]
-        # auto's first round is the DE's top items, part of the method (as in its CV): --first
-        # does not apply to it
-        for first in ("de",) if name == "auto" else cfg.firsts:
-            for rounds in cfg.rounds if uses_rounds else (1,):
+        spec = registry.get(name)
+        # a method with its own first stage (auto: the DE's top items, part of the method as in
+        # its CV): --first does not apply to it
+        for first in (spec.first,) if spec.first else cfg.firsts:
+            for rounds in cfg.rounds if spec.rounds else (1,):
                 for budget in cfg.budgets:
                     yield name, first, rounds, budget
 
@@ -285,7 +292,8 @@ def evaluate(
         ks = sorted(k for k in cfg.ks if k <= budget)
         if not ks:
             continue
-        param = METHODS[name][1]
+        spec = registry.get(name)
+        param = spec.dev_param
         fixed = {"split": cfg.split, "temperature": cfg.temperature}.get(param)
         groups: list[tuple[list[int], object, dict | None]] = []
         if param is not None and fixed is None:  # choose the parameter per k on dev rows
@@ -319,7 +327,7 @@ def evaluate(
                     "method": name,
                     "budget": budget,
                     "k": k,
-                    "rounds": rounds if METHODS[name][0] else getattr(method, "rounds", 1),
+                    "rounds": rounds if spec.rounds else getattr(method, "rounds", 1),
                     "first": first,
                     "recall": float(topk_recall(m.scores, m.test, res.indices, k).mean()),
                     "n_test": len(test),
@@ -327,7 +335,7 @@ def evaluate(
                     "seconds": round(secs, 3),
                     "index_ce_calls": ctx.index_ce_calls(name),
                 }
-                if name == "auto":
+                if spec.index == "auto":
                     row["auto"] = ctx.auto_index().meta()
                 if param is not None:
                     row[param] = value
@@ -339,9 +347,11 @@ def evaluate(
 
 def _label(row: dict) -> str:
     lab = row["method"]
-    if row["method"] == "rnr" or row["first"] != "random":
+    spec = registry.REGISTRY.get(row["method"])
+    reranks = spec is not None and spec.index == "none"  # the first stage is the method's input
+    if reranks or row["first"] != "random":
         lab += f" ({row['first']})"
-    if METHODS.get(row["method"], (False,))[0]:
+    if spec is not None and spec.rounds:
         lab += f" R={row['rounds']}"
     return lab
 

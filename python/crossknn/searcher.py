@@ -29,14 +29,14 @@ from crossknn.exact_cache import ExactScores
 from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
-from crossknn.search import DEFAULT_MIX, CurIndex, make_method
+from crossknn.search import DEFAULT_MIX, CurIndex, registry
 from crossknn.search.round_index import search_features
 from crossknn.topk import exact_top_k
 
 __all__ = ["METHODS", "Hits", "Searcher"]
 
-#: the methods a corpus index can serve (ADACUR/ANNCUR need its CUR rows)
-METHODS = ("auto", "axn", "rnr", "adacur", "anncur")
+#: every method (crossknn.search.registry); which ones an index serves: Searcher.methods
+METHODS = registry.names()
 
 
 @dataclass
@@ -232,6 +232,7 @@ class Searcher:
             index.index, self.V, round_index=round_index, shards=shards, ray_address=ray_address
         )
         self._methods: dict[tuple, Any] = {}
+        self._indexes: dict[str, Any] = {}
         self.first = self._first_stage(cmc_model, cmc_candidates)
 
     def _first_stage(self, cmc_model, cmc_candidates: int):
@@ -259,41 +260,56 @@ class Searcher:
     def n_items(self) -> int:
         return len(self.corpus)
 
-    def _check_method(self, method: str) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-        if method in ("adacur", "anncur") and "R" not in self.index.arrays:
-            raise ValueError(
-                f"method {method!r} needs a CUR index (CE scores of train queries x all items); "
-                "rebuild with: crossknn build CORPUS INDEX_DIR --train-queries FILE --cur"
-            )
-        if method == "auto" and "auto" not in self.index.params:
-            raise ValueError(
-                "method 'auto' needs an auto index; rebuild with: crossknn build CORPUS "
-                "INDEX_DIR --index-calls C"
-            )
+    @property
+    def index_kinds(self) -> set[str]:
+        """The kinds of method index this corpus index holds (crossknn.search.registry)."""
+        kinds = set()
+        if "R" in self.index.arrays:
+            kinds.add("cur")
+        if "auto" in self.index.params:
+            kinds.add("auto")
+        return kinds
+
+    @property
+    def methods(self) -> list[str]:
+        """The methods this index can run (the registry's, less those whose index it lacks)."""
+        return registry.available(self.index_kinds)
+
+    def _check_method(self, method: str) -> registry.MethodSpec:
+        return registry.check_available(method, self.index_kinds, where=f"index {self.index.path}")
+
+    def _method_index(self, kind: str):
+        """The method index of ``kind`` (loaded once)."""
+        if kind not in self._indexes:
+            if kind == "cur":
+                self._indexes[kind] = CurIndex(np.asarray(self.index["R"], np.float32))
+            elif kind == "auto":
+                from crossknn.index.auto import auto_index_of
+
+                self._indexes[kind] = auto_index_of(self.index)
+            else:
+                self._indexes[kind] = None
+        return self._indexes[kind]
 
     def _make(self, method: str, rounds: int):
         key = (method, rounds)
         if key not in self._methods:
-            cur = auto = None
-            if method == "auto":  # its rounds come from the index (chosen on train queries)
-                from crossknn.index.auto import auto_index_of
-
-                auto = auto_index_of(self.index)
-            if method in ("adacur", "anncur"):
-                cur = CurIndex(np.asarray(self.index["R"], np.float32))
-            self._methods[key] = make_method(
-                method,
-                first=self.first,
-                rounds=rounds,
-                cur=cur,
-                item_vectors=self.round_features,
-                prior=self.qvec,
-                mix=self.mix,
-                score_map=ScoreMap.from_params(self.index.params, what=f"index {self.index.path}"),
-                n_items=self.n_items,
-                auto_index=auto,
+            spec = self._check_method(method)
+            index = self._method_index(spec.index)
+            self._methods[key] = spec.build(
+                registry.Resources(
+                    first=self.first,
+                    rounds=rounds,
+                    cur=index if spec.index == "cur" else None,
+                    auto_index=index if spec.index == "auto" else None,
+                    item_vectors=self.round_features,
+                    prior=self.qvec,
+                    mix=self.mix,
+                    score_map=ScoreMap.from_params(
+                        self.index.params, what=f"index {self.index.path}"
+                    ),
+                    n_items=self.n_items,
+                )
             )
         return self._methods[key]
 

@@ -31,6 +31,30 @@ namespace crossknn {
 
 enum class StepKind { First, Round, Retrieve };
 enum class Strategy { TopK, SoftMax, Random };
+// How a query's embedding u for the next step is solved from the items scored so far:
+//   LeastSquares  crossknn/least_squares.h (ridge, refine), optionally mixed with a prior (mix);
+//   Targets       u = the transformed scores themselves, in scoring order (ANNCUR with fixed
+//                 anchors: features E^T, u = e_q); needs exactly d scored items;
+//   PriorRidge    the ridge pulled to the prior (method `auto`): with p0 = the query's prior and
+//                 Z = [X_A, X_A p0], (w, c) = argmin ||Z (w, c) - a||^2 + sum_j rho_j w_j^2 +
+//                 rho_c c^2, computed in the dual: x = (s Z diag(1/rho) Z^T + I)^-1 a,
+//                 (w, c) = s diag(1/rho) Z^T x, s = (|A| / 10)^decay; u = w + c p0 (u = p0 when
+//                 nothing is scored). inv_penalties holds the d + 1 values 1/rho (slope last).
+enum class Solve { LeastSquares, Targets, PriorRidge };
+
+// A per-round hook for item selection over something other than the stored matrix (a MIPS
+// index, item shards): Round/Retrieve steps call it instead of Features::top_k /
+// sample_softmax. Random rounds, first items and rows still use the Features. Same contract as
+// the Features calls it replaces (n distinct unmasked items, best first).
+class RoundSelector {
+ public:
+  virtual ~RoundSelector() = default;
+  virtual void top_k(const float* U, int64_t Q, int64_t n, const ExcludeLists& ex, float* keys,
+                     int64_t* out) = 0;
+  // one query: ex has offsets {0, m}; seed is the step's query seed
+  virtual void sample_softmax(const float* u, int64_t n, const ExcludeLists& ex,
+                              double temperature, uint64_t seed, float* keys, int64_t* out) = 0;
+};
 
 struct Step {
   StepKind kind = StepKind::First;
@@ -91,12 +115,19 @@ struct SearchOptions {
   uint64_t seed = 0;
   // targets of the least squares: (score - score_beta) / score_alpha (AXN's score normalization)
   double score_alpha = 1.0, score_beta = 0.0;
+  Solve solve = Solve::LeastSquares;
+  std::vector<double> inv_penalties;  // PriorRidge: d + 1 values 1/rho_j (> 0, finite)
+  double penalty_decay = 0.0;         // PriorRidge: s = (|A| / 10)^decay
+  // the papers' split variants: rank only the Retrieve step's items and the earlier items whose
+  // approximate score (at the Retrieve step) reaches the lowest retrieved one
+  bool final_retrieved = false;
+  RoundSelector* selector = nullptr;  // not owned; nullptr: the Features' own kernels
 };
 
 struct SearchQuery {
   uint64_t id = 0;                       // seeds: query_seed(options.seed, id)
   const int64_t* first_items = nullptr;  // plan[0].n items, or nullptr for uniform random
-  const double* prior = nullptr;         // d doubles (e.g. the DE query vector), for mix > 0
+  const double* prior = nullptr;  // d doubles (the DE query vector): mix > 0 and PriorRidge
 };
 
 struct SearchResult {

@@ -84,6 +84,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument(
+        "--query-batch",
+        type=positive_int,
+        default=16,
+        metavar="Q",
+        help="queries searched in lockstep: each round's pairs of up to Q queries go to the CE "
+        "as one call; every query's results equal a one-at-a-time search (default 16; 1: each "
+        "query's own CE/other time)",
+    )
+    p.add_argument(
         "--exact",
         action="store_true",
         help="also score every item with the CE: the exact top-k, its scores, the missed ids "
@@ -200,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         exact=args.exact,
         exact_cache=Path(args.index_dir) / "exact",
         query_ids=ids,
+        query_batch=args.query_batch,
         show_progress_bar=not args.quiet and (len(queries) > 1 or args.exact),
     )
     tag = run_tag(searcher.method, args.budget)

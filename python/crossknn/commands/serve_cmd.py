@@ -12,6 +12,7 @@ import logging
 import sys
 
 from crossknn.commands._common import add_model_arguments, add_round_arguments, fraction
+from crossknn.search.registry import names as method_names
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
 
@@ -81,9 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--method",
-        choices=("axn", "rnr", "adacur", "anncur"),
-        default="axn",
-        help="default method of requests that name none (default axn)",
+        choices=method_names(),
+        default=None,
+        help="default method of requests that name none (default: auto when the index was "
+        "built with --index-calls, else axn)",
     )
     p.add_argument("--rounds", type=int, default=5, help="default rounds (default 5)")
     p.add_argument(

@@ -9,10 +9,12 @@ Quick use (a precomputed score matrix as the CE)::
     scores_k, items_k = ADACUR(index, rounds=5).search(MatrixScorer(scores), test_rows,
                                                        budget=100, k=10)
 
-Modules: ``rounds`` (the loop), ``methods`` (what each method scores), ``factory`` (methods by
-name), ``tuning`` (free parameters chosen on held-out train rows).
+Modules: ``engine`` (the C++ round loop), ``rounds`` (plans and seeds), ``methods`` (what each
+method scores), ``registry`` (the one list of methods), ``factory`` (methods by name), ``tuning``
+(free parameters chosen on held-out train rows).
 """
 
+from crossknn.search.engine import search_rounds
 from crossknn.search.factory import METHODS, make_method
 from crossknn.search.methods import (
     ADACUR,
@@ -23,7 +25,8 @@ from crossknn.search.methods import (
     CurIndex,
     RoundMethod,
 )
-from crossknn.search.rounds import SearchResult, Step, query_seed, run_rounds, split_sizes
+from crossknn.search.registry import REGISTRY, MethodSpec
+from crossknn.search.rounds import SearchResult, Step, query_seed, split_sizes
 from crossknn.search.tuning import choose_on_dev, dev_split
 
 __all__ = [
@@ -32,6 +35,8 @@ __all__ = [
     "AXN",
     "DEFAULT_MIX",
     "METHODS",
+    "REGISTRY",
+    "MethodSpec",
     "RNR",
     "CurIndex",
     "RoundMethod",
@@ -41,6 +46,6 @@ __all__ = [
     "dev_split",
     "make_method",
     "query_seed",
-    "run_rounds",
+    "search_rounds",
     "split_sizes",
 ]

@@ -13,8 +13,9 @@ DE query vector with a free per-query slope (no global CE -> DE score map is nee
     u = c * p0 + w,   (w, c) = argmin ||[X_A, X_A p0] (w, c) - a||^2 + sum_j rho_j w_j^2 + eps c^2
 
 with ``p0 = [DE query vector, 0, ..., 0]`` and ``rho = rho_D`` on the DE block, ``rho_R`` on the
-CE-row block. The first round is the DE's top items (``first_share`` of B, or B / rounds), then
-TopK rounds over ``X u``; the final top-k is ranked by exact CE scores among every scored item.
+CE-row block; the C++ loop solves it (``Solve::PriorRidge`` in ``crossknn/search.h``). The first
+round is the DE's top items (``first_share`` of B, or B / rounds), then TopK rounds over ``X u``;
+the final top-k is ranked by exact CE scores among every scored item.
 
 ``rho_D``, ``rho_R`` and the number of rounds are chosen by K-fold cross-validation over the m
 complete rows (rows of a fold are searched with features built from the other rows only; their
@@ -202,6 +203,7 @@ class AUTO(RoundMethod):
     """
 
     name = "auto"
+    solve = "prior_ridge"  # the core's ridge pulled to the DE prior (crossknn/search.h)
 
     def __init__(self, index: AutoIndex, *, prior, first="random", rounds: int | None = None):
         from crossknn.core import ItemFeatures
@@ -214,8 +216,7 @@ class AUTO(RoundMethod):
         if self.rounds < 1:
             raise ValueError(f"rounds must be >= 1; got {self.rounds}")
         self.features = ItemFeatures(index.features())
-        self._X = index.features().astype(np.float64)
-        self._inv_rho = np.r_[1.0 / index.penalties(), 1.0 / RHO_FREE]
+        self._inv_rho = np.ascontiguousarray(np.r_[1.0 / index.penalties(), 1.0 / RHO_FREE])
         self.prior = prior
 
     def plan(self, budget):
@@ -239,28 +240,10 @@ class AUTO(RoundMethod):
             out.append(np.r_[v, np.zeros(self.index.n_rows + 1)])
         return out
 
-    def search(self, scorer, queries, **kw):
-        # the per-query solves are small (|A| <= B): a multi-threaded BLAS only thrashes on them
-        # (20x slower on a loaded 2-core machine)
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(1, user_api="blas"):
-            return super().search(scorer, queries, **kw)
-
-    def query_embedding(self, state) -> np.ndarray:
-        p0 = state.prior
-        A = state.items
-        if A.size == 0:
-            return p0
-        XA = self._X[A]
-        Z = np.hstack([XA, (XA @ p0)[:, None]])  # last column: the free slope on the prior
-        inv_rho = self._inv_rho
-        if self.index.decay:
-            inv_rho = inv_rho * (A.size / 10.0) ** self.index.decay
-        ZL = Z * inv_rho
-        # ridge solution via the n x n system (n = |A| <= B is small): ZL^T (Z ZL^T + I)^-1 a
-        w = ZL.T @ np.linalg.solve(ZL @ Z.T + np.eye(A.size), state.targets)
-        return w[:-1] + w[-1] * p0
+    def prior_ridge_penalties(self) -> tuple[np.ndarray, float]:
+        """``(1 / rho, decay)`` of the core's PriorRidge solve: d + m + 1 feature penalties and the
+        free slope's, last (``crossknn/search.h``)."""
+        return self._inv_rho, float(self.index.decay)
 
 
 def build_auto_index(

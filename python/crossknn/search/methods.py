@@ -1,4 +1,5 @@
-"""Search methods: small objects that say which items to score; the loop is ``rounds.run_rounds``.
+"""Search methods: small objects that say which items to score; the loop is the C++ core's
+(``crossknn.search.engine.search_rounds``).
 
 - :class:`RNR` — retrieve-and-rerank: score the first stage's top-B items.
 - :class:`ANNCUR` — CUR index with ``k_i`` anchor items, then the top ``B - k_i`` approximate items.
@@ -26,7 +27,8 @@ import numpy as np
 
 from crossknn.core import ItemFeatures
 from crossknn.score_map import ScoreMap
-from crossknn.search.rounds import SearchResult, Step, run_rounds, split_sizes
+from crossknn.search.engine import search_rounds
+from crossknn.search.rounds import SearchResult, Step, split_sizes
 
 __all__ = ["ADACUR", "ANNCUR", "AXN", "DEFAULT_MIX", "RNR", "CurIndex", "RoundMethod"]
 
@@ -152,6 +154,10 @@ class RoundMethod:
     mix = 0.0
     temperature = 1.0
     final = "all"  # 'all': rank every scored item; 'retrieved': only the retrieve step (papers)
+    # how the loop solves a query's embedding u (crossknn/search.h Solve): 'lstsq' (the least
+    # squares, mixed with the prior by `mix`), 'targets' (u = the scores, ANNCUR's fixed anchors)
+    # or 'prior_ridge' (auto's ridge pulled to the DE prior; prior_ridge_penalties())
+    solve = "lstsq"
 
     def __init__(self, *, first="random", n_items: int | None = None) -> None:
         self.first = _first_spec(first)
@@ -175,20 +181,27 @@ class RoundMethod:
     def priors(self, queries: Sequence) -> list[np.ndarray | None]:
         return [None] * len(queries)
 
-    def transform_targets(self, scores: np.ndarray) -> np.ndarray:
-        return scores
+    def score_normalization(self) -> tuple[float, float]:
+        """``(alpha, beta)``: the solves fit ``(score - beta) / alpha`` (AXN's score map)."""
+        return 1.0, 0.0
 
-    def query_embedding(self, state) -> np.ndarray:
-        """The query embedding ``u`` for the next step (default: the core's least squares)."""
-        return state.solve()
+    def transform_targets(self, scores: np.ndarray) -> np.ndarray:
+        alpha, beta = self.score_normalization()
+        if (alpha, beta) == (1.0, 0.0):
+            return scores
+        return (np.asarray(scores, np.float64) - beta) / alpha
+
+    def random_features(self) -> ItemFeatures:
+        """Features to draw uniform random items from: the method's own, or N x 1 zeros."""
+        if self.features is not None:
+            return self.features
+        if self._random_features is None:
+            self._random_features = ItemFeatures(np.zeros((self.n_items, 1), np.float32))
+        return self._random_features
 
     def first_items(self, queries: Sequence, n: int, seeds: Sequence[int]) -> list[np.ndarray]:
         if isinstance(self.first, str):  # uniform random
-            feats = self.features
-            if feats is None:
-                if self._random_features is None:
-                    self._random_features = ItemFeatures(np.zeros((self.n_items, 1), np.float32))
-                feats = self._random_features
+            feats = self.random_features()
             return [feats.sample_random(n, seed=s) for s in seeds]
         top = np.asarray(self.first.retrieve(list(queries), n), np.int64)
         if top.shape != (len(queries), n):
@@ -209,7 +222,9 @@ class RoundMethod:
         query_ids: Sequence | None = None,
     ) -> SearchResult:
         """Top-k items per query by exact CE score, spending at most ``budget`` CE calls each."""
-        return run_rounds(self, scorer, queries, budget=budget, k=k, seed=seed, query_ids=query_ids)
+        return search_rounds(
+            self, scorer, queries, budget=budget, k=k, seed=seed, query_ids=query_ids
+        )
 
 
 def _n_anchors(split: float, budget: int) -> int:
@@ -293,10 +308,9 @@ class ANNCUR(RoundMethod):
             return [self.anchors(n)[0]] * len(queries)
         return super().first_items(queries, n, seeds)
 
-    def query_embedding(self, state) -> np.ndarray:
-        if isinstance(self.first, str):  # fixed anchors: u = e_q (CE scores of the anchors)
-            return state.targets
-        return state.solve()
+    @property
+    def solve(self) -> str:  # fixed anchors: u = e_q (the anchors' CE scores), features Eᵀ
+        return "targets" if isinstance(self.first, str) else "lstsq"
 
 
 def _check_final(final: str) -> str:
@@ -426,7 +440,7 @@ class AXN(RoundMethod):
             out.append(v)
         return out
 
-    def transform_targets(self, scores):
+    def score_normalization(self):
         if self.score_map is None:
-            return scores
-        return self.score_map.to_approx(scores)
+            return 1.0, 0.0
+        return float(self.score_map.scale), float(self.score_map.offset)

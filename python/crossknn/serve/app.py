@@ -191,6 +191,7 @@ def create_app(
                 n_items=service.n_items,
                 has_cur=service.has_cur,
                 max_rounds=config.max_rounds,
+                indexes=service.index_kinds,
             )
         except RequestError as exc:
             return _error(exc.status, exc.detail)

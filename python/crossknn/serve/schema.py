@@ -9,14 +9,17 @@ run, ``rounds > budget``).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from crossknn.search import registry
+
 __all__ = ["METHODS", "RequestError", "SearchRequest", "parse_search_request"]
 
-METHODS = ("axn", "rnr", "adacur", "anncur")
-NEEDS_CUR = ("adacur", "anncur")
+METHODS = registry.names()  # every method `crossknn search` runs (crossknn.search.registry)
+NEEDS_CUR = tuple(n for n, s in registry.REGISTRY.items() if s.index == "cur")
 MAX_QUERIES = 64  # queries in one request
 
 
@@ -31,7 +34,11 @@ class SearchRequest(BaseModel):
     )
     k: StrictInt = Field(10, description="results per query; 1 <= k <= budget")
     budget: StrictInt = Field(100, description="CE calls per query; k <= budget <= items")
-    method: StrictStr = Field("axn", description=f"one of {', '.join(METHODS)}")
+    method: StrictStr | None = Field(
+        None,
+        description=f"one of {', '.join(METHODS)} (default: the server's --method); /info "
+        "lists those this index runs",
+    )
     rounds: StrictInt | None = Field(None, description="rounds of adaptive methods (default 5)")
     exact: StrictBool = Field(
         False, description="also score every item (N CE calls per query) and report the recall"
@@ -73,8 +80,10 @@ def parse_search_request(
     has_cur: bool,
     max_queries: int = MAX_QUERIES,
     max_rounds: int = 20,
+    indexes: Sequence[str] | None = None,
 ) -> SearchRequest:
-    """Parse and check a request body against an index of ``n_items`` items."""
+    """Parse and check a request body against an index of ``n_items`` items holding the method
+    indexes ``indexes`` (kinds of crossknn.search.registry; default: ``cur`` when ``has_cur``)."""
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -112,14 +121,13 @@ def parse_search_request(
                     [{"loc": loc, "msg": "the query is empty", "type": "value_error"}]
                 )
             _check_text(q, ["body", "queries", i])
-    if req.method not in METHODS:
-        raise _err("method", f"unknown method {req.method!r}; expected one of {list(METHODS)}")
-    if req.method in NEEDS_CUR and not has_cur:
-        raise _err(
-            "method",
-            f"method {req.method!r} needs an index built with train queries and --cur; "
-            "this index has no CUR rows",
-        )
+    if indexes is None:
+        indexes = ("cur",) if has_cur else ()
+    if req.method is not None:
+        try:
+            registry.check_available(req.method, indexes)
+        except ValueError as exc:
+            raise _err("method", str(exc)) from None
     if req.k < 1:
         raise _err("k", f"k must be >= 1; got {req.k}")
     if req.budget < 1:

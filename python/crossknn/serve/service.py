@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from crossknn.ce.interface import DualEncoder, ModelInfo
+from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
 from crossknn.serve.batcher import Batcher
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
-from crossknn.serve.schema import NEEDS_CUR, SearchRequest
+from crossknn.serve.schema import SearchRequest
 
 __all__ = ["ServeConfig", "SearchService"]
 
@@ -59,7 +60,7 @@ class ServeConfig:
     # timeout_s (0: no deadline check, only max_queue)
     admit_within: float = 0.5
     max_body_bytes: int = 1 << 20
-    method: str = "axn"
+    method: str | None = None  # None: the index's default (auto when built with it, else axn)
     rounds: int = 5
     max_rounds: int = 20  # each distinct rounds value keeps a method object (and its features)
     round_index: str = "auto"  # the folder's MIPS round index (auto), or exact rounds
@@ -239,6 +240,11 @@ class SearchService:
     def has_cur(self) -> bool:
         return self.index is not None and "R" in self.index.arrays
 
+    @property
+    def index_kinds(self) -> set[str]:
+        """The method indexes the loaded index holds (crossknn.search.registry kinds)."""
+        return self.searcher.index_kinds if self.searcher is not None else set()
+
     # -- admission ------------------------------------------------------------------------------
     def try_admit(self, req: SearchRequest) -> Decision:
         """Admit ``req`` if it fits (see :class:`~crossknn.serve.admission.Admission`)."""
@@ -288,7 +294,7 @@ class SearchService:
         m.engine_seconds.inc(max(wall - ctx.ce_wait_seconds, 0.0))
         m.queries.inc(len(hits))
         return {
-            "method": req.method,
+            "method": req.method or self.searcher.method,
             "k": req.k,
             "budget": req.budget,
             "hits": [h.to_dict() for h in hits],
@@ -314,9 +320,7 @@ class SearchService:
                 "items_sha256": idx.info.get("items_sha256"),
                 "arrays": sorted(idx.arrays),
                 "params": {k: v for k, v in idx.params.items() if k != "calibration"},
-                "methods": [
-                    m for m in ("axn", "rnr") + NEEDS_CUR if m not in NEEDS_CUR or self.has_cur
-                ],
+                "methods": registry.available(self.index_kinds),
             }
         if self.ce is not None:
             out["models"] = {"ce": _model_info(self.ce), "de": _model_info(self.de)}

@@ -1,0 +1,159 @@
+"""The product's round loop: every search method runs on the C++ loop (``crossknn/search.h``).
+
+A method (``crossknn.search.methods``) says *what* to score (its plan of steps, its item
+features, how a query's embedding is solved, its first items); :func:`search_rounds` hands that
+to ``_core.run_search``, which runs the rounds of a whole batch of queries in lockstep. Python
+keeps only what a round asks of the CE: one callback per step with every query's new items, sent
+to the scorer as one ``score_batch`` call. Budget accounting (at most B calls per query, each
+item once), the solves, the per-round top-k / sampling and the final ranking are the core's.
+
+Item features whose ``top_k`` / ``sample_softmax`` are not the core's own (a FAISS round index,
+item shards: ``crossknn.search.round_index``, ``crossknn.search.shards``) are passed to the loop
+as its per-round selection hook; everything else stays in C++.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from crossknn import _core
+from crossknn.core import ItemFeatures
+from crossknn.search.rounds import SearchResult, check_plan
+
+__all__ = ["query_id_int", "search_rounds"]
+
+_SOLVES = ("lstsq", "targets", "prior_ridge")
+
+
+def query_id_int(query_id) -> int:
+    """The integer a query id seeds with: the id itself, or 8 bytes of BLAKE2b of a string."""
+    if isinstance(query_id, str):
+        return int.from_bytes(hashlib.blake2b(query_id.encode(), digest_size=8).digest(), "little")
+    qid = int(query_id)
+    if qid < 0:
+        raise ValueError(f"query ids must be >= 0 or strings; got {qid}")
+    if qid >= 2**64:
+        raise ValueError(f"integer query ids must be < 2**64; got {qid}")
+    return qid
+
+
+def _selector(features: ItemFeatures):
+    """The features themselves when they select items their own way (else None: the core's)."""
+    cls = type(features)
+    own = cls.top_k is ItemFeatures.top_k and cls.sample_softmax is ItemFeatures.sample_softmax
+    return None if own else features
+
+
+def _uses_own_first(method) -> bool:
+    from crossknn.search.methods import RoundMethod
+
+    return isinstance(method.first, str) and type(method).first_items is RoundMethod.first_items
+
+
+def search_rounds(
+    method,
+    scorer,
+    queries: Sequence,
+    *,
+    budget: int,
+    k: int,
+    seed: int = 0,
+    query_ids: Sequence | None = None,
+) -> SearchResult:
+    """Runs ``method`` (a :class:`crossknn.search.methods.RoundMethod`) for a batch of queries
+    on the C++ loop; one ``scorer.score_batch`` per step for all of them."""
+    queries = list(queries)
+    nq = len(queries)
+    n_items = int(scorer.n_items)
+    budget, k = int(budget), int(k)
+    if k < 1:
+        raise ValueError(f"k must be >= 1; got {k}")
+    if budget < 1:
+        raise ValueError(f"the budget must be >= 1 CE call; got {budget}")
+    if k > budget:
+        raise ValueError(f"k={k} exceeds the budget B={budget}: at most B items can be ranked")
+    if budget > n_items:
+        raise ValueError(f"the budget B={budget} exceeds the number of items ({n_items})")
+    if method.n_items is not None and method.n_items != n_items:
+        raise ValueError(
+            f"the method's index has {method.n_items} items but the scorer has {n_items}"
+        )
+    if query_ids is None:
+        query_ids = [
+            q if isinstance(q, (int, np.integer, str)) else i for i, q in enumerate(queries)
+        ]
+    query_ids = list(query_ids)
+    if len(query_ids) != nq:
+        raise ValueError(f"{nq} queries but {len(query_ids)} query ids")
+    ids = [query_id_int(q) for q in query_ids]
+    plan = method.plan(budget)
+    check_plan(plan, budget, n_items)
+    if nq == 0:
+        empty = np.empty((0, k))
+        return SearchResult(empty.astype(np.float32), empty.astype(np.int64), np.zeros(0, np.int64))
+
+    features = method.features_for(budget)
+    if features is None:  # no rounds (RNR): the loop only needs N for its random first items
+        features = method.random_features()
+    solve = getattr(method, "solve", "lstsq")
+    if solve not in _SOLVES:
+        raise ValueError(f"unknown solve {solve!r}; expected one of {_SOLVES}")
+    rounds = any(s.kind != "first" for s in plan)
+    first = None
+    if not _uses_own_first(method):
+        from crossknn.search.rounds import query_seed
+
+        seeds = [query_seed(seed, q) for q in query_ids]
+        first = np.ascontiguousarray(
+            np.stack(
+                [
+                    np.asarray(c, np.int64).ravel()
+                    for c in method.first_items(queries, plan[0].n, seeds)
+                ]
+            ),
+            np.int64,
+        )
+    priors = None
+    mix = float(method.mix) if rounds else 0.0
+    if rounds and (mix > 0 or solve == "prior_ridge"):
+        priors = np.ascontiguousarray(np.stack(method.priors(queries)), np.float64)
+    alpha, beta = method.score_normalization()
+    inv_pen, decay = (None, 0.0)
+    if solve == "prior_ridge":
+        inv_pen, decay = method.prior_ridge_penalties()
+
+    def score(slots, items):
+        return scorer.score_batch([queries[i] for i in slots.tolist()], items)
+
+    out = _core.run_search(
+        features._f,
+        score,
+        [(s.kind, int(s.n)) for s in plan],
+        ids,
+        budget=budget,
+        k=k,
+        strategy=method.strategy,
+        temperature=float(method.temperature),
+        ridge=float(method.ridge),
+        mix=mix,
+        seed=int(seed) & (2**64 - 1),
+        first_items=first,
+        priors=priors,
+        score_alpha=float(alpha),
+        score_beta=float(beta),
+        solve=solve if rounds else "lstsq",
+        inv_penalties=inv_pen,
+        penalty_decay=float(decay),
+        final_retrieved=method.final == "retrieved",
+        selector=_selector(features) if rounds else None,
+    )
+    return SearchResult(
+        out["scores"],
+        out["indices"],
+        out["ce_calls"],
+        list(out["scored_items"]),
+        list(out["scored_scores"]),
+    )
