@@ -169,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     ids, queries, qrels = _queries(args)
+    from crossknn.ce.tokenize import check_encodable
+
+    check_encodable(queries, "queries")  # one line before any model opens
     if args.metrics and qrels is None:
         raise ValueError("--metrics needs relevance judgments: --beir DIR or --qrels FILE")
     from crossknn.ce.folders import open_index_models
