@@ -517,7 +517,12 @@ class CorpusIndex:
                 continue
             want = model_identity(given)
             pairs = (
-                ("precision", have.get("precision"), getattr(given, "precision", None)),
+                # the folder variant that runs (fp16 runs the recorded fp32 graph on a GPU)
+                (
+                    "precision",
+                    have.get("precision"),
+                    getattr(given, "variant", None) or getattr(given, "precision", None),
+                ),
                 ("model", have.get("model_id"), want["model_id"]),
                 ("hash", have.get("model_hash"), want["model_hash"]),
             )

@@ -289,7 +289,9 @@ class _Session:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output = self.manifest["output"]
         self._gpu = gpu
-        self.io_binding = gpu if io_binding is None else bool(io_binding)
+        # off by default: on an H200 a 20-pair round call took 1.94 ms with it, 1.81 without
+        # (bench/results/gpu_bench.json, "round" rows); io_binding=True turns it on
+        self.io_binding = False if io_binding is None else bool(io_binding)
         self._device = "cuda" if gpu else "cpu"
         self._local = threading.local()  # per thread: {output shape: device OrtValue}
         for why in self.skipped:
