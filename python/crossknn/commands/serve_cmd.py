@@ -38,10 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-batch-pairs",
         type=int,
-        default=256,
+        default=None,
         metavar="P",
         help="most CE pairs merged into one batch across requests; "
-        "0 = no cross-request batching (default 256)",
+        "0 = no cross-request batching (default: 256 on a CPU, 2048 on a GPU)",
     )
     p.add_argument(
         "--max-wait-ms",

@@ -52,7 +52,9 @@ class ServeConfig:
     provider: str = "auto"
     backend: str = "onnx"  # what runs the CE and DE: crossknn.ce.backends ("onnx", "torch")
     threads: int | None = None  # CE (and DE) intra-op threads; None: one per physical core
-    max_batch_pairs: int = 256  # 0: no cross-request merging
+    # pairs merged into one CE call across requests; 0: no merging; None: the provider's
+    # default (CPU 256; a GPU 2048: one device-sized call for every request's round)
+    max_batch_pairs: int | None = None
     max_wait_ms: float = 2.0
     max_queue: int = 64
     timeout_s: float = 30.0
@@ -69,7 +71,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            ("max_batch_pairs", self.max_batch_pairs >= 0),
+            ("max_batch_pairs", self.max_batch_pairs is None or self.max_batch_pairs >= 0),
             ("max_wait_ms", self.max_wait_ms >= 0),
             ("max_queue", self.max_queue >= 1),
             ("timeout_s", self.timeout_s > 0),
@@ -90,6 +92,16 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and value not in RUN_PRECISIONS:
                 raise ValueError(f"serve: {name} must be one of {RUN_PRECISIONS}; got {value!r}")
+
+
+CPU_BATCH_PAIRS, GPU_BATCH_PAIRS = 256, 2048
+
+
+def merged_pairs(configured: int | None, provider: str | None) -> int:
+    """The batcher's ``max_batch_pairs``: as configured, else by where the CE runs."""
+    if configured is not None:
+        return int(configured)
+    return CPU_BATCH_PAIRS if provider in (None, "CPUExecutionProvider", "cpu") else GPU_BATCH_PAIRS
 
 
 def _model_info(m: ModelInfo) -> dict[str, Any]:
@@ -163,7 +175,7 @@ class SearchService:
             m = self.metrics
             batcher = Batcher(
                 ce,
-                max_batch_pairs=c.max_batch_pairs,
+                max_batch_pairs=merged_pairs(c.max_batch_pairs, ce.provider),
                 max_wait_s=c.max_wait_ms / 1000.0,
                 on_batch=m.on_batch,
                 on_drop=m.on_drop,
