@@ -124,40 +124,31 @@ def open_models(
     model=None,
     de_model=None,
     precision: str | None = None,
+    de_precision: str | None = None,
     provider: str = "auto",
     threads: int | None = None,
     batch_size: int | None = None,
     backend: str | None = None,
+    max_batch_tokens: int | None = None,
 ):
     """``(ce, de)`` of a search of ``index``: the recorded models, or ``model`` / ``de_model``
     (folders), checked against the index (see :class:`Searcher`)."""
-    opts = {"provider": provider, "threads": threads, "batch_size": batch_size, "backend": backend}
-    de = _open(index, "de", de_model, precision, {**opts, "batch_size": None})
-    ce = _open(index, "ce", model, precision, opts)
+    from crossknn.ce.folders import open_index_models
+
+    ce, de = open_index_models(
+        index,
+        model=model,
+        de_model=de_model,
+        precision=precision,
+        de_precision=de_precision,
+        provider=provider,
+        threads=threads,
+        batch_size=batch_size,
+        backend=backend,
+        max_batch_tokens=max_batch_tokens,
+    )
     index.check_models(ce=ce, de=de)
     return ce, de
-
-
-def _open(index: CorpusIndex, role: str, given, precision: str | None, opts: dict):
-    """The CE/DE of a search: ``given`` (a folder) if any, else the model the index records;
-    a ``precision`` other than the recorded one is refused before anything is loaded."""
-    from crossknn.ce.folders import open_cross_encoder, open_dual_encoder, reopen
-    from crossknn.index.files import ModelMismatchError
-
-    rec = index.model_records.get(role) or {}
-    built = rec.get("precision") or "fp32"
-    if precision is not None and precision != built:
-        raise ModelMismatchError(
-            f"index {index.path} was built with {role.upper()} precision {built!r}, but this run "
-            f"uses precision {precision!r}; leave --precision out (the index's), or rebuild the "
-            f"index with --precision {precision}"
-        )
-    if given is not None:
-        opener = open_cross_encoder if role == "ce" else open_dual_encoder
-        return opener(given, precision=built, **opts)
-    if not rec.get("path") and not rec.get("embedded"):
-        rec = {**rec, "embedded": True}  # an index from before models were recorded: the defaults
-    return reopen({**rec, "precision": built}, role, **opts)
 
 
 def _top_k(k: int | None, top_k: int | None) -> int:
@@ -173,9 +164,10 @@ class Searcher:
     The CE and DE are the ones the index records (reopened from where they were found), or
     ``model`` / ``de_model`` (a crossknn or Hugging Face folder), or ``ce`` / ``de`` objects;
     a model that differs from the recorded one (precision, model id or hash) is refused.
-    ``precision`` (default: the index's), ``provider``, ``threads``, ``batch_size`` (CE pairs
-    per batch) and ``backend`` ("onnx" or "torch", :mod:`crossknn.ce.backends`) are the model
-    options.
+    ``precision`` (the CE's; default: the index's; fp16 runs its fp32 graph on a GPU),
+    ``de_precision`` (the DE's), ``provider``, ``threads``, ``max_batch_tokens``,
+    ``batch_size`` (CE pairs per batch) and ``backend`` ("onnx" or "torch",
+    :mod:`crossknn.ce.backends`) are the model options.
     ``method``: ``auto`` (the default when the index was built with ``index_calls``), ``axn``
     (the default otherwise: rounds over the DE item vectors, DE first round, least squares
     mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
@@ -205,20 +197,28 @@ class Searcher:
         shards: int = 0,
         ray_address: str | None = None,
         backend: str | None = None,
+        de_precision: str | None = None,
+        max_batch_tokens: int | None = None,
     ) -> None:
         if not isinstance(index, CorpusIndex):
             index = open_index(index)
         self.index = index
         self.corpus = index.corpus
+        from crossknn.ce.folders import open_index_model
+
         opts = {
             "provider": provider,
             "threads": threads,
             "batch_size": batch_size,
             "backend": backend,
+            "max_batch_tokens": max_batch_tokens,
         }
         de_opts = {**opts, "batch_size": None}  # batch_size counts CE pairs
-        self.de = de if de is not None else _open(index, "de", de_model, precision, de_opts)
-        self.ce = ce if ce is not None else _open(index, "ce", model, precision, opts)
+        if de is None:
+            de = open_index_model(index, "de", de_model, de_precision, de_opts)
+        if ce is None:
+            ce = open_index_model(index, "ce", model, precision, opts)
+        self.ce, self.de = ce, de
         self.model_records = {"ce": model_record(self.ce), "de": model_record(self.de)}
         index.check_models(ce=self.ce, de=self.de)
         method = method or ("auto" if "auto" in index.params else "axn")  # the default method

@@ -308,7 +308,10 @@ def reopen(record: dict[str, Any], role: str, *, backend: str | None = None, **o
     )
 
 
-def _index_model(index: Any, role: str, given, precision: str | None, opts: dict[str, Any]):
+def open_index_model(index: Any, role: str, given, precision: str | None, opts: dict[str, Any]):
+    """The CE (``role`` "ce") or DE of a search of ``index``: ``given`` (a folder) if any, else
+    the model the index records; ``precision`` (default: the recorded one) must be the recorded
+    variant, or fp16 where fp32 is recorded; refused before anything is loaded."""
     rec = index.model_records.get(role) or {}
     built = rec.get("precision") or "fp32"
     run = built if precision is None else precision
@@ -345,6 +348,6 @@ def open_index_models(
     ``max_batch_tokens``); the DE gets them without ``batch_size`` (which counts CE pairs).
     The caller checks the models against the index (``index.check_models``)."""
     de_opts = {k: v for k, v in options.items() if k != "batch_size"}
-    de = _index_model(index, "de", de_model, de_precision, de_opts)
-    ce = _index_model(index, "ce", model, precision, dict(options))
+    de = open_index_model(index, "de", de_model, de_precision, de_opts)
+    ce = open_index_model(index, "ce", model, precision, dict(options))
     return ce, de
