@@ -226,3 +226,31 @@ def test_empty_api_key_file_is_one_clear_error(env, tmp_path):
         _client(env, "--api-key-file", str(empty))
     with pytest.raises(ValueError, match="cannot read it"):
         _client(env, "--api-key-file", str(tmp_path / "missing"))
+
+
+def test_text_and_item_jobs_share_one_batch(ce):
+    """A rerank's text job and a search's item job pending together run in one worker batch,
+    each with the scores the CE gives alone."""
+    from crossknn.serve.batcher import Batcher
+
+    batches = []
+    b = Batcher(
+        ce,
+        max_batch_pairs=64,
+        max_wait_s=2.0,
+        active=lambda: 2,
+        on_batch=lambda n, jobs, s: batches.append((n, jobs)),
+    )
+    try:
+        items = np.arange(7)
+        item_job = b.submit([QUERY], [items])
+        text_job = b.submit([QUERY], None, texts=TEXTS)
+        got_items = item_job.wait(30)[0]
+        got_texts = text_job.wait(30)[0]
+    finally:
+        b.stop(5)
+    assert batches == [(7 + len(TEXTS), 2)]
+    np.testing.assert_allclose(got_items, ce.score_batch([QUERY], [items])[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        got_texts, ce.predict([(QUERY, t) for t in TEXTS]), rtol=1e-5, atol=1e-6
+    )
