@@ -121,7 +121,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(env):
-    s = Server(env, "--max-batch-pairs", "128", "--max-wait-ms", "5", "--timeout-s", "300")
+    s = Server(
+        env, "--max-batch-pairs", "128", "--max-wait-ms", "5", "--timeout-s", "300", "--allow-exact"
+    )
     yield s
     s.stop()
 
@@ -129,7 +131,7 @@ def server(env):
 @pytest.fixture(scope="module")
 def tight(env):
     """A server with a queue of 2 and a 1.5 s limit."""
-    s = Server(env, "--max-queue", "2", "--timeout-s", "1.5", "--max-body-kb", "8")
+    s = Server(env, "--max-queue", "2", "--timeout-s", "1.5", "--max-body-kb", "8", "--allow-exact")
     yield s
     s.stop()
 

@@ -89,6 +89,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rounds", type=int, default=5, help="default rounds (default 5)")
     p.add_argument(
+        "--allow-exact",
+        action="store_true",
+        help='accept "exact": true in /search (one CE call per item per query; refused with '
+        "403 otherwise)",
+    )
+    p.add_argument(
+        "--max-rerank-texts",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="most texts in one /rerank request; more get 422 (default 1000)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="require 'Authorization: Bearer KEY' (KEY: the file's first line) on every path "
+        "but /healthz and /readyz; 401 otherwise (default: no key)",
+    )
+    p.add_argument(
+        "--cors",
+        metavar="ORIGIN[,ORIGIN]",
+        help="origins allowed to call the server from a browser (CORS; default: none)",
+    )
+    p.add_argument(
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
     )
     p.add_argument("--ray", action="store_true", help="deploy on Ray Serve (needs ray[serve])")
@@ -132,6 +156,10 @@ def config_from_args(args: argparse.Namespace):
         shards=args.shards,
         # without shards the address is Ray Serve's (--ray); the searcher needs none
         ray_address=args.ray_address if args.shards else None,
+        allow_exact=args.allow_exact,
+        max_rerank_texts=args.max_rerank_texts,
+        api_key_file=args.api_key_file,
+        cors=tuple(o.strip() for o in (args.cors or "").split(",") if o.strip()),
     )
 
 
@@ -149,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
     import crossknn
 
     config = config_from_args(args)
+    if config.api_key_file:  # a missing or empty key file is one clear line, before loading
+        from crossknn.serve.app import read_api_key
+
+        read_api_key(config.api_key_file)
     if args.ray:
         from crossknn.serve.ray_app import run_ray
 

@@ -12,6 +12,11 @@ cut into pieces that may share batches with other jobs.
 ``max_batch_pairs=0`` turns merging off: the worker runs one job at a time, first come first
 served, on the same CE and thread count (the baseline of the load benchmark).
 
+A second job kind, a *text job* (``POST /rerank``), holds one query and arbitrary texts instead
+of item indices: its pieces queue with the others, and every batch runs its text pieces in one
+``ce.predict`` call (the model's activation applied, as ``ce.rank``) beside the one
+``score_batch`` call of its item pieces.
+
 A job whose request was cancelled (timeout, client gone) is dropped before its pairs are run.
 Only this thread calls the CE, so the CE's intra-op thread count, fixed once when it was
 loaded, is all the CPU the CE ever takes, whatever the number of concurrent requests.
@@ -47,6 +52,7 @@ class Job:
     out: list[np.ndarray] = field(default_factory=list)
     remaining: int = 0
     error: BaseException | None = None
+    texts: list[str] | None = None  # a text job: pairs (queries[0], texts[i]), items = arange
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -130,12 +136,19 @@ class Batcher:
         items: Sequence,
         *,
         is_cancelled: Callable[[], bool] = lambda: False,
+        texts: Sequence[str] | None = None,
     ) -> Job:
+        """``texts``: a text job (one query against these texts; ``items`` is ignored)."""
         queries = list(queries)
+        if texts is not None:
+            if len(queries) != 1:
+                raise ValueError(f"a text job has one query; got {len(queries)}")
+            texts = list(texts)
+            items = [np.arange(len(texts), dtype=np.int64)]
         items = [np.asarray(x, np.int64).ravel() for x in items]
         if len(queries) != len(items):
             raise ValueError(f"queries and items differ in length: {len(queries)} vs {len(items)}")
-        job = Job(queries, items, is_cancelled)
+        job = Job(queries, items, is_cancelled, texts=texts)
         job.out = [np.empty(len(x), np.float32) for x in items]
         now = time.perf_counter()
         step = self.max_batch_pairs if self.merging else None
@@ -204,6 +217,17 @@ class Batcher:
         if job.remaining == 0:
             job.done.set()
 
+    def _run_items(self, pieces: list[_Piece]) -> list[np.ndarray]:
+        return self.ce.score_batch(
+            [p.job.queries[p.q] for p in pieces],
+            [p.job.items[p.q][p.lo : p.hi] for p in pieces],
+        )
+
+    def _run_texts(self, pieces: list[_Piece]) -> list[np.ndarray]:
+        pairs = [(p.job.queries[0], t) for p in pieces for t in p.job.texts[p.lo : p.hi]]
+        flat = np.asarray(self.ce.predict(pairs), dtype=np.float32).reshape(-1)
+        return np.split(flat, np.cumsum([p.n for p in pieces])[:-1])
+
     def _loop(self) -> None:
         while True:
             batch = self._take()
@@ -221,20 +245,23 @@ class Batcher:
             if not live:
                 continue
             t = time.perf_counter()
-            try:
-                scores = self.ce.score_batch(
-                    [p.job.queries[p.q] for p in live],
-                    [p.job.items[p.q][p.lo : p.hi] for p in live],
-                )
-            except Exception as exc:  # a bad job must not take the worker down
-                log.exception("crossknn.serve: CE batch of %d pieces failed", len(live))
-                for p in live:
-                    p.job.error = exc
+            for group, run in (
+                ([p for p in live if p.job.texts is None], self._run_items),
+                ([p for p in live if p.job.texts is not None], self._run_texts),
+            ):
+                if not group:
+                    continue
+                try:
+                    scores = run(group)
+                except Exception as exc:  # a bad job must not take the worker down
+                    log.exception("crossknn.serve: CE batch of %d pieces failed", len(group))
+                    for p in group:
+                        p.job.error = exc
+                        self._finish(p)
+                    continue
+                for p, s in zip(group, scores, strict=True):
+                    p.job.out[p.q][p.lo : p.hi] = s
                     self._finish(p)
-                continue
             seconds = time.perf_counter() - t
-            for p, s in zip(live, scores, strict=True):
-                p.job.out[p.q][p.lo : p.hi] = s
-                self._finish(p)
             if self.on_batch is not None:
                 self.on_batch(sum(p.n for p in live), len({id(p.job) for p in live}), seconds)

@@ -135,12 +135,20 @@ class BatchedCE:
         return self.score_batch([query], [items])[0]
 
     def score_batch(self, queries, items):
+        return self._run(queries, items, None)
+
+    def score_texts(self, query: str, texts):
+        """The CE's scores of ``(query, text)`` for each text (``ce.predict``'s, with the
+        model's activation), through the batcher as a text job."""
+        return self._run([query], None, list(texts))[0]
+
+    def _run(self, queries, items, texts):
         ctx = current_request()
         if ctx is None:
-            job = self._batcher.submit(queries, items)
+            job = self._batcher.submit(queries, items, texts=texts)
             return job.wait(None)
         ctx.check()
-        job = self._batcher.submit(queries, items, is_cancelled=lambda: ctx.cancelled)
+        job = self._batcher.submit(queries, items, is_cancelled=lambda: ctx.cancelled, texts=texts)
         out = ctx.wait_for(job)
         ctx.ce_pairs += job.n_pairs
         return out

@@ -16,11 +16,20 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from crossknn.search import registry
 
-__all__ = ["METHODS", "RequestError", "SearchRequest", "parse_search_request"]
+__all__ = [
+    "METHODS",
+    "MAX_RERANK_TEXTS",
+    "RequestError",
+    "RerankRequest",
+    "SearchRequest",
+    "parse_rerank_request",
+    "parse_search_request",
+]
 
 METHODS = registry.names()  # every method `crossknn search` runs (crossknn.search.registry)
 NEEDS_CUR = tuple(n for n, s in registry.REGISTRY.items() if s.index == "cur")
 MAX_QUERIES = 64  # queries in one request
+MAX_RERANK_TEXTS = 1000  # texts in one /rerank request (serve --max-rerank-texts)
 
 
 class SearchRequest(BaseModel):
@@ -44,6 +53,9 @@ class SearchRequest(BaseModel):
         False, description="also score every item (N CE calls per query) and report the recall"
     )
     seed: StrictInt = Field(0, description="seed of the random choices (same seed, same result)")
+    return_documents: StrictBool = Field(
+        False, description="each result also carries its item's text ('text')"
+    )
 
     def texts(self) -> list[str]:
         return [self.query] if self.query is not None else list(self.queries or [])
@@ -71,6 +83,147 @@ def _check_text(text: str, loc: list) -> None:
         check_encodable([text], "".join(f"[{x}]" if isinstance(x, int) else x for x in loc[1:]))
     except ValueError as exc:
         raise RequestError([{"loc": loc, "msg": str(exc), "type": "string_unicode"}]) from None
+
+
+class RerankRequest(BaseModel):
+    """One reranking (TEI / Infinity / Cohere field names): one query against ``texts`` (or
+    Cohere's ``documents``), each scored by the CE."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: StrictStr = Field(..., description="the query text")
+    texts: list[StrictStr] | None = Field(None, description="the texts to rerank (TEI)")
+    documents: list[StrictStr] | None = Field(
+        None, description="the texts to rerank (Cohere; the answer is then Cohere-shaped)"
+    )
+    top_n: StrictInt | None = Field(None, description="keep the best top_n (Cohere)")
+    top_k: StrictInt | None = Field(None, description="keep the best top_k (alias of top_n)")
+    return_documents: StrictBool | None = Field(
+        None, description="results also carry their text (default false)"
+    )
+    return_text: StrictBool | None = Field(None, description="TEI's name of return_documents")
+    raw_scores: StrictBool = Field(
+        False, description="accepted and ignored: scores are the CE's, its activation applied"
+    )
+    truncate: StrictBool | None = Field(None, description="accepted (TEI); pairs are truncated")
+    model: StrictStr | None = Field(None, description="accepted (Cohere); the server has one CE")
+
+    @property
+    def cohere(self) -> bool:
+        return self.documents is not None
+
+    def all_texts(self) -> list[str]:
+        return list(self.texts if self.texts is not None else self.documents or [])
+
+    def keep(self) -> int:
+        n = len(self.all_texts())
+        top = self.top_n if self.top_n is not None else self.top_k
+        return n if top is None else min(top, n)
+
+    def with_text(self) -> bool:
+        return bool(self.return_documents or self.return_text)
+
+
+class RerankResult(BaseModel):
+    """One text of a ``/rerank`` answer (TEI's shape), best first."""
+
+    index: int = Field(..., description="position of the text in the request")
+    score: float = Field(..., description="the CE's score (its activation applied)")
+    text: str | None = Field(None, description="the text, with return_documents / return_text")
+
+
+class CohereDocument(BaseModel):
+    text: str
+
+
+class CohereResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: CohereDocument | None = None
+
+
+class CohereRerankResponse(BaseModel):
+    """The ``/rerank`` answer when the request used Cohere's ``documents``."""
+
+    results: list[CohereResult]
+
+
+class SearchResult(BaseModel):
+    rank: int
+    id: str
+    score: float
+    title: str | None = None
+    text: str | None = Field(None, description="the item's text, with return_documents")
+
+
+class SearchHits(BaseModel):
+    """One query's answer (``crossknn search --json``'s; more fields may follow)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    qid: str | None = None
+    query: str
+    results: list[SearchResult]
+    ce_calls: int
+
+
+class SearchResponse(BaseModel):
+    """The ``/search`` answer."""
+
+    method: str
+    k: int
+    budget: int
+    hits: list[SearchHits]
+
+
+def _load_object(body: bytes, what: str) -> dict:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _err(None, f"malformed JSON: {exc}", "json_invalid") from None
+    except RecursionError:
+        raise _err(None, f"malformed JSON: nested too deeply (a {what} is 2 levels deep)") from None
+    if not isinstance(data, dict):
+        raise _err(None, "the body must be a JSON object", "model_attributes_type")
+    return data
+
+
+def _validate(model, data: dict):
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        detail = [
+            {"loc": ["body", *[str(x) for x in e["loc"]]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False)
+        ]
+        raise RequestError(detail) from None
+
+
+def parse_rerank_request(body: bytes, *, max_texts: int = MAX_RERANK_TEXTS) -> RerankRequest:
+    """Parse and check a ``/rerank`` body: a non-empty query, 1..max_texts non-empty texts,
+    all valid Unicode, top_n / top_k >= 0."""
+    req = _validate(RerankRequest, _load_object(body, "rerank request"))
+    if req.texts is not None and req.documents is not None:
+        raise _err("documents", "give texts (TEI) or documents (Cohere), not both")
+    field = "texts" if req.documents is None else "documents"
+    texts = req.all_texts()
+    if req.texts is None and req.documents is None:
+        raise _err("texts", "texts (or documents) is required", "missing")
+    if not 1 <= len(texts) <= max_texts:
+        raise _err(field, f"{field} must hold 1 to {max_texts} texts; got {len(texts)}")
+    if not req.query.strip():
+        raise _err("query", "the query is empty")
+    _check_text(req.query, ["body", "query"])
+    for i, t in enumerate(texts):
+        if not t.strip():
+            msg = f"{field}[{i}] is empty"
+            raise RequestError([{"loc": ["body", field, i], "msg": msg, "type": "value_error"}])
+        _check_text(t, ["body", field, i])
+    for name in ("top_n", "top_k"):
+        v = getattr(req, name)
+        if v is not None and v < 0:
+            raise _err(name, f"{name} must be >= 0; got {v}")
+    return req
 
 
 def parse_search_request(

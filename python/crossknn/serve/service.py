@@ -18,13 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from crossknn.ce.interface import DualEncoder, ModelInfo
 from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
 from crossknn.serve.batcher import Batcher
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
-from crossknn.serve.schema import SearchRequest
+from crossknn.serve.schema import RerankRequest, SearchRequest
 
 __all__ = ["ServeConfig", "SearchService"]
 
@@ -68,6 +70,10 @@ class ServeConfig:
     round_index: str = "auto"  # the folder's MIPS round index (auto), or exact rounds
     shards: int = 0  # > 0: the items sharded over this many Ray actors
     ray_address: str | None = None  # the Ray cluster of the shards (default: a local one)
+    allow_exact: bool = False  # "exact": true in /search (N CE calls per query) is refused unless
+    max_rerank_texts: int = 1000  # texts in one /rerank request
+    api_key_file: str | None = None  # a bearer token every request but /healthz, /readyz needs
+    cors: tuple[str, ...] = ()  # origins allowed by CORS (none: no CORS headers)
 
     def __post_init__(self) -> None:
         checks = [
@@ -81,6 +87,7 @@ class ServeConfig:
             ("max_batch_tokens", self.max_batch_tokens is None or self.max_batch_tokens >= 1),
             ("rounds", 1 <= self.rounds <= self.max_rounds),
             ("shards", self.shards >= 0),
+            ("max_rerank_texts", self.max_rerank_texts >= 1),
             ("round_index", self.round_index in ("auto", "exact", "ivf", "hnsw")),
         ]
         for name, ok in checks:
@@ -182,9 +189,10 @@ class SearchService:
                 active=lambda: self.admission.in_server,
             )
             try:
+                batched = BatchedCE(ce, batcher)
                 searcher = crossknn.Searcher(
                     index,
-                    ce=BatchedCE(ce, batcher),
+                    ce=batched,
                     de=de,
                     method=c.method,
                     rounds=c.rounds,
@@ -200,6 +208,7 @@ class SearchService:
             log.error("crossknn serve: loading failed: %s", exc)
             raise
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
+        self.batched_ce = batched
         self._measure_service_time()
         self.load_seconds = time.perf_counter() - t
         self.metrics.ready.set(1)
@@ -263,6 +272,10 @@ class SearchService:
         cost = request_cost(len(req.texts()), req.budget, req.exact, self.n_items)
         return self.admission.try_admit(cost)
 
+    def try_admit_pairs(self, n_pairs: int) -> Decision:
+        """Admit a ``/rerank`` request of ``n_pairs`` CE pairs."""
+        return self.admission.try_admit(float(n_pairs))
+
     def release(self, ticket: Ticket, ctx: RequestContext, failed: bool = False) -> None:
         """The request's thread has ended; a cancelled or failed one did ``ctx.ce_pairs`` of
         its work (the rest was never run)."""
@@ -305,12 +318,46 @@ class SearchService:
         m.ce_wait_seconds.inc(ctx.ce_wait_seconds)
         m.engine_seconds.inc(max(wall - ctx.ce_wait_seconds, 0.0))
         m.queries.inc(len(hits))
+        out = [h.to_dict() for h in hits]
+        if req.return_documents:
+            texts = self.searcher.corpus.texts
+            for h, d in zip(hits, out, strict=True):
+                for i, row in zip(h.indices, d["results"], strict=True):
+                    row["text"] = texts[int(i)]
         return {
             "method": req.method or self.searcher.method,
             "k": req.k,
             "budget": req.budget,
-            "hits": [h.to_dict() for h in hits],
+            "hits": out,
         }
+
+    def rerank(self, req: RerankRequest, ctx: RequestContext) -> Any:
+        """The ``/rerank`` answer: the texts by CE score, best first (ties: lower index first),
+        TEI-shaped, or Cohere-shaped when the request used ``documents``."""
+        if self.searcher is None:
+            raise RuntimeError("the service is not loaded")
+        texts = req.all_texts()
+        with ctx:
+            ctx.check()
+            scores = np.asarray(self.batched_ce.score_texts(req.query, texts), np.float32)
+        order = np.argsort(-scores, kind="stable")[: req.keep()]
+        self.metrics.queries.inc()
+        with_text = req.with_text()
+        if req.cohere:
+            results = []
+            for i in order:
+                row: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+                if with_text:
+                    row["document"] = {"text": texts[i]}
+                results.append(row)
+            return {"results": results}
+        out = []
+        for i in order:
+            row = {"index": int(i), "score": float(scores[i])}
+            if with_text:
+                row["text"] = texts[i]
+            out.append(row)
+        return out
 
     # -- description ----------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
