@@ -46,7 +46,9 @@ class Hits:
     ``seconds_ce`` / ``seconds_other``: this query's own CE time and the rest of its search time
     (queries are searched one at a time unless ``query_batch`` > 1, where they are the group's
     times divided by its queries). With ``exact=True``: the exact top-k (``exact_ids``,
-    ``exact_scores``), the ids of it the search missed and the Top-k-Recall."""
+    ``exact_scores``), the ids of it the search missed and the Top-k-Recall. With a rescore
+    (:class:`Searcher`'s ``rescore``): ``scores`` are the rescore CE's, ``rescore_calls`` its CE
+    calls (also counted in ``ce_calls``)."""
 
     query: str
     ids: list[str]
@@ -60,6 +62,7 @@ class Hits:
     texts: list[str] = field(default_factory=list, repr=False)
     qid: str | None = None
     exact_scores: np.ndarray | None = None
+    rescore_calls: int | None = None
 
     @property
     def missed_ids(self) -> list[str] | None:
@@ -84,6 +87,8 @@ class Hits:
             "ce_s": round(self.seconds_ce, 4),
             "other_s": round(self.seconds_other, 4),
         }
+        if self.rescore_calls is not None:
+            out["rescore_calls"] = int(self.rescore_calls)
         if self.exact_ids is not None:
             out["exact"] = {
                 "ids": self.exact_ids,
@@ -174,6 +179,10 @@ class Searcher:
     an index built with train queries and ``cur=True``). ``cmc_model``: a CMC model directory
     (``crossknn cmc export``) trained on this DE; the first round then takes the DE's top
     ``cmc_candidates`` reranked by CMC instead of the DE's top items.
+    ``rescore=(precision, N)``: after each search the top N of its scored items (by the search
+    CE's score) are scored again by the CE of the same model at ``precision`` (e.g. ``("fp32",
+    20)`` over an int8 search) and the top-k is ranked by those scores; the N calls come on top
+    of the budget and are reported (``Hits.rescore_calls``, counted in ``Hits.ce_calls``).
     """
 
     def __init__(
@@ -199,6 +208,7 @@ class Searcher:
         backend: str | None = None,
         de_precision: str | None = None,
         max_batch_tokens: int | None = None,
+        rescore: tuple[str, int] | None = None,
     ) -> None:
         if not isinstance(index, CorpusIndex):
             index = open_index(index)
@@ -221,10 +231,13 @@ class Searcher:
         self.ce, self.de = ce, de
         self.model_records = {"ce": model_record(self.ce), "de": model_record(self.de)}
         index.check_models(ce=self.ce, de=self.de)
+        self.rescore_ce, self.rescore_top = _open_rescore(index, self.ce, model, rescore, opts)
         method = method or ("auto" if "auto" in index.params else "axn")  # the default method
         self._check_method(method)
         self.method, self.rounds, self.mix = method, int(rounds), float(mix)
         self.ce.set_items(list(self.corpus.texts))
+        if self.rescore_ce is not None:
+            self.rescore_ce.set_items(list(self.corpus.texts))
         self.V = np.ascontiguousarray(index["de_items"], np.float32)
         self.qvec = _QueryVectors(self.de)
         # what the rounds search: exact, the folder's MIPS index, or shards (search.round_index)
@@ -386,6 +399,7 @@ class Searcher:
         query_batch: int = 1,
         top_k: int | None = None,
         return_documents: bool = True,
+        rescore_top: int | None = None,
     ) -> Hits | list[Hits]:
         """Top-k items by exact CE score for each query, spending at most ``budget`` CE calls
         each. Queries are searched ``query_batch`` at a time (default 1: every query's own CE
@@ -399,7 +413,7 @@ class Searcher:
         sentence-transformers' and rerankers' names are accepted with their meaning: ``top_k``
         for ``k`` (default 10), ``return_documents`` (default True here: ``Hits.texts`` holds the
         item texts; False leaves it empty). One query string gives one :class:`Hits`, a list of
-        queries a list."""
+        queries a list. ``rescore_top``: this call's N of the searcher's ``rescore`` (0: none)."""
         k = _top_k(k, top_k)
         if isinstance(queries, str):
             return self.search(
@@ -417,6 +431,7 @@ class Searcher:
                 show_progress_bar=show_progress_bar,
                 query_batch=query_batch,
                 return_documents=return_documents,
+                rescore_top=rescore_top,
             )[0]
         if not return_documents:
             return [
@@ -435,6 +450,7 @@ class Searcher:
                     batch_size=batch_size,
                     show_progress_bar=show_progress_bar,
                     query_batch=query_batch,
+                    rescore_top=rescore_top,
                 )
             ]
         single = isinstance(queries, str)
@@ -455,6 +471,7 @@ class Searcher:
         rounds = int(rounds or self.rounds)
         show = progress if show_progress_bar is None else bool(show_progress_bar)
         search = self._make(method, rounds)
+        n_rescore = self._rescore_n(rescore_top, k, budget)
         hits: list[Hits] = []
         old_bs = self.ce.batch_size if batch_size is not None else None
         if batch_size is not None:
@@ -469,26 +486,28 @@ class Searcher:
                     t0 = time.perf_counter()
                     self.qvec.prefetch(group)
                     timed = TimedScorer(self.ce)
-                    res = search.search(timed, group, budget=budget, k=k, seed=seed)
+                    res = search.search(timed, group, budget=budget, k=max(k, n_rescore), seed=seed)
+                    extra = [self._rescore(q, res, i, k, n_rescore) for i, q in enumerate(group)]
                     total = time.perf_counter() - t0
                     n = len(group)
+                    t_ce = timed.seconds + sum(e[3] for e in extra)
                     for i, q in enumerate(group):
-                        keep = res.indices[i] >= 0
-                        idx = res.indices[i][keep]
+                        idx, scores, calls, _ = extra[i]
                         hits.append(
                             Hits(
                                 query=q,
                                 ids=[self.corpus.ids[j] for j in idx],
                                 indices=idx,
-                                scores=res.scores[i][keep],
-                                ce_calls=int(res.ce_calls[i]),
-                                seconds_ce=timed.seconds / n,
-                                seconds_other=(total - timed.seconds) / n,
+                                scores=scores,
+                                ce_calls=int(res.ce_calls[i]) + calls,
+                                seconds_ce=t_ce / n,
+                                seconds_other=(total - t_ce) / n,
                                 texts=[self.corpus.texts[j] for j in idx],
                                 qid=qids[lo + i],
+                                rescore_calls=calls if self.rescore_ce is not None else None,
                             )
                         )
-                    pairs += int(np.sum(res.ce_calls))
+                    pairs += sum(h.ce_calls for h in hits[-n:])
                     bar.update(n)
                     rate = pairs / max(time.perf_counter() - t_all, 1e-9)
                     bar.set_postfix_str(f"{rate:.1f} pairs/s", refresh=False)
@@ -503,6 +522,35 @@ class Searcher:
                 h.exact_scores = row[top].astype(np.float32)
                 h.recall = len(set(h.indices.tolist()) & set(top.tolist())) / len(top)
         return hits
+
+    def _rescore_n(self, rescore_top: int | None, k: int, budget: int) -> int:
+        """This call's rescore N (0: none), refused in one line if it cannot be."""
+        n = self.rescore_top if rescore_top is None else rescore_top
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"rescore_top must be an int >= 0; got {n!r}")
+        if n and self.rescore_ce is None:
+            raise ValueError(f"rescore_top={n} needs a Searcher made with rescore=(precision, N)")
+        if n and n < k:
+            raise ValueError(f"rescore N={n} is less than k={k}: N must be >= k (k <= N <= B)")
+        if n > budget:
+            raise ValueError(
+                f"rescore N={n} exceeds the budget B={budget}: only the B scored items can be "
+                "rescored (k <= N <= B)"
+            )
+        return int(n)
+
+    def _rescore(self, query: str, res, i: int, k: int, n: int):
+        """Query ``i`` of ``res``: ``(indices, scores, rescore calls, rescore seconds)`` of its
+        top-k, after rescoring its top ``n`` (ranked by the search CE) with the rescore CE."""
+        keep = res.indices[i] >= 0
+        idx, scores = res.indices[i][keep], res.scores[i][keep]
+        if not n:
+            return idx, scores, 0, 0.0
+        t0 = time.perf_counter()
+        idx = idx[:n]
+        new = np.asarray(self.rescore_ce.score(query, idx), np.float32)
+        order = np.lexsort((idx, -new))[:k]  # by rescore CE score, ties to the lower index
+        return idx[order], new[order], int(idx.size), time.perf_counter() - t0
 
     def exact_scores(self, query: str) -> np.ndarray:
         """CE scores of ``query`` against every item (N CE calls)."""
@@ -530,6 +578,50 @@ class Searcher:
         full score rows are kept there (:class:`crossknn.exact_cache.ExactScores`)."""
         rows = self._exact(queries, progress=progress, cache_dir=cache_dir)
         return [exact_top_k(r, k).astype(np.int64) for r in rows]
+
+
+def _open_rescore(index: CorpusIndex, ce, model, rescore, opts: dict[str, Any]):
+    """``(rescore CE, N)`` of ``rescore=(precision, N)``: the search CE's model at that
+    precision, refused in one line if it is the search's precision or the folder lacks it."""
+    if rescore is None:
+        return None, 0
+    from pathlib import Path
+
+    from crossknn.ce.folders import RUN_PRECISIONS, open_cross_encoder
+    from crossknn.ce.manifest import MANIFEST, read_manifest
+
+    if not isinstance(rescore, (tuple, list)) or len(rescore) != 2:
+        raise ValueError(f"rescore must be (precision, N), e.g. ('fp32', 20); got {rescore!r}")
+    precision, n = rescore
+    if precision not in RUN_PRECISIONS:
+        raise ValueError(f"rescore precision must be one of {RUN_PRECISIONS}; got {precision!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"rescore N must be a positive int; got {n!r}")
+    searched = getattr(ce, "precision", None)
+    if precision == searched:
+        raise ValueError(
+            f"rescore precision {precision!r} is the search's own precision: nothing to rescore "
+            "(rescore an int8 search with fp32)"
+        )
+    rec = model_record(ce)
+    if not rec.get("model_hash"):  # a bare scorer: the model the index records
+        rec = index.model_records.get("ce") or {}
+    if model is not None:
+        where = Path(model)
+    elif rec.get("embedded") or not (rec.get("path") or rec.get("source")):
+        where = None  # the embedded default: every variant is exported on demand
+    else:  # the Hugging Face source (any variant is exported from it), else the crossknn folder
+        src = rec.get("source")
+        where = Path(src) if src and Path(src).is_dir() else Path(rec["path"])
+    if where is not None and (where / MANIFEST).is_file():
+        variants = sorted(read_manifest(where)["variants"])
+        variant = "fp32" if precision == "fp16" else precision
+        if variant not in variants:
+            raise ValueError(
+                f"rescore precision {precision!r}: model folder {where} has no {variant!r} "
+                f"variant (has {variants})"
+            )
+    return open_cross_encoder(where, precision=precision, **opts), int(n)
 
 
 def _bar(total: int, enabled: bool):

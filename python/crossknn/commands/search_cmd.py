@@ -100,6 +100,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_model_arguments(p, precision_default=None, verbose=True)
     p.add_argument(
+        "--rescore",
+        nargs=2,
+        metavar=("PRECISION", "N"),
+        help="after the search, score its top N again with the CE of the same model at PRECISION "
+        "(e.g. fp32 20 over an int8 search) and rank the top-k by those scores; k <= N <= "
+        "budget, the N calls come on top of the budget and are reported (rescore_calls)",
+    )
+    p.add_argument(
         "--cmc-model",
         metavar="DIR",
         help="a CMC model (crossknn cmc export) to rerank the DE candidates of the first round",
@@ -168,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     from crossknn.trec import run_metrics, run_tag, write_run
 
     _check_outputs(args)
+    rescore = _rescore_arg(args)
     ids, queries, qrels = _queries(args)
     from crossknn.ce.tokenize import check_encodable
 
@@ -200,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         round_index=args.round_index,
         shards=args.shards,
         ray_address=args.ray_address,
+        rescore=rescore,
     )
     if args.verbose and (line := fidelity_line(searcher.ce)):
         print(terminal_safe(line), file=sys.stderr)
@@ -248,6 +258,11 @@ def run(args: argparse.Namespace) -> int:
             "models": records,
             "computed_with": "ir_measures",
         }
+        if rescore:
+            metrics["rescore"] = {"precision": rescore[0], "n": rescore[1]}
+            metrics["run"]["rescore_calls_per_query"] = float(
+                np.mean([h.rescore_calls for h in hits])
+            )
         atomic_write_json(args.metrics, metrics)
     if args.json:
         json.dump(
@@ -259,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
                 "tag": tag,
                 "precision": searcher.ce.precision,
                 "provider": searcher.ce.provider,
+                "rescore": {"precision": rescore[0], "n": rescore[1]} if rescore else None,
                 "models": records,
                 "hits": [h.to_dict() for h in hits],
             },
@@ -268,6 +284,12 @@ def run(args: argparse.Namespace) -> int:
         print()
     elif not args.quiet:
         print_hits(hits)
+        if rescore:
+            calls = sum(h.rescore_calls for h in hits) / len(hits)
+            print(
+                f"\nrescored the top {rescore[1]} of each search with the {rescore[0]} CE: "
+                f"{calls:.1f} CE calls/query on top of the budget (counted in CE calls)"
+            )
         if args.exact:
             mean = sum(h.recall for h in hits) / len(hits)
             print(f"\nmean Top-{args.k}-Recall@{args.budget}: {mean:.3f} over {len(hits)} queries")
@@ -281,6 +303,22 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr if args.quiet else sys.stdout,
         )
     return 0
+
+
+def _rescore_arg(args) -> tuple[str, int] | None:
+    """``--rescore PRECISION N`` as ``(precision, N)``, checked against -k and --budget."""
+    if not args.rescore:
+        return None
+    precision, n = args.rescore
+    try:
+        n = int(n)
+    except ValueError:
+        raise ValueError(f"--rescore N must be an integer; got {n!r}") from None
+    if n < args.k:
+        raise ValueError(f"--rescore N={n} is less than -k {args.k}: N must be >= k")
+    if n > args.budget:
+        raise ValueError(f"--rescore N={n} exceeds --budget {args.budget}: N must be <= budget")
+    return precision, n
 
 
 def _check_outputs(args) -> None:
