@@ -185,7 +185,7 @@ def fake_cuda(monkeypatch):
     class CudaLike:
         def __init__(self, model, so=None, providers=None):
             names = [p[0] if isinstance(p, tuple) else p for p in providers]
-            opened.append((Path(model).name, names))
+            opened.append((Path(model).name if isinstance(model, str) else "<bytes>", names))
             self._s = real(model, so, providers=[CPU])
             self._running = [n for n in names if n != TRT or trt] or [CPU]
 
@@ -206,7 +206,8 @@ def fake_cuda(monkeypatch):
 def test_auto_skips_a_tensorrt_that_does_not_run(tiny_joint, fake_cuda):
     ce = OnnxCrossEncoder(tiny_joint, io_binding=False)
     assert ce.provider == CUDA  # TensorRT "opened" but ran CUDA: skipped, CUDA taken
-    assert [names[0] for _, names in fake_cuda] == [TRT, CUDA]
+    # (the fused graph's one-off check opens CPU sessions: not provider choices)
+    assert [names[0] for _, names in fake_cuda if names != [CPU]] == [TRT, CUDA]
     assert ce._s.skipped and ce._s.skipped[0].startswith(TRT)
     assert (ce.batch_size, ce.max_batch_tokens) == (512, 65536)  # one session run per round
     small = OnnxCrossEncoder(tiny_joint, provider="cuda", io_binding=False, batch_size=8)
@@ -224,7 +225,7 @@ def test_cuda_fp16_graph_is_made_once_and_cached(tiny_joint, fake_cuda, monkeypa
     monkeypatch.setattr(rewrite, "to_fp16", lambda p: calls.append(p) or real(p))
     ref = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cpu", threads=1)
     ce = OnnxCrossEncoder(
-        tiny_joint, items=ITEMS, provider="cuda", precision="fp16", io_binding=False
+        tiny_joint, items=ITEMS, provider="cuda", precision="fp16", io_binding=False, fuse=False
     )
     assert (ce.provider, ce.precision, ce.variant) == (CUDA, "fp16", "fp32")
     assert ce.model_hash == ref.model_hash  # the model is the fp32 graph
@@ -237,7 +238,7 @@ def test_cuda_fp16_graph_is_made_once_and_cached(tiny_joint, fake_cuda, monkeypa
     np.testing.assert_allclose(
         ce.score("pet cats", np.arange(5)), ref.score("pet cats", np.arange(5)), atol=5e-3
     )
-    again = OnnxCrossEncoder(tiny_joint, provider="cuda", fp16=True, io_binding=False)
+    again = OnnxCrossEncoder(tiny_joint, provider="cuda", fp16=True, io_binding=False, fuse=False)
     assert again.precision == "fp16" and len(calls) == 1  # reused, not converted again
     # TensorRT takes the fp32 graph with its own fp16 flag
     fake_cuda.trt.add(True)
@@ -270,6 +271,120 @@ def test_fp16_graph_goes_to_the_cache_when_the_model_folder_is_read_only(
     assert not list(tiny_joint.glob("*.tmp")) and not list(tiny_joint.glob(".*.tmp"))
     monkeypatch.setattr(rewrite, "to_fp16", lambda p: pytest.fail("converted again"))
     assert fp16_graph(src, sha, cache_dir=tmp_path) == got
+
+
+# -- the fused GPU graph and CUDA graph buckets ----------------------------------------------
+def _sha(folder: Path) -> str:
+    from crossknn.ce.manifest import read_manifest
+
+    return read_manifest(folder)["files"]["model.onnx"]["sha256"]
+
+
+def test_fused_graph_is_checked_made_once_and_scores_like_the_export(
+    tiny_joint, monkeypatch, tmp_path
+):
+    import onnx
+
+    from crossknn.ce import fuse
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_joint, folder)
+    for old in folder.glob("model.cuda-*"):
+        old.unlink()
+    assert fuse.attention_shape(onnx.load(str(folder / "model.onnx"))) == (4, 32)
+    got = fuse.fused_graph(folder / "model.onnx", _sha(folder), fp16=False, cache_dir=tmp_path)
+    ops = {n.op_type for n in onnx.load(str(got)).graph.node}
+    assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"} <= ops
+    assert "Shape" not in ops  # no shape subgraph left (what CUDA graph capture needs)
+    half = fuse.fused_graph(folder / "model.onnx", _sha(folder), fp16=True, cache_dir=tmp_path)
+    assert half != got and any(
+        t.data_type == onnx.TensorProto.FLOAT16 for t in onnx.load(str(half)).graph.initializer
+    )
+    # made once: a second open finds the files
+    monkeypatch.setattr(fuse, "fuse", lambda p: pytest.fail("fused again"))
+    assert fuse.fused_graph(folder / "model.onnx", _sha(folder), fp16=False) == got
+    # the fused graph scores like the exported one (both on the CPU provider)
+    ref = OnnxCrossEncoder(folder, items=ITEMS, provider="cpu", threads=1)
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    ref._s.session = ort.InferenceSession(str(got), so, providers=[CPU])
+    fused = ref.score("pet cats", np.arange(5))
+    ref2 = OnnxCrossEncoder(folder, items=ITEMS, provider="cpu", threads=1)
+    np.testing.assert_allclose(fused, ref2.score("pet cats", np.arange(5)), atol=1e-5)
+
+
+def test_a_fused_graph_that_fails_its_check_is_never_used(tiny_joint, monkeypatch, tmp_path):
+    from crossknn.ce import fuse
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_joint, folder)
+    for old in folder.glob("model.cuda-*"):
+        old.unlink()
+    monkeypatch.setattr(fuse, "check_fused", lambda a, b: 0.5)
+    assert fuse.fused_graph(folder / "model.onnx", _sha(folder), fp16=False) is None
+    marker = list(folder.glob("model.cuda-fp32-*.skip.json"))
+    assert len(marker) == 1 and "differ" in marker[0].read_text()
+    monkeypatch.setattr(fuse, "fuse", lambda p: pytest.fail("fused again"))
+    assert fuse.fused_graph(folder / "model.onnx", _sha(folder), fp16=False) is None
+
+
+def test_cuda_sessions_run_the_fused_graph(tiny_joint, fake_cuda):
+    ref = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cpu", threads=1)
+    ce = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cuda", io_binding=False)
+    assert ce._s.fused and fake_cuda[-1][0].startswith("model.cuda-fp32-")
+    np.testing.assert_allclose(
+        ce.score("pet cats", np.arange(5)), ref.score("pet cats", np.arange(5)), atol=1e-5
+    )
+    plain = OnnxCrossEncoder(tiny_joint, provider="cuda", io_binding=False, fuse=False)
+    assert not plain._s.fused and fake_cuda[-1][0] == "model.onnx"
+
+
+def test_graph_buckets():
+    from crossknn.ce.cuda_graph import bucket
+
+    assert bucket(1, 7) == (8, 32) and bucket(8, 32) == (8, 32) and bucket(9, 33) == (16, 64)
+    assert bucket(20, 128) == (32, 128) and bucket(256, 100) == (256, 128)
+    assert bucket(257, 10) is None and bucket(3, 5, max_rows=0) is None
+
+
+def test_graph_runner_pads_to_buckets_without_changing_a_score(tiny_joint):
+    """The bucketing and padding of CUDA graph replays, run on a CPU session: every real row's
+    output equals the unpadded run; padded rows are dropped; large batches are left out."""
+    import onnxruntime as ort
+
+    from crossknn.ce.cuda_graph import GraphRunner
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(tiny_joint / "model.onnx"), so, providers=[CPU])
+    names = [i.name for i in session.get_inputs()]
+    runner = GraphRunner(session, names, "scores", (), max_rows=16, device="cpu")
+    plan = TokenizerPlan(tiny_joint / "tokenizer.json")
+    store = IdStore(plan.encode(ITEMS), 62)
+    q = IdStore(plan.encode(["pet cats", "markets"]), 62)
+    for n in (1, 3, 9, 16):
+        ia, ib = np.arange(n) % 2, np.arange(n) % len(ITEMS)
+        ta, tb = longest_first(q.lengths[ia], store.lengths[ib], 61)
+        feeds = pair_feeds(plan.pair, plan.pad_id, q, ia, ta, store, ib, tb)
+        want = session.run(["scores"], feeds)[0]
+        got = runner.run(feeds)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert runner.buckets == [(8, 32), (16, 32)] or all(r in (8, 16) for r, _ in runner.buckets)
+    big = {k: np.repeat(v, 2, axis=0) for k, v in feeds.items()}  # 32 rows > max_rows
+    assert runner.run(big) is None
+
+
+def test_cuda_graph_default_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("CROSSKNN_CUDA_GRAPH", "1")
+    assert runtime.cuda_graph_default() is True
+    monkeypatch.setenv("CROSSKNN_CUDA_GRAPH", "0")
+    assert runtime.cuda_graph_default() is False
+    monkeypatch.setenv("CROSSKNN_CUDA_GRAPH", "yes")
+    with pytest.raises(ValueError, match="CROSSKNN_CUDA_GRAPH must be 0 or 1; got 'yes'"):
+        runtime.cuda_graph_default()
 
 
 # -- bulk assembly -------------------------------------------------------------------------

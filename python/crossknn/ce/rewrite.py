@@ -25,6 +25,7 @@ __all__ = [
     "optimize_for_cpu",
     "to_fp16",
     "fp16_graph",
+    "write_cached",
 ]
 
 #: bumped when the fp16 conversion changes (a new cached file is made)
@@ -159,23 +160,29 @@ def fp16_graph(src: Path, sha256: str, *, cache_dir: str | os.PathLike | None = 
     for path in (beside, cached):
         if path.is_file():
             return path
-    data = to_fp16(src)
-    for path in (beside, cached):
+    return write_cached(to_fp16(src), [beside, cached])
+
+
+def write_cached(data: bytes, paths: list[Path]) -> Path:
+    """Write ``data`` to the first of ``paths`` that can be written (a temporary file renamed
+    into place: a half-written file is never seen, and two processes writing at once both end
+    with a complete file); an OSError naming the last folder when none can."""
+    for path in paths:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(data)
             os.replace(tmp, path)
         except OSError as exc:
-            log.info("crossknn.ce: cannot write the fp16 graph to %s (%s)", path, exc)
+            log.info("crossknn.ce: cannot write %s (%s)", path, exc)
             try:
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
             continue
-        log.info("crossknn.ce: fp16 graph of %s written to %s", src, path)
+        log.info("crossknn.ce: wrote %s", path)
         return path
     raise OSError(
-        f"cannot write the fp16 graph of {src} beside it nor into {cached.parent}: set "
+        f"cannot write {paths[0].name} beside the model nor into {paths[-1].parent}: set "
         "CROSSKNN_CACHE to a writable folder"
     )

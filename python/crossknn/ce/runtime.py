@@ -34,8 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from crossknn.ce.cuda_graph import GraphRunner
 from crossknn.ce.feeds import pair_feeds, single_feeds
+from crossknn.ce.fuse import fused_graph
 from crossknn.ce.manifest import read_manifest
+from crossknn.ce.rewrite import fp16_graph
 from crossknn.ce.tokenize import IdStore, TokenizerPlan, check_texts, longest_first
 
 __all__ = [
@@ -69,6 +72,8 @@ _ENCODE_CHUNK = 8192
 # activations for a MiniLM-sized CE in fp16, a few GB for a large one at 512 tokens)
 _GPU_BATCH_SIZE = 512
 _GPU_MAX_BATCH_TOKENS = 65536
+#: CUDA graph capture for batches up to crossknn.ce.cuda_graph.MAX_ROWS pairs, by default
+CUDA_GRAPH = False
 _TRT_LIBS = ("libnvinfer.so.10", "libnvinfer.so.8", "libnvinfer.so")
 
 
@@ -203,6 +208,15 @@ def _preload_gpu_libraries() -> None:
         log.debug("crossknn.ce: onnxruntime.preload_dlls failed: %s", exc)
 
 
+def cuda_graph_default() -> bool:
+    """Whether CUDA sessions capture graphs when the caller does not say
+    (``$CROSSKNN_CUDA_GRAPH`` 1 or 0, else :data:`CUDA_GRAPH`)."""
+    env = os.environ.get("CROSSKNN_CUDA_GRAPH", "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"CROSSKNN_CUDA_GRAPH must be 0 or 1; got {env!r}")
+    return CUDA_GRAPH if env == "" else env == "1"
+
+
 def _check_positive(name: str, value: Any, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -214,11 +228,14 @@ class _Session:
     """One ONNX Runtime session over one variant of an exported model directory.
 
     ``precision`` is a variant of the folder ("fp32", an int8 recipe) or "fp16": the fp32 graph
-    in half precision (CUDA: a converted copy made once and cached by hash,
-    :func:`crossknn.ce.rewrite.fp16_graph`; TensorRT: its fp16 flag). On a GPU provider inputs
-    and outputs are bound explicitly (IO binding) and the device output buffers are kept per
-    thread and batch shape, reused by the next call of that shape (``io_binding``: force it on
-    or off, e.g. to test it on the CPU provider).
+    in half precision (TensorRT: its fp16 flag). The CUDA provider runs the fused graph
+    (:func:`crossknn.ce.fuse.fused_graph`, fp32 or fp16, made and checked once, cached by hash;
+    ``fuse=False``: the exported graph, fp16 converted by :func:`crossknn.ce.rewrite.fp16_graph`)
+    and, with ``cuda_graph`` (default :func:`cuda_graph_default`), replays captured CUDA graphs
+    for batches up to :data:`crossknn.ce.cuda_graph.MAX_ROWS` pairs (:attr:`cuda_graph_error`
+    says why not where the session could not be opened that way). ``io_binding``: inputs and
+    outputs bound explicitly, the device output buffers kept per thread and batch shape (off by
+    default; force it on or off, e.g. to test it on the CPU provider).
     """
 
     def __init__(
@@ -230,6 +247,8 @@ class _Session:
         provider: str,
         fp16: bool,
         io_binding: bool | None = None,
+        fuse: bool = True,
+        cuda_graph: bool | None = None,
     ) -> None:
         import onnxruntime as ort
 
@@ -265,21 +284,39 @@ class _Session:
         avail = available_providers()
         src = self.model_dir / self.file
 
+        want_graph = cuda_graph_default() if cuda_graph is None else bool(cuda_graph)
+        self.fused = False
+        self.cuda_graph_error: str | None = None
+        with_graph: set[str] = set()  # providers whose session opened with graph capture
+
         def open_one(name: str):
             model: Any = str(src)
             options: dict[str, Any] = {}
             if name == _PROVIDERS["tensorrt"]:
                 options = {"trt_fp16_enable": precision == FP16}
-            elif name == _PROVIDERS["cuda"] and precision == FP16:
-                # converted once, cached beside the model (or in the crossknn cache) by hash
-                from crossknn.ce.rewrite import fp16_graph
-
-                model = str(fp16_graph(src, self.model_hash))
+            elif name == _PROVIDERS["cuda"]:
+                # the fused graph (crossknn.ce.fuse), fp32 or fp16, made and checked once and
+                # cached by hash; where fusion does not apply, the exported graph (fp16: converted)
+                fused = fused_graph(src, self.model_hash, fp16=precision == FP16) if fuse else None
+                self.fused = fused is not None
+                if fused is not None:
+                    model = str(fused)
+                elif precision == FP16:
+                    model = str(fp16_graph(src, self.model_hash))
             providers: list[Any] = [(name, options)]
             if name == _PROVIDERS["tensorrt"] and _PROVIDERS["cuda"] in avail:
                 providers.append(_PROVIDERS["cuda"])  # for subgraphs TensorRT does not take
             if name != _CPU:
                 providers.append(_CPU)  # for nodes the GPU providers do not take
+            if name == _PROVIDERS["cuda"] and want_graph:
+                graph = [(name, {**options, "enable_cuda_graph": "1"}), _CPU]
+                try:
+                    session = ort.InferenceSession(model, so, providers=graph)
+                    with_graph.add(name)
+                    return session
+                except Exception as exc:  # e.g. nodes the CUDA provider does not take
+                    self.cuda_graph_error = " ".join(str(exc).split())[:300]
+                    log.info("crossknn.ce: no CUDA graph capture (%s)", self.cuda_graph_error)
             return ort.InferenceSession(model, so, providers=providers)
 
         self.session, self.provider, self.skipped = open_first(candidates, open_one)
@@ -294,14 +331,35 @@ class _Session:
         self.io_binding = False if io_binding is None else bool(io_binding)
         self._device = "cuda" if gpu else "cpu"
         self._local = threading.local()  # per thread: {output shape: device OrtValue}
+        self.graph = self._graph_runner() if self.provider in with_graph else None
+        self._run_options = None if self.graph is None else self.graph.skip_options
         for why in self.skipped:
             log.info("crossknn.ce: provider auto skipped %s", why)
         log.info("crossknn.ce: %s (%s) runs on %s", self.model_dir.name, precision, self.provider)
 
+    def _graph_runner(self) -> GraphRunner | None:
+        """Captured graphs need int64 inputs and an output of fixed shape after the batch."""
+        ins = self.session.get_inputs()
+        out = next(o for o in self.session.get_outputs() if o.name == self.output)
+        tail = out.shape[1:]
+        if any(i.type != "tensor(int64)" for i in ins) or out.type != "tensor(float)":
+            self.cuda_graph_error = "inputs are not all int64 or the output is not float32"
+        elif not all(isinstance(t, int) for t in tail):
+            self.cuda_graph_error = f"output shape {out.shape} is not fixed after the batch"
+        else:
+            return GraphRunner(self.session, self.input_names, self.output, tuple(tail))
+        # opened with capture on: every run must still say which graph (none: -1)
+        runner = GraphRunner(self.session, self.input_names, self.output, (), max_rows=0)
+        return runner
+
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+        if self.graph is not None:
+            got = self.graph.run(feeds)  # None: larger than the captured buckets
+            if got is not None:
+                return got
         if not self.io_binding:
-            return self.session.run([self.output], feeds)[0]
+            return self.session.run([self.output], feeds, self._run_options)[0]
         # bind inputs and outputs explicitly: one copy each way; the device output buffer of
         # this batch shape is kept (per thread) and reused by the next call of that shape
         io = self.session.io_binding()
@@ -317,7 +375,7 @@ class _Session:
             buffers.move_to_end(n)
         else:
             io.bind_output(self.output, self._device)
-        self.session.run_with_iobinding(io)
+        self.session.run_with_iobinding(io, self._run_options)
         if out is None:
             buffers[n] = io.get_outputs()[0]
             while len(buffers) > 64:  # batch sizes seen lately
@@ -430,7 +488,9 @@ class _OnnxModel:
     ``provider`` "auto" (the first whose session opens: TensorRT where its libraries load, then
     CUDA, then CPU; :attr:`provider` says which), "cpu", "cuda" or "tensorrt" (an error if not
     available, never a silent fallback); ``precision`` "fp16" (or ``fp16=True``): the fp32
-    graph in half precision on a GPU provider; ``show_progress_bar`` tqdm bars for long runs.
+    graph in half precision on a GPU provider; ``show_progress_bar`` tqdm bars for long runs;
+    ``fuse`` (CUDA: run the fused graph, default True) and ``cuda_graph`` (CUDA graph capture for
+    small batches; default ``$CROSSKNN_CUDA_GRAPH``, else off): see :class:`_Session`.
     """
 
     backend = "onnx"  # its name in crossknn.ce.backends
@@ -456,6 +516,8 @@ class _OnnxModel:
         fp16: bool = False,
         show_progress_bar: bool = False,
         io_binding: bool | None = None,
+        fuse: bool = True,
+        cuda_graph: bool | None = None,
     ) -> None:
         _check_positive("batch_size", batch_size, allow_none=True)
         _check_positive("max_batch_tokens", max_batch_tokens, allow_none=True)
@@ -466,6 +528,8 @@ class _OnnxModel:
             provider=provider,
             fp16=fp16,
             io_binding=io_binding,
+            fuse=fuse,
+            cuda_graph=cuda_graph,
         )
         gpu = self._s.provider != _CPU
         if batch_size is None:

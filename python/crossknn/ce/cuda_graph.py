@@ -1,0 +1,130 @@
+"""CUDA graph capture for small batches: one captured graph per (rows, columns) bucket.
+
+A search round scores a few dozen pairs; on a GPU its session run costs the launches of the
+graph's kernels more than their arithmetic. onnxruntime can capture a session run as a CUDA graph
+and replay it in one launch (CUDA provider option ``enable_cuda_graph``), under three conditions:
+every node runs on the CUDA provider (the fused graph of :mod:`crossknn.ce.fuse` has no CPU
+shape nodes left), inputs and outputs are bound to device buffers that never move (IO binding of
+pre-allocated OrtValues, updated in place), and each captured graph sees one shape (run option
+``gpu_graph_id`` selects the graph).
+
+:class:`GraphRunner` pads a batch to its bucket, ``rows`` the next power of two from 8 up to
+:data:`MAX_ROWS`, ``columns`` the next multiple of 32, and replays that bucket's graph (captured
+on its first use). Padding never changes a real row's score: padded columns carry attention mask
+0 (and pool mask 0), padded rows repeat the batch's first row and are dropped. Larger batches run
+without a graph (``gpu_graph_id`` -1), where launches are a small share anyway. Replays share
+their device buffers, so they are serialized by a lock (the GPU runs one at a time anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+__all__ = ["MAX_ROWS", "GraphRunner", "bucket"]
+
+#: the largest batch (rows) run through a captured graph
+MAX_ROWS = 256
+_MIN_ROWS = 8
+_COLUMN_STEP = 32
+
+log = logging.getLogger("crossknn.ce")
+
+
+def bucket(rows: int, columns: int, max_rows: int = MAX_ROWS) -> tuple[int, int] | None:
+    """The (rows, columns) a batch is padded to, or ``None`` beyond ``max_rows``."""
+    if rows > max_rows:
+        return None
+    r = _MIN_ROWS
+    while r < rows:
+        r *= 2
+    c = -(-columns // _COLUMN_STEP) * _COLUMN_STEP
+    return min(r, max_rows), c
+
+
+class _Bucket:
+    def __init__(self, ort, session, inputs, output, tail, rows, cols, graph_id, device) -> None:
+        self.host = {name: np.zeros((rows, cols), dtype=np.int64) for name in inputs}
+        self.dev = {
+            name: ort.OrtValue.ortvalue_from_numpy(arr, device, 0)
+            for name, arr in self.host.items()
+        }
+        self.out = ort.OrtValue.ortvalue_from_shape_and_type((rows, *tail), np.float32, device, 0)
+        self.io = session.io_binding()
+        for name, value in self.dev.items():
+            self.io.bind_ortvalue_input(name, value)
+        self.io.bind_ortvalue_output(output, self.out)
+        self.options = ort.RunOptions()
+        self.options.add_run_config_entry("gpu_graph_id", str(graph_id))
+
+
+class GraphRunner:
+    """Runs ``session`` (opened with ``enable_cuda_graph``) through captured CUDA graphs.
+
+    ``inputs``: the int64 input names; ``output``: the output name; ``tail``: the output's
+    shape after the batch dimension (``()`` for one score per row). :meth:`run` returns the
+    output rows of a batch, or ``None`` for a batch larger than :data:`MAX_ROWS` (run it with
+    :attr:`skip_options`, the run options that skip capture). ``device`` "cpu" runs the same
+    bucketing and padding on a CPU session (no capture there), which is how the tests check it.
+    """
+
+    def __init__(
+        self,
+        session,
+        inputs: list[str],
+        output: str,
+        tail: tuple[int, ...],
+        max_rows: int = MAX_ROWS,
+        device: str = "cuda",
+    ) -> None:
+        import onnxruntime as ort
+
+        self._ort = ort
+        self.session = session
+        self.inputs = list(inputs)
+        self.output = output
+        self.tail = tuple(int(t) for t in tail)
+        self.max_rows = int(max_rows)
+        self.device = device
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._lock = threading.Lock()
+        self.skip_options = ort.RunOptions()
+        self.skip_options.add_run_config_entry("gpu_graph_id", "-1")
+        self.replays = 0
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        return sorted(self._buckets)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
+        first = feeds[self.inputs[0]]
+        n, cols = first.shape
+        key = bucket(n, cols, self.max_rows)
+        if key is None:
+            return None
+        with self._lock:
+            b = self._buckets.get(key)
+            if b is None:
+                b = _Bucket(
+                    self._ort,
+                    self.session,
+                    self.inputs,
+                    self.output,
+                    self.tail,
+                    *key,
+                    graph_id=len(self._buckets) + 1,
+                    device=self.device,
+                )
+                self._buckets[key] = b
+                log.info("crossknn.ce: CUDA graph for batches of %d x %d tokens", *key)
+            for name in self.inputs:
+                host, x = b.host[name], feeds[name]
+                host[:] = 0
+                host[:n, :cols] = x
+                host[n:, :cols] = x[0]
+                b.dev[name].update_inplace(host)
+            self.session.run_with_iobinding(b.io, b.options)
+            self.replays += 1
+            return b.out.numpy()[:n].copy()
