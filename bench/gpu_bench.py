@@ -144,11 +144,11 @@ def top10_agreement(a: np.ndarray, b: np.ndarray, per: int) -> float:
 
 
 # -- 1. CE -----------------------------------------------------------------------------------
-def open_ce(precision: str, provider: str, threads: int | None, items=None):
+def open_ce(precision: str, provider: str, threads: int | None, items=None, **options):
     from crossknn.ce.folders import open_cross_encoder
 
     return open_cross_encoder(
-        None, precision=precision, provider=provider, threads=threads, items=items
+        None, precision=precision, provider=provider, threads=threads, items=items, **options
     )
 
 
@@ -199,6 +199,7 @@ def ce_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                     else round(float(np.abs(got - base).max()), 8),
                     "score_pairs_per_s": round(len(pairs) / dts, 1),
                     "pairs": len(pairs),
+                    "graph": "fused" if getattr(ce._s, "fused", False) else "exported",
                 },
             )
         if precision == "fp32":
@@ -212,33 +213,52 @@ def ce_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
 
 def round_rows(rep: Report, ctx: dict, ce, queries, cand, args) -> None:
     """One search round's CE call (20 pairs of one query, the default batching of the
-    provider): median latency over 100 calls (quick: 3), with IO binding on and off."""
-    ce.batch_size, ce.max_batch_tokens = ctx["default_batch"]
-    calls, warm = (3, 1) if args.quick else (100, 3)
-    for binding in (True, False) if ctx["gpu"] else (False,):
-        ce._s.io_binding = binding
+    provider): median latency over 100 calls (quick: 3). On a GPU for three graphs: the
+    exported one, the fused one (crossknn.ce.fuse, the default), the fused one replayed as
+    captured CUDA graphs (crossknn.ce.cuda_graph)."""
+    calls, warm = (3, 1) if args.quick else (100, 5)
+    variants = [("fused", False)]
+    if ctx["gpu"]:
+        variants = [("exported", False), ("fused", False), ("fused", True)]
+    for graph, cuda_graph in variants:
+        try:
+            run_ce = open_ce(
+                ce.precision,
+                args.provider,
+                args.threads,
+                items=ctx["texts"],
+                fuse=graph == "fused",
+                cuda_graph=cuda_graph,
+            )
+        except Exception as exc:
+            rep.note("errors", "round", f"{ce.precision} {graph} {cuda_graph}: {exc}")
+            continue
         times = []
         for i in range(calls + warm):
             q, row = queries[i % len(queries)], cand[i % len(queries)]
             items = row[(i * 20) % len(row) :][:20]
             t = time.perf_counter()
-            ce.score(q, items)
-            if i >= warm:  # the first calls warm up
+            run_ce.score(q, items)
+            if i >= warm:  # the first calls warm up (and capture the graphs)
                 times.append((time.perf_counter() - t) * 1e3)
+        s = run_ce._s
         rep.row(
             "round",
             {
                 "device": ctx["device"],
-                "provider": ce.provider,
-                "precision": ce.precision,
+                "provider": run_ce.provider,
+                "precision": run_ce.precision,
                 "pairs": 20,
-                "io_binding": binding,
+                "io_binding": bool(s.io_binding),
+                "graph": "fused" if s.fused else "exported",
+                "cuda_graph": s.graph is not None and bool(s.graph.replays),
+                "cuda_graph_error": s.cuda_graph_error,
                 "call_ms_p50": pct(times, 50),
                 "call_ms_p90": pct(times, 90),
                 "calls": len(times),
             },
         )
-    ce._s.io_binding = ctx["gpu"]
+        del run_ce
 
 
 # -- 2. torch eager --------------------------------------------------------------------------
@@ -346,12 +366,19 @@ def search_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
 
     index = crossknn.open_index(ctx["index"])
     queries = ctx["search_queries"]
-    for precision in ctx["precisions"]:
+    plans = [(p, False) for p in ctx["precisions"]]
+    if ctx["gpu"]:
+        plans += [(p, True) for p in ctx["precisions"]]
+    for precision, cuda_graph in plans:
         if dl.left() < 20:
-            rep.note("skipped", "search", f"{precision}: deadline")
+            rep.note("skipped", "search", f"{precision} cuda_graph={cuda_graph}: deadline")
             continue
         ce, de = open_index_models(
-            index, precision=precision, provider=args.provider, threads=args.threads
+            index,
+            precision=precision,
+            provider=args.provider,
+            threads=args.threads,
+            cuda_graph=cuda_graph,
         )
         s = crossknn.Searcher(index, ce=ce, de=de)
         for q in queries[:3]:  # warm up (not counted): sessions, caches, query vectors
@@ -385,6 +412,8 @@ def search_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                 "items": len(index),
                 "method": s.method,
                 "mode": "serial Searcher.search",
+                "graph": "fused" if getattr(ce._s, "fused", False) else "exported",
+                "cuda_graph": cuda_graph,
             },
         )
         del s, ce, de
@@ -408,13 +437,18 @@ def get_json(port: int, path: str, timeout: float = 5.0):
 
 
 class Server:
-    def __init__(self, index: Path, port: int, extra: list[str], log: Path) -> None:
+    def __init__(
+        self, index: Path, port: int, extra: list[str], log: Path, env: dict | None = None
+    ) -> None:
         self.port = port
         self.cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(index), "--port", str(port)]
         self.cmd += ["--log-level", "warning", *extra]
         self.log_path = log
         self.log = open(log, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.env = dict(env or {})
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+        )
 
     def wait_ready(self, seconds: float) -> dict:
         end = time.monotonic() + seconds
@@ -531,45 +565,56 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
         return
     queries = ctx["search_queries"]
     log_dir = Path(ctx["work"])
-    # the best precision first; fp32 (the index's) when the server refuses it
-    for precision in reversed(ctx["precisions"]):
-        if dl.left() < 40:
-            rep.note("skipped", "serve", f"{precision}: deadline")
-            return
-        extra = ["--provider", args.provider] + (
-            ["--precision", precision] if precision != "fp32" else []
-        )
-        port = free_port()
-        server = Server(ctx["index"], port, extra, log_dir / f"serve-{precision}.log")
-        rep.doc["commands"].append(shlex.join(server.cmd))
-        rep.save()
-        try:
-            info = server.wait_ready(min(180.0, dl.left() - 30))
-            for q in queries[:3]:  # warm up
-                closed_loop(port, 1, [q], 1, 60, args.budget)
-            for conc in ctx["levels"]:
-                if dl.left() < 12:
-                    rep.note("skipped", "serve", f"{precision} concurrency {conc}: deadline")
-                    continue
-                n = ctx["serve_requests"] * (1 if conc == 1 else 4)
-                seconds = min(args.level_seconds, dl.left() - 10)
-                r = closed_loop(port, conc, queries, n, seconds, args.budget)
-                rep.row(
-                    "serve",
-                    {
-                        "device": ctx["device"],
-                        "provider": info.get("provider"),
-                        "precision": info.get("precision"),
-                        "budget": args.budget,
-                        "concurrency": conc,
-                        **r,
-                    },
-                )
-            return
-        except Exception as exc:
-            rep.note("errors", "serve", f"{precision}: {type(exc).__name__}: {exc}")
-        finally:
-            server.stop()
+    # the best precision first; fp32 (the index's) when the server refuses it; on a GPU with
+    # CUDA graph replays ($CROSSKNN_CUDA_GRAPH=1) and without
+    for graph in ("1", "0") if ctx["gpu"] else ("0",):
+        for precision in reversed(ctx["precisions"]):
+            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, graph):
+                break
+
+
+def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, graph: str) -> bool:
+    """One server, the closed loop at each concurrency level; False where it failed."""
+    if dl.left() < 40:
+        rep.note("skipped", "serve", f"{precision} cuda_graph={graph}: deadline")
+        return True
+    extra = ["--provider", args.provider] + (
+        ["--precision", precision] if precision != "fp32" else []
+    )
+    port = free_port()
+    env = {"CROSSKNN_CUDA_GRAPH": graph}
+    server = Server(ctx["index"], port, extra, log_dir / f"serve-{precision}-g{graph}.log", env)
+    rep.doc["commands"].append(f"CROSSKNN_CUDA_GRAPH={graph} " + shlex.join(server.cmd))
+    rep.save()
+    try:
+        info = server.wait_ready(min(180.0, dl.left() - 30))
+        for q in queries[:3]:  # warm up
+            closed_loop(port, 1, [q], 1, 60, args.budget)
+        for conc in ctx["levels"]:
+            if dl.left() < 12:
+                rep.note("skipped", "serve", f"{precision} concurrency {conc}: deadline")
+                continue
+            n = ctx["serve_requests"] * (1 if conc == 1 else 4)
+            seconds = min(args.level_seconds, dl.left() - 10)
+            r = closed_loop(port, conc, queries, n, seconds, args.budget)
+            rep.row(
+                "serve",
+                {
+                    "device": ctx["device"],
+                    "provider": info.get("provider"),
+                    "precision": info.get("precision"),
+                    "budget": args.budget,
+                    "concurrency": conc,
+                    **r,
+                    "cuda_graph": graph == "1",
+                },
+            )
+        return True
+    except Exception as exc:
+        rep.note("errors", "serve", f"{precision} cuda_graph={graph}: {type(exc).__name__}: {exc}")
+        return False
+    finally:
+        server.stop()
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -584,12 +629,14 @@ def table(doc: dict) -> None:
         )
     for r in doc.get("round", []):
         print(
-            f"one round's 20-pair call on {r['provider']} {r['precision']}, IO binding "
-            f"{'on' if r['io_binding'] else 'off'}: p50 {r['call_ms_p50']} ms"
+            f"one round's 20-pair call on {r['provider']} {r['precision']}, "
+            f"{r.get('graph', 'exported')} graph, CUDA graph "
+            f"{'on' if r.get('cuda_graph') else 'off'}: p50 {r['call_ms_p50']} ms"
         )
     print("\nsearch (ms per query)")
     print(
-        f"{'mode':8}{'provider':26}{'prec':>6}{'conc':>6}{'q/s':>9}{'p50':>9}{'p99':>9}{'ce':>8}{'other':>8}"
+        f"{'mode':8}{'provider':26}{'prec':>6}{'graph':>6}{'conc':>6}{'q/s':>9}{'p50':>9}"
+        f"{'p99':>9}{'ce':>8}{'other':>8}"
     )
     for kind in ("search", "serve"):
         for r in doc.get(kind, []):
@@ -598,7 +645,8 @@ def table(doc: dict) -> None:
                 return f"{'-' if x is None else x:>{w}}"
 
             print(
-                f"{kind:8}{str(r['provider']):26}{str(r['precision']):>6}{r['concurrency']:>6}"
+                f"{kind:8}{str(r['provider']):26}{str(r['precision']):>6}"
+                f"{'on' if r.get('cuda_graph') else 'off':>6}{r['concurrency']:>6}"
                 f"{f(r['queries_per_s'], 9)}{f(r['p50_ms'], 9)}{f(r['p99_ms'], 9)}"
                 f"{f(r['ce_ms'], 8)}{f(r['other_ms'], 8)}"
             )
