@@ -566,14 +566,20 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
     queries = ctx["search_queries"]
     log_dir = Path(ctx["work"])
     # the best precision first; fp32 (the index's) when the server refuses it; on a GPU with
-    # CUDA graph replays ($CROSSKNN_CUDA_GRAPH=1) and without
-    for graph in ("1", "0") if ctx["gpu"] else ("0",):
+    # CUDA graph replays ($CROSSKNN_CUDA_GRAPH=1) and without, with Python's thread switch
+    # interval (5 ms) and 0.5 ms (--switch-interval-ms)
+    variants = [("0", None)]
+    if ctx["gpu"]:
+        variants = [("1", None), ("0", None), ("1", 0.5), ("0", 0.5)]
+    for graph, switch in variants:
         for precision in reversed(ctx["precisions"]):
-            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, graph):
+            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, graph, switch):
                 break
 
 
-def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, graph: str) -> bool:
+def serve_rows(
+    rep, dl, ctx, args, queries, log_dir, precision: str, graph: str, switch: float | None
+) -> bool:
     """One server, the closed loop at each concurrency level; False where it failed."""
     if dl.left() < 40:
         rep.note("skipped", "serve", f"{precision} cuda_graph={graph}: deadline")
@@ -581,9 +587,12 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, graph: str)
     extra = ["--provider", args.provider] + (
         ["--precision", precision] if precision != "fp32" else []
     )
+    if switch is not None:
+        extra += ["--switch-interval-ms", str(switch)]
     port = free_port()
     env = {"CROSSKNN_CUDA_GRAPH": graph}
-    server = Server(ctx["index"], port, extra, log_dir / f"serve-{precision}-g{graph}.log", env)
+    name = f"serve-{precision}-g{graph}-s{switch or 5}.log"
+    server = Server(ctx["index"], port, extra, log_dir / name, env)
     rep.doc["commands"].append(f"CROSSKNN_CUDA_GRAPH={graph} " + shlex.join(server.cmd))
     rep.save()
     try:
@@ -607,6 +616,7 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, graph: str)
                     "concurrency": conc,
                     **r,
                     "cuda_graph": graph == "1",
+                    "switch_interval_ms": switch or 5.0,
                 },
             )
         return True
@@ -635,7 +645,7 @@ def table(doc: dict) -> None:
         )
     print("\nsearch (ms per query)")
     print(
-        f"{'mode':8}{'provider':26}{'prec':>6}{'graph':>6}{'conc':>6}{'q/s':>9}{'p50':>9}"
+        f"{'mode':8}{'provider':26}{'prec':>6}{'graph':>6}{'sw':>5}{'conc':>6}{'q/s':>9}{'p50':>9}"
         f"{'p99':>9}{'ce':>8}{'other':>8}"
     )
     for kind in ("search", "serve"):
@@ -646,7 +656,8 @@ def table(doc: dict) -> None:
 
             print(
                 f"{kind:8}{str(r['provider']):26}{str(r['precision']):>6}"
-                f"{'on' if r.get('cuda_graph') else 'off':>6}{r['concurrency']:>6}"
+                f"{'on' if r.get('cuda_graph') else 'off':>6}{r.get('switch_interval_ms', ''):>5}"
+                f"{r['concurrency']:>6}"
                 f"{f(r['queries_per_s'], 9)}{f(r['p50_ms'], 9)}{f(r['p99_ms'], 9)}"
                 f"{f(r['ce_ms'], 8)}{f(r['other_ms'], 8)}"
             )

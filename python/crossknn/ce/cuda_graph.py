@@ -12,18 +12,25 @@ pre-allocated OrtValues, updated in place), and each captured graph sees one sha
 :data:`MAX_ROWS`, ``columns`` the next multiple of 32, and replays that bucket's graph (captured
 on its first use). Padding never changes a real row's score: padded columns carry attention mask
 0 (and pool mask 0), padded rows repeat the batch's first row and are dropped. Larger batches run
-without a graph (``gpu_graph_id`` -1), where launches are a small share anyway. Replays share
-their device buffers, so they are serialized by a lock (the GPU runs one at a time anyway).
+without a graph (``gpu_graph_id`` -1), where launches are a small share anyway.
+
+A capture records the CUDA stream of the capturing thread, and CUDA refuses (or silently spoils)
+a capture while another thread of the process calls an unsafe CUDA API, e.g. the copies of another
+session's run (on an H200, ``crossknn serve`` with a DE query encoded during a CE capture failed
+with cudaErrorStreamCaptureUnsupported). So once a process has a graph runner, every CUDA session
+run of the process, graph or not, CE or DE, goes through one lock (:func:`run_lock`); replays also
+share their device buffers. The GPU runs one session at a time anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
 import numpy as np
 
-__all__ = ["MAX_ROWS", "GraphRunner", "bucket"]
+__all__ = ["MAX_ROWS", "GraphRunner", "bucket", "run_lock"]
 
 #: the largest batch (rows) run through a captured graph
 MAX_ROWS = 256
@@ -31,6 +38,14 @@ _MIN_ROWS = 8
 _COLUMN_STEP = 32
 
 log = logging.getLogger("crossknn.ce")
+
+_LOCK = threading.Lock()  # every CUDA session run, once a graph runner exists (see above)
+_ACTIVE: list[bool] = []
+
+
+def run_lock():
+    """The process-wide lock of CUDA session runs once CUDA graphs are in use, else a no-op."""
+    return _LOCK if _ACTIVE else contextlib.nullcontext()
 
 
 def bucket(rows: int, columns: int, max_rows: int = MAX_ROWS) -> tuple[int, int] | None:
@@ -89,7 +104,8 @@ class GraphRunner:
         self.max_rows = int(max_rows)
         self.device = device
         self._buckets: dict[tuple[int, int], _Bucket] = {}
-        self._lock = threading.Lock()
+        if device == "cuda" and max_rows > 0 and not _ACTIVE:
+            _ACTIVE.append(True)
         self.skip_options = ort.RunOptions()
         self.skip_options.add_run_config_entry("gpu_graph_id", "-1")
         self.replays = 0
@@ -104,7 +120,7 @@ class GraphRunner:
         key = bucket(n, cols, self.max_rows)
         if key is None:
             return None
-        with self._lock:
+        with _LOCK:
             b = self._buckets.get(key)
             if b is None:
                 b = _Bucket(

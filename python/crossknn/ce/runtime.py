@@ -24,6 +24,7 @@ warning is logged once per scorer (logger ``crossknn.ce``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from crossknn.ce.cuda_graph import GraphRunner
+from crossknn.ce.cuda_graph import GraphRunner, run_lock
 from crossknn.ce.feeds import pair_feeds, single_feeds
 from crossknn.ce.fuse import fused_graph
 from crossknn.ce.manifest import read_manifest
@@ -72,6 +73,7 @@ _ENCODE_CHUNK = 8192
 # activations for a MiniLM-sized CE in fp16, a few GB for a large one at 512 tokens)
 _GPU_BATCH_SIZE = 512
 _GPU_MAX_BATCH_TOKENS = 65536
+_NO_LOCK = contextlib.nullcontext()
 #: CUDA graph capture for batches up to crossknn.ce.cuda_graph.MAX_ROWS pairs, by default
 CUDA_GRAPH = False
 _TRT_LIBS = ("libnvinfer.so.10", "libnvinfer.so.8", "libnvinfer.so")
@@ -359,7 +361,8 @@ class _Session:
             if got is not None:
                 return got
         if not self.io_binding:
-            return self.session.run([self.output], feeds, self._run_options)[0]
+            with run_lock() if self._gpu else _NO_LOCK:
+                return self.session.run([self.output], feeds, self._run_options)[0]
         # bind inputs and outputs explicitly: one copy each way; the device output buffer of
         # this batch shape is kept (per thread) and reused by the next call of that shape
         io = self.session.io_binding()
@@ -375,7 +378,8 @@ class _Session:
             buffers.move_to_end(n)
         else:
             io.bind_output(self.output, self._device)
-        self.session.run_with_iobinding(io, self._run_options)
+        with run_lock() if self._gpu else _NO_LOCK:
+            self.session.run_with_iobinding(io, self._run_options)
         if out is None:
             buffers[n] = io.get_outputs()[0]
             while len(buffers) > 64:  # batch sizes seen lately
