@@ -416,7 +416,32 @@ def search_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                 "cuda_graph": cuda_graph,
             },
         )
+        if (precision, cuda_graph) == plans[-1] and dl.left() > 20:
+            rep.doc["search_profile"] = profile_search(s, queries[3:63], args.budget)
         del s, ce, de
+
+
+def profile_search(s, queries: list[str], budget: int, top: int = 30) -> dict:
+    """cProfile of serial searches: where a query's time goes (functions by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    for q in queries:
+        s.search([q], k=K, budget=budget)
+    prof.disable()
+    wall = time.perf_counter() - t
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    lines = [ln.rstrip() for ln in buf.getvalue().splitlines() if ln.strip()]
+    return {
+        "queries": len(queries),
+        "ms_per_query_profiled": round(1e3 * wall / len(queries), 2),
+        "by_own_time": lines[-top - 1 :],
+    }
 
 
 # -- 4. serve --------------------------------------------------------------------------------
@@ -434,6 +459,40 @@ def get_json(port: int, path: str, timeout: float = 5.0):
         return resp.status, json.loads(resp.read() or b"null")
     finally:
         conn.close()
+
+
+_COUNTERS = ("crossknn_ce_batches_total", "crossknn_ce_pairs_total", "crossknn_ce_seconds_total")
+
+
+def ce_counters(port: int) -> dict[str, float]:
+    """The CE worker's counters from /metrics (Prometheus text): batches, pairs, busy seconds."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5.0)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in _COUNTERS:
+            out[name] = float(value)
+    return out
+
+
+def batch_stats(before: dict, after: dict, wall: float) -> dict:
+    """What the CE worker did during one level: mean pairs per merged batch, mean seconds per
+    batch, and the share of the wall time it was busy (near 1: the CE worker is the limit)."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in _COUNTERS}
+    batches = d["crossknn_ce_batches_total"]
+    return {
+        "ce_batches": int(batches),
+        "pairs_per_batch": round(d["crossknn_ce_pairs_total"] / batches, 1) if batches else None,
+        "ms_per_batch": round(1e3 * d["crossknn_ce_seconds_total"] / batches, 2)
+        if batches
+        else None,
+        "ce_busy": round(d["crossknn_ce_seconds_total"] / wall, 3) if wall > 0 else None,
+    }
 
 
 class Server:
@@ -605,7 +664,9 @@ def serve_rows(
                 continue
             n = ctx["serve_requests"] * (1 if conc == 1 else 4)
             seconds = min(args.level_seconds, dl.left() - 10)
+            before = ce_counters(port)
             r = closed_loop(port, conc, queries, n, seconds, args.budget)
+            r.update(batch_stats(before, ce_counters(port), r["wall_s"]))
             rep.row(
                 "serve",
                 {
