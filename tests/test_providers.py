@@ -341,6 +341,20 @@ def test_cuda_sessions_run_the_fused_graph(tiny_joint, fake_cuda):
     assert not plain._s.fused and fake_cuda[-1][0] == "model.onnx"
 
 
+def test_a_cuda_graph_that_cannot_be_made_falls_back_to_plain_runs(tiny_joint, fake_cuda):
+    """CUDA graphs are on by default; where their buffers or capture fail (here: the "CUDA"
+    session is a CPU one, so no CUDA memory), the runs go on without them and say why."""
+    ref = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cpu", threads=1)
+    ce = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cuda", io_binding=False)
+    assert ce._s.graph is not None and ce._s.cuda_graph_error is None  # asked for, not tried
+    got = ce.score("pet cats", np.arange(5))
+    np.testing.assert_allclose(got, ref.score("pet cats", np.arange(5)), atol=1e-5)
+    assert ce._s.cuda_graph_error and ce._s.graph.max_rows == 0
+    np.testing.assert_allclose(ce.score("pet cats", np.arange(5)), got)
+    off = OnnxCrossEncoder(tiny_joint, provider="cuda", io_binding=False, cuda_graph=False)
+    assert off._s.graph is None and off._s.cuda_graph_error is None
+
+
 def test_graph_buckets():
     from crossknn.ce.cuda_graph import bucket
 

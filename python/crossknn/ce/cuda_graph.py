@@ -5,7 +5,7 @@ graph's kernels more than their arithmetic. onnxruntime can capture a session ru
 and replay it in one launch (CUDA provider option ``enable_cuda_graph``), under three conditions:
 every node runs on the CUDA provider (the fused graph of :mod:`crossknn.ce.fuse` has no CPU
 shape nodes left), inputs and outputs are bound to device buffers that never move (IO binding of
-pre-allocated OrtValues, updated in place), and each captured graph sees one shape (run option
+pre-allocated device memory, updated in place), and each captured graph sees one shape (run option
 ``gpu_graph_id`` selects the graph).
 
 :class:`GraphRunner` pads a batch to its bucket, ``rows`` the next power of two from 8 up to
@@ -60,19 +60,21 @@ def bucket(rows: int, columns: int, max_rows: int = MAX_ROWS) -> tuple[int, int]
 
 
 class _Bucket:
+    """The bound buffers of one captured graph: all int64 inputs in one device block (one
+    host-to-device copy per call, not one per input), the output, the run options."""
+
     def __init__(self, ort, session, inputs, output, tail, rows, cols, graph_id, device) -> None:
-        self.host = {name: np.zeros((rows, cols), dtype=np.int64) for name in inputs}
-        self.dev = {
-            name: ort.OrtValue.ortvalue_from_numpy(arr, device, 0)
-            for name, arr in self.host.items()
-        }
+        self.host = np.zeros((len(inputs), rows, cols), dtype=np.int64)
+        self.block = ort.OrtValue.ortvalue_from_numpy(self.host, device, 0)
         self.out = ort.OrtValue.ortvalue_from_shape_and_type((rows, *tail), np.float32, device, 0)
         self.io = session.io_binding()
-        for name, value in self.dev.items():
-            self.io.bind_ortvalue_input(name, value)
+        base, step = self.block.data_ptr(), rows * cols * self.host.itemsize
+        for i, name in enumerate(inputs):
+            self.io.bind_input(name, device, 0, np.int64, [rows, cols], base + i * step)
         self.io.bind_ortvalue_output(output, self.out)
         self.options = ort.RunOptions()
         self.options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        self.runs = 0
 
 
 class GraphRunner:
@@ -109,6 +111,7 @@ class GraphRunner:
         self.skip_options = ort.RunOptions()
         self.skip_options.add_run_config_entry("gpu_graph_id", "-1")
         self.replays = 0
+        self.error: str | None = None
 
     @property
     def buckets(self) -> list[tuple[int, int]]:
@@ -122,25 +125,38 @@ class GraphRunner:
             return None
         with _LOCK:
             b = self._buckets.get(key)
-            if b is None:
-                b = _Bucket(
-                    self._ort,
-                    self.session,
-                    self.inputs,
-                    self.output,
-                    self.tail,
-                    *key,
-                    graph_id=len(self._buckets) + 1,
-                    device=self.device,
-                )
-                self._buckets[key] = b
-                log.info("crossknn.ce: CUDA graph for batches of %d x %d tokens", *key)
-            for name in self.inputs:
-                host, x = b.host[name], feeds[name]
+            try:
+                if b is None:
+                    b = _Bucket(
+                        self._ort,
+                        self.session,
+                        self.inputs,
+                        self.output,
+                        self.tail,
+                        *key,
+                        graph_id=len(self._buckets) + 1,
+                        device=self.device,
+                    )
+                    self._buckets[key] = b
+                    log.info("crossknn.ce: CUDA graph for batches of %d x %d tokens", *key)
+                host = b.host
                 host[:] = 0
-                host[:n, :cols] = x
-                host[n:, :cols] = x[0]
-                b.dev[name].update_inplace(host)
-            self.session.run_with_iobinding(b.io, b.options)
+                for i, name in enumerate(self.inputs):
+                    x = feeds[name]
+                    host[i, :n, :cols] = x
+                    host[i, n:, :cols] = x[0]
+                b.block.update_inplace(host)
+                self.session.run_with_iobinding(b.io, b.options)
+            except Exception as exc:
+                if b is not None and b.runs >= 2:  # captured and replayed before: a real failure
+                    raise
+                # the buffers or the capture failed (an operation CUDA graphs cannot hold): no
+                # graphs from now on, this batch runs as before
+                log.warning("crossknn.ce: CUDA graph capture failed, graphs off (%s)", exc)
+                self.error = " ".join(str(exc).split())[:300]
+                self.max_rows = 0
+                self._buckets.clear()
+                return None
+            b.runs += 1
             self.replays += 1
             return b.out.numpy()[:n].copy()

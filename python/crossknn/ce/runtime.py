@@ -74,8 +74,9 @@ _ENCODE_CHUNK = 8192
 _GPU_BATCH_SIZE = 512
 _GPU_MAX_BATCH_TOKENS = 65536
 _NO_LOCK = contextlib.nullcontext()
-#: CUDA graph capture for batches up to crossknn.ce.cuda_graph.MAX_ROWS pairs, by default
-CUDA_GRAPH = False
+#: CUDA graph capture for batches up to crossknn.ce.cuda_graph.MAX_ROWS pairs, by default (an H200:
+#: a 20-pair fp16 round call 1.05 -> 0.90 ms; bench/results/gpu_bench.json "round" rows)
+CUDA_GRAPH = True
 _TRT_LIBS = ("libnvinfer.so.10", "libnvinfer.so.8", "libnvinfer.so")
 
 
@@ -288,7 +289,7 @@ class _Session:
 
         want_graph = cuda_graph_default() if cuda_graph is None else bool(cuda_graph)
         self.fused = False
-        self.cuda_graph_error: str | None = None
+        self._cuda_graph_error: str | None = None
         with_graph: set[str] = set()  # providers whose session opened with graph capture
 
         def open_one(name: str):
@@ -317,8 +318,8 @@ class _Session:
                     with_graph.add(name)
                     return session
                 except Exception as exc:  # e.g. nodes the CUDA provider does not take
-                    self.cuda_graph_error = " ".join(str(exc).split())[:300]
-                    log.info("crossknn.ce: no CUDA graph capture (%s)", self.cuda_graph_error)
+                    self._cuda_graph_error = " ".join(str(exc).split())[:300]
+                    log.info("crossknn.ce: no CUDA graph capture (%s)", self._cuda_graph_error)
             return ort.InferenceSession(model, so, providers=providers)
 
         self.session, self.provider, self.skipped = open_first(candidates, open_one)
@@ -339,15 +340,22 @@ class _Session:
             log.info("crossknn.ce: provider auto skipped %s", why)
         log.info("crossknn.ce: %s (%s) runs on %s", self.model_dir.name, precision, self.provider)
 
+    @property
+    def cuda_graph_error(self) -> str | None:
+        """Why CUDA graphs are not in use (None: in use, or never asked for)."""
+        if self.graph is not None and self.graph.error:
+            return self.graph.error
+        return self._cuda_graph_error
+
     def _graph_runner(self) -> GraphRunner | None:
         """Captured graphs need int64 inputs and an output of fixed shape after the batch."""
         ins = self.session.get_inputs()
         out = next(o for o in self.session.get_outputs() if o.name == self.output)
         tail = out.shape[1:]
         if any(i.type != "tensor(int64)" for i in ins) or out.type != "tensor(float)":
-            self.cuda_graph_error = "inputs are not all int64 or the output is not float32"
+            self._cuda_graph_error = "inputs are not all int64 or the output is not float32"
         elif not all(isinstance(t, int) for t in tail):
-            self.cuda_graph_error = f"output shape {out.shape} is not fixed after the batch"
+            self._cuda_graph_error = f"output shape {out.shape} is not fixed after the batch"
         else:
             return GraphRunner(self.session, self.input_names, self.output, tuple(tail))
         # opened with capture on: every run must still say which graph (none: -1)
@@ -494,7 +502,7 @@ class _OnnxModel:
     available, never a silent fallback); ``precision`` "fp16" (or ``fp16=True``): the fp32
     graph in half precision on a GPU provider; ``show_progress_bar`` tqdm bars for long runs;
     ``fuse`` (CUDA: run the fused graph, default True) and ``cuda_graph`` (CUDA graph capture for
-    small batches; default ``$CROSSKNN_CUDA_GRAPH``, else off): see :class:`_Session`.
+    small batches; default ``$CROSSKNN_CUDA_GRAPH``, else on): see :class:`_Session`.
     """
 
     backend = "onnx"  # its name in crossknn.ce.backends
@@ -685,17 +693,28 @@ class OnnxCrossEncoder(_OnnxModel):
 
     # -- scoring core -----------------------------------------------------------------------
     def _query_store(self, query: str) -> IdStore:
+        return self._query_stores([query])[0]
+
+    def _query_stores(self, queries: list[str]) -> list[IdStore]:
+        """One store per query from the LRU cache; the queries not in it are tokenized in one
+        call (a search asks for the same query in every round, a serve batch for a few)."""
+        got: dict[str, IdStore] = {}
         with self._lock:
-            store = self._qcache.get(query)
-            if store is not None:
-                self._qcache.move_to_end(query)
-                return store
-        store = IdStore(self._plan.encode([query]), self._room)
-        with self._lock:
-            self._qcache[query] = store
-            while len(self._qcache) > self._qcache_size:
-                self._qcache.popitem(last=False)
-        return store
+            for q in queries:
+                store = self._qcache.get(q)
+                if store is not None:
+                    self._qcache.move_to_end(q)
+                    got[q] = store
+        new = list(dict.fromkeys(q for q in queries if q not in got))
+        if new:
+            for q, ids in zip(new, self._plan.encode(new), strict=True):
+                got[q] = IdStore([ids], self._room)
+            with self._lock:
+                for q in new:
+                    self._qcache[q] = got[q]
+                while len(self._qcache) > self._qcache_size:
+                    self._qcache.popitem(last=False)
+        return [got[q] for q in queries]
 
     def _run_pairs(
         self,
@@ -933,7 +952,7 @@ class OnnxCrossEncoder(_OnnxModel):
             raise ValueError(f"queries and items differ in length: {len(queries)} vs {len(items)}")
         store = self._store()
         idx = [self._item_indices(x, store) for x in items]
-        A = self._encode_store(queries, self._room)
+        A = IdStore.concat(self._query_stores(queries)) if queries else IdStore([], self._room)
         ia = np.repeat(np.arange(len(queries), dtype=np.int64), [len(x) for x in idx])
         ib = np.concatenate(idx) if idx else np.zeros(0, dtype=np.int64)
         flat = self._run_pairs(A, ia, store, ib)

@@ -114,6 +114,21 @@ class IdStore:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    @classmethod
+    def concat(cls, stores: list[IdStore]) -> IdStore:
+        """One store holding the texts of ``stores`` in order (all of the same ``cap``)."""
+        caps = {s.cap for s in stores}
+        if len(caps) != 1:
+            raise ValueError(f"stores of different caps cannot be joined: {sorted(caps)}")
+        out = cls.__new__(cls)
+        out.cap = caps.pop()
+        out.lengths = np.concatenate([s.lengths for s in stores])
+        out.flat = np.concatenate([s.flat for s in stores])
+        sizes = np.concatenate([np.diff(s.offsets) for s in stores])
+        out.offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=out.offsets[1:])
+        return out
+
     def get(self, i: int, n: int) -> np.ndarray:
         """The first ``n`` ids of text ``i`` (``n`` <= cap)."""
         start = self.offsets[i]
