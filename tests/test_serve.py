@@ -401,3 +401,41 @@ def test_serve_with_item_shards_equals_in_process_searcher(env, searcher, monkey
             _same(out, searcher.search(QUERIES[:2], k=5, budget=20, method=method, seed=3))
     finally:
         s.stop()
+
+
+def test_two_worker_processes_answer_like_the_in_process_searcher(env, searcher):
+    """--workers 2: two server processes on one port (each its own models and batcher); their
+    answers equal the in-process searcher's, and the server process has both as children."""
+    import concurrent.futures
+
+    s = Server(env, "--workers", "2", "--threads", "1")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            outs = list(
+                pool.map(
+                    lambda q: client.search(s.url, q, k=5, budget=12, method="axn", seed=1),
+                    QUERIES[:6],
+                )
+            )
+        for q, out in zip(QUERIES[:6], outs, strict=True):
+            _same(out, searcher.search(q, k=5, budget=12, method="axn", seed=1))
+        children = subprocess.run(
+            ["pgrep", "-P", str(s.proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(children) >= 2, s.output()  # the two workers (the command supervises them)
+    finally:
+        assert s.stop() == 0, s.output()
+
+
+def test_workers_refuse_ray_and_bad_counts(env):
+    for args, msg in (
+        (["--workers", "0"], "--workers must be >= 1; got 0"),
+        (["--workers", "2", "--shards", "2"], "cannot be combined with --ray or --shards"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "crossknn.cli", "serve", str(env["index_dir"]), *args],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, CROSSKNN_CACHE=env["cache"]),
+        )
+        assert out.returncode == 2 and msg in out.stderr, out.stderr

@@ -51,6 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="longest wait to fill a CE batch (default 2 ms)",
     )
     p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="W",
+        help="server processes on the port, each with its own models and CE batcher (default 1; "
+        "on a GPU, more than one lifts the one-process limit of Python's interpreter lock)",
+    )
+    p.add_argument(
         "--switch-interval-ms",
         type=float,
         default=None,
@@ -190,6 +198,12 @@ def run(args: argparse.Namespace) -> int:
         from crossknn.serve.app import read_api_key
 
         read_api_key(config.api_key_file)
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1; got {args.workers}")
+    if args.workers > 1 and (args.ray or args.shards):
+        raise ValueError(
+            "--workers runs local processes; it cannot be combined with --ray or --shards"
+        )
     if args.ray:
         from crossknn.serve.ray_app import run_ray
 
@@ -205,6 +219,18 @@ def run(args: argparse.Namespace) -> int:
         sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     # a wrong path or a corrupt index is one clear line now, not a failed /readyz later
     index = crossknn.open_index(args.index_dir)
+    if args.workers > 1:
+        from crossknn.serve.workers import run_workers
+
+        del index  # each worker opens its own
+        return run_workers(
+            config,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=args.log_level,
+            switch_interval_ms=args.switch_interval_ms,
+        )
     service = SearchService(config, index=index)
     server: uvicorn.Server | None = None
     failed = []
