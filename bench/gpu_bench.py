@@ -509,17 +509,22 @@ class Server:
             self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
         )
 
-    def wait_ready(self, seconds: float) -> dict:
+    def wait_ready(self, seconds: float, streak: int = 1) -> dict:
+        """Until /readyz answered 200 ``streak`` times in a row (workers: each may be asked)."""
         end = time.monotonic() + seconds
+        ok = 0
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve exited with {self.proc.returncode}: {self.tail()}")
             try:
                 status, _ = get_json(self.port, "/readyz", 2.0)
-                if status == 200:
+                ok = ok + 1 if status == 200 else 0
+                if ok >= streak:
                     return get_json(self.port, "/info")[1]
+                if status == 200:
+                    continue
             except (OSError, http.client.HTTPException, ValueError):
-                pass
+                ok = 0
             time.sleep(0.5)
         raise TimeoutError(f"serve not ready after {seconds:.0f} s: {self.tail()}")
 
@@ -625,19 +630,19 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
     queries = ctx["search_queries"]
     log_dir = Path(ctx["work"])
     # the best precision first; fp32 (the index's) when the server refuses it; on a GPU with
-    # CUDA graph replays ($CROSSKNN_CUDA_GRAPH=1) and without, with Python's thread switch
-    # interval (5 ms) and 0.5 ms (--switch-interval-ms)
-    variants = [("0", None)]
+    # CUDA graph replays ($CROSSKNN_CUDA_GRAPH=1) and without, one server process and more
+    # (--workers)
+    variants = [("0", 1)]
     if ctx["gpu"]:
-        variants = [("1", None), ("0", None), ("1", 0.5), ("0", 0.5)]
-    for graph, switch in variants:
+        variants = [("1", 1), ("0", 1), ("1", 2), ("1", 4)]
+    for graph, workers in variants:
         for precision in reversed(ctx["precisions"]):
-            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, graph, switch):
+            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, graph, workers):
                 break
 
 
 def serve_rows(
-    rep, dl, ctx, args, queries, log_dir, precision: str, graph: str, switch: float | None
+    rep, dl, ctx, args, queries, log_dir, precision: str, graph: str, workers: int
 ) -> bool:
     """One server, the closed loop at each concurrency level; False where it failed."""
     if dl.left() < 40:
@@ -646,16 +651,18 @@ def serve_rows(
     extra = ["--provider", args.provider] + (
         ["--precision", precision] if precision != "fp32" else []
     )
-    if switch is not None:
-        extra += ["--switch-interval-ms", str(switch)]
+    if workers > 1:
+        extra += ["--workers", str(workers)]
     port = free_port()
     env = {"CROSSKNN_CUDA_GRAPH": graph}
-    name = f"serve-{precision}-g{graph}-s{switch or 5}.log"
+    name = f"serve-{precision}-g{graph}-w{workers}.log"
     server = Server(ctx["index"], port, extra, log_dir / name, env)
     rep.doc["commands"].append(f"CROSSKNN_CUDA_GRAPH={graph} " + shlex.join(server.cmd))
     rep.save()
     try:
-        info = server.wait_ready(min(180.0, dl.left() - 30))
+        info = server.wait_ready(
+            min(180.0, dl.left() - 30), streak=1 if workers == 1 else 8 * workers
+        )
         for q in queries[:3]:  # warm up
             closed_loop(port, 1, [q], 1, 60, args.budget)
         for conc in ctx["levels"]:
@@ -666,7 +673,8 @@ def serve_rows(
             seconds = min(args.level_seconds, dl.left() - 10)
             before = ce_counters(port)
             r = closed_loop(port, conc, queries, n, seconds, args.budget)
-            r.update(batch_stats(before, ce_counters(port), r["wall_s"]))
+            if workers == 1:  # (with workers, /metrics is one worker's)
+                r.update(batch_stats(before, ce_counters(port), r["wall_s"]))
             rep.row(
                 "serve",
                 {
@@ -677,7 +685,7 @@ def serve_rows(
                     "concurrency": conc,
                     **r,
                     "cuda_graph": graph == "1",
-                    "switch_interval_ms": switch or 5.0,
+                    "workers": workers,
                 },
             )
         return True
@@ -706,7 +714,7 @@ def table(doc: dict) -> None:
         )
     print("\nsearch (ms per query)")
     print(
-        f"{'mode':8}{'provider':26}{'prec':>6}{'graph':>6}{'sw':>5}{'conc':>6}{'q/s':>9}{'p50':>9}"
+        f"{'mode':8}{'provider':26}{'prec':>6}{'graph':>6}{'wrk':>5}{'conc':>6}{'q/s':>9}{'p50':>9}"
         f"{'p99':>9}{'ce':>8}{'other':>8}"
     )
     for kind in ("search", "serve"):
@@ -717,7 +725,7 @@ def table(doc: dict) -> None:
 
             print(
                 f"{kind:8}{str(r['provider']):26}{str(r['precision']):>6}"
-                f"{'on' if r.get('cuda_graph') else 'off':>6}{r.get('switch_interval_ms', ''):>5}"
+                f"{'on' if r.get('cuda_graph') else 'off':>6}{r.get('workers', ''):>5}"
                 f"{r['concurrency']:>6}"
                 f"{f(r['queries_per_s'], 9)}{f(r['p50_ms'], 9)}{f(r['p99_ms'], 9)}"
                 f"{f(r['ce_ms'], 8)}{f(r['other_ms'], 8)}"
