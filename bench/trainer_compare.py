@@ -370,24 +370,12 @@ def _batch(ex, q_rows, groups):
     return [queries, docs], [lab.clone() for _ in q_rows]
 
 
-def worker_st(cfg: dict) -> None:
-    """Train the [CLS] CE with ST's model and loss; write the model, a Trainer-layout checkpoint
-    and the timings (JSON)."""
+def st_param_groups(loss_fn, a) -> list[dict]:
+    """The Trainer's AdamW groups (``BaseTrainer.get_optimizer_cls_and_kwargs``): weight decay
+    0.01 except on biases and LayerNorms, then ``learning_rate_mapping={"classifier": head_lr}``."""
     import torch
-    from transformers import get_linear_schedule_with_warmup
     from transformers.trainer_pt_utils import get_parameter_names
 
-    from crossknn.ce.export import export_cross_encoder
-
-    a = argparse.Namespace(**cfg["args"])
-    torch.set_num_threads(a.threads)
-    root = Path(cfg["root"])
-    ex, steps = step_groups(Path(cfg["slice"]), Path(cfg["top_n"]), a)
-    torch.manual_seed(a.seed)
-    model = st_model(cfg["base"], "cls", a)
-    loss_fn = _listnet(model, 1.0, cfg["mini_batch"])
-    # the Trainer's optimizer groups (BaseTrainer.get_optimizer_cls_and_kwargs): weight decay
-    # except on biases and LayerNorms, then learning_rate_mapping {"classifier": head_lr}
     forbidden = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
     decay = set(get_parameter_names(loss_fn, [torch.nn.LayerNorm], forbidden))
     groups = []
@@ -401,6 +389,25 @@ def worker_st(cfg: dict) -> None:
             if ps:
                 lr = a.head_lr if head else a.lr
                 groups.append({"params": ps, "lr": lr, "weight_decay": 0.01 if dec else 0.0})
+    return groups
+
+
+def worker_st(cfg: dict) -> None:
+    """Train the [CLS] CE with ST's model and loss; write the model, a Trainer-layout checkpoint
+    and the timings (JSON)."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    from crossknn.ce.export import export_cross_encoder
+
+    a = argparse.Namespace(**cfg["args"])
+    torch.set_num_threads(a.threads)
+    root = Path(cfg["root"])
+    ex, steps = step_groups(Path(cfg["slice"]), Path(cfg["top_n"]), a)
+    torch.manual_seed(a.seed)
+    model = st_model(cfg["base"], "cls", a)
+    loss_fn = _listnet(model, 1.0, cfg["mini_batch"])
+    groups = st_param_groups(loss_fn, a)
     opt = torch.optim.AdamW(groups, lr=a.lr)
     sched = get_linear_schedule_with_warmup(opt, math.ceil(0.1 * a.steps), a.steps)
     model.train()
@@ -504,6 +511,65 @@ def worker_parity(cfg: dict) -> None:
             row["max_abs_score_diff_vs_embedded_onnx_ce"] = float(np.abs(st_scores - ref).max())
         out[kind] = row
     Path(cfg["out"]).write_text(json.dumps(out))
+
+
+def worker_interleave(cfg: dict) -> None:
+    """Seconds per step side by side in one process: a crossknn step (``train-ce``'s: length-sorted
+    chunks, its AdamW groups, listwise loss) and an ST step (ListNetLoss, ST's default
+    mini-batches and all pairs at once), taken in turn on the same groups, so that the load of a
+    shared machine slows all alike. The median of each, after one warm-up step each."""
+    import torch
+
+    from crossknn.train.losses import group_loss
+    from crossknn.train.scorer import PairEncoder, TrainableCE
+
+    a = argparse.Namespace(**cfg["args"])
+    torch.set_num_threads(a.threads)
+    ex, steps = step_groups(Path(cfg["slice"]), Path(cfg["top_n"]), a)
+    base = Path(cfg["base"])
+    enc = PairEncoder(base / "tokenizer.json", a.max_length, ex.query_texts, ex.item_texts)
+    torch.manual_seed(a.seed)
+    cx = TrainableCE(base, "cls", loss="listwise").train()
+    cx_opt = torch.optim.AdamW(cx.param_groups(a.lr, a.head_lr), lr=a.lr, weight_decay=0.01)
+    torch.manual_seed(a.seed)
+    st = st_model(str(base), "cls", a).train()
+    st_losses = {
+        "st": _listnet(st, 1.0, None),
+        "st-mb": _listnet(st, 1.0, a.batch_size * a.group_size),
+    }
+    st_opt = torch.optim.AdamW(st_param_groups(st_losses["st"], a), lr=a.lr)
+    cpu = torch.device("cpu")
+
+    def cx_step(q_rows, g):
+        qi, ii = np.repeat(q_rows, g.shape[1]), g.ravel()
+        scores = enc.score(cx, qi, ii, cpu, 4096)
+        loss = group_loss("listwise", cx.logits(scores.float()).view(len(q_rows), -1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(cx.parameters(), 1.0)
+        cx_opt.step()
+        cx_opt.zero_grad(set_to_none=True)
+
+    def st_step(name):
+        def step(q_rows, g):
+            inputs, labels = _batch(ex, q_rows, g)
+            st_losses[name](inputs, labels).backward()
+            torch.nn.utils.clip_grad_norm_(st.parameters(), 1.0)
+            st_opt.step()
+            st_opt.zero_grad(set_to_none=True)
+
+        return step
+
+    fns = {"crossknn": cx_step, "st": st_step("st"), "st-mb": st_step("st-mb")}
+    times = {k: [] for k in fns}
+    for s in range(cfg["n"] + 1):
+        q_rows, g = steps[s % len(steps)]
+        names = list(fns)[s % 3 :] + list(fns)[: s % 3]  # rotate who goes first
+        for name in names:
+            t0 = time.perf_counter()
+            fns[name](q_rows, g)
+            if s:  # step 0 is the warm-up
+                times[name].append(time.perf_counter() - t0)
+    Path(cfg["out"]).write_text(json.dumps(times))
 
 
 def st_row(
@@ -620,12 +686,18 @@ def parse(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--kill-delay", type=float, default=1.0, help="seconds after that checkpoint")
     ap.add_argument("--no-resume-test", action="store_true")
+    ap.add_argument(
+        "--interleave-steps",
+        type=int,
+        default=8,
+        help="steps of each trainer timed in turn in one process (0: none)",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("KIND", "CFG"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.quick:
         a.train_queries, a.dev_queries, a.items, a.dev_candidates = 8, 4, 60, 10
         a.steps, a.batch_size, a.group_size, a.negatives, a.random_negatives = 2, 2, 4, 10, 1
-        a.max_length, a.no_resume_test = 48, True
+        a.max_length, a.no_resume_test, a.interleave_steps = 48, True, 1
         if a.out == str(RESULTS / "trainer_compare.json"):
             a.out = None
     return a
@@ -635,7 +707,9 @@ def main(argv=None) -> int:
     a = parse(argv)
     if a.worker:
         cfg = json.loads(Path(a.worker[1]).read_text())
-        {"st": worker_st, "parity": worker_parity}[a.worker[0]](cfg)
+        {"st": worker_st, "parity": worker_parity, "interleave": worker_interleave}[a.worker[0]](
+            cfg
+        )
         return 0
     src = find_data(a.data)
     if not (src / "corpus.jsonl").is_file():
@@ -669,15 +743,11 @@ def main(argv=None) -> int:
         cx, cx_out, cx_work = crossknn_row(a, slice_dir, root, env)
         print(f"crossknn: {cx['s_per_step']} s/step, peak RSS {cx['peak_rss_mb']} MiB")
         top_n = cx_work / "de_top_n.npy"
-        sts = []
-        for name, mb in (("st", None), ("st-mb", a.batch_size * a.group_size))[
-            : 1 if a.quick else 2
-        ]:
-            sts.append(st_row(a, slice_dir, top_n, root, env, status, name, mb))
-            print(
-                f"{sts[-1]['mode']}: {sts[-1]['s_per_step']} s/step, "
-                f"peak RSS {sts[-1]['peak_rss_mb']} MiB"
-            )
+        # ST's default (one forward per query); the all-pairs variant is timed side by side below
+        sts = [st_row(a, slice_dir, top_n, root, env, status, "st", None)]
+        print(
+            f"{sts[0]['mode']}: {sts[0]['s_per_step']} s/step, peak RSS {sts[0]['peak_rss_mb']} MiB"
+        )
         pcfg = root / "parity.json"
         pcfg.write_text(
             json.dumps(
@@ -693,6 +763,24 @@ def main(argv=None) -> int:
             log=root / "parity.log",
         )
         parity = json.loads((root / "parity-out.json").read_text())
+        side = None
+        if a.interleave_steps:
+            icfg = root / "interleave.json"
+            base_cfg = json.loads((root / "st" / "cfg.json").read_text())
+            out = root / "interleave-out.json"
+            icfg.write_text(json.dumps({**base_cfg, "out": str(out), "n": a.interleave_steps}))
+            cmd = [sys.executable, str(BENCH), "--worker", "interleave", str(icfg)]
+            run_measured(cmd, env, log=root / "interleave.log")
+            t = json.loads(out.read_text())
+            med = {k: float(np.median(v)) for k, v in t.items()}
+            side = {
+                "command": "python bench/trainer_compare.py --worker interleave CFG",
+                "steps_each": a.interleave_steps,
+                "median_s_per_step": {k: round(v, 3) for k, v in med.items()},
+                "ratio_to_crossknn": {k: round(v / med["crossknn"], 2) for k, v in med.items()},
+                "all_s": {k: [round(x, 3) for x in v] for k, v in t.items()},
+            }
+            print(f"side by side, median s/step: {side['median_s_per_step']}")
         resume = None
         if not a.no_resume_test:
             resume = crossknn_resume(a, slice_dir, root, env, cx_out, cx_work)
@@ -725,6 +813,7 @@ def main(argv=None) -> int:
             "rows": [cx, *sts],
             "crossknn_resume": resume,
             "parity": parity,
+            "side_by_side_s_per_step": side,
         }
         print_table(result)
         if a.out:
