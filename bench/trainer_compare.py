@@ -593,7 +593,7 @@ def st_row(
     built = status["trainer_builds"]
     loop = "CrossEncoderTrainer" if built else "ST CrossEncoder + ListNetLoss in a plain torch loop"
     chunks = (
-        "ST default: one forward per query"
+        "ST default: forwards of as many pairs as queries per step"
         if mini_batch is None
         else f"{mini_batch} pairs per forward"
     )
@@ -743,7 +743,7 @@ def main(argv=None) -> int:
         cx, cx_out, cx_work = crossknn_row(a, slice_dir, root, env)
         print(f"crossknn: {cx['s_per_step']} s/step, peak RSS {cx['peak_rss_mb']} MiB")
         top_n = cx_work / "de_top_n.npy"
-        # ST's default (one forward per query); the all-pairs variant is timed side by side below
+        # ST's default (forwards of batch-size pairs); all pairs at once: timed side by side
         sts = [st_row(a, slice_dir, top_n, root, env, status, "st", None)]
         print(
             f"{sts[0]['mode']}: {sts[0]['s_per_step']} s/step, peak RSS {sts[0]['peak_rss_mb']} MiB"
