@@ -11,14 +11,15 @@ head ``--head-lr``), batch, warm-up share, gradient clipping and number of optim
 - ``crossknn``: ``crossknn train-ce SLICE OUT --kind cls`` (a subprocess), then the same command
   killed with SIGKILL after the checkpoint of step ``--kill-at`` and resumed with ``--resume``:
   are the exported ONNX bytes, the trained weights and the loss log those of the uninterrupted run?
-- ``sentence-transformers``: ``CrossEncoderTrainer`` when it can be built (it needs ``accelerate``
-  and ``datasets``; the script says which is missing). Where it cannot, the parts of ST that run:
-  its ``CrossEncoder`` model and its ``ListNetLoss`` (with one-hot targets: the same loss as
-  crossknn's listwise) in a plain torch loop doing what the Trainer's step does (AdamW with the
-  Trainer's weight-decay groups and ``learning_rate_mapping``, linear warm-up/decay, clip at 1.0).
-  The row says which it was. Its checkpoint size is that of the files the Trainer writes at a
-  checkpoint (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
-  ``trainer_state.json``), written by this script when the Trainer cannot run.
+- ``sentence-transformers``: the parts of ST that run without ``accelerate`` and ``datasets``
+  (``CrossEncoderTrainer`` and HF ``Trainer`` need both; the JSON records whether the Trainer
+  can be built here and why not): its ``CrossEncoder`` model and its ``ListNetLoss`` (one-hot
+  targets: the same loss as crossknn's listwise) in a plain torch loop doing what the Trainer's
+  step does (AdamW with the Trainer's weight-decay groups and ``learning_rate_mapping``, linear
+  warm-up/decay, clip at 1.0). A ``CrossEncoderTrainer`` path is not written: it could not be run
+  here. Its checkpoint size is that of the files the Trainer writes at a checkpoint
+  (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
+  ``trainer_state.json``), written by this script. Its resume is not tested.
 
 Measured per row: seconds per optimizer step (training only), the process' wall time and peak RSS
 (``wait4``), dev nDCG@10 / RR@10 (``crossknn.trec.run_metrics``) of the trained model exported
@@ -423,7 +424,7 @@ def worker_st(cfg: dict) -> None:
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
     train_s = time.perf_counter() - t0
-    # what Trainer._save_checkpoint writes (here by hand: the Trainer cannot be built)
+    # what Trainer._save_checkpoint writes (here by this script: no Trainer runs)
     here = root / cfg["name"]
     ck = here / "checkpoint"
     model.save(str(ck))
@@ -590,8 +591,9 @@ def st_row(
     cmd = [sys.executable, str(BENCH), "--worker", "st", str(cfg_path)]
     m = run_measured(cmd, env, log=root / f"{name}.log")
     res = json.loads((here / "result.json").read_text())
-    built = status["trainer_builds"]
-    loop = "CrossEncoderTrainer" if built else "ST CrossEncoder + ListNetLoss in a plain torch loop"
+    # the worker always runs the plain loop: a CrossEncoderTrainer path is not written (it could
+    # not be run where this bench was written: accelerate and datasets were missing)
+    loop = "ST CrossEncoder + ListNetLoss in a plain torch loop"
     chunks = (
         "ST default: forwards of as many pairs as queries per step"
         if mini_batch is None
@@ -608,9 +610,7 @@ def st_row(
         **m,
         "checkpoint_mb": size_mb(here / "checkpoint"),
         "checkpoint_files": res["checkpoint_files"],
-        "checkpoint_written_by": "Trainer"
-        if built
-        else "this script, in Trainer._save_checkpoint's layout",
+        "checkpoint_written_by": "this script, in Trainer._save_checkpoint's layout",
         "model_dir_mb": size_mb(here / "model"),
         "first_losses": [round(x, 4) for x in res["losses"][:3]],
         "last_loss": round(res["losses"][-1], 4),
@@ -792,8 +792,10 @@ def main(argv=None) -> int:
         models = {"crossknn": cx_out}
         for n, st in enumerate(sts):
             st["resume_bitwise"] = None  # resume_from_checkpoint needs the Trainer
-            st["resume_note"] = (
-                None if status["trainer_builds"] else "not measured: " + status["trainer_error"]
+            st["resume_note"] = "not measured: the Trainer's resume_from_checkpoint needs the " + (
+                "Trainer, not built here: " + status["trainer_error"]
+                if not status["trainer_builds"]
+                else "Trainer path, which this bench does not have"
             )
             models[f"st{n}"] = Path(st.pop("_model"))
         dev = dev_metrics(slice_dir, models, a.dev_candidates, a.threads)
