@@ -16,12 +16,12 @@ recipes), ``fidelity`` (quantized vs fp32 on calibration pairs, recorded in the 
 
 from __future__ import annotations
 
+from crossknn.ce.cache import cache_root
 from crossknn.ce.export import export_cross_encoder, export_dual_encoder
 from crossknn.ce.fidelity import fidelity_record
 from crossknn.ce.models import (
     DEFAULT_CE,
     DEFAULT_DE,
-    cache_root,
     default_cross_encoder,
     default_dual_encoder,
     ensure_model,

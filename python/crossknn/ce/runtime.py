@@ -24,8 +24,11 @@ warning is logged once per scorer (logger ``crossknn.ce``).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from crossknn.ce.feeds import pair_feeds, single_feeds
 from crossknn.ce.manifest import read_manifest
+from crossknn.ce.rewrite import fp16_graph
 from crossknn.ce.tokenize import IdStore, TokenizerPlan, check_texts, longest_first
 
 __all__ = [
@@ -79,6 +84,7 @@ class ProviderUnavailableError(RuntimeError, ValueError):
 
 def available_providers() -> list[str]:
     """Execution providers this onnxruntime build offers (e.g. ``CPUExecutionProvider``)."""
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     import onnxruntime as ort
 
     return list(ort.get_available_providers())
@@ -87,8 +93,6 @@ def available_providers() -> list[str]:
 def tensorrt_loads() -> bool:
     """Whether TensorRT's runtime library can be loaded (onnxruntime-gpu lists the TensorRT
     provider even where TensorRT is not installed; ``auto`` tries it only when this is true)."""
-    import ctypes
-
     for name in _TRT_LIBS:
         try:
             ctypes.CDLL(name)
@@ -187,14 +191,13 @@ _preloaded: list[bool] = []
 def _preload_gpu_libraries() -> None:
     """Let onnxruntime find the CUDA/cuDNN libraries that pip packages (PyTorch's nvidia-*)
     ship (``onnxruntime.preload_dlls``, onnxruntime >= 1.21); a no-op where that fails."""
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     import onnxruntime as ort
 
     preload = getattr(ort, "preload_dlls", None)
     if preload is None or _preloaded:
         return
     _preloaded.append(True)
-    import contextlib
-    import sys
 
     try:
         with contextlib.redirect_stdout(sys.stderr):  # it prints; stdout may carry --json
@@ -231,6 +234,7 @@ class _Session:
         fp16: bool,
         io_binding: bool | None = None,
     ) -> None:
+        # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)
@@ -272,7 +276,6 @@ class _Session:
                 options = {"trt_fp16_enable": precision == FP16}
             elif name == _PROVIDERS["cuda"] and precision == FP16:
                 # converted once, cached beside the model (or in the crossknn cache) by hash
-                from crossknn.ce.rewrite import fp16_graph
 
                 model = str(fp16_graph(src, self.model_hash))
             providers: list[Any] = [(name, options)]
@@ -325,7 +328,7 @@ class _Session:
         return io.copy_outputs_to_cpu()[0]
 
 
-def _batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> list[np.ndarray]:
+def length_batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> list[np.ndarray]:
     """Pair positions sorted by length (longest first), cut by the token budget."""
     order = np.argsort(-lengths, kind="stable")
     out = []
@@ -341,7 +344,6 @@ def _batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> lis
 def _progress(iterable, enabled: bool, desc: str, total: int):
     if not enabled:
         return iterable
-    from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, total=total, unit="batch")
 
@@ -387,6 +389,7 @@ def _st_activation(scores: np.ndarray, activation_fn, apply_softmax, num_labels:
     if activation_fn is None and not (apply_softmax and num_labels > 1):
         return scores
     try:
+        # torch: optional (export extra), about 1 s to import
         import torch
     except ImportError:  # pragma: no cover - torch is optional at run time
         torch = None
@@ -413,6 +416,7 @@ def _st_convert(scores: np.ndarray, convert_to_numpy: bool, convert_to_tensor: b
     (``convert_to_numpy``, the default), else a list of one tensor per pair."""
     if not convert_to_tensor and convert_to_numpy:
         return scores
+    # torch: optional (export extra), about 1 s to import
     import torch
 
     t = torch.from_numpy(np.ascontiguousarray(scores))
@@ -652,7 +656,7 @@ class OnnxCrossEncoder(_OnnxModel):
         n_cut = int(np.count_nonzero((ta < la) | (tb < lb)))
         if n_cut:
             self._warn_truncated(n_cut)
-        batches = _batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
+        batches = length_batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
         progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
         for idx in _progress(batches, progress, "CE", len(batches)):
             feeds = self._pair_feeds(
@@ -916,7 +920,7 @@ class OnnxDualEncoder(_OnnxModel):
         if n_cut:
             self._warn_truncated(n_cut)
         lengths = kept + self._tpl.n_special
-        batches = _batches(lengths, bs, self.max_batch_tokens)
+        batches = length_batches(lengths, bs, self.max_batch_tokens)
         for idx in _progress(batches, progress, "encode", len(batches)):
             feeds = self._single_feeds(self._tpl, self._plan.pad_id, store, idx, kept[idx])
             out[idx] = self._s.run(feeds)

@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
+from crossknn.ce.export import checkpoint_hash
 from crossknn.ce.manifest import read_manifest
 from crossknn.ce.tokenize import (
     IdStore,
@@ -89,7 +91,6 @@ def length_batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) 
 def _progress(iterable, enabled: bool, desc: str, total: int):
     if not enabled:
         return iterable
-    from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, total=total, unit="batch")
 
@@ -109,8 +110,6 @@ class _TorchSession:
         # torch and transformers are optional heavy dependencies: only this backend needs them
         import torch
         import transformers
-
-        from crossknn.ce.export import checkpoint_hash
 
         check_precision(precision)
         if dtype not in DTYPES:
