@@ -8,10 +8,11 @@
   (needs torch and transformers; imported inside the functions).
 
 Modules: ``runtime`` (the scorers), ``tokenize`` (ids, pair assembly), ``manifest`` (the exported
-directory's manifest), ``models`` (the embedded defaults and their cache), ``export`` (checkpoint
--> model directory), ``graphs`` (the torch modules traced to ONNX; imports torch), ``rewrite``
-(int8 quantization, CPU optimization, fp16 conversion of an ONNX graph), ``quantize`` (the int8
-recipes), ``fidelity`` (quantized vs fp32 on calibration pairs, recorded in the manifest).
+directory's manifest), ``models`` (the embedded defaults), ``cache`` (the cache folder),
+``export`` (checkpoint -> model directory), ``graphs`` (the torch modules traced to ONNX; imports
+torch), ``rewrite`` (CPU optimization and fp16 conversion of an ONNX graph), ``quantize`` (the int8
+recipes and an export's int8 variants), ``fidelity`` (quantized vs fp32 on calibration pairs,
+recorded in the manifest).
 """
 
 from __future__ import annotations
