@@ -419,46 +419,46 @@ class Searcher:
         item texts; False leaves it empty). One query string gives one :class:`Hits`, a list of
         queries a list. ``rescore_top``: this call's N of the searcher's ``rescore`` (0: none)."""
         k = _top_k(k, top_k)
-        if isinstance(queries, str):
-            return self.search(
-                [queries],
-                k=k,
-                budget=budget,
-                method=method,
-                rounds=rounds,
-                seed=seed,
-                exact=exact,
-                exact_cache=exact_cache,
-                progress=progress,
-                query_ids=query_ids,
-                batch_size=batch_size,
-                show_progress_bar=show_progress_bar,
-                query_batch=query_batch,
-                return_documents=return_documents,
-                rescore_top=rescore_top,
-            )[0]
+        hits = self._search_list(
+            [queries] if isinstance(queries, str) else queries,
+            k=k,
+            budget=budget,
+            method=method,
+            rounds=rounds,
+            seed=seed,
+            exact=exact,
+            exact_cache=exact_cache,
+            progress=progress,
+            query_ids=query_ids,
+            batch_size=batch_size,
+            show_progress_bar=show_progress_bar,
+            query_batch=query_batch,
+            rescore_top=rescore_top,
+        )
         if not return_documents:
-            return [
-                dataclasses.replace(h, texts=[])
-                for h in self.search(
-                    queries,
-                    k=k,
-                    budget=budget,
-                    method=method,
-                    rounds=rounds,
-                    seed=seed,
-                    exact=exact,
-                    exact_cache=exact_cache,
-                    progress=progress,
-                    query_ids=query_ids,
-                    batch_size=batch_size,
-                    show_progress_bar=show_progress_bar,
-                    query_batch=query_batch,
-                    rescore_top=rescore_top,
-                )
-            ]
-        single = isinstance(queries, str)
-        qs = [queries] if single else list(queries)
+            hits = [dataclasses.replace(h, texts=[]) for h in hits]
+        return hits[0] if isinstance(queries, str) else hits
+
+    def _search_list(
+        self,
+        queries: Sequence[str],
+        *,
+        k: int,
+        budget: int,
+        method: str | None,
+        rounds: int | None,
+        seed: int,
+        exact: bool,
+        exact_cache: str | os.PathLike | None,
+        progress: bool,
+        query_ids: Sequence[str] | None,
+        batch_size: int | None,
+        show_progress_bar: bool | None,
+        query_batch: int,
+        rescore_top: int | None,
+    ) -> list[Hits]:
+        """The body of :meth:`search` for a list of queries: one :class:`Hits` each."""
+        qs = list(queries)
         bad = [i for i, q in enumerate(qs) if not isinstance(q, str) or not q.strip()]
         if bad:
             raise ValueError(f"queries must be non-empty strings; query {bad[0]} is {qs[bad[0]]!r}")
