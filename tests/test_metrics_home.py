@@ -31,37 +31,31 @@ def _runs(seed: int, n_queries: int = 30, depth: int = 120, n_docs: int = 400):
     return run, qrels, rankings, relevants
 
 
-def _old_per_query(rankings, relevants, measure) -> list[float]:
-    """cmc/evaluate.py's former body (direct ir_measures.iter_calc)."""
-    run = {
-        str(q): {str(int(d)): float(len(r) - p) for p, d in enumerate(r)}
-        for q, r in enumerate(rankings)
-        if len(r)
-    }
-    qrels = {
-        str(q): {str(int(d)): int(g) for d, g in rel.items()}
-        for q, rel in enumerate(relevants)
-        if rel
-    }
-    got = {m.query_id: float(m.value) for m in ir_measures.iter_calc([measure], qrels, run)}
-    return [got.get(str(q), 0.0) for q in range(len(rankings))]
+def _direct(run, qrels, measure, n_queries: int) -> list[float]:
+    """What cmc/evaluate.py computed: ``measure`` by ir_measures.iter_calc on the queries with a
+    relevant item, 0 for the others."""
+    judged = {q: rel for q, rel in qrels.items() if rel}
+    got = {m.query_id: float(m.value) for m in ir_measures.iter_calc([measure], judged, run)}
+    return [got.get(str(q), 0.0) for q in range(n_queries)]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cmc_metrics_equal_their_former_ir_measures_values(seed):
-    _, _, rankings, relevants = _runs(seed)
-    for r, rel in zip(rankings, relevants, strict=True):
-        assert ndcg_at(r, rel, 10) == _old_per_query([r], [rel], nDCG @ 10)[0]
-        assert recall_at(r, rel, 100) == _old_per_query([r], [rel], R @ 100)[0]
+    run, qrels, rankings, relevants = _runs(seed)
+    n = len(rankings)
+    for q, (r, rel) in enumerate(zip(rankings, relevants, strict=True)):
+        one = {str(q): run[str(q)]}, {str(q): qrels[str(q)]}
+        assert ndcg_at(r, rel, 10) == (_direct(*one, nDCG @ 10, q + 1)[q] if rel else 0.0)
+        assert recall_at(r, rel, 100) == (_direct(*one, R @ 100, q + 1)[q] if rel else 0.0)
 
     class Data:
         relevant = relevants
 
-    got = qrels_metrics(np.array(rankings), list(range(len(rankings))), Data)
+    got = qrels_metrics(np.array(rankings), list(range(n)), Data)
     assert got == {
-        "ndcg@10": float(np.mean(_old_per_query(rankings, relevants, nDCG @ 10))),
-        "recall@100": float(np.mean(_old_per_query(rankings, relevants, R @ 100))),
-        "n_queries": len(rankings),
+        "ndcg@10": float(np.mean(_direct(run, qrels, nDCG @ 10, n))),
+        "recall@100": float(np.mean(_direct(run, qrels, R @ 100, n))),
+        "n_queries": n,
     }
     assert 0 < got["ndcg@10"] < 1 and 0 < got["recall@100"] < 1
 
