@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from _common import REPO, RESULTS, SHARED, machine, utc_now, write_json
+from crossknn.trec import parse_measures, run_metrics
 
 OUT = RESULTS / "beir_ndcg.json"
 BUDGET = 100
@@ -86,11 +87,8 @@ def _test_queries(beir, n: int) -> tuple[list[str], list[str], dict]:
 
 
 def _metrics(run: dict[str, dict[str, float]], qrels: dict) -> dict[str, float]:
-    import ir_measures
-    from ir_measures import RR, nDCG
-
-    agg = ir_measures.calc_aggregate([nDCG @ 10, RR @ 10], qrels, run)
-    return {"nDCG@10": float(agg[nDCG @ 10]), "RR@10": float(agg[RR @ 10])}
+    m = run_metrics(run, qrels, parse_measures("nDCG@10 RR@10"))
+    return {"nDCG@10": m["nDCG@10"], "RR@10": m["RR@10"]}
 
 
 def _run_of(qids, item_ids, indices, scores) -> dict[str, dict[str, float]]:

@@ -116,7 +116,7 @@ def torch_runner(threads: int, attn: str | None = None):
 
 def batches_of(ce, pairs, batch_size: int):
     """The exact feeds OnnxCrossEncoder builds for these pairs (order: length-sorted)."""
-    from crossknn.ce.runtime import _batches
+    from crossknn.ce.runtime import length_batches
     from crossknn.ce.tokenize import IdStore, assemble_pairs, longest_first
 
     room = ce._room
@@ -125,9 +125,11 @@ def batches_of(ce, pairs, batch_size: int):
     idx = np.arange(len(pairs))
     ta, tb = longest_first(A.lengths, B.lengths, room)
     feeds = []
-    for b in _batches(ta + tb + ce._tpl.n_special, batch_size, ce.max_batch_tokens):
+    for b in length_batches(ta + tb + ce._tpl.n_special, batch_size, ce.max_batch_tokens):
         feeds.append(assemble_pairs(ce._tpl, ce._plan.pad_id, A, idx[b], ta[b], B, idx[b], tb[b]))
-    order = np.concatenate(_batches(ta + tb + ce._tpl.n_special, batch_size, ce.max_batch_tokens))
+    order = np.concatenate(
+        length_batches(ta + tb + ce._tpl.n_special, batch_size, ce.max_batch_tokens)
+    )
     return feeds, order, float(np.mean(ta + tb + ce._tpl.n_special))
 
 

@@ -268,7 +268,7 @@ def torch_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
     from crossknn.ce.feeds import pair_feeds
     from crossknn.ce.graphs import JointCE, load_model
     from crossknn.ce.models import minilm_checkpoint_dir
-    from crossknn.ce.runtime import _batches
+    from crossknn.ce.runtime import length_batches
     from crossknn.ce.tokenize import IdStore, longest_first
 
     gpu = ctx["gpu"] and torch.cuda.is_available()
@@ -286,7 +286,7 @@ def torch_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
     ib = cand.reshape(-1)
     ta, tb = longest_first(A.lengths[ia], B.lengths[ib], room)
     batch = 256
-    batches = _batches(ta + tb + plan.pair.n_special, batch, 1 << 30)
+    batches = length_batches(ta + tb + plan.pair.n_special, batch, 1 << 30)
     feeds = [pair_feeds(plan.pair, plan.pad_id, A, ia[i], ta[i], B, ib[i], tb[i]) for i in batches]
     model = JointCE(load_model(minilm_checkpoint_dir(), classifier=False), normalize=True).eval()
     model.to(device)

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from _common import RESULTS, SHARED, machine, utc_now, write_json
 from crossknn.fileio import atomic_save_npy, atomic_write_json, read_json
+from crossknn.trec import parse_measures, run_metrics
 
 DATASETS = ("scifact", "nfcorpus")
 KINDS = ("cls", "emb")
@@ -53,15 +54,11 @@ _CONFIG_KEYS = (
 
 
 def _metrics(qrels: dict, run: dict) -> dict:
-    import ir_measures
-    from ir_measures import RR, R, nDCG
-
-    m = [nDCG @ 10, RR @ 10, R @ 100]
-    agg = ir_measures.calc_aggregate(m, qrels, run)
+    m = run_metrics(run, qrels, parse_measures("nDCG@10 RR@10 R@100"))
     return {
-        "ndcg@10": round(agg[m[0]], 4),
-        "rr@10": round(agg[m[1]], 4),
-        "r@100": round(agg[m[2]], 4),
+        "ndcg@10": round(m["nDCG@10"], 4),
+        "rr@10": round(m["RR@10"], 4),
+        "r@100": round(m["R@100"], 4),
     }
 
 

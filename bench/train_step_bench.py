@@ -61,7 +61,7 @@ def main() -> None:
 
     import torch
 
-    from crossknn.ce.export import _write_tokenizer
+    from crossknn.ce.export import write_tokenizer
     from crossknn.ce.models import minilm_checkpoint_dir
     from crossknn.data import load_beir
     from crossknn.train.scorer import PairEncoder
@@ -71,7 +71,7 @@ def main() -> None:
     beir = load_beir(SHARED / "data" / "scifact")
     base = minilm_checkpoint_dir()
     tok = Path(tempfile.mkdtemp(prefix="train-step-"))
-    _write_tokenizer(base, tok)
+    write_tokenizer(base, tok)
     enc = PairEncoder(
         tok / "tokenizer.json",
         128,

@@ -73,6 +73,7 @@ def test_pseudo_queries_and_no_auto_without_index_calls(env):
 
 
 def test_default_budget_builds_auto_from_the_rule(env, monkeypatch, capsys):
+    import crossknn.commands.build_cmd as build_cmd
     import crossknn.index.auto as auto_index
 
     # 40 items are under the rule's 100 items per row: no auto index, search keeps axn
@@ -81,6 +82,7 @@ def test_default_budget_builds_auto_from_the_rule(env, monkeypatch, capsys):
     assert "auto index: none (fewer than 100 items)" in capsys.readouterr().out
     # one row per 10 items: 4 complete rows of pseudo-queries, C = 4 x 40
     monkeypatch.setattr(auto_index, "ITEMS_PER_ROW", 10)
+    monkeypatch.setattr(build_cmd, "ITEMS_PER_ROW", 10)  # its message reads its own binding
     idx = _build(env, env["root"] / "e", "--calibration-queries", "3")
     auto = idx.params["auto"]
     assert auto["rows"] == 4 and auto["index_calls"] == 4 * N_ITEMS == auto["index_calls_limit"]

@@ -350,13 +350,13 @@ def test_cli_rebuild_on_a_full_disk_says_the_old_index_is_unchanged(tmp_path, mo
     not say so; now the old index is whole, and the one line says it."""
     import errno
 
-    import crossknn.ce.folders as folders
+    import crossknn.commands.build_cmd as build_cmd
     import crossknn.corpus_index as ci
     from crossknn import fileio
     from crossknn.cli import main
 
-    monkeypatch.setattr(folders, "open_cross_encoder", lambda *a, **k: StubCE())
-    monkeypatch.setattr(folders, "open_dual_encoder", lambda *a, **k: StubDE())
+    monkeypatch.setattr(build_cmd, "open_cross_encoder", lambda *a, **k: StubCE())
+    monkeypatch.setattr(build_cmd, "open_dual_encoder", lambda *a, **k: StubDE())
     out = tmp_path / "idx"
     argv = ["build", "", str(out), "--quiet", "--calibration-items", "6"]
     argv[1] = str(_write_jsonl(corpus("C"), tmp_path / "c.jsonl"))
@@ -382,11 +382,11 @@ def test_cli_rebuild_on_a_full_disk_says_the_old_index_is_unchanged(tmp_path, mo
 
 def _cli_build(corpus_file: str, out: str, delay: float) -> int:
     """``crossknn build CORPUS OUT --train-queries Q --cur`` with the stand-in models."""
-    import crossknn.ce.folders as folders
+    import crossknn.commands.build_cmd as build_cmd
     from crossknn.cli import main
 
-    folders.open_cross_encoder = lambda *a, **k: StubCE(delay)
-    folders.open_dual_encoder = lambda *a, **k: StubDE(delay)
+    build_cmd.open_cross_encoder = lambda *a, **k: StubCE(delay)
+    build_cmd.open_dual_encoder = lambda *a, **k: StubDE(delay)
     queries = Path(out).parent / (Path(out).name + ".queries.txt")
     queries.write_text("\n".join(TRAIN) + "\n", encoding="utf-8")
     argv = ["build", corpus_file, out, "--train-queries", str(queries), "--cur", "--quiet"]

@@ -101,11 +101,11 @@ def test_rank_output_escapes_control_characters(env, capsys):
 
 
 def test_demo_output_escapes_control_characters(env, tmp_path, capsys, monkeypatch):
-    from crossknn import demo_corpus
+    from crossknn.commands import demo_cmd
     from crossknn.data import load_corpus
 
     monkeypatch.setattr(
-        demo_corpus, "stdlib_docstrings", lambda max_items=None: load_corpus(env["corpus"])
+        demo_cmd, "stdlib_docstrings", lambda max_items=None: load_corpus(env["corpus"])
     )
     capsys.readouterr()
     argv = ["demo", "--query", "evil\x1b]0;x\x07", "-k", "13", "--budget", "13", "--quiet"]
@@ -141,13 +141,13 @@ def test_build_disk_full_is_one_line_and_leaves_nothing(env, tmp_path, capsys, m
 
 
 def test_score_matrix_disk_full_is_one_line(env, tmp_path, capsys, monkeypatch):
-    import crossknn.score_matrix_job as smj
+    from crossknn.commands import score_matrix_cmd
     from shared_fixtures import made_beir
 
     def boom(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m" / "scores.npy"))
 
-    monkeypatch.setattr(smj, "build_score_matrix", boom)
+    monkeypatch.setattr(score_matrix_cmd, "build_score_matrix", boom)
     line = _one_line_error(
         capsys, ["score-matrix", str(made_beir(tmp_path / "beir")), str(tmp_path / "m")]
     )

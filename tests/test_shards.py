@@ -68,7 +68,7 @@ def test_searcher_features_with_shards(ray_local):
     """What `crossknn search --shards S` gives the rounds: exact shards of the folder's items."""
     from types import SimpleNamespace
 
-    from crossknn.search.round_index import search_features
+    from crossknn.search.features import search_features
 
     V = np.random.default_rng(1).standard_normal((120, 6)).astype(np.float32)
     index = SimpleNamespace(path="idx", arrays={"de_items": V}, params={})

@@ -424,7 +424,7 @@ def test_cls_head_has_its_own_learning_rate(setup):
 def test_dev_evaluation_shows_a_bar_by_pairs_with_the_same_scores(setup, tmp_path, capsys):
     """The dev evaluation (at step 0 it ran for minutes with no output) has a bar by pairs;
     the bar changes nothing: the metrics equal those of the scorer's own chunked pass."""
-    from crossknn.ce.export import _write_tokenizer
+    from crossknn.ce.export import write_tokenizer
     from crossknn.train.dev import _run_and_qrels, dev_metrics, rerank_metrics
     from crossknn.train.examples import load_examples
     from crossknn.train.scorer import PairEncoder, TrainableCE
@@ -432,7 +432,7 @@ def test_dev_evaluation_shows_a_bar_by_pairs_with_the_same_scores(setup, tmp_pat
     ex = load_examples(setup["data"], "train")
     tok = tmp_path / "hf"
     tok.mkdir()
-    _write_tokenizer(setup["base"], tok)
+    write_tokenizer(setup["base"], tok)
     enc = PairEncoder(tok / "tokenizer.json", 32, ex.query_texts, ex.item_texts)
     torch.manual_seed(0)
     model = TrainableCE(setup["base"], "emb", loss="listwise").eval()

@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 from crossknn.core import ItemFeatures, RoundState
 from crossknn.corpus_index import build_corpus_index, open_index
+from crossknn.cross_encoder import CrossEncoder
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import BudgetedScorer, BudgetExceededError, MatrixScorer
 from crossknn.search import ADACUR, ANNCUR, AXN, RNR, CurIndex, SearchResult, make_method
@@ -45,12 +46,3 @@ __all__ = [
     "make_method",
     "open_index",
 ]
-
-
-def __getattr__(name: str):
-    """``crossknn.CrossEncoder`` is imported on first use (it loads the CE runtime)."""
-    if name == "CrossEncoder":
-        from crossknn.cross_encoder import CrossEncoder
-
-        return CrossEncoder
-    raise AttributeError(f"module 'crossknn' has no attribute {name!r}")

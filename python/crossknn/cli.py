@@ -7,6 +7,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from crossknn import __version__
+from crossknn.commands._common import terminal_safe
+
 # name -> module under crossknn.commands (modules are imported lazily, so a
 # command's heavy dependencies are only loaded when that command runs).
 COMMANDS: dict[str, str] = {
@@ -41,14 +44,10 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors (which echo the user's input) are safe for a terminal."""
 
     def error(self, message: str):
-        from crossknn.commands._common import terminal_safe
-
         super().error(terminal_safe(" ".join(message.splitlines())))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from crossknn import __version__
-
     parser = _Parser(
         prog="crossknn",
         description="k-NN search with cross-encoders on a small budget of CE calls.",
@@ -65,8 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
 def error_line(exc: BaseException) -> str:
     """One line for a user error: an OSError names its file(s) and what went wrong, a KeyError
     its message without quotes; control characters (from user input echoed back) escaped."""
-    from crossknn.commands._common import terminal_safe
-
     if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
         text = f"{exc.filename}: {exc.strerror}"
         if exc.filename2 is not None:

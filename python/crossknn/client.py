@@ -26,6 +26,7 @@ class ServeError(RuntimeError):
 
 
 def _client(http, timeout: float):
+    # httpx: optional (serve extra)
     import httpx
 
     return (http, False) if http is not None else (httpx.Client(timeout=timeout), True)
@@ -98,6 +99,7 @@ def health(url: str, *, timeout: float = 5.0, http=None) -> bool:
 def wait_ready(url: str, *, timeout: float = 120.0, interval: float = 0.1) -> float:
     """Poll ``/readyz`` until ready (returns the seconds waited); ``TimeoutError`` after
     ``timeout``. Connection errors (server not listening yet) are retried."""
+    # httpx: optional (serve extra)
     import httpx
 
     t0 = time.monotonic()

@@ -123,7 +123,7 @@ def _check_int(x, name: str, lo: int, hi: int, note: str = "") -> int:
     return v
 
 
-def _check_float(x, name: str, lo: float, hi: float, *, lo_open=False, hi_open=False) -> float:
+def check_float(x, name: str, lo: float, hi: float, *, lo_open=False, hi_open=False) -> float:
     """A finite float in the given interval, or TypeError/ValueError naming `name` and the range."""
     hi_open = hi_open or hi == np.inf
     rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
@@ -198,7 +198,7 @@ def _is_batch_exclude(exclude) -> bool:
     return False
 
 
-def _exclude_csr(exclude, n_queries: int, n_items: int):
+def exclude_csr(exclude, n_queries: int, n_items: int):
     """(ids, offsets) for the core, or (None, None) for no exclusion."""
     if exclude is None:
         return None, None
@@ -229,7 +229,7 @@ def _exclude_csr(exclude, n_queries: int, n_items: int):
     return np.ascontiguousarray(ids, np.int64), offsets
 
 
-def _check_k(k, n_items: int) -> int:
+def check_k(k, n_items: int) -> int:
     k = _unwrap0d(k)
     if isinstance(k, bool | np.bool_) or not isinstance(k, numbers.Integral | np.integer):
         raise TypeError(f"k must be an int in [0, {n_items}]; got {type(k).__name__}")
@@ -241,7 +241,7 @@ def _check_k(k, n_items: int) -> int:
     return k
 
 
-def _check_seed(seed) -> int:
+def check_seed(seed) -> int:
     return _check_int(seed, "seed", _I64_MIN, 2**64 - 1, " (negative: taken modulo 2^64)") & (
         2**64 - 1
     )
@@ -411,9 +411,9 @@ class ItemFeatures:
         return U, single
 
     def top_k(self, u, k: int, *, exclude=None):
-        k = _check_k(k, self.n_items)
+        k = check_k(k, self.n_items)
         U, single = self._queries(u)
-        ids, off = _exclude_csr(exclude, 1 if single else U.shape[0], self.n_items)
+        ids, off = exclude_csr(exclude, 1 if single else U.shape[0], self.n_items)
         # scale each query by 2^a so that no float32 score overflows or sinks into denormals
         nonzero, e_u, lb = _bound_exponents(U, self._vmax)
         low = (lb < _LOW_EXP) & np.isfinite(lb)
@@ -428,11 +428,11 @@ class ItemFeatures:
         return (s[0], i[0]) if single else (s, i)
 
     def sample_softmax(self, u, k: int, *, exclude=None, temperature: float = 1.0, seed: int = 0):
-        k = _check_k(k, self.n_items)
-        temperature = _check_float(temperature, "temperature", 0.0, np.inf, lo_open=True)
-        seed = _check_seed(seed)
+        k = check_k(k, self.n_items)
+        temperature = check_float(temperature, "temperature", 0.0, np.inf, lo_open=True)
+        seed = check_seed(seed)
         U, single = self._queries(u)
-        ids, off = _exclude_csr(exclude, 1 if single else U.shape[0], self.n_items)
+        ids, off = exclude_csr(exclude, 1 if single else U.shape[0], self.n_items)
         # keys = (V u) / T + G = (V u 2^b) / (T 2^b) + G with T 2^b in [0.5, 1): the core works
         # on the logits; a query whose logits could overflow gets its own 2^-c (T raised by 2^c)
         b = -int(np.frexp(temperature)[1])
@@ -446,8 +446,8 @@ class ItemFeatures:
         return (s[0], i[0]) if single else (s, i)
 
     def sample_random(self, k: int, *, exclude=None, seed: int = 0, n_queries: int | None = None):
-        k = _check_k(k, self.n_items)
-        seed = _check_seed(seed)
+        k = check_k(k, self.n_items)
+        seed = check_seed(seed)
         if n_queries is None:
             single = not _is_batch_exclude(exclude)
             Q = 1 if single else len(exclude)
@@ -458,7 +458,7 @@ class ItemFeatures:
                 f"n_queries x k = {Q} x {k} result ids exceed the limit of 2**28 "
                 f"({_MAX_RESULT_IDS}) per call; split the queries into smaller calls"
             )
-        ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
+        ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
         out = self._f.sample_random(Q, k, ids, off, seed)
         return out[0] if single else out
 
@@ -479,13 +479,13 @@ class RoundState:
         if not isinstance(features, ItemFeatures):
             raise TypeError(f"features must be an ItemFeatures; got {type(features).__name__}")
         self.features = features
-        self.ridge = _check_float(ridge, "ridge", 0.0, np.inf, hi_open=True)
-        self.mix = _check_float(mix, "mix", 0.0, 1.0)
+        self.ridge = check_float(ridge, "ridge", 0.0, np.inf, hi_open=True)
+        self.mix = check_float(mix, "mix", 0.0, 1.0)
         self._s = _core.LeastSquares(
             features._f,
             ridge=self.ridge,
             refine=_check_int(refine, "refine", 0, 100),
-            jitter_rel=_check_float(jitter_rel, "jitter_rel", 0.0, 1.0, lo_open=True, hi_open=True),
+            jitter_rel=check_float(jitter_rel, "jitter_rel", 0.0, 1.0, lo_open=True, hi_open=True),
         )
         self.prior = None
         if prior is not None:

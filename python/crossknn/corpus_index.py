@@ -15,13 +15,16 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
+import crossknn.ce
+from crossknn.ce.folders import model_record
+from crossknn.core import ItemFeatures
+from crossknn.corpus_folder import CORPUS_KIND, ITEMS_FILE, CorpusIndex, open_index
 from crossknn.data import Corpus
 from crossknn.fileio import (
     atomic_save_npy,
@@ -34,10 +37,18 @@ from crossknn.fileio import (
     sha256_texts,
 )
 from crossknn.identity import model_identity
+from crossknn.index.auto import (
+    DEFAULT_INDEX_MINUTES,
+    build_corpus_auto,
+    default_index_rows,
+    pseudo_query_count,
+)
 from crossknn.index.cur import score_dense
-from crossknn.index.files import Index, ModelMismatchError, load_index, save_index
+from crossknn.index.files import save_index, update_params
 from crossknn.jobs import JobOptions
 from crossknn.score_map import ScoreMap
+from crossknn.search.round_index import default_round_index, round_index_arrays, round_widths_meta
+from crossknn.searcher import Searcher
 from crossknn.topk import top_k_rows
 
 __all__ = [
@@ -49,8 +60,6 @@ __all__ = [
     "pseudo_queries",
 ]
 
-CORPUS_KIND = "corpus"
-ITEMS_FILE = "items.jsonl"
 TUNE_BUDGET = 100  # CE calls per query of the exact rounds --tune-rounds records
 
 
@@ -258,8 +267,6 @@ def build_corpus_index(
     if cur and not train_queries:
         raise ValueError("a CUR index (--cur) needs train queries (--train-queries FILE)")
     if tune_rounds:
-        from crossknn.search.round_index import default_round_index
-
         kind = default_round_index(len(corpus)) if round_index == "auto" else round_index
         if kind == "exact":
             raise ValueError(
@@ -294,10 +301,6 @@ def _tune_round_widths(out, ce, de, train_queries, n, seed, progress):
     """Per-round widths of the built index's FAISS round index, tuned on the exact rounds of
     ``n`` train (or pseudo-) queries with the default search settings, written into
     ``params.round_index`` (the CE calls added to the index's count)."""
-    from crossknn.index.files import update_params
-    from crossknn.search.round_index import round_widths_meta
-    from crossknn.searcher import Searcher
-
     index = open_index(out)
     meta = dict(index.params["round_index"])
     corpus = index.corpus
@@ -335,9 +338,6 @@ def _build_locked(
     index_calls: int | str | None = None,
     index_minutes: float | None = None,
 ) -> None:
-    from crossknn.ce import default_cross_encoder, default_dual_encoder
-    from crossknn.ce.folders import model_record
-
     # the new index is written beside the old one (work/stage) and moved in at the end: the old
     # index stays whole and usable until then, whatever fails on the way (a full disk ...)
     work = out / ".build"
@@ -345,8 +345,9 @@ def _build_locked(
     if stage.exists():
         shutil.rmtree(stage)  # a half-written index of an interrupted build
     stage.mkdir(parents=True)
-    de = de if de is not None else default_dual_encoder(show_progress_bar=False)
-    ce = ce if ce is not None else default_cross_encoder()
+    # looked up on the package at call time (one place to substitute the default)
+    de = de if de is not None else crossknn.ce.default_dual_encoder(show_progress_bar=False)
+    ce = ce if ce is not None else crossknn.ce.default_cross_encoder()
 
     items_bytes = _items_jsonl(corpus)
     atomic_write_bytes(stage / ITEMS_FILE, items_bytes)
@@ -366,8 +367,6 @@ def _build_locked(
     )
     rule = None
     if index_calls == "default":  # C from the CE's speed on the calibration batches
-        from crossknn.index.auto import DEFAULT_INDEX_MINUTES, default_index_rows
-
         rate = ce_calls / max(time.perf_counter() - t_cal, 1e-9)
         minutes = DEFAULT_INDEX_MINUTES if index_minutes is None else float(index_minutes)
         n_train = len(train_queries) if train_queries else None
@@ -379,8 +378,6 @@ def _build_locked(
     arrays: dict[str, np.ndarray] = {"de_items": V}
     auto = None
     if index_calls is not None:  # the default method's index (crossknn.index.auto)
-        from crossknn.index.auto import build_corpus_auto, pseudo_query_count
-
         qs = train_queries or pseudo_queries(
             corpus, pseudo_query_count(index_calls, len(corpus), calibration_queries), seed=seed
         )
@@ -429,8 +426,6 @@ def _build_locked(
         **({"auto": auto} if auto is not None else {}),
     }
     # the rounds' MIPS index over de_items (crossknn.search.round_index; none for 'exact')
-    from crossknn.core import ItemFeatures
-    from crossknn.search.round_index import round_index_arrays
 
     rarrays, params["round_index"] = round_index_arrays(
         ItemFeatures(V), round_index, progress=progress
@@ -457,102 +452,3 @@ def _build_locked(
         stale=("de_items", "R", "round_index", "auto_rows"),
     )
     shutil.rmtree(work, ignore_errors=True)
-
-
-@dataclass
-class CorpusIndex:
-    """A loaded corpus index: the index directory's arrays and metadata, and its corpus."""
-
-    index: Index
-    corpus: Corpus
-
-    @property
-    def path(self) -> Path | None:
-        return self.index.path
-
-    @property
-    def params(self) -> dict:
-        return self.index.params
-
-    @property
-    def info(self) -> dict:
-        return self.index.info
-
-    @property
-    def arrays(self) -> dict[str, np.ndarray]:
-        return self.index.arrays
-
-    @property
-    def ce_calls(self) -> int:
-        return self.index.ce_calls
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.index[name]
-
-    def __len__(self) -> int:
-        return len(self.corpus)
-
-    def __repr__(self) -> str:
-        return (
-            f"CorpusIndex(path={str(self.path)!r}, n_items={len(self)}, "
-            f"arrays={sorted(self.arrays)}, ce_calls={self.ce_calls})"
-        )
-
-    @property
-    def model_records(self) -> dict[str, dict | None]:
-        """The CE and DE the index was built with: ``info["models"]`` (identity, hash, kind,
-        precision, where found), else (older indexes) the recorded identities, fp32."""
-        recs = self.info.get("models")
-        if isinstance(recs, dict):
-            return {role: recs.get(role) for role in ("ce", "de")}
-        return {role: self.index.models.get(role) for role in ("ce", "de")}
-
-    def check_models(self, *, ce: Any = None, de: Any = None) -> None:
-        """ModelMismatchError naming the first field that differs (precision, model, hash)
-        between the recorded CE/DE and ``ce``/``de``, with both values."""
-        recs = self.model_records
-        for role, given in (("ce", ce), ("de", de)):
-            have = recs.get(role)
-            if given is None or have is None:
-                continue
-            want = model_identity(given)
-            pairs = (
-                # the folder variant that runs (fp16 runs the recorded fp32 graph on a GPU)
-                (
-                    "precision",
-                    have.get("precision"),
-                    getattr(given, "variant", None) or getattr(given, "precision", None),
-                ),
-                ("model", have.get("model_id"), want["model_id"]),
-                ("hash", have.get("model_hash"), want["model_hash"]),
-            )
-            for name, built, now in pairs:
-                if built is not None and now is not None and built != now:
-                    raise ModelMismatchError(
-                        f"index {self.path} was built with {role.upper()} {name} {built!r}, but "
-                        f"this run uses {name} {now!r} ({role.upper()} {want['model_id']!r}); "
-                        f"use the index's model (the default), or rebuild the index with this one"
-                    )
-        self.index.check_models(ce=ce, de=de)
-
-
-def open_index(path: str | os.PathLike, *, verify: bool = True) -> CorpusIndex:
-    """Load a corpus index directory and check its items file against the recorded hash."""
-    idx = load_index(path, kind=CORPUS_KIND, verify=verify)
-    items_path = Path(path) / idx.info.get("items_file", ITEMS_FILE)
-    if not items_path.is_file():
-        raise FileNotFoundError(f"index {path}: {items_path.name} (the item texts) is missing")
-    data = items_path.read_bytes()
-    if verify and sha256_bytes(data) != idx.info.get("items_sha256"):
-        raise ValueError(
-            f"index {path}: {items_path.name} does not match the recorded hash "
-            "(changed or corrupt); rebuild the index"
-        )
-    ids, texts = [], []
-    for line in data.decode("utf-8").splitlines():
-        rec = json.loads(line)
-        ids.append(rec["id"])
-        texts.append(rec["text"])
-    if len(ids) != idx["de_items"].shape[0]:
-        raise ValueError(f"index {path}: {len(ids)} items but {idx['de_items'].shape[0]} vectors")
-    return CorpusIndex(idx, Corpus(ids, texts, str(items_path)))

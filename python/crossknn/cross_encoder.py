@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from crossknn.ce.folders import resolve_model
 from crossknn.ce.runtime import OnnxCrossEncoder, provider_of_device
 
 __all__ = ["CrossEncoder"]
@@ -46,8 +47,6 @@ class CrossEncoder(OnnxCrossEncoder):
         provider: str | None = None,
         **options: Any,
     ) -> None:
-        from crossknn.ce.folders import resolve_model
-
         if not os.path.isdir(model_name_or_path):
             raise FileNotFoundError(
                 f"model folder not found: {model_name_or_path} (crossknn downloads nothing: pass "

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
+from crossknn.cmc.data import matrix_encoder_id
 from crossknn.data import load_beir
 from crossknn.fileio import atomic_write_bytes
 from crossknn.matrix import ScoreMatrix, load_score_matrix
@@ -25,6 +27,7 @@ from crossknn.retrievers import make_retriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import MatrixScorer
 from crossknn.search import CurIndex, choose_on_dev, registry
+from crossknn.search.auto import IndexCallBudget, build_auto_index
 from crossknn.search.methods import DEFAULT_MIX
 from crossknn.topk import topk_recall
 
@@ -87,8 +90,6 @@ class _Context:
         """``auto``'s index, built once from at most C train entries through a counting scorer
         over the train rows only (it refuses test rows and entry C + 1)."""
         if self._auto is None:
-            from crossknn.search.auto import IndexCallBudget, build_auto_index
-
             m = self.m
             if m.de_items is None or m.de_queries is None:
                 raise FileNotFoundError(f"{m.path} has no de_items.npy/de_queries.npy")
@@ -138,9 +139,6 @@ class _Context:
                     "de", item_vectors=self.m.de_items, query_vectors=self.m.de_queries
                 )
             elif name == "cmc":  # BE -> CMC; cfg.extra: cmc_model (dir), cmc_candidates (K)
-                from crossknn.cmc import CmcRetriever  # noqa: F401  (registers "cmc")
-                from crossknn.cmc.data import matrix_encoder_id
-
                 if self.m.de_items is None or self.m.de_queries is None:
                     raise FileNotFoundError(f"{self.m.path} has no de_items.npy/de_queries.npy")
                 self._retrievers[name] = make_retriever(
@@ -278,8 +276,6 @@ def evaluate(
     matrix: ScoreMatrix | str | Path, cfg: EvalConfig, *, progress: bool = True
 ) -> list[dict]:
     """Runs every (method, first, rounds, budget) and returns one row per k (k <= B)."""
-    from tqdm.auto import tqdm
-
     m = matrix if isinstance(matrix, ScoreMatrix) else load_score_matrix(matrix)
     _check_config(cfg, m)
     ctx = _Context(m, cfg)
@@ -388,9 +384,11 @@ def write_json(rows: list[dict], path: str | Path, *, meta: dict | None = None) 
 
 def plot_curves(rows: list[dict], path: str | Path, *, title: str | None = None) -> None:
     """Top-k-Recall vs CE calls (B), one panel per k, one line per method (papers' style)."""
+    # matplotlib: slow to import, only plots need it
     import matplotlib
 
     matplotlib.use("Agg")
+    # matplotlib: slow to import, only plots need it
     import matplotlib.pyplot as plt
 
     ks = sorted({r["k"] for r in rows})

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from crossknn.ce import OnnxCrossEncoder
+from crossknn.ce.folders import open_cross_encoder, resolve_model
+from crossknn.jobs import LazyScorer
+
 __all__ = ["ce_scorer", "embedded_ce_scorer"]
 
 
@@ -21,9 +25,6 @@ def _open_ce(
     precision: str = "fp32",
     provider: str = "auto",
 ):
-    from crossknn.ce import OnnxCrossEncoder
-    from crossknn.ce.folders import open_cross_encoder
-
     opts = {"threads": threads, "batch_size": batch_size, "provider": provider}
     if model_dir is None:  # the embedded CE (any run precision: fp16 runs its fp32 graph)
         return open_cross_encoder(None, items=items, precision=precision, **opts)
@@ -43,12 +44,9 @@ def ce_scorer(
     """The CE of ``model`` (a crossknn or Hugging Face folder; ``None``: the embedded one) over
     ``item_texts``; ``lazy=True`` (for Ray): a picklable stand-in with one intra-op thread per
     actor unless ``threads`` says otherwise."""
-    from crossknn.ce.folders import resolve_model
-
     model_dir = None if model is None else str(resolve_model(model, precision=precision))
     if not lazy:
         return _open_ce(item_texts, threads, batch_size, model_dir, precision, provider)
-    from crossknn.jobs import LazyScorer
 
     # identity only, on the CPU (fp16 runs the fp32 graph: its identity)
     probe = _open_ce(

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from crossknn.fileio import atomic_save_npy, atomic_write_json, folder_lock
 from crossknn.identity import model_identity
@@ -79,6 +80,7 @@ class JobOptions:
     def init_ray(self) -> None:
         """Join the Ray cluster at ``ray_address`` (a job starts a local one otherwise)."""
         if self.backend == "ray" and self.ray_address:
+            # ray: optional (ray extra), slow to import
             import ray
 
             ray.init(address=self.ray_address, include_dashboard=False, log_to_driver=False)
@@ -400,7 +402,6 @@ class ScoreJob:
         pend = self.pending()
         todo = pend if max_shards is None else pend[:max_shards]
         done_pairs = self.pairs.n_pairs - sum(e - s for s, e in map(self.shard_range, pend))
-        from tqdm.auto import tqdm
 
         bar = tqdm(
             total=self.pairs.n_pairs,
@@ -446,6 +447,7 @@ class ScoreJob:
         self, todo: list[int], n_workers: int | None, gpus: float = 0.0
     ) -> Iterator[tuple[int, np.ndarray]]:
         try:
+            # ray: optional (ray extra), slow to import
             import ray
         except ImportError as exc:  # pragma: no cover - ray is installed in the dev env
             raise ValueError("--ray needs the 'ray' package: pip install 'crossknn[ray]'") from exc

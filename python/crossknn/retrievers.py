@@ -121,6 +121,7 @@ class TfidfRetriever(_TextRetriever):
 
     def __init__(self, item_texts, *, query_texts=None):
         super().__init__(item_texts, query_texts=query_texts)
+        # scikit-learn: about 0.7 s to import, only this function needs it
         from sklearn.feature_extraction.text import TfidfVectorizer
 
         self.vectorizer = TfidfVectorizer(stop_words="english", sublinear_tf=True)
@@ -138,6 +139,7 @@ class Bm25Retriever(_TextRetriever):
 
     def __init__(self, item_texts, *, query_texts=None, k1: float = 1.5, b: float = 0.75):
         super().__init__(item_texts, query_texts=query_texts)
+        # bm25s: slow to import, only the BM25 retriever needs it
         import bm25s
 
         self._bm25s = bm25s

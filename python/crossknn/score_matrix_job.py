@@ -21,11 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
+from crossknn.ce.folders import open_dual_encoder
 from crossknn.data import load_beir
 from crossknn.fileio import fingerprint, folder_lock, read_json, sha256_texts
 from crossknn.job_scorers import ce_scorer, embedded_ce_scorer
 from crossknn.jobs import DensePairs, JobOptions, ScoreJob
 from crossknn.matrix import make_splits, save_score_matrix
+from crossknn.outputs import check_output_folder
 
 __all__ = ["SCORER_DEF", "build_score_matrix", "select_queries"]
 
@@ -103,9 +105,6 @@ def build_score_matrix(
     ``de_model``: a crossknn or Hugging Face folder instead of the embedded CE / DE;
     ``precision`` (the CE's), ``de_precision``, ``provider``: as everywhere
     (:mod:`crossknn.ce.folders`)."""
-    from crossknn.ce.folders import open_dual_encoder
-    from crossknn.outputs import check_output_folder
-
     options = options or JobOptions()
     ds = Path(dataset_dir)
     out = Path(out_dir)

@@ -18,19 +18,36 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from crossknn.ce.folders import model_record
+from crossknn.ce.folders import (
+    RUN_PRECISIONS,
+    model_record,
+    open_cross_encoder,
+    open_index_model,
+    open_index_models,
+)
 from crossknn.ce.interface import is_model
-from crossknn.corpus_index import CorpusIndex, open_index
+from crossknn.ce.manifest import MANIFEST, read_manifest
+from crossknn.cmc import CmcRetriever
+from crossknn.corpus_folder import CorpusIndex, open_index
 from crossknn.exact_cache import ExactScores
+from crossknn.index.auto import auto_index_of
 from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
 from crossknn.search import DEFAULT_MIX, CurIndex, registry
-from crossknn.search.round_index import search_features
+from crossknn.search.features import search_features
+from crossknn.search.round_index import (
+    TUNE_CANDIDATES,
+    IndexedFeatures,
+    RecordingFeatures,
+    tune_round_widths,
+)
 from crossknn.topk import exact_top_k
 
 __all__ = ["METHODS", "Hits", "Searcher"]
@@ -138,8 +155,6 @@ def open_models(
 ):
     """``(ce, de)`` of a search of ``index``: the recorded models, or ``model`` / ``de_model``
     (folders), checked against the index (see :class:`Searcher`)."""
-    from crossknn.ce.folders import open_index_models
-
     ce, de = open_index_models(
         index,
         model=model,
@@ -214,7 +229,6 @@ class Searcher:
             index = open_index(index)
         self.index = index
         self.corpus = index.corpus
-        from crossknn.ce.folders import open_index_model
 
         opts = {
             "provider": provider,
@@ -251,7 +265,6 @@ class Searcher:
     def _first_stage(self, cmc_model, cmc_candidates: int):
         if cmc_model is None:
             return DenseRetriever(self.V, encode=self.qvec.encode)
-        from crossknn.cmc import CmcRetriever
 
         de_id = (self.index.index.models.get("de") or {}).get("model_id")
         return CmcRetriever(
@@ -297,8 +310,6 @@ class Searcher:
             if kind == "cur":
                 self._indexes[kind] = CurIndex(np.asarray(self.index["R"], np.float32))
             elif kind == "auto":
-                from crossknn.index.auto import auto_index_of
-
                 self._indexes[kind] = auto_index_of(self.index)
             else:
                 self._indexes[kind] = None
@@ -344,13 +355,6 @@ class Searcher:
         narrowest width whose recall of the exact top-n reaches ``target``
         (:func:`crossknn.search.round_index.tune_round_widths`). Sets the widths this searcher
         uses and returns ``({items scored: width}, CE calls spent)``."""
-        from crossknn.search.round_index import (
-            TUNE_CANDIDATES,
-            IndexedFeatures,
-            _RecordingFeatures,
-            tune_round_widths,
-        )
-
         feats = self.round_features
         if not isinstance(feats, IndexedFeatures):
             raise ValueError(
@@ -359,7 +363,7 @@ class Searcher:
             )
         if not queries:
             raise ValueError("tuning round widths needs at least one query")
-        recording = _RecordingFeatures(feats.base)
+        recording = RecordingFeatures(feats.base)
         methods, self._methods = self._methods, {}
         self.round_features = recording
         try:
@@ -415,46 +419,46 @@ class Searcher:
         item texts; False leaves it empty). One query string gives one :class:`Hits`, a list of
         queries a list. ``rescore_top``: this call's N of the searcher's ``rescore`` (0: none)."""
         k = _top_k(k, top_k)
-        if isinstance(queries, str):
-            return self.search(
-                [queries],
-                k=k,
-                budget=budget,
-                method=method,
-                rounds=rounds,
-                seed=seed,
-                exact=exact,
-                exact_cache=exact_cache,
-                progress=progress,
-                query_ids=query_ids,
-                batch_size=batch_size,
-                show_progress_bar=show_progress_bar,
-                query_batch=query_batch,
-                return_documents=return_documents,
-                rescore_top=rescore_top,
-            )[0]
+        hits = self._search_list(
+            [queries] if isinstance(queries, str) else queries,
+            k=k,
+            budget=budget,
+            method=method,
+            rounds=rounds,
+            seed=seed,
+            exact=exact,
+            exact_cache=exact_cache,
+            progress=progress,
+            query_ids=query_ids,
+            batch_size=batch_size,
+            show_progress_bar=show_progress_bar,
+            query_batch=query_batch,
+            rescore_top=rescore_top,
+        )
         if not return_documents:
-            return [
-                dataclasses.replace(h, texts=[])
-                for h in self.search(
-                    queries,
-                    k=k,
-                    budget=budget,
-                    method=method,
-                    rounds=rounds,
-                    seed=seed,
-                    exact=exact,
-                    exact_cache=exact_cache,
-                    progress=progress,
-                    query_ids=query_ids,
-                    batch_size=batch_size,
-                    show_progress_bar=show_progress_bar,
-                    query_batch=query_batch,
-                    rescore_top=rescore_top,
-                )
-            ]
-        single = isinstance(queries, str)
-        qs = [queries] if single else list(queries)
+            hits = [dataclasses.replace(h, texts=[]) for h in hits]
+        return hits[0] if isinstance(queries, str) else hits
+
+    def _search_list(
+        self,
+        queries: Sequence[str],
+        *,
+        k: int,
+        budget: int,
+        method: str | None,
+        rounds: int | None,
+        seed: int,
+        exact: bool,
+        exact_cache: str | os.PathLike | None,
+        progress: bool,
+        query_ids: Sequence[str] | None,
+        batch_size: int | None,
+        show_progress_bar: bool | None,
+        query_batch: int,
+        rescore_top: int | None,
+    ) -> list[Hits]:
+        """The body of :meth:`search` for a list of queries: one :class:`Hits` each."""
+        qs = list(queries)
         bad = [i for i, q in enumerate(qs) if not isinstance(q, str) or not q.strip()]
         if bad:
             raise ValueError(f"queries must be non-empty strings; query {bad[0]} is {qs[bad[0]]!r}")
@@ -585,10 +589,6 @@ def _open_rescore(index: CorpusIndex, ce, model, rescore, opts: dict[str, Any]):
     precision, refused in one line if it is the search's precision or the folder lacks it."""
     if rescore is None:
         return None, 0
-    from pathlib import Path
-
-    from crossknn.ce.folders import RUN_PRECISIONS, open_cross_encoder
-    from crossknn.ce.manifest import MANIFEST, read_manifest
 
     if not isinstance(rescore, (tuple, list)) or len(rescore) != 2:
         raise ValueError(f"rescore must be (precision, N), e.g. ('fp32', 20); got {rescore!r}")
@@ -625,6 +625,4 @@ def _open_rescore(index: CorpusIndex, ce, model, rescore, opts: dict[str, Any]):
 
 
 def _bar(total: int, enabled: bool):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="search", unit="query", disable=not enabled or total < 2)

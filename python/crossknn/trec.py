@@ -38,6 +38,7 @@ __all__ = [
     "format_score",
     "measures_for",
     "parse_measures",
+    "query_metrics",
     "read_run",
     "run_metrics",
     "run_tag",
@@ -158,6 +159,7 @@ def read_run(path: str | os.PathLike) -> Run:
 
 def measures_for(depth: int):
     """The measures reported for a run of ``depth`` results per query."""
+    # ir_measures: about 20 ms to import, only metrics need it
     from ir_measures import RR, R, nDCG
 
     out = [nDCG @ 10, RR @ 10]
@@ -169,6 +171,7 @@ def measures_for(depth: int):
 def parse_measures(text: str | Sequence[str]) -> list:
     """ir_measures measures from their names in ir_measures syntax (``"nDCG@10 RR@10 P(rel=2)@5"``,
     separated by spaces or commas, or a list of names); an unknown name is refused by name."""
+    # ir_measures: about 20 ms to import, only metrics need it
     import ir_measures
 
     names = text.replace(",", " ").split() if isinstance(text, str) else list(text)
@@ -186,15 +189,9 @@ def parse_measures(text: str | Sequence[str]) -> list:
     return out
 
 
-def run_metrics(
-    run: Mapping[str, Mapping[str, float]], qrels: Mapping, measures: Sequence | None = None
-) -> dict:
-    """``{"nDCG@10": ..., "RR@10": ..., ("R@100": ...), "n_queries": ...}`` of ``run`` against
-    ``qrels`` (``{qid: {docid: relevance}}``), by ``ir_measures`` (``measures``: any ir_measures
-    measures instead, :func:`parse_measures`); queries of the run without qrels are left out
-    (and counted in ``n_queries_without_qrels``)."""
-    import ir_measures
-
+def _judged(run: Mapping[str, Mapping[str, float]], qrels: Mapping) -> tuple[dict, dict]:
+    """The run's queries that have qrels, each scored by its rank in :func:`trec_order`, and
+    their qrels (int grades)."""
     # each query's results in trec_order, scored by their rank: every provider then ranks the
     # same way (ir_measures' providers break ties differently: pytrec_eval's nDCG by docid
     # descending, the msmarco provider's RR@10 by docid ascending)
@@ -203,17 +200,46 @@ def run_metrics(
         for q, r in run.items()
         if q in qrels
     }
+    return judged, {q: {d: int(v) for d, v in qrels[q].items()} for q in judged}
+
+
+def run_metrics(
+    run: Mapping[str, Mapping[str, float]], qrels: Mapping, measures: Sequence | None = None
+) -> dict:
+    """``{"nDCG@10": ..., "RR@10": ..., ("R@100": ...), "n_queries": ...}`` of ``run`` against
+    ``qrels`` (``{qid: {docid: relevance}}``), by ``ir_measures`` (``measures``: any ir_measures
+    measures instead, :func:`parse_measures`); queries of the run without qrels are left out
+    (and counted in ``n_queries_without_qrels``)."""
+    # ir_measures: about 20 ms to import, only metrics need it
+    import ir_measures
+
+    judged, judged_qrels = _judged(run, qrels)
     if not judged:
         raise ValueError(
             f"none of the run's {len(run)} queries has qrels (query ids differ? e.g. run "
             f"{next(iter(run), None)!r} vs qrels {next(iter(qrels), None)!r})"
         )
     depth = max(len(r) for r in judged.values())
-    qrels = {q: {d: int(v) for d, v in qrels[q].items()} for q in judged}
     agg = ir_measures.calc_aggregate(
-        measures_for(depth) if measures is None else list(measures), qrels, judged
+        measures_for(depth) if measures is None else list(measures), judged_qrels, judged
     )
     out = {str(m): float(v) for m, v in agg.items()}
     out["n_queries"] = len(judged)
     out["n_queries_without_qrels"] = len(run) - len(judged)
+    return out
+
+
+def query_metrics(
+    run: Mapping[str, Mapping[str, float]], qrels: Mapping, measures: Sequence
+) -> dict[str, dict[str, float]]:
+    """``{measure name: {qid: value}}``: each measure of each query of ``run`` that has qrels,
+    on the same rank order as :func:`run_metrics` (a query ir_measures does not score, e.g. one
+    without a relevant result in its qrels, is absent)."""
+    # ir_measures: about 20 ms to import, only metrics need it
+    import ir_measures
+
+    judged, qrels = _judged(run, qrels)
+    out: dict[str, dict[str, float]] = {str(m): {} for m in measures}
+    for m in ir_measures.iter_calc(list(measures), qrels, judged):
+        out[str(m.measure)][m.query_id] = float(m.value)
     return out

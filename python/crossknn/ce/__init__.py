@@ -8,20 +8,21 @@
   (needs torch and transformers; imported inside the functions).
 
 Modules: ``runtime`` (the scorers), ``tokenize`` (ids, pair assembly), ``manifest`` (the exported
-directory's manifest), ``models`` (the embedded defaults and their cache), ``export`` (checkpoint
--> model directory), ``graphs`` (the torch modules traced to ONNX; imports torch), ``rewrite``
-(int8 quantization, CPU optimization, fp16 conversion of an ONNX graph), ``quantize`` (the int8
-recipes), ``fidelity`` (quantized vs fp32 on calibration pairs, recorded in the manifest).
+directory's manifest), ``models`` (the embedded defaults), ``cache`` (the cache folder),
+``export`` (checkpoint -> model directory), ``graphs`` (the torch modules traced to ONNX; imports
+torch), ``rewrite`` (CPU optimization and fp16 conversion of an ONNX graph), ``quantize`` (the int8
+recipes and an export's int8 variants), ``fidelity`` (quantized vs fp32 on calibration pairs,
+recorded in the manifest).
 """
 
 from __future__ import annotations
 
+from crossknn.ce.cache import cache_root
 from crossknn.ce.export import export_cross_encoder, export_dual_encoder
 from crossknn.ce.fidelity import fidelity_record
 from crossknn.ce.models import (
     DEFAULT_CE,
     DEFAULT_DE,
-    cache_root,
     default_cross_encoder,
     default_dual_encoder,
     ensure_model,

@@ -22,6 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import crossknn.ce
+from crossknn.ce.models import DEFAULT_CE, DEFAULT_DE, ensure_model
+from crossknn.ce.runtime import FP16, OnnxCrossEncoder, OnnxDualEncoder
+from crossknn.ce.torch_backend import TorchCrossEncoder, TorchDualEncoder
+
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "get_backend", "register"]
 
 DEFAULT_BACKEND = "onnx"
@@ -72,8 +77,6 @@ def get_backend(name: str | None) -> Backend:
 def _fp16_option(precision: str, options: dict[str, Any]) -> str:
     """The embedded default's folder variant for ``precision``: fp16 is its fp32 graph run in
     half precision (``fp16=True``) on a GPU provider."""
-    from crossknn.ce.runtime import FP16
-
     if precision == FP16:
         options["fp16"] = True
         return "fp32"
@@ -83,31 +86,24 @@ def _fp16_option(precision: str, options: dict[str, Any]) -> str:
 def _onnx_ce(model_dir: Path | None, *, precision: str, cache_dir=None, **options: Any):
     if model_dir is None:
         # looked up on the package at call time (one place to substitute the default)
-        import crossknn.ce
 
         precision = _fp16_option(precision, options)
         return crossknn.ce.default_cross_encoder(
             precision=precision, cache_dir=cache_dir, **options
         )
-    from crossknn.ce.runtime import OnnxCrossEncoder
 
     return OnnxCrossEncoder(model_dir, precision=precision, **options)
 
 
 def _onnx_de(model_dir: Path | None, *, precision: str, cache_dir=None, **options: Any):
     if model_dir is None:
-        import crossknn.ce
-
         precision = _fp16_option(precision, options)
         return crossknn.ce.default_dual_encoder(precision=precision, cache_dir=cache_dir, **options)
-    from crossknn.ce.runtime import OnnxDualEncoder
 
     return OnnxDualEncoder(model_dir, precision=precision, **options)
 
 
 def _torch_folder(name: str, model_dir: Path | None, precision: str, cache_dir) -> Path:
-    from crossknn.ce.models import ensure_model
-
     if model_dir is not None:
         return Path(model_dir)
     return ensure_model(name, precision=precision, cache_dir=cache_dir)
@@ -116,9 +112,6 @@ def _torch_folder(name: str, model_dir: Path | None, precision: str, cache_dir) 
 def _torch_ce(
     model_dir: Path | None, *, precision: str, cache_dir: str | os.PathLike | None = None, **opts
 ):
-    from crossknn.ce.models import DEFAULT_CE
-    from crossknn.ce.torch_backend import TorchCrossEncoder
-
     path = _torch_folder(DEFAULT_CE, model_dir, precision, cache_dir)
     return TorchCrossEncoder(path, precision=precision, **opts)
 
@@ -126,9 +119,6 @@ def _torch_ce(
 def _torch_de(
     model_dir: Path | None, *, precision: str, cache_dir: str | os.PathLike | None = None, **opts
 ):
-    from crossknn.ce.models import DEFAULT_DE
-    from crossknn.ce.torch_backend import TorchDualEncoder
-
     path = _torch_folder(DEFAULT_DE, model_dir, precision, cache_dir)
     return TorchDualEncoder(path, precision=precision, **opts)
 

@@ -36,12 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST, file_entry, write_manifest
-from crossknn.ce.rewrite import (
-    optimize_for_cpu,
-    quantize_variants,
-    record_fidelity,
-    requested_recipes,
-)
+from crossknn.ce.quantize import quantize_variants, record_fidelity, requested_recipes
+from crossknn.ce.rewrite import optimize_for_cpu
 from crossknn.fileio import sha256_file
 
 __all__ = [
@@ -69,7 +65,7 @@ EXPORT_RECIPE = 3
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def _require_checkpoint(hf_dir: Path) -> list[Path]:
+def require_checkpoint(hf_dir: Path) -> list[Path]:
     """The files that make the checkpoint; FileNotFoundError naming the first missing one."""
     if not hf_dir.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {hf_dir}")
@@ -121,6 +117,7 @@ def _check_weights_file(hf_dir: Path) -> None:
     path = hf_dir / _WEIGHT_FILES[0]
     if not path.is_file():
         return
+    # safetensors: optional (export extra)
     from safetensors import safe_open
 
     try:
@@ -138,6 +135,7 @@ def _load_checked(hf_dir: Path, *, classifier: bool):
     :func:`crossknn.ce.graphs.load_model`, refusing weights the architecture in config.json does
     not match: missing ones (they would be newly initialized at random) or unexpected ones
     (ignored), named in the message."""
+    # transformers: optional (export extra), slow to import
     from transformers import AutoModel, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -182,7 +180,7 @@ def _load_checked(hf_dir: Path, *, classifier: bool):
 def checkpoint_hash(hf_dir: str | os.PathLike) -> str:
     """sha256 over the checkpoint's config, weights and tokenizer files (identifies the source)."""
     hf_dir = Path(hf_dir)
-    files = _require_checkpoint(hf_dir)
+    files = require_checkpoint(hf_dir)
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
         if (hf_dir / name).is_file():
             files.append(hf_dir / name)
@@ -193,7 +191,7 @@ def checkpoint_hash(hf_dir: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _write_tokenizer(hf_dir: Path, out_dir: Path) -> None:
+def write_tokenizer(hf_dir: Path, out_dir: Path) -> None:
     """Copy tokenizer.json, or build it from the slow-tokenizer files with transformers."""
     src = hf_dir / "tokenizer.json"
     dst = out_dir / "tokenizer.json"
@@ -201,6 +199,7 @@ def _write_tokenizer(hf_dir: Path, out_dir: Path) -> None:
         shutil.copyfile(src, dst)
         return
     try:
+        # transformers: optional (export extra), slow to import
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(hf_dir), use_fast=True, local_files_only=True)
@@ -240,6 +239,7 @@ def _cls_activation(config: dict[str, Any], num_labels: int, activation: str) ->
 
 
 def _versions() -> dict[str, str]:
+    # versions of the export extra (torch, transformers) and onnxruntime, loaded only here
     import onnxruntime
     import torch
     import transformers
@@ -342,6 +342,7 @@ def export_cross_encoder(
     pooling = dict(DEFAULT_JOINT_POOLING if pooling is None else pooling)
     if kind == "joint":
         _check_pooling(pooling)
+    # crossknn.ce.graphs imports torch (export extra)
     from crossknn.ce import graphs
 
     t0 = time.perf_counter()
@@ -391,6 +392,7 @@ def export_dual_encoder(
     hf_dir = Path(hf_dir)
     out_dir = Path(out_dir)
     config = _open_checkpoint(hf_dir, max_length=max_length, fp32=fp32, quantize=quantize)
+    # crossknn.ce.graphs imports torch (export extra)
     from crossknn.ce import graphs
 
     model = _load_model(hf_dir, out_dir, classifier=False, overwrite=overwrite)
@@ -411,7 +413,7 @@ def _open_checkpoint(hf_dir: Path, *, max_length: int, fp32: bool, quantize: Any
     """The checks both exports make before writing anything; returns the checkpoint's config."""
     if not fp32 and not quantize:
         raise ValueError("fp32=False needs quantize=True: the export would have no model file")
-    _require_checkpoint(hf_dir)
+    require_checkpoint(hf_dir)
     _require_tokenizer(hf_dir)
     _check_weights_file(hf_dir)
     _offline_env()
@@ -429,7 +431,7 @@ def _load_model(hf_dir: Path, out_dir: Path, *, classifier: bool, overwrite: boo
     stages.info("loading the weights of %s", hf_dir)
     model = _load_checked(hf_dir, classifier=classifier)  # refused before out_dir is touched
     _prepare_out(out_dir, overwrite)
-    _write_tokenizer(hf_dir, out_dir)
+    write_tokenizer(hf_dir, out_dir)
     return model
 
 

@@ -26,6 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from crossknn.ce.manifest import read_manifest
+from crossknn.ce.runtime import length_batches
+from crossknn.ce.tokenize import IdStore, TokenizerPlan, assemble_pairs, longest_first
+from crossknn.demo_corpus import stdlib_docstrings
+
 __all__ = [
     "Calibration",
     "build_calibration",
@@ -75,9 +80,6 @@ def pair_feeds(
     Length-sorted batches of at most ``batch_size`` pairs, each padded to its longest pair;
     returns the feeds and the pair positions of each batch.
     """
-    from crossknn.ce.runtime import _batches
-    from crossknn.ce.tokenize import IdStore, TokenizerPlan, assemble_pairs, longest_first
-
     plan = TokenizerPlan(Path(tokenizer))
     tpl = plan.pair
     room = int(max_length) - tpl.n_special
@@ -86,13 +88,14 @@ def pair_feeds(
     qi = np.asarray(qi, dtype=np.int64)
     ii = np.asarray(ii, dtype=np.int64)
     ta, tb = longest_first(A.lengths[qi], B.lengths[ii], room)
-    order = _batches(ta + tb + tpl.n_special, batch_size, batch_size * int(max_length))
+    order = length_batches(ta + tb + tpl.n_special, batch_size, batch_size * int(max_length))
     feeds = [assemble_pairs(tpl, plan.pad_id, A, qi[b], ta[b], B, ii[b], tb[b]) for b in order]
     return feeds, order
 
 
 def score_feeds(onnx_path: str | os.PathLike, feeds, order, *, threads: int | None = None):
     """First output of the graph (column 0 for a 2-D output) per pair, in pair order."""
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -115,8 +118,6 @@ def default_calibration_texts(n_queries: int = 8, n_items: int = 64) -> tuple[li
     Queries are the first sentences of ``n_queries`` docstrings; the pool is ``n_items`` other
     docstrings (evenly spaced by id, deterministic).
     """
-    from crossknn.demo_corpus import stdlib_docstrings
-
     corpus = stdlib_docstrings(max_items=n_items + n_queries)
     texts = list(corpus.texts)
     step = max(1, len(texts) // n_queries)
@@ -184,12 +185,11 @@ def build_calibration(
 
 
 def _pad_id(tokenizer) -> int:
-    from crossknn.ce.tokenize import TokenizerPlan
-
     return TokenizerPlan(Path(tokenizer)).pad_id
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    # scipy: slow to import, only this function needs it
     from scipy.stats import spearmanr
 
     if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
@@ -230,8 +230,6 @@ def fidelity_record(model_dir: str | os.PathLike, precision: str = "int8") -> di
 
     ValueError if the directory has no such variant or no record (exported before recipes).
     """
-    from crossknn.ce.manifest import read_manifest
-
     manifest = read_manifest(model_dir)
     record = (manifest.get("quantization") or {}).get(precision)
     if record is None:

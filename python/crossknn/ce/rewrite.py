@@ -2,9 +2,8 @@
 time), fp16 conversion (made once, when a CUDA session first runs ``precision="fp16"``, and cached
 by the fp32 graph's hash: :func:`fp16_graph`).
 
-The int8 recipes live in :mod:`crossknn.ce.quantize`, the fidelity check in
-:mod:`crossknn.ce.fidelity`; :func:`quantize_variants` and :func:`record_fidelity` run them for
-an export.
+The int8 recipes, and :func:`crossknn.ce.quantize.quantize_variants` that runs them for an
+export, live in :mod:`crossknn.ce.quantize`; the fidelity check in :mod:`crossknn.ce.fidelity`.
 
 onnxruntime is imported inside the functions; :func:`to_fp16` also needs ``onnx`` (the ``export``
 extra), which the rest of the runtime does not: without it, it raises an ImportError that says so.
@@ -14,14 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from crossknn.ce.cache import cache_root
 
 __all__ = [
-    "quantize_variants",
-    "record_fidelity",
-    "requested_recipes",
     "optimize_for_cpu",
     "to_fp16",
     "fp16_graph",
@@ -34,84 +30,9 @@ FP16_RECIPE = 1
 log = logging.getLogger("crossknn.ce")
 
 
-def requested_recipes(quantize: bool | str | Sequence[str], kind: str) -> tuple[str, ...]:
-    """The int8 precisions an export's ``quantize`` argument asks for (checked), maybe none.
-
-    ``True`` means ``("int8",)``; a name or a sequence of names of
-    :data:`crossknn.ce.quantize.RECIPES`. Dual encoders take only ``int8`` / ``int8-dynamic``
-    (always dynamic: the other recipes are chosen and checked on cross-encoder pairs).
-    """
-    from crossknn.ce.quantize import RECIPES
-
-    if quantize is False or quantize is None:
-        return ()
-    names = (
-        ("int8",) if quantize is True else (quantize,) if isinstance(quantize, str) else quantize
-    )
-    names = tuple(dict.fromkeys(names))
-    for n in names:
-        if not isinstance(n, str) or n not in RECIPES:
-            raise ValueError(
-                f"quantize must be True or int8 recipe names from {', '.join(RECIPES)}; got {n!r}"
-            )
-        if kind == "dual-encoder" and n not in ("int8", "int8-dynamic"):
-            raise ValueError(
-                f"recipe {n!r} is for cross-encoders; a dual encoder takes 'int8' or 'int8-dynamic'"
-            )
-    return names
-
-
-def quantize_variants(
-    out_dir: Path,
-    names: Sequence[str],
-    *,
-    kind: str,
-    max_length: int,
-    calibration: tuple[Sequence[str], Sequence[str]] | None = None,
-) -> tuple[dict[str, str], dict[str, Any], Any]:
-    """Write ``model.<name>.onnx`` for each recipe from ``out_dir/model.onnx``.
-
-    Cross-encoders: a calibration set (``calibration`` = (queries, item pool) texts, default
-    :func:`crossknn.ce.fidelity.default_calibration_texts`) is scored in fp32 first; it feeds the
-    recipes that need it and the fidelity record. Returns (variants, per-variant info, the
-    calibration or None).
-    """
-    from crossknn.ce import fidelity
-    from crossknn.ce.quantize import quantize, variant_file
-
-    src = out_dir / "model.onnx"
-    cal = None
-    if kind != "dual-encoder":
-        queries, items = calibration or fidelity.default_calibration_texts()
-        cal = fidelity.build_calibration(
-            src, out_dir / "tokenizer.json", list(queries), list(items), max_length=max_length
-        )
-    variants, infos = {}, {}
-    for name in names:
-        variants[name] = variant_file(name)
-        recipe = "int8-dynamic" if kind == "dual-encoder" else name
-        infos[name] = quantize(src, out_dir / variants[name], recipe, calibration=cal)
-    return variants, infos, cal
-
-
-def record_fidelity(out_dir: Path, variants: dict[str, str], infos: dict[str, Any], cal) -> dict:
-    """Score the calibration set with each final quantized file; the manifest's record."""
-    from crossknn.ce import fidelity
-
-    out = {}
-    for name, info in infos.items():
-        entry = dict(info)
-        if cal is not None:
-            got = fidelity.score_feeds(out_dir / variants[name], cal.feeds, cal.order)
-            entry["fidelity"] = fidelity.compare(cal.fp32, got, cal.query, cal.top)
-            entry["calibration"] = cal.info
-            log.info("crossknn.ce: %s vs fp32 on the calibration set: %s", name, entry["fidelity"])
-        out[name] = entry
-    return out
-
-
 def optimize_for_cpu(path: Path) -> None:
     """ONNX Runtime offline graph optimization (extended level, CPU provider), in place."""
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     import onnxruntime as ort
 
     tmp = path.with_suffix(".opt.tmp")
@@ -129,6 +50,7 @@ def to_fp16(path: Path) -> bytes:
     names the ``export`` extra and the alternatives that need no conversion.
     """
     try:
+        # onnx (export extra) and the converter: only an fp16 conversion needs them
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
     except ImportError as exc:
@@ -151,8 +73,6 @@ def fp16_graph(src: Path, sha256: str, *, cache_dir: str | os.PathLike | None = 
     file and renamed into place: a half-written copy is never used, and two processes making it
     at once both end with a complete file.
     """
-    from crossknn.ce.models import cache_root
-
     src = Path(src)
     key = f"{sha256[:16]}-r{FP16_RECIPE}"
     beside = src.parent / f"{src.stem}.fp16-{key}.onnx"

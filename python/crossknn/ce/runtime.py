@@ -25,8 +25,10 @@ warning is logged once per scorer (logger ``crossknn.ce``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from crossknn.ce.cuda_graph import GraphRunner, run_lock
 from crossknn.ce.feeds import pair_feeds, single_feeds
@@ -87,6 +90,7 @@ class ProviderUnavailableError(RuntimeError, ValueError):
 
 def available_providers() -> list[str]:
     """Execution providers this onnxruntime build offers (e.g. ``CPUExecutionProvider``)."""
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     import onnxruntime as ort
 
     return list(ort.get_available_providers())
@@ -95,8 +99,6 @@ def available_providers() -> list[str]:
 def tensorrt_loads() -> bool:
     """Whether TensorRT's runtime library can be loaded (onnxruntime-gpu lists the TensorRT
     provider even where TensorRT is not installed; ``auto`` tries it only when this is true)."""
-    import ctypes
-
     for name in _TRT_LIBS:
         try:
             ctypes.CDLL(name)
@@ -195,14 +197,13 @@ _preloaded: list[bool] = []
 def _preload_gpu_libraries() -> None:
     """Let onnxruntime find the CUDA/cuDNN libraries that pip packages (PyTorch's nvidia-*)
     ship (``onnxruntime.preload_dlls``, onnxruntime >= 1.21); a no-op where that fails."""
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     import onnxruntime as ort
 
     preload = getattr(ort, "preload_dlls", None)
     if preload is None or _preloaded:
         return
     _preloaded.append(True)
-    import contextlib
-    import sys
 
     try:
         with contextlib.redirect_stdout(sys.stderr):  # it prints; stdout may carry --json
@@ -253,6 +254,7 @@ class _Session:
         fuse: bool = True,
         cuda_graph: bool | None = None,
     ) -> None:
+        # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)
@@ -395,7 +397,7 @@ class _Session:
         return io.copy_outputs_to_cpu()[0]
 
 
-def _batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> list[np.ndarray]:
+def length_batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> list[np.ndarray]:
     """Pair positions sorted by length (longest first), cut by the token budget."""
     order = np.argsort(-lengths, kind="stable")
     out = []
@@ -411,7 +413,6 @@ def _batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> lis
 def _progress(iterable, enabled: bool, desc: str, total: int):
     if not enabled:
         return iterable
-    from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, total=total, unit="batch")
 
@@ -457,6 +458,7 @@ def _st_activation(scores: np.ndarray, activation_fn, apply_softmax, num_labels:
     if activation_fn is None and not (apply_softmax and num_labels > 1):
         return scores
     try:
+        # torch: optional (export extra), about 1 s to import
         import torch
     except ImportError:  # pragma: no cover - torch is optional at run time
         torch = None
@@ -483,6 +485,7 @@ def _st_convert(scores: np.ndarray, convert_to_numpy: bool, convert_to_tensor: b
     (``convert_to_numpy``, the default), else a list of one tensor per pair."""
     if not convert_to_tensor and convert_to_numpy:
         return scores
+    # torch: optional (export extra), about 1 s to import
     import torch
 
     t = torch.from_numpy(np.ascontiguousarray(scores))
@@ -739,7 +742,7 @@ class OnnxCrossEncoder(_OnnxModel):
         n_cut = int(np.count_nonzero((ta < la) | (tb < lb)))
         if n_cut:
             self._warn_truncated(n_cut)
-        batches = _batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
+        batches = length_batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
         progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
         for idx in _progress(batches, progress, "CE", len(batches)):
             feeds = self._pair_feeds(
@@ -1003,7 +1006,7 @@ class OnnxDualEncoder(_OnnxModel):
         if n_cut:
             self._warn_truncated(n_cut)
         lengths = kept + self._tpl.n_special
-        batches = _batches(lengths, bs, self.max_batch_tokens)
+        batches = length_batches(lengths, bs, self.max_batch_tokens)
         for idx in _progress(batches, progress, "encode", len(batches)):
             feeds = self._single_feeds(self._tpl, self._plan.pad_id, store, idx, kept[idx])
             out[idx] = self._s.run(feeds)

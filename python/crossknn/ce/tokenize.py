@@ -139,6 +139,7 @@ class TokenizerPlan:
     """A fast tokenizer without truncation/padding plus its single and pair templates."""
 
     def __init__(self, path: str | os.PathLike) -> None:
+        # tokenizers: about 10 ms to import, kept off ``import crossknn``
         from tokenizers import Tokenizer
 
         path = Path(path)

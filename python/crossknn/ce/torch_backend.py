@@ -37,18 +37,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
+from crossknn.ce.export import checkpoint_hash
 from crossknn.ce.manifest import read_manifest
+from crossknn.ce.runtime import OnnxCrossEncoder, length_batches
 from crossknn.ce.tokenize import (
     IdStore,
     TokenizerPlan,
     assemble_pairs,
     assemble_single,
     check_texts,
-    longest_first,
 )
 
-__all__ = ["DTYPES", "TorchCrossEncoder", "TorchDualEncoder", "check_precision", "length_batches"]
+__all__ = ["DTYPES", "TorchCrossEncoder", "TorchDualEncoder", "check_precision"]
 
 log = logging.getLogger("crossknn.ce")
 
@@ -74,22 +76,9 @@ def _positive(name: str, value: Any) -> int:
     return int(value)
 
 
-def length_batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> list:
-    """Positions sorted by length (longest first), cut so that a batch holds at most
-    ``batch_size`` rows and ``max_batch_tokens`` padded tokens (at least one row)."""
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    out, i = [], 0
-    while i < len(order):
-        m = max(1, min(batch_size, max_batch_tokens // max(int(lengths[order[i]]), 1)))
-        out.append(order[i : i + m])
-        i += m
-    return out
-
-
 def _progress(iterable, enabled: bool, desc: str, total: int):
     if not enabled:
         return iterable
-    from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, total=total, unit="batch")
 
@@ -109,8 +98,6 @@ class _TorchSession:
         # torch and transformers are optional heavy dependencies: only this backend needs them
         import torch
         import transformers
-
-        from crossknn.ce.export import checkpoint_hash
 
         check_precision(precision)
         if dtype not in DTYPES:
@@ -381,38 +368,11 @@ class TorchCrossEncoder(_TorchModel):
                 self._qcache.popitem(last=False)
         return store
 
-    def _run_pairs(
-        self,
-        A: IdStore,
-        ia: np.ndarray,
-        B: IdStore,
-        ib: np.ndarray,
-        *,
-        batch_size: int | None = None,
-        apply_activation: bool = True,
-        show_progress_bar: bool | None = None,
-    ) -> np.ndarray:
-        n = len(ia)
-        out = np.empty((n,) if self.num_labels == 1 else (n, self.num_labels), np.float32)
-        if n == 0:
-            return out
-        bs = _positive("batch_size", self.batch_size if batch_size is None else batch_size)
-        la, lb = A.lengths[ia], B.lengths[ib]
-        ta, tb = longest_first(la, lb, self._room)
-        n_cut = int(np.count_nonzero((ta < la) | (tb < lb)))
-        if n_cut:
-            self._warn_truncated(n_cut)
-        batches = length_batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
-        progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
-        for idx in _progress(batches, progress, "CE", len(batches)):
-            feeds = assemble_pairs(
-                self._tpl, self._plan.pad_id, A, ia[idx], ta[idx], B, ib[idx], tb[idx]
-            )
-            res = self._s.run(feeds)
-            out[idx] = res[:, 0] if not self._joint and self.num_labels == 1 else res
-        if apply_activation and self.activation == "sigmoid":
-            out = (1.0 / (1.0 + np.exp(-out.astype(np.float64)))).astype(np.float32)
-        return out
+    # the pair loop of the ONNX scorer, shared (one loop for both backends): it truncates each
+    # pair longest-first, batches by length under the token budget and runs self._s on
+    # self._pair_feeds(...); this backend's session takes the same feeds and returns numpy
+    _pair_feeds = staticmethod(assemble_pairs)
+    _run_pairs = OnnxCrossEncoder._run_pairs
 
     def predict(
         self,

@@ -25,6 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+import crossknn.ce
+from crossknn.ce.cache import cache_root
+from crossknn.ce.models import DEFAULT_DE
+from crossknn.data import load_beir
+from crossknn.matrix import load_score_matrix
+
 __all__ = [
     "CmcData",
     "beir_data",
@@ -93,16 +99,12 @@ def matrix_encoder_id(meta: dict) -> str:
         return str(meta["encoder_id"])
     model, de = str(meta.get("model", "")), str(meta.get("de", ""))
     if "all-MiniLM-L6-v2" in model and de.startswith("same model, mean pooling"):
-        from crossknn.ce.models import DEFAULT_DE
-
         return DEFAULT_DE
     return f"{model} / {de}"
 
 
 def matrix_data(folder) -> CmcData:
     """Distillation data from a score-matrix folder: CE scores, DE vectors, its train/test rows."""
-    from crossknn.matrix import load_score_matrix
-
     m = load_score_matrix(folder)
     if m.de_items is None or m.de_queries is None:
         raise FileNotFoundError(f"{m.path} has no de_items.npy/de_queries.npy (CMC needs them)")
@@ -125,13 +127,10 @@ def encode_beir(folder, cache_dir=None, *, progress: bool = True) -> Path:
     ``query_ids.json``, ``meta.json``). A finished entry is reused; it is written to a temporary
     name and renamed when complete.
     """
-    from crossknn.ce import default_dual_encoder
-    from crossknn.ce.models import cache_root
-    from crossknn.data import load_beir
-
     folder = Path(folder)
     corpus = load_beir(folder)
-    de = default_dual_encoder(cache_dir=cache_dir, show_progress_bar=progress)
+    # looked up on the package at call time (one place to substitute the default)
+    de = crossknn.ce.default_dual_encoder(cache_dir=cache_dir, show_progress_bar=progress)
     wanted = sorted({q for split in corpus.qrels.values() for q in split})
     key = hashlib.sha256(
         "\n".join(
@@ -179,8 +178,6 @@ def beir_data(
     progress: bool = True,
 ) -> CmcData:
     """Gold-label data from a BEIR folder: DE vectors (cached), relevance from qrels."""
-    from crossknn.data import load_beir
-
     folder = Path(folder)
     vec = encode_beir(folder, cache_dir, progress=progress)
     meta = json.loads((vec / "meta.json").read_text())

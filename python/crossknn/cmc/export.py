@@ -26,6 +26,7 @@ def _unit(rng: np.random.Generator, shape) -> np.ndarray:
 
 def parity(model, onnx_path, *, ks=(1, 7, 64, 300), batch: int = 3, seed: int = 0) -> float:
     """Largest |ONNX Runtime - PyTorch| over random inputs with the given K."""
+    # onnxruntime and torch (export extra): only the parity check needs them
     import onnxruntime as ort
     import torch
 
@@ -44,6 +45,7 @@ def parity(model, onnx_path, *, ks=(1, 7, 64, 300), batch: int = 3, seed: int = 
 
 def export_onnx(model_dir, *, tolerance: float = 1e-4) -> Path:
     """Writes ``model_dir/model.onnx`` from ``model.pt`` and records the parity in cmc.json."""
+    # torch and crossknn.cmc.train (imports torch): the export extra
     import torch
 
     from crossknn.cmc.train import load_model

@@ -41,6 +41,7 @@ class CmcReranker:
     def __init__(
         self, model_dir: str | os.PathLike, *, threads: int | None = None, batch_size: int = 16
     ) -> None:
+        # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)

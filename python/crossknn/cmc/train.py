@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from crossknn.cmc.data import CmcData, sample_candidates
 from crossknn.cmc.model import CmcConfig, CmcModel
@@ -192,8 +193,6 @@ def _train(
     progress: bool,
     stop_after: int | None,
 ) -> dict:
-    from tqdm.auto import tqdm
-
     cfg = cfg or TrainConfig()
     model_cfg = model_cfg or CmcConfig(dim=data.dim, width=min(128, data.dim))
     if model_cfg.dim != data.dim:

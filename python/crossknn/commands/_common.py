@@ -6,6 +6,9 @@ import argparse
 import re
 import sys
 
+from crossknn.ce.fidelity import fidelity_record
+from crossknn.ce.folders import RUN_PRECISIONS
+from crossknn.ce.runtime import PROVIDERS
 from crossknn.jobs import JobOptions
 
 __all__ = [
@@ -107,9 +110,6 @@ def add_model_arguments(
     CE's recorded fidelity, :func:`fidelity_line`). ``models=False`` leaves out ``--model`` and
     ``--de-model`` (a command that declares its own), ``batch_tokens=False`` ``--max-batch-tokens``
     (a command whose scorers do not take it)."""
-    from crossknn.ce.folders import RUN_PRECISIONS
-    from crossknn.ce.runtime import PROVIDERS
-
     g = p.add_argument_group("models")
     if models:
         g.add_argument(
@@ -214,7 +214,6 @@ def fidelity_line(ce) -> str | None:
     precision = ce.precision  # a crossknn.ce.interface.CrossEncoder
     if precision == "fp32":
         return None
-    from crossknn.ce.fidelity import fidelity_record
 
     try:
         rec = fidelity_record(ce.model_dir, precision)

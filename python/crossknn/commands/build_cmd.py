@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
 from crossknn.commands._common import (
     add_model_arguments,
     model_options,
@@ -18,6 +19,10 @@ from crossknn.commands._common import (
     provider_line,
     terminal_safe,
 )
+from crossknn.corpus_index import build_corpus_index
+from crossknn.data import load_corpus, read_queries
+from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
+from crossknn.outputs import check_output_folder as check_not_over
 
 HELP = "index a corpus (JSONL with id/text, or a BEIR folder) for crossknn search"
 
@@ -154,12 +159,7 @@ def _unchanged(exc: Exception, index_dir) -> Exception:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
-    from crossknn.corpus_index import build_corpus_index
-    from crossknn.data import load_corpus, read_queries
-
     t0 = time.perf_counter()
-    from crossknn.outputs import check_output_folder as check_not_over
 
     inputs = [args.corpus] + ([args.train_queries] if args.train_queries else [])
     check_output_folder(args.index_dir, inputs)
@@ -228,8 +228,6 @@ def _index_calls(args: argparse.Namespace) -> int | str | None:
 
 def auto_summary(auto: dict | None, n_items: int) -> str:
     """The summary line of auto's index: CE calls spent and what they are expected to buy."""
-    from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
-
     if auto is None:
         why = f"fewer than {ITEMS_PER_ROW} items" if n_items < ITEMS_PER_ROW else "none asked"
         return f"auto index: none ({why}); crossknn search uses axn over the DE vectors"

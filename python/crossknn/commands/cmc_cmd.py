@@ -6,6 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
+from crossknn.cmc.data import beir_data, matrix_data
+from crossknn.cmc.evaluate import qrels_metrics, rank_cmc, rank_de
+from crossknn.cmc.export import export_onnx
+from crossknn.cmc.runtime import DEFAULT_CANDIDATES, CmcReranker
+from crossknn.eval import EvalConfig, evaluate, format_table
+from crossknn.outputs import check_output_file, check_output_folder
+
 HELP = "CMC, a trained intermediate reranker over DE vectors: train, export (ONNX), eval."
 
 
@@ -33,8 +40,6 @@ def _source(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from crossknn.cmc.runtime import DEFAULT_CANDIDATES
-
     sub = p.add_subparsers(dest="cmc_command", metavar="SUBCOMMAND", required=True)
 
     t = sub.add_parser("train", help="train a CMC model (checkpoints, resume) and export ONNX")
@@ -122,8 +127,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _data(args):
-    from crossknn.cmc.data import beir_data, matrix_data
-
     if args.matrix:
         return matrix_data(args.matrix)
     return beir_data(
@@ -150,11 +153,9 @@ def _inputs(args) -> list:
 
 
 def _train(args) -> int:
-    from crossknn.outputs import check_output_folder
-
     check_output_folder(args.out, kind="CMC model", inputs=_inputs(args), foreign=False)
     _require_torch("train")
-    from crossknn.cmc.export import export_onnx
+    # crossknn.cmc.model and .train import torch (export extra)
     from crossknn.cmc.model import CmcConfig
     from crossknn.cmc.train import TrainConfig, train
 
@@ -199,19 +200,12 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from crossknn.cmc.evaluate import qrels_metrics, rank_cmc, rank_de
-    from crossknn.cmc.runtime import DEFAULT_CANDIDATES, CmcReranker
-
     if args.json:
-        from crossknn.outputs import check_output_file
-
         check_output_file(args.json, option="--json", inputs=[("DIR", args.model), *_inputs(args)])
     reranker = CmcReranker(args.model)
     ks_cand = sorted(set(args.candidates or [DEFAULT_CANDIDATES]))
     rows: list[dict] = []
     if args.matrix:
-        from crossknn.eval import EvalConfig, evaluate, format_table
-
         methods = list(dict.fromkeys(args.method or ["rnr"]))
         budgets = sorted(set(args.budget or [50, 100, 200]))
         ks = sorted(set(args.k or [1, 10, 50, 100]))
@@ -267,7 +261,6 @@ def run(args: argparse.Namespace) -> int:
         return _train(args)
     if args.cmc_command == "export":
         _require_torch("export")
-        from crossknn.cmc.export import export_onnx
 
         print(f"wrote {export_onnx(args.model)}")
         return 0

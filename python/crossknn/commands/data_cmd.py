@@ -11,6 +11,9 @@ import argparse
 import json
 import sys
 
+from crossknn.commands._common import terminal_safe
+from crossknn.data import BEIR_SOURCE, DATA_ENV, data_roots, describe_beir, list_beir
+
 HELP = "list or check BEIR datasets ($CROSSKNN_DATA/NAME: corpus.jsonl, queries.jsonl, qrels/)"
 
 
@@ -25,9 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.commands._common import terminal_safe
-    from crossknn.data import BEIR_SOURCE, DATA_ENV, data_roots, describe_beir, list_beir
-
     folders = args.names or list_beir()
     if not folders:
         roots = ", ".join(str(r) for r in data_roots()) or "unset"

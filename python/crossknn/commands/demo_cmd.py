@@ -16,8 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
+from crossknn.ce import cache_root
 from crossknn.commands._common import positive_int, print_hits, terminal_safe
-from crossknn.searcher import METHODS
+from crossknn.corpus_index import build_corpus_index, open_index
+from crossknn.demo_corpus import stdlib_docstrings
+from crossknn.exact_cache import ExactScores
+from crossknn.searcher import METHODS, Searcher
+from crossknn.topk import exact_top_k
 
 HELP = "build a cached index over the stdlib docstrings and answer example queries"
 
@@ -85,10 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     assert args.method in METHODS
-    from crossknn.ce import cache_root
-    from crossknn.corpus_index import build_corpus_index, open_index
-    from crossknn.demo_corpus import stdlib_docstrings
-    from crossknn.searcher import Searcher
 
     t0 = time.perf_counter()
     corpus = stdlib_docstrings(max_items=args.max_items)
@@ -140,11 +143,6 @@ def run(args: argparse.Namespace) -> int:
 def _exact_check(searcher, hits, args, cache_dir: Path) -> None:
     """Score every item for each query (a bar by pairs, rows cached like ``search --exact``)
     and print each query's and the mean Top-k-Recall of the search against the exact top-k."""
-    import numpy as np
-
-    from crossknn.exact_cache import ExactScores
-    from crossknn.topk import exact_top_k
-
     n = searcher.n_items
     print(f"\nexact check: {n} CE calls per query ({len(hits)} queries; cached rows are reused)")
     exact = ExactScores(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+
 from crossknn.commands._common import (
     fraction,
     nonneg_float,
@@ -12,6 +14,12 @@ from crossknn.commands._common import (
     positive_float,
     positive_int,
 )
+from crossknn.eval import FIRSTS, EvalConfig, evaluate, format_table, plot_curves, write_json
+from crossknn.index import load_index
+from crossknn.index.mf import mf_score_map, query_embeddings
+from crossknn.matrix import load_score_matrix
+from crossknn.outputs import check_output_file
+from crossknn.search import DEFAULT_MIX, METHODS
 
 
 def _open_fraction(text: str) -> float:
@@ -25,9 +33,6 @@ HELP = "Top-k-Recall@B of search methods on a precomputed CE score matrix (table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from crossknn.eval import FIRSTS
-    from crossknn.search import DEFAULT_MIX, METHODS
-
     p.add_argument("matrix", metavar="MATRIX_DIR", help="score-matrix folder (docs/data.md)")
     p.add_argument(
         "--method",
@@ -138,11 +143,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from crossknn.eval import EvalConfig, evaluate, format_table, plot_curves, write_json
-    from crossknn.matrix import load_score_matrix
-
     _check_outputs(args)
     m = load_score_matrix(args.matrix)
     _check_de_vectors(m, args.matrix)
@@ -157,9 +157,6 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(V, np.ndarray):
             raise ValueError(f"{args.item_vectors}: not a .npy array file (an .npz archive?)")
     if args.index:
-        from crossknn.index import load_index
-        from crossknn.index.mf import mf_score_map, query_embeddings
-
         index = load_index(args.index)
         if index.kind != "mf":
             raise ValueError(
@@ -225,8 +222,6 @@ def run(args: argparse.Namespace) -> int:
 def _check_outputs(args) -> None:
     """No output file over an input or a file of an index, matrix or model folder (the plot's
     default path next to --json included)."""
-    from crossknn.outputs import check_output_file
-
     inputs = [
         ("MATRIX", args.matrix),
         ("--item-vectors", args.item_vectors),
@@ -243,8 +238,6 @@ def _check_outputs(args) -> None:
 def _check_de_vectors(m, matrix) -> None:
     """The matrix's DE vectors are finite and small enough that their dot products (the DE
     scores) fit float32: otherwise one line naming the file and the row."""
-    import numpy as np
-
     limit = float(np.finfo(np.float32).max)
     norms = {}
     for name, arr, ids in (

@@ -12,6 +12,9 @@ import argparse
 import json
 import sys
 
+from crossknn.data import read_qrels
+from crossknn.trec import parse_measures, read_run, run_metrics
+
 HELP = "metrics (nDCG@10, RR@10, R@100, or --metrics) of TREC run file(s) against qrels"
 
 
@@ -33,9 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.data import read_qrels
-    from crossknn.trec import parse_measures, read_run, run_metrics
-
     measures = parse_measures(args.metrics) if args.metrics is not None else None
     qrels = read_qrels(args.qrels)
     rows = {path: run_metrics(read_run(path), qrels, measures) for path in args.runs}

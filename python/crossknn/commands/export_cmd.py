@@ -9,10 +9,17 @@ left out (a bare encoder is then an [EMB] CE).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import logging
 import sys
 import time
+from pathlib import Path
 
-from crossknn.commands._common import positive_int
+from crossknn.ce.export import checkpoint_hash, export_cross_encoder, export_dual_encoder
+from crossknn.ce.folders import infer_kind, st_layout
+from crossknn.commands._common import positive_int, terminal_safe
+from crossknn.outputs import check_output_folder
 
 HELP = "export a Hugging Face CE (or DE) folder to a crossknn model folder (ONNX)"
 
@@ -50,12 +57,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, t0: float) -> int:
-    from pathlib import Path
-
-    from crossknn.ce.export import checkpoint_hash, export_cross_encoder, export_dual_encoder
-    from crossknn.ce.folders import infer_kind, st_layout
-    from crossknn.outputs import check_output_folder
-
     check_output_folder(args.out_dir, kind="model", inputs=[("HF_DIR", args.hf_dir)], foreign=False)
     out = Path(args.out_dir)
     if not args.overwrite and out.is_dir() and any(out.iterdir()):
@@ -96,8 +97,6 @@ def _run(args: argparse.Namespace, t0: float) -> int:
 
 
 def _positions(hf_dir) -> int:
-    import json
-
     config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     return int(config.get("max_position_embeddings", 512))
 
@@ -106,12 +105,8 @@ class _StepLines:
     """A logging handler printing each export step with the time since the start (stderr)."""
 
     def __init__(self, t0: float) -> None:
-        import logging
-
         class Handler(logging.Handler):
             def emit(self, record) -> None:
-                from crossknn.commands._common import terminal_safe
-
                 msg = terminal_safe(record.getMessage())
                 print(f"export [{time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr)
 
@@ -121,9 +116,6 @@ class _StepLines:
 def export_steps_shown(t0: float, *, quiet: bool = False):
     """While an export runs, print its steps (loading, tracing, int8, fidelity) as they start:
     the export takes a minute or more on a CPU and was silent."""
-    import contextlib
-    import logging
-
     if quiet:
         return contextlib.nullcontext()
     logger = logging.getLogger("crossknn.ce.export.stages")

@@ -13,6 +13,10 @@ from __future__ import annotations
 import argparse
 
 from crossknn.commands._common import add_job_arguments, job_options
+from crossknn.index import build_cur_index, build_mf_index
+from crossknn.index.mf_entries import tfidf_vectors
+from crossknn.index.source import open_index_source
+from crossknn.outputs import check_output_folder
 
 HELP = (
     "build a CUR (dense anchor rows) or sparse-MF (AXN) index from a score matrix or a BEIR folder"
@@ -81,10 +85,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.index import build_cur_index, build_mf_index
-    from crossknn.index.source import open_index_source
-    from crossknn.outputs import check_output_folder
-
     check_output_folder(args.out_dir, kind="index", inputs=[("SOURCE", args.source)])
     options = job_options(args)
     s = open_index_source(
@@ -108,8 +108,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     vectors = None
     if args.strategy == "topk" and args.retriever == "tfidf":
-        from crossknn.index.mf_entries import tfidf_vectors
-
         vectors = tfidf_vectors(s.query_texts(), s.item_texts())
     idx, res = build_mf_index(
         args.out_dir,

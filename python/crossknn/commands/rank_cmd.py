@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from crossknn.ce.folders import open_cross_encoder
 from crossknn.commands._common import (
     add_model_arguments,
     fidelity_line,
@@ -13,6 +14,7 @@ from crossknn.commands._common import (
     positive_int,
     terminal_safe,
 )
+from crossknn.data import load_corpus
 
 HELP = "rank a corpus (JSONL or BEIR folder) for one query with the cross-encoder (exhaustive)"
 
@@ -35,9 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.ce.folders import open_cross_encoder
-    from crossknn.data import load_corpus
-
     if not args.query.strip():
         raise ValueError("the query is empty")
     corpus = load_corpus(args.corpus)

@@ -17,6 +17,7 @@ from crossknn.commands._common import (
     nonneg_int,
     positive_int,
 )
+from crossknn.score_matrix_job import build_score_matrix
 
 HELP = "exact CE score matrix of a BEIR folder's queries x items (docs/data.md), resumable"
 
@@ -64,8 +65,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.score_matrix_job import build_score_matrix
-
     stats = build_score_matrix(
         args.dataset_dir,
         args.out_dir,

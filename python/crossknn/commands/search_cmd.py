@@ -12,6 +12,10 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from crossknn.ce.folders import model_record, open_index_models
+from crossknn.ce.tokenize import check_encodable
 from crossknn.commands._common import (
     add_model_arguments,
     add_round_arguments,
@@ -23,7 +27,12 @@ from crossknn.commands._common import (
     provider_line,
     terminal_safe,
 )
-from crossknn.searcher import METHODS
+from crossknn.corpus_index import open_index
+from crossknn.data import find_beir, load_beir, read_qrels, read_query_file
+from crossknn.fileio import atomic_write_json
+from crossknn.outputs import check_output_file
+from crossknn.searcher import METHODS, Searcher
+from crossknn.trec import run_metrics, run_tag, write_run
 
 HELP = "search an index built by 'crossknn build' with the cross-encoder on a budget"
 
@@ -127,8 +136,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _queries(args) -> tuple[list[str], list[str], dict | None]:
     """(ids, texts, qrels or None) from the arguments."""
-    from crossknn.data import find_beir, load_beir, read_qrels, read_query_file
-
     ids, texts = [], []
     qrels = None
     if args.beir:
@@ -170,21 +177,13 @@ def _queries(args) -> tuple[list[str], list[str], dict | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from crossknn.searcher import Searcher
-    from crossknn.trec import run_metrics, run_tag, write_run
-
     _check_outputs(args)
     rescore = _rescore_arg(args)
     ids, queries, qrels = _queries(args)
-    from crossknn.ce.tokenize import check_encodable
 
     check_encodable(queries, "queries")  # one line before any model opens
     if args.metrics and qrels is None:
         raise ValueError("--metrics needs relevance judgments: --beir DIR or --qrels FILE")
-    from crossknn.ce.folders import open_index_models
-    from crossknn.corpus_index import open_index
 
     index = open_index(args.index_dir)
     # the models with the run's precision (fp16: the recorded fp32 graph on a GPU) and options
@@ -240,8 +239,6 @@ def run(args: argparse.Namespace) -> int:
             write_run(args.first_stage_run, first, run_tag("de"))
     records = _models(searcher)
     if args.metrics:
-        from crossknn.fileio import atomic_write_json
-
         run_ = {h.qid: dict(zip(h.ids, map(float, h.scores), strict=True)) for h in hits}
         de_run = {q: dict(zip(d, map(float, s), strict=True)) for q, d, s in first}
         metrics = {
@@ -323,8 +320,6 @@ def _rescore_arg(args) -> tuple[str, int] | None:
 
 def _check_outputs(args) -> None:
     """No output file over an input or a file of an index, matrix or model folder."""
-    from crossknn.outputs import check_output_file
-
     inputs = [
         ("INDEX_DIR", args.index_dir),
         ("--queries", args.queries),
@@ -345,6 +340,4 @@ def _check_outputs(args) -> None:
 
 
 def _models(searcher) -> dict:
-    from crossknn.ce.folders import model_record
-
     return {"ce": model_record(searcher.ce), "de": model_record(searcher.de)}

@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 
+import crossknn
 from crossknn.commands._common import add_model_arguments, add_round_arguments, fraction
 from crossknn.search.registry import names as method_names
 
@@ -149,6 +150,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
+    # crossknn.serve imports fastapi and prometheus_client (serve extra)
     from crossknn.serve.service import ServeConfig
 
     return ServeConfig(
@@ -182,6 +184,7 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     try:
+        # uvicorn and crossknn.serve (fastapi, prometheus_client): the serve extra
         import uvicorn
 
         from crossknn.serve.app import create_app
@@ -191,10 +194,10 @@ def run(args: argparse.Namespace) -> int:
             f"crossknn serve needs the 'serve' extra ({exc.name} is missing): "
             "pip install 'crossknn[serve]'"
         ) from None
-    import crossknn
 
     config = config_from_args(args)
     if config.api_key_file:  # a missing or empty key file is one clear line, before loading
+        # crossknn.serve imports fastapi and prometheus_client (serve extra)
         from crossknn.serve.app import read_api_key
 
         read_api_key(config.api_key_file)
@@ -205,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             "--workers runs local processes; it cannot be combined with --ray or --shards"
         )
     if args.ray:
+        # crossknn.serve imports fastapi and prometheus_client (serve extra)
         from crossknn.serve.ray_app import run_ray
 
         return run_ray(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from crossknn.commands._common import fraction, positive_float, positive_int
+from crossknn.outputs import check_output_folder
 
 HELP = "fine-tune a cross-encoder ([CLS] head or [EMB] dot product) and export it as a model"
 
@@ -128,7 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossknn.outputs import check_output_folder
+    # crossknn.train imports torch (export extra)
     from crossknn.train import TrainConfig, train_cross_encoder
 
     inputs = [("DATA", args.data), ("--base", args.base), ("--de", args.de)]

@@ -18,6 +18,7 @@ __all__ = ["sample_g", "tfidf_vectors"]
 
 def tfidf_vectors(query_texts: Sequence[str], item_texts: Sequence[str]):
     """TF-IDF vectors (scipy sparse, L2-normalized rows), fit on the items."""
+    # scikit-learn: about 0.7 s to import, only this function needs it
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     vec = TfidfVectorizer(sublinear_tf=True, dtype=np.float32)

@@ -36,6 +36,7 @@ _ROWS = 65536  # items per block through the item MLP
 
 def gated_mlp_numpy(x: np.ndarray, W1, b1, W2, b2, w_skip) -> np.ndarray:
     """The inductive MF encoder applied in numpy (same maths as the torch module)."""
+    # scipy: slow to import, only this function needs it
     from scipy.special import erf
 
     x = np.asarray(x, np.float32)
@@ -59,6 +60,7 @@ class MFResult:
 
 
 def _gated_skip_mlp(d: int):
+    # torch: optional (export extra), about 1 s to import
     import torch
     from torch import nn
 
@@ -85,6 +87,7 @@ class _LazyAdamW:
     def __init__(
         self, params, *, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-8
     ) -> None:
+        # torch: optional (export extra), about 1 s to import
         import torch
 
         self.params = params
@@ -94,6 +97,7 @@ class _LazyAdamW:
         self.t = 0
 
     def step(self, row_grads) -> None:
+        # torch: optional (export extra), about 1 s to import
         import torch
 
         self.t += 1
@@ -121,6 +125,7 @@ class _Transductive:
         return (self.U[bq] * self.V[bi]).sum(1)
 
     def step(self, bq, bi, by) -> None:
+        # torch: optional (export extra), about 1 s to import
         import torch
 
         rq, iq = torch.unique(bq, return_inverse=True)
@@ -139,6 +144,7 @@ class _Inductive:
     """Two gated-skip MLPs over the frozen DE vectors; plain AdamW."""
 
     def __init__(self, dq, di, *, lr: float, weight_decay: float) -> None:
+        # torch: optional (export extra), about 1 s to import
         import torch
 
         self.dq, self.di = dq, di
@@ -147,6 +153,7 @@ class _Inductive:
         self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
     def predict(self, bq, bi):
+        # torch: optional (export extra), about 1 s to import
         import torch
 
         # each distinct query/item goes through its MLP once (a batch repeats them)
@@ -227,6 +234,7 @@ def fit_mf(
     threads slow them down by up to 10x; ``None`` keeps torch's setting).
     """
     try:
+        # torch: optional (export extra), about 1 s to import
         import torch
     except ImportError as exc:  # pragma: no cover - torch is in the dev environment
         raise ImportError(

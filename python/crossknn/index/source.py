@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+import crossknn.ce
 from crossknn.data import load_beir
 from crossknn.job_scorers import embedded_ce_scorer
 from crossknn.matrix import load_score_matrix, matrix_identity
@@ -78,8 +79,6 @@ def _from_beir(
     lazy: bool,
     progress: bool,
 ) -> IndexSource:
-    from crossknn.ce import default_dual_encoder
-
     corpus = load_beir(src)
     pool = list(range(len(corpus.query_ids)))
     if split:
@@ -93,7 +92,8 @@ def _from_beir(
     scorer = embedded_ce_scorer(
         corpus.item_texts, threads=threads, batch_size=batch_size, lazy=lazy
     )
-    de = default_dual_encoder(threads=threads)
+    # looked up on the package at call time (one place to substitute the default)
+    de = crossknn.ce.default_dual_encoder(threads=threads)
     cache: dict = {}
 
     def de_items():

@@ -29,7 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
+from tqdm.auto import tqdm
 
+from crossknn.core import ItemFeatures
+from crossknn.retrievers import make_retriever
 from crossknn.scorers import BudgetExceededError, MatrixScorer, as_items
 from crossknn.search.methods import RoundMethod, _round_plan
 from crossknn.search.rounds import Step, split_sizes
@@ -206,8 +210,6 @@ class AUTO(RoundMethod):
     solve = "prior_ridge"  # the core's ridge pulled to the DE prior (crossknn/search.h)
 
     def __init__(self, index: AutoIndex, *, prior, first="random", rounds: int | None = None):
-        from crossknn.core import ItemFeatures
-
         super().__init__(first=first, n_items=index.n_items)
         if prior is None:
             raise ValueError("auto needs the DE query vectors as its prior")
@@ -287,7 +289,6 @@ def build_auto_index(
     pos = choose_rows(Q, m, how=row_choice, seed=seed)
     all_items = np.arange(N, dtype=np.int64)
     R = np.empty((m, N), np.float32)
-    from tqdm.auto import tqdm
 
     # one bar over the CE pairs of the rows: pairs/s and the time left
     with tqdm(
@@ -343,8 +344,8 @@ def choose_rows(query_vectors, m: int, *, how: str = "medoids", seed: int = 0) -
     if how == "random":
         rng = np.random.default_rng([int(seed), 1717])
         return np.sort(rng.choice(n, m, replace=False)).astype(np.int64)
+    # scikit-learn: about 0.7 s to import, only this function needs it
     from sklearn.cluster import KMeans
-    from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):  # tiny problem: threads only contend on a shared machine
         km = KMeans(m, n_init=10, random_state=int(seed) % 2**32).fit(Q)
@@ -369,8 +370,6 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed):
     """((rho_D, rho_R, rounds, first share, decay), {key: mean dev recall}) by K-fold CV over the
     complete rows (queries are addressed by their position among the rows; ties -> the earlier
     grid entry)."""
-    from crossknn.retrievers import make_retriever
-
     m, N = R.shape
     budgets = [b for b in budgets if b <= N] or [N]
     ks = [k for k in ks if k <= min(budgets)] or [1]

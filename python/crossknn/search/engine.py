@@ -21,7 +21,7 @@ import numpy as np
 
 from crossknn import _core
 from crossknn.core import ItemFeatures
-from crossknn.search.rounds import SearchResult, check_plan
+from crossknn.search.rounds import SearchResult, check_plan, query_seed
 
 __all__ = ["query_id_int", "search_rounds"]
 
@@ -48,9 +48,8 @@ def _selector(features: ItemFeatures):
 
 
 def _uses_own_first(method) -> bool:
-    from crossknn.search.methods import RoundMethod
-
-    return isinstance(method.first, str) and type(method).first_items is RoundMethod.first_items
+    draws = getattr(method, "core_draws_first", None)  # crossknn.search.methods.RoundMethod
+    return bool(draws is not None and draws())
 
 
 def search_rounds(
@@ -104,8 +103,6 @@ def search_rounds(
     rounds = any(s.kind != "first" for s in plan)
     first = None
     if not _uses_own_first(method):
-        from crossknn.search.rounds import query_seed
-
         seeds = [query_seed(seed, q) for q in query_ids]
         first = np.ascontiguousarray(
             np.stack(

@@ -210,6 +210,11 @@ class RoundMethod:
             )
         return list(top)
 
+    def core_draws_first(self) -> bool:
+        """Whether the C++ loop draws the first items itself: uniform random (``first`` is a
+        string) and :meth:`first_items` not overridden."""
+        return isinstance(self.first, str) and type(self).first_items is RoundMethod.first_items
+
     # ---- public ------------------------------------------------------------------------------
     def search(
         self,

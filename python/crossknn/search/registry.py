@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from crossknn.score_map import ScoreMap
+from crossknn.search.auto import AUTO
 from crossknn.search.methods import (
     ADACUR,
     ANNCUR,
@@ -153,8 +156,6 @@ def _adacur(r: Resources, spec: MethodSpec) -> RoundMethod:
 
 
 def _axn(r: Resources, spec: MethodSpec) -> RoundMethod:
-    import numpy as np
-
     V = _need(r.item_vectors, "item vectors (e.g. the DE item vectors)", spec)
     prior = r.prior
     if prior is not None and isinstance(prior, np.ndarray) and prior.ndim != 2:
@@ -172,8 +173,6 @@ def _axn(r: Resources, spec: MethodSpec) -> RoundMethod:
 
 
 def _auto(r: Resources, spec: MethodSpec) -> RoundMethod:
-    from crossknn.search.auto import AUTO
-
     index = _need(r.auto_index, "an auto index (crossknn.search.auto)", spec)
     return AUTO(index, prior=r.prior, first=r.first)
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from crossknn.core import ItemFeatures, _check_k, _exclude_csr
+from crossknn.core import ItemFeatures, check_float, check_k, check_seed, exclude_csr
 
 __all__ = [
     "ARRAY_NAME",
@@ -75,6 +75,7 @@ WIDTH_NAME = {"ivf": "nprobe", "hnsw": "efSearch"}
 
 def _faiss():
     try:
+        # faiss: optional (scale extra)
         import faiss
     except ImportError:  # pragma: no cover - faiss-cpu is a dependency of the 'scale' extra
         raise ImportError(
@@ -327,10 +328,10 @@ class IndexedFeatures(ItemFeatures):
         return self._scores_of_rows(self._f.rows(items), u)
 
     def top_k(self, u, k: int, *, exclude=None):
-        k = _check_k(k, self.n_items)
+        k = check_k(k, self.n_items)
         U, single = self._queries(u)
         Q = U.shape[0]
-        ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
+        ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
         S = np.empty((Q, k), np.float32)
         ids_k = np.empty((Q, k), np.int64)
         if Q and k:
@@ -349,14 +350,12 @@ class IndexedFeatures(ItemFeatures):
         return (S[0], ids_k[0]) if single else (S, ids_k)
 
     def sample_softmax(self, u, k: int, *, exclude=None, temperature: float = 1.0, seed: int = 0):
-        from crossknn.core import _check_float, _check_seed
-
-        k = _check_k(k, self.n_items)
-        temperature = _check_float(temperature, "temperature", 0.0, np.inf, lo_open=True)
-        seed = _check_seed(seed)
+        k = check_k(k, self.n_items)
+        temperature = check_float(temperature, "temperature", 0.0, np.inf, lo_open=True)
+        seed = check_seed(seed)
         U, single = self._queries(u)
         Q = U.shape[0]
-        ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
+        ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
         keys = np.empty((Q, k), np.float32)
         ids_k = np.empty((Q, k), np.int64)
         if Q and k:
@@ -378,7 +377,7 @@ class IndexedFeatures(ItemFeatures):
         return (keys[0], ids_k[0]) if single else (keys, ids_k)
 
 
-class _RecordingFeatures(ItemFeatures):
+class RecordingFeatures(ItemFeatures):
     """Exact features that record every top-k round query ``(u, exclude, k)``."""
 
     def __init__(self, features: ItemFeatures) -> None:
@@ -411,7 +410,7 @@ def record_round_queries(
 ) -> list[tuple[np.ndarray, list[np.ndarray], int]]:
     """The top-k round queries ``(U, excludes, n)`` of exact rounds on ``queries`` (held-out
     train/dev queries): ``make_method(features)`` builds the method over the given features."""
-    rec = _RecordingFeatures(features)
+    rec = RecordingFeatures(features)
     make_method(rec).search(scorer, list(queries), budget=budget, k=k, seed=seed)
     return rec.records
 
@@ -589,28 +588,3 @@ def _stored_round_widths(raw, where: str) -> dict[int, int] | None:
 def round_widths_meta(schedule: dict[int, int]) -> dict[str, int]:
     """``{scored: width}`` as stored in ``params.round_index.round_widths`` (JSON keys)."""
     return {str(int(k)): int(v) for k, v in sorted(schedule.items())}
-
-
-def search_features(
-    index, V: np.ndarray, *, round_index: str = "auto", shards: int = 0, ray_address=None
-) -> ItemFeatures:
-    """The features a :class:`crossknn.searcher.Searcher` gives its rounds: ``V`` exact, behind
-    the index folder's round index, or (``shards`` > 0) sharded over Ray actors at
-    ``ray_address`` (each actor building the stored kind of round index over its shard)."""
-    features = ItemFeatures(V)
-    where = f"index {index.path}"
-    if not shards:
-        if ray_address:
-            raise ValueError("--ray-address needs --shards S (the number of item shards)")
-        return open_round_features(index.arrays, index.params, features, round_index, where=where)
-    import ray
-
-    from crossknn.search.shards import ShardedFeatures
-
-    meta = index.params.get("round_index") or {"kind": "exact"}
-    kind = meta.get("kind", "exact") if round_index == "auto" else round_index
-    _check_kind(kind)
-    spec = None if kind == "exact" else (kind, meta.get(WIDTH_NAME[kind]))
-    if not ray.is_initialized():
-        ray.init(address=ray_address or "local", include_dashboard=False, log_to_driver=False)
-    return ShardedFeatures.start(features, shards, round_index=spec)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from crossknn.core import ItemFeatures, _check_k, _exclude_csr
+from crossknn.core import ItemFeatures, check_k, exclude_csr
+from crossknn.search.round_index import IndexedFeatures, build_round_index
 
 __all__ = ["ShardActor", "ShardedFeatures", "shard_bounds"]
 
@@ -51,8 +52,6 @@ class ShardActor:
         self.lo, self.hi = int(lo), int(hi)
         self.features = ItemFeatures(np.asarray(rows, np.float32), storage=storage)
         if round_index is not None:
-            from crossknn.search.round_index import IndexedFeatures, build_round_index
-
             kind, width = round_index
             index = build_round_index(self.features, kind, progress=False)
             self.features = IndexedFeatures(self.features, index, width=width)
@@ -116,6 +115,7 @@ class ShardedFeatures(ItemFeatures):
         """Start ``shards`` actors on the connected Ray cluster (``ray.init`` first). ``source``:
         the path of the ``.npy`` item matrix each actor reads its rows from (default: the rows
         are sent from here)."""
+        # ray: optional (ray extra), slow to import
         import ray
 
         bounds = shard_bounds(features.n_items, shards)
@@ -130,6 +130,7 @@ class ShardedFeatures(ItemFeatures):
         return cls(features, actors, bounds)
 
     def stop(self) -> None:
+        # ray: optional (ray extra), slow to import
         import ray
 
         for a in self.actors:
@@ -137,12 +138,13 @@ class ShardedFeatures(ItemFeatures):
         self.actors = []
 
     def top_k(self, u, k: int, *, exclude=None):
+        # ray: optional (ray extra), slow to import
         import ray
 
-        k = _check_k(k, self.n_items)
+        k = check_k(k, self.n_items)
         U, single = self._queries(u)
         Q = U.shape[0]
-        ids, off = _exclude_csr(exclude, 1 if single else Q, self.n_items)
+        ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
         per_query = [
             np.empty(0, np.int64) if ids is None else ids[off[q] : off[q + 1]] for q in range(Q)
         ]

@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
+import crossknn
 from crossknn.serve.batcher import Cancelled
 from crossknn.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from crossknn.serve.schema import (
@@ -143,6 +144,7 @@ def _ref(model) -> dict[str, str]:
 
 def _add_schemas(app: FastAPI, models) -> None:
     """Put ``models`` (and the models they use) in the OpenAPI components (for ``_ref``)."""
+    # fastapi: optional (serve extra)
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> dict[str, Any]:
@@ -229,8 +231,6 @@ def create_app(
         # uvicorn has drained the in-flight requests by now (SIGTERM: graceful shutdown)
         await asyncio.get_running_loop().run_in_executor(None, service.close)
 
-    import crossknn
-
     app = FastAPI(
         title="crossknn",
         version=crossknn.__version__,
@@ -242,6 +242,7 @@ def create_app(
     if config.api_key_file:
         app.add_middleware(_BearerAuth, key=read_api_key(config.api_key_file))
     if config.cors:
+        # fastapi: optional (serve extra)
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(

@@ -15,6 +15,8 @@ import signal
 import threading
 from dataclasses import replace
 
+import crossknn
+from crossknn.serve.app import create_app
 from crossknn.serve.service import ServeConfig
 
 __all__ = ["deployment", "run_ray"]
@@ -22,6 +24,7 @@ __all__ = ["deployment", "run_ray"]
 
 def deployment(config: ServeConfig, *, replicas: int = 1, name: str = "crossknn"):
     """A bound Ray Serve application: ``replicas`` copies of the app of ``config``."""
+    # ray: optional (ray extra), slow to import
     from ray import serve
 
     if replicas < 1:
@@ -30,7 +33,6 @@ def deployment(config: ServeConfig, *, replicas: int = 1, name: str = "crossknn"
         config = replace(config, threads=max(1, (os.cpu_count() or 1) // replicas))
 
     def build_app():  # runs on each replica
-        from crossknn.serve.app import create_app
 
         return create_app(config, load="now")
 
@@ -56,13 +58,13 @@ def run_ray(
 ) -> int:
     """Start (or join) Ray, deploy, serve until SIGTERM/SIGINT, then shut the deployment down."""
     try:
+        # ray: optional (ray extra), slow to import
         import ray
         from ray import serve
     except ModuleNotFoundError as exc:
         raise ValueError(
             f"--ray needs Ray Serve ({exc.name} is missing): pip install 'ray[serve]'"
         ) from None
-    import crossknn
 
     crossknn.open_index(config.index)  # a wrong path is one clear line, before Ray starts
     config = replace(config, index=os.path.abspath(config.index))

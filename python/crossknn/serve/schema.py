@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from crossknn.ce.tokenize import check_encodable
 from crossknn.search import registry
 
 __all__ = [
@@ -77,8 +78,6 @@ def _err(field: str | None, msg: str, kind: str = "value_error") -> RequestError
 
 def _check_text(text: str, loc: list) -> None:
     """422 for a text the tokenizer cannot take (a lone surrogate such as ``"\\ud800"``)."""
-    from crossknn.ce.tokenize import check_encodable
-
     try:
         check_encodable([text], "".join(f"[{x}]" if isinstance(x, int) else x for x in loc[1:]))
     except ValueError as exc:

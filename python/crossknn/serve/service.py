@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+import crossknn
+from crossknn.ce.folders import RUN_PRECISIONS, open_index_models
 from crossknn.ce.interface import DualEncoder, ModelInfo
 from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
@@ -93,7 +95,6 @@ class ServeConfig:
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"serve: {name}={getattr(self, name)!r} is out of range")
-        from crossknn.ce.folders import RUN_PRECISIONS
 
         for name in ("precision", "de_precision"):
             value = getattr(self, name)
@@ -159,9 +160,6 @@ class SearchService:
 
     # -- loading --------------------------------------------------------------------------------
     def load(self) -> None:
-        import crossknn
-        from crossknn.ce.folders import open_index_models
-
         t = time.perf_counter()
         c = self.config
         try:
@@ -361,8 +359,6 @@ class SearchService:
 
     # -- description ----------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        import crossknn
-
         c = self.config
         out: dict[str, Any] = {
             "crossknn": crossknn.__version__,

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
+
+from crossknn.trec import parse_measures, run_metrics
 
 __all__ = ["split_dev", "rerank_metrics", "de_order_metrics"]
 
@@ -23,12 +26,10 @@ def split_dev(n: int, fraction: float, seed: int, cap: int | None) -> tuple[np.n
 
 
 def rerank_metrics(qrels: dict, run: dict) -> dict[str, float]:
-    """nDCG@10 and RR@10 of ``run`` ({qid: {docid: score}}) against ``qrels``."""
-    import ir_measures
-    from ir_measures import RR, nDCG
-
-    agg = ir_measures.calc_aggregate([nDCG @ 10, RR @ 10], qrels, run)
-    return {"ndcg@10": float(agg[nDCG @ 10]), "rr@10": float(agg[RR @ 10])}
+    """nDCG@10 and RR@10 of ``run`` ({qid: {docid: score}}) against ``qrels``
+    (:func:`crossknn.trec.run_metrics`: equal scores in trec_eval's order)."""
+    m = run_metrics(run, qrels, parse_measures("nDCG@10 RR@10"))
+    return {"ndcg@10": m["nDCG@10"], "rr@10": m["RR@10"]}
 
 
 def _run_and_qrels(candidates: np.ndarray, scores: np.ndarray, relevance) -> tuple[dict, dict]:
@@ -64,8 +65,6 @@ def dev_metrics(
     ``rows`` are the dev queries' indices in ``enc``, ``relevance`` their qrels. ``progress``:
     a bar by pairs (rate, ETA). The pairs go through the same length-sorted chunks as
     ``enc.score``, so the scores are the same bits with or without the bar."""
-    from tqdm.auto import tqdm
-
     was_training = model.training
     model.eval()
     qi = np.repeat(np.asarray(rows, np.int64), candidates.shape[1])

@@ -10,6 +10,7 @@ with ``training.json`` (settings, data counts, outcome) and ``dev_curve.json``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -19,10 +20,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
+from tqdm.auto import tqdm as _tqdm
 
-from crossknn.fileio import atomic_save_npy, atomic_write_json
+from crossknn.ce.export import export_cross_encoder, write_tokenizer
+from crossknn.ce.models import default_dual_encoder, minilm_checkpoint_dir
+from crossknn.ce.runtime import OnnxDualEncoder
+from crossknn.fileio import atomic_save_npy, atomic_write_json, read_json
+from crossknn.train.checkpoint import load_checkpoint, load_state, save_checkpoint, save_state
 from crossknn.train.config import TrainConfig
+from crossknn.train.dev import de_order_metrics, dev_metrics, split_dev
 from crossknn.train.examples import load_examples
+from crossknn.train.groups import StepPlan
+from crossknn.train.losses import group_loss
+from crossknn.train.negatives import de_top_n, hard_negatives, item_vectors
+from crossknn.train.scorer import PairEncoder, TrainableCE, check_base
+from crossknn.train.teacher import open_teacher
 
 __all__ = ["train_cross_encoder"]
 
@@ -50,9 +63,6 @@ def _prepare_out(out: Path, resume: bool, work: Path) -> Path:
 
 def _mine(work: Path, de, ex, pool: np.ndarray, n: int, key: str, cache_dir) -> np.ndarray:
     """The DE top-N of every query (item indices), cached in the work folder."""
-    from crossknn.fileio import read_json
-    from crossknn.train.negatives import de_top_n, item_vectors
-
     path, meta = work / "de_top_n.npy", work / "de_top_n.json"
     if path.is_file() and meta.is_file() and read_json(meta).get("key") == key:
         return np.load(path)
@@ -69,8 +79,6 @@ def _autocast(torch, device, bf16: bool):
     optimizer state, losses and the export stay float32), else a no-op. Refused where neither the
     GPU nor oneDNN on the CPU supports bfloat16; on CPUs without AVX512-BF16 / AMX units oneDNN
     may still accept it but runs it slower than float32."""
-    import contextlib
-
     if not bf16:
         return contextlib.nullcontext
     if device.type == "cuda":
@@ -121,18 +129,8 @@ def train_cross_encoder(
     unless ``keep_checkpoints`` (an interrupted run, or one stopped on its time budget, keeps
     it, for ``resume``).
     """
+    # torch: optional (export extra), about 1 s to import
     import torch
-
-    from crossknn.ce.export import _write_tokenizer, export_cross_encoder
-    from crossknn.ce.models import default_dual_encoder, minilm_checkpoint_dir
-    from crossknn.ce.runtime import OnnxDualEncoder
-    from crossknn.train.checkpoint import load_checkpoint, load_state, save_checkpoint, save_state
-    from crossknn.train.dev import de_order_metrics, dev_metrics, split_dev
-    from crossknn.train.groups import StepPlan
-    from crossknn.train.losses import group_loss
-    from crossknn.train.negatives import hard_negatives
-    from crossknn.train.scorer import PairEncoder, TrainableCE, check_base
-    from crossknn.train.teacher import open_teacher
 
     cfg = config or TrainConfig()
     cfg.check()
@@ -173,7 +171,7 @@ def train_cross_encoder(
     )
     dev_cand = top[dev_rows]
 
-    _write_tokenizer(base, work / "hf")
+    write_tokenizer(base, work / "hf")
     enc = PairEncoder(work / "hf" / "tokenizer.json", cfg.max_length, ex.query_texts, ex.item_texts)
     torch.manual_seed(cfg.seed)
     model = TrainableCE(base, cfg.kind, loss=cfg.loss).to(device)
@@ -235,8 +233,6 @@ def train_cross_encoder(
             st["bad_evals"] += 1
         log.info("dev at step %d: nDCG@10 %.4f RR@10 %.4f", at, m["ndcg@10"], m["rr@10"])
         if progress:  # the dev curve as training goes
-            from tqdm.auto import tqdm as _tqdm
-
             best = " (best)" if st["best_step"] == at else ""
             _tqdm.write(
                 f"dev at step {at}: nDCG@10 {m['ndcg@10']:.4f}  RR@10 {m['rr@10']:.4f}{best}"
@@ -254,8 +250,6 @@ def train_cross_encoder(
             save_checkpoint(
                 work, model=model, optimizer=optimizer, scheduler=scheduler, step=step, state=st
             )
-
-    from tqdm.auto import tqdm
 
     bar = tqdm(total=total, initial=step, desc=f"train-ce {cfg.kind}", disable=not progress)
     per_q = cfg.group_size

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from crossknn.ce.cache import cache_root
 from crossknn.fileio import atomic_save_npy, sha256_texts
 from crossknn.topk import topk_by_vectors
 
@@ -16,8 +17,6 @@ __all__ = ["item_vectors", "de_top_n", "hard_negatives"]
 
 def item_vectors(de, texts: list[str], cache_dir=None) -> np.ndarray:
     """``de.encode(texts)``, cached on disk."""
-    from crossknn.ce.models import cache_root
-
     key = f"{de.model_hash[:16]}-{de.max_length}-{sha256_texts(texts)[:16]}"
     path = cache_root(cache_dir) / "de-items" / f"{key}.npy"
     if path.is_file():

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from crossknn.ce import graphs
+from crossknn.ce.export import require_checkpoint
 from crossknn.ce.tokenize import IdStore, TokenizerPlan, assemble_pairs, longest_first
 
 __all__ = ["KINDS", "EMB_SCALE", "TrainableCE", "PairEncoder", "check_base"]
@@ -29,9 +31,7 @@ _DECODER_HINTS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 def check_base(base: Path) -> dict:
     """The base checkpoint's config; clear errors for missing weights or a decoder model."""
-    from crossknn.ce.export import _require_checkpoint
-
-    _require_checkpoint(base)
+    require_checkpoint(base)
     config = json.loads((base / "config.json").read_text(encoding="utf-8"))
     archs = config.get("architectures") or []
     if (
@@ -51,13 +51,13 @@ class TrainableCE(torch.nn.Module):
 
     def __init__(self, base: Path, kind: str, *, loss: str) -> None:
         super().__init__()
-        from crossknn.ce import graphs
 
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
         self.kind = kind
         try:
             if kind == "cls":
+                # transformers: optional (export extra), slow to import
                 from transformers import AutoModelForSequenceClassification
 
                 hf = AutoModelForSequenceClassification.from_pretrained(

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
+from crossknn.ce import OnnxCrossEncoder
+from crossknn.matrix import load_score_matrix
+
 __all__ = ["open_teacher", "MatrixTeacher", "CeTeacher"]
 
 
 class MatrixTeacher:
     def __init__(self, folder: Path) -> None:
-        from crossknn.matrix import load_score_matrix
-
         self.m = load_score_matrix(folder)
         self.rows = {q: r for r, q in enumerate(self.m.query_ids)}
         self.cols = {d: c for c, d in enumerate(self.m.item_ids)}
@@ -50,8 +51,6 @@ class MatrixTeacher:
 
 class CeTeacher:
     def __init__(self, folder: Path, threads: int | None) -> None:
-        from crossknn.ce import OnnxCrossEncoder
-
         self.ce = OnnxCrossEncoder(folder, threads=threads)
         self.name = str(folder)
 
