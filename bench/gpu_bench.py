@@ -215,20 +215,23 @@ def round_rows(rep: Report, ctx: dict, ce, queries, cand, args) -> None:
     """One search round's CE call (20 pairs of one query, the default batching of the
     provider): median latency over 100 calls (quick: 3). On a GPU for three graphs: the
     exported one, the fused one (crossknn.ce.fuse, the default), the fused one replayed as
-    captured CUDA graphs (crossknn.ce.cuda_graph)."""
+    captured CUDA graphs (crossknn.ce.cuda_graph), and crossknn's torch backend (eager)."""
     calls, warm = (3, 1) if args.quick else (100, 5)
     variants = [("fused", False)]
     if ctx["gpu"]:
-        variants = [("exported", False), ("fused", False), ("fused", True)]
+        variants = [("exported", False), ("fused", False), ("fused", True), ("torch", False)]
     for graph, cuda_graph in variants:
+        if graph == "torch":
+            opts = {"backend": "torch", "dtype": ce.precision}
+        else:
+            opts = {"fuse": graph == "fused", "cuda_graph": cuda_graph}
         try:
             run_ce = open_ce(
-                ce.precision,
-                args.provider,
+                "fp32" if graph == "torch" else ce.precision,
+                "cuda" if graph == "torch" else args.provider,
                 args.threads,
                 items=ctx["texts"],
-                fuse=graph == "fused",
-                cuda_graph=cuda_graph,
+                **opts,
             )
         except Exception as exc:
             rep.note("errors", "round", f"{ce.precision} {graph} {cuda_graph}: {exc}")
@@ -242,17 +245,22 @@ def round_rows(rep: Report, ctx: dict, ce, queries, cand, args) -> None:
             if i >= warm:  # the first calls warm up (and capture the graphs)
                 times.append((time.perf_counter() - t) * 1e3)
         s = run_ce._s
+        runner = getattr(s, "graph", None)
         rep.row(
             "round",
             {
                 "device": ctx["device"],
                 "provider": run_ce.provider,
-                "precision": run_ce.precision,
+                "precision": ce.precision,
                 "pairs": 20,
-                "io_binding": bool(s.io_binding),
-                "graph": "fused" if s.fused else "exported",
-                "cuda_graph": s.graph is not None and bool(s.graph.replays),
-                "cuda_graph_error": s.cuda_graph_error,
+                "io_binding": bool(getattr(s, "io_binding", False)),
+                "graph": "torch eager (--backend torch)"
+                if graph == "torch"
+                else "fused"
+                if s.fused
+                else "exported",
+                "cuda_graph": runner is not None and bool(runner.replays),
+                "cuda_graph_error": getattr(s, "cuda_graph_error", None),
                 "call_ms_p50": pct(times, 50),
                 "call_ms_p90": pct(times, 90),
                 "calls": len(times),
