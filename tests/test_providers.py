@@ -359,7 +359,9 @@ def test_graph_buckets():
     from crossknn.ce.cuda_graph import bucket
 
     assert bucket(1, 7) == (8, 32) and bucket(8, 32) == (8, 32) and bucket(9, 33) == (16, 64)
-    assert bucket(20, 128) == (32, 128) and bucket(256, 100) == (256, 128)
+    assert bucket(20, 128) == (24, 128) and bucket(64, 1) == (64, 32)
+    assert bucket(65, 1) == (96, 32) and bucket(200, 1) == (224, 32)
+    assert bucket(256, 100) == (256, 128)
     assert bucket(257, 10) is None and bucket(3, 5, max_rows=0) is None
 
 

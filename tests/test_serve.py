@@ -410,6 +410,13 @@ def test_two_worker_processes_answer_like_the_in_process_searcher(env, searcher)
 
     s = Server(env, "--workers", "2", "--threads", "1")
     try:
+        # /readyz answered by one worker says nothing of the other: wait for a streak of 200s
+        streak, deadline = 0, time.monotonic() + 120
+        while streak < 12 and time.monotonic() < deadline:
+            ok = httpx.get(s.url + "/readyz", headers={"Connection": "close"}).status_code == 200
+            streak = streak + 1 if ok else 0
+            time.sleep(0.05 if ok else 0.5)
+        assert streak >= 12, s.output()
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             outs = list(
                 pool.map(

@@ -60,15 +60,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "on a GPU, more than one lifts the one-process limit of Python's interpreter lock)",
     )
     p.add_argument(
-        "--switch-interval-ms",
-        type=float,
-        default=None,
-        metavar="S",
-        help="Python's thread switch interval (sys.setswitchinterval) in ms: how long the CE "
-        "batcher thread may wait for the interpreter lock while request threads run (default: "
-        "Python's 5 ms)",
-    )
-    p.add_argument(
         "--max-queue",
         type=int,
         default=64,
@@ -215,12 +206,6 @@ def run(args: argparse.Namespace) -> int:
             config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address
         )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
-    if args.switch_interval_ms is not None:
-        if not 0.01 <= args.switch_interval_ms <= 1000:
-            raise ValueError(
-                f"--switch-interval-ms must be in [0.01, 1000]; got {args.switch_interval_ms}"
-            )
-        sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     # a wrong path or a corrupt index is one clear line now, not a failed /readyz later
     index = crossknn.open_index(args.index_dir)
     if args.workers > 1:
@@ -233,7 +218,6 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             workers=args.workers,
             log_level=args.log_level,
-            switch_interval_ms=args.switch_interval_ms,
         )
     service = SearchService(config, index=index)
     server: uvicorn.Server | None = None

@@ -9,6 +9,7 @@ check of ``--admit-within``). It knows nothing about HTTP.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -208,6 +209,11 @@ class SearchService:
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
         self.batched_ce = batched
         self._measure_service_time()
+        # everything loaded so far lives as long as the server: out of the cyclic collector's
+        # reach, so its full collections scan only what requests allocate (a full collection
+        # over the loaded server took 64 ms on the 2-core machine, stopping every thread: a
+        # latency tail; after the freeze, 0.0 ms)
+        gc.freeze()
         self.load_seconds = time.perf_counter() - t
         self.metrics.ready.set(1)
         self.ready.set()

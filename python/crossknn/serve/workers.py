@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import signal
-import sys
 
 from crossknn.serve.app import create_app
 from crossknn.serve.service import ServeConfig
@@ -33,22 +32,16 @@ ENV = "CROSSKNN_SERVE_WORKER"
 log = logging.getLogger("crossknn.serve")
 
 
-def encode(config: ServeConfig, *, log_level: str, switch_interval_ms: float | None) -> str:
+def encode(config: ServeConfig, *, log_level: str) -> str:
     """What a worker process needs, as the JSON of :data:`ENV`."""
-    return json.dumps(
-        {
-            "config": dataclasses.asdict(config),
-            "log_level": log_level,
-            "switch_interval_ms": switch_interval_ms,
-        }
-    )
+    return json.dumps({"config": dataclasses.asdict(config), "log_level": log_level})
 
 
-def decode(text: str) -> tuple[ServeConfig, str, float | None]:
+def decode(text: str) -> tuple[ServeConfig, str]:
     d = json.loads(text)
     fields = dict(d["config"])
     fields["cors"] = tuple(fields.get("cors") or ())
-    return ServeConfig(**fields), d["log_level"], d["switch_interval_ms"]
+    return ServeConfig(**fields), d["log_level"]
 
 
 def worker_app():
@@ -56,10 +49,8 @@ def worker_app():
     text = os.environ.get(ENV)
     if not text:
         raise RuntimeError(f"{ENV} is not set: worker_app runs under `crossknn serve --workers`")
-    config, log_level, switch = decode(text)
+    config, log_level = decode(text)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
-    if switch is not None:
-        sys.setswitchinterval(switch / 1000.0)
 
     def on_load_error(exc: BaseException) -> None:
         log.error("crossknn serve: worker %d: loading failed: %s; stopping", os.getpid(), exc)
@@ -75,12 +66,11 @@ def run_workers(
     port: int,
     workers: int,
     log_level: str,
-    switch_interval_ms: float | None,
 ) -> int:
     """Serve with ``workers`` processes (uvicorn's supervisor) until SIGINT/SIGTERM."""
     import uvicorn
 
-    os.environ[ENV] = encode(config, log_level=log_level, switch_interval_ms=switch_interval_ms)
+    os.environ[ENV] = encode(config, log_level=log_level)
     uvicorn.run(
         "crossknn.serve.workers:worker_app",
         factory=True,
