@@ -101,6 +101,7 @@ class GraphRunner:
         max_rows: int = MAX_ROWS,
         device: str = "cuda",
     ) -> None:
+        # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
         import onnxruntime as ort
 
         self._ort = ort

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from crossknn.ce.cache import cache_root
 from crossknn.ce.rewrite import write_cached
 
 __all__ = ["FUSE_RECIPE", "attention_shape", "check_fused", "fuse", "fused_graph"]
@@ -48,6 +49,7 @@ def attention_shape(proto) -> tuple[int, int]:
     attention reshapes (``[.., .., heads, head_size]`` with heads x head_size = hidden, or
     ``[.., .., -1, head_size]``, a constant or a Concat of constants); ``(0, 0)`` where either
     is not found."""
+    # onnx (export extra): only the fusion reads graphs
     from onnx import numpy_helper
 
     inits = {t.name: t for t in proto.graph.initializer}
@@ -91,6 +93,7 @@ def fuse(path: Path) -> tuple[Any, dict[str, int]]:
     """The graph at ``path`` with onnxruntime's BERT fusions applied (onnxruntime's
     ``OnnxModel`` wrapper: ``.model`` is the ModelProto, ``convert_float_to_float16`` converts
     it in place), and the fused operator counts."""
+    # onnx (export extra) and onnxruntime's transformer optimizer: only the fusion needs them
     import onnx
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -125,6 +128,7 @@ def _probe_feeds(names: list[str], rows: int = 6, cols: int = 40) -> dict[str, n
 def check_fused(exported: Path, fused: bytes) -> float:
     """Largest |fused - exported| output on :func:`_probe_feeds`, both on the CPU provider,
     relative to max(1, max |exported|)."""
+    # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -148,8 +152,6 @@ def fused_graph(
     attention block recognized, a check that fails, no ``onnx`` package): the caller runs the
     exported graph then. Looked for beside ``src`` (``model.cuda-fp16-<hash>.onnx``), then in
     ``cache_root()/cuda``."""
-    from crossknn.ce.models import cache_root
-
     src = Path(src)
     key = f"{'fp16' if fp16 else 'fp32'}-{sha256[:16]}-f{FUSE_RECIPE}"
     beside = src.parent / f"{src.stem}.cuda-{key}.onnx"

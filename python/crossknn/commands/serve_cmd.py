@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     # a wrong path or a corrupt index is one clear line now, not a failed /readyz later
     index = crossknn.open_index(args.index_dir)
     if args.workers > 1:
+        # the serve package imports fastapi at its top (the serve extra)
         from crossknn.serve.workers import run_workers
 
         del index  # each worker opens its own

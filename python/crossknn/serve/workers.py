@@ -68,6 +68,7 @@ def run_workers(
     log_level: str,
 ) -> int:
     """Serve with ``workers`` processes (uvicorn's supervisor) until SIGINT/SIGTERM."""
+    # uvicorn (serve extra): only the command that starts a server needs it
     import uvicorn
 
     os.environ[ENV] = encode(config, log_level=log_level)
