@@ -411,6 +411,24 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("query_seed", &crossknn::query_seed, py::arg("seed"), py::arg("query_id"),
         "crossknn.search.query_seed for integer ids, computed in C++.");
+  m.def(
+      "search_profile",
+      [](bool reset) {
+        const crossknn::SearchProfile p = crossknn::search_profile(reset);
+        py::dict d;
+        d["first"] = p.first;
+        d["solve"] = p.solve;
+        d["select"] = p.select;
+        d["check"] = p.check;
+        d["score"] = p.score;
+        d["append"] = p.append;
+        d["final"] = p.final;
+        d["searches"] = p.searches;
+        return d;
+      },
+      py::arg("reset") = false,
+      "Seconds spent in each phase of run_search by this process (set CROSSKNN_PROFILE=1 before "
+      "the first search; zeros otherwise); reset=True zeroes the totals after reading them.");
   m.def("run_search", &run_search, py::arg("features"), py::arg("scorer"), py::arg("plan"),
         py::arg("query_ids"), py::kw_only(), py::arg("budget"), py::arg("k"),
         py::arg("strategy") = "topk", py::arg("temperature") = 1.0, py::arg("ridge") = 0.0,

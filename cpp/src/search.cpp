@@ -2,7 +2,11 @@
 #include "crossknn/search.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -11,6 +15,60 @@
 #include "crossknn/least_squares.h"
 
 namespace crossknn {
+
+namespace {
+
+// CROSSKNN_PROFILE=1: per-phase wall time of search() (search_profile in search.h)
+enum Phase { kFirst, kSolve, kSelect, kCheck, kScore, kAppend, kFinal, kPhases };
+std::atomic<int64_t> g_phase_ns[kPhases];
+std::atomic<int64_t> g_searches{0};
+
+bool profiling() {
+  static const bool on = [] {
+    const char* e = std::getenv("CROSSKNN_PROFILE");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+// Adds the time since the last mark to a phase (nothing when profiling is off).
+class PhaseClock {
+ public:
+  PhaseClock() : on_(profiling()) {
+    if (on_) t_ = std::chrono::steady_clock::now();
+  }
+  void mark(Phase p) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    g_phase_ns[p].fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - t_).count(),
+        std::memory_order_relaxed);
+    t_ = now;
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point t_;
+};
+
+}  // namespace
+
+SearchProfile search_profile(bool reset) {
+  auto get = [reset](Phase p) {
+    const int64_t ns = reset ? g_phase_ns[p].exchange(0) : g_phase_ns[p].load();
+    return static_cast<double>(ns) * 1e-9;
+  };
+  SearchProfile out;
+  out.first = get(kFirst);
+  out.solve = get(kSolve);
+  out.select = get(kSelect);
+  out.check = get(kCheck);
+  out.score = get(kScore);
+  out.append = get(kAppend);
+  out.final = get(kFinal);
+  out.searches = reset ? g_searches.exchange(0) : g_searches.load();
+  return out;
+}
 
 void Scorer::score_batch(const ScoreRequest* requests, int64_t n_requests) {
   for (int64_t r = 0; r < n_requests; ++r)
@@ -291,11 +349,18 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   }
   std::vector<SearchResult> res(static_cast<size_t>(Q));
   if (Q == 0) return res;
+  PhaseClock clock;
+  if (profiling()) g_searches.fetch_add(1, std::memory_order_relaxed);
 
   std::vector<uint64_t> seeds(static_cast<size_t>(Q));
   for (int64_t i = 0; i < Q; ++i) seeds[i] = query_seed(o.seed, queries[i].id);
   const bool rounds = std::any_of(plan.begin(), plan.end(),
                                   [](const Step& s) { return s.kind != StepKind::First; });
+  // the last step that solves: scores of later steps never reach a solve, so they are not
+  // appended to the solver states (the result is the same; the work is not)
+  size_t last_solve = 0;
+  for (size_t r = 0; r < plan.size(); ++r)
+    if (plan[r].kind != StepKind::First) last_solve = r;
   std::vector<LeastSquares> states;
   std::vector<PriorRidge> ridges;
   std::vector<std::vector<double>> targets_of;  // Solve::Targets
@@ -332,6 +397,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
         else
           features.sample_random(1, n, ExcludeLists{}, seeds[i], chosen.data() + i * n);
       }
+      clock.mark(kFirst);
     } else {
       U.resize(static_cast<size_t>(Q * d));
       for (int64_t i = 0; i < Q; ++i) {
@@ -349,6 +415,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
         }
         for (int64_t j = 0; j < d; ++j) U[i * d + j] = static_cast<float>(u[j]);
       }
+      clock.mark(kSolve);
       ex_ids.clear();
       ex_off.assign(1, 0);
       for (int64_t i = 0; i < Q; ++i) {
@@ -407,6 +474,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
             if (a_prev[t] >= floor) ranked[i].insert(prev[t]);
         }
       }
+      clock.mark(kSelect);
     }
     // budget accounting: every item new, distinct, in range, within B
     for (int64_t i = 0; i < Q; ++i) {
@@ -426,11 +494,13 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                                       " twice (each item is scored once per query)");
       }
     }
+    clock.mark(kCheck);
     new_scores.assign(static_cast<size_t>(Q * n), std::numeric_limits<float>::quiet_NaN());
     std::vector<ScoreRequest> reqs(static_cast<size_t>(Q));
     for (int64_t i = 0; i < Q; ++i)
       reqs[i] = ScoreRequest{i, chosen.data() + i * n, n, new_scores.data() + i * n};
     scorer.score_batch(reqs.data(), Q);
+    clock.mark(kScore);
     for (int64_t i = 0; i < Q; ++i) {
       for (int64_t t = 0; t < n; ++t)
         if (!std::isfinite(new_scores[i * n + t]))
@@ -444,7 +514,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                              new_scores.begin() + (i + 1) * n);
       R.calls += n;
       seen[i].insert(chosen.begin() + i * n, chosen.begin() + (i + 1) * n);
-      if (rounds) {
+      if (rounds && r < last_solve) {
         targets.resize(static_cast<size_t>(n));
         for (int64_t t = 0; t < n; ++t)
           targets[t] = (static_cast<double>(new_scores[i * n + t]) - o.score_beta) / o.score_alpha;
@@ -456,6 +526,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
           targets_of[i].insert(targets_of[i].end(), targets.begin(), targets.end());
       }
     }
+    clock.mark(kAppend);
   }
 
   // final ranking: exact score descending, ties to the lower id
@@ -478,6 +549,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       R.scores[t] = R.scored_scores[order[t]];
     }
   }
+  clock.mark(kFinal);
   return res;
 }
 
