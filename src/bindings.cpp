@@ -477,6 +477,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("storage",
                              [](const Features& f) { return crossknn::storage_name(f.storage()); })
       .def_property("threads", &Features::threads, &Features::set_threads)
+      .def_property("prefilter", &Features::prefilter, &Features::set_prefilter,
+                    "top_k through an int8 copy with exact rescoring of the rows that can "
+                    "reach the top k (float32/float16; same results as the full pass)")
       .def("__repr__",
            [](const Features& f) {
              return "<crossknn._core.Features n_items=" + std::to_string(f.n_items()) +

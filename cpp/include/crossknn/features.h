@@ -80,7 +80,14 @@ class Features {
   Storage storage() const noexcept;
   int threads() const noexcept { return threads_; }
   void set_threads(int threads);
-  // bytes of the stored matrix (what one pass of top_k reads)
+  // Top-k prefilter (float32 / float16 storage; on by default, CROSSKNN_NO_PREFILTER=1 turns
+  // the default off): top_k first scores an int8 copy of V (built once, on the second call, and
+  // kept with the matrix: N x d bytes + 24 bytes a row), bounds each exact score from it, and
+  // computes exact scores only for the rows whose bound can reach the top k. The result is
+  // identical to the full pass (same items, same float bits); only the work changes.
+  void set_prefilter(bool on) noexcept { prefilter_ = on; }
+  bool prefilter() const noexcept { return prefilter_; }
+  // bytes of the stored matrix (what one pass of top_k reads without the prefilter)
   int64_t nbytes() const noexcept;
   // true when the matrix is the caller's memory or a file map (view_* / open_npy)
   bool is_view() const noexcept;
@@ -113,6 +120,8 @@ class Features {
 
   std::shared_ptr<const detail::FeatureData> data_;
   int threads_ = 1;
+  bool prefilter_ = default_prefilter();
+  static bool default_prefilter() noexcept;
 };
 
 }  // namespace crossknn
