@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "crossknn/least_squares.h"
+#include "dots.h"
+#include "kernels.h"
 
 namespace crossknn {
 
@@ -67,6 +69,7 @@ struct LeastSquares::State {
   std::vector<int64_t> items_;
   std::unordered_set<int64_t> seen_;
   std::vector<double> X_;  // m x d rows, double
+  std::vector<float> Xf_;  // the same rows as float32 (every storage's rows are float values)
   std::vector<double> a_;
   bool primal_ = false;
   double delta_ = 0.0, scale_ = 0.0;  // scale_: max row norm^2 delta was derived from
@@ -122,6 +125,8 @@ void LeastSquares::State::append(const int64_t* items, const double* targets, in
   const int64_t m0 = m_;
   X_.resize(static_cast<size_t>((m0 + m) * d_));
   f_.rows(items, m, X_.data() + m0 * d_);
+  Xf_.resize(X_.size());
+  for (int64_t t = m0 * d_; t < (m0 + m) * d_; ++t) Xf_[t] = static_cast<float>(X_[t]);
   items_.insert(items_.end(), items, items + m);
   a_.insert(a_.end(), targets, targets + m);
   seen_.insert(fresh.begin(), fresh.end());
@@ -194,12 +199,40 @@ void LeastSquares::State::extend_dual_(int64_t m0) {
     L_.swap(L);
     cap_ = cap;
   }
-  // rows i >= m0 of L with L L^T = X X^T + delta I: l_i = L[:i,:i]^-1 (X[:i] x_i)
+  // rows i >= m0 of L with L L^T = X X^T + delta I: l_i = L[:i,:i]^-1 (X[:i] x_i).
+  // Groups of four new rows, on threads: their Gram entries x_j . x_i (j < i) and the part of
+  // the triangular solve over the old rows (j < m0) depend on no other new row; then the rest
+  // in row order. Every entry gets the operations of one dot() at a time.
+  const int64_t nn = m_ - m0, n_groups = (nn + 3) / 4;
+  const double work = static_cast<double>(nn) * static_cast<double>(m_) * (d_ + m0);
+  const int T = work < 3e7 ? 1 : f_.threads();  // threads only for long appends
+  detail::parallel_for(T, n_groups, [&](int, int64_t g) {
+    const int64_t g0 = m0 + 4 * g, g1 = std::min(m_, g0 + 4);
+    const float* rows[4];
+    double* ls[4];
+    double out[4];
+    for (int64_t j = 0; j < g1 - 1; ++j) {
+      int na = 0;
+      for (int64_t i = std::max(g0, j + 1); i < g1; ++i) {
+        rows[na] = Xf_.data() + i * d_;
+        ls[na++] = L_.data() + i * cap_;
+      }
+      detail::dots_f(detail::DotOrder::Interleaved, rows, na, Xf_.data() + j * d_, d_, out);
+      for (int t = 0; t < na; ++t) ls[t][j] = out[t];
+    }
+    const int na = static_cast<int>(g1 - g0);
+    const double* lc[4];
+    for (int t = 0; t < na; ++t) lc[t] = ls[t] = L_.data() + (g0 + t) * cap_;
+    for (int64_t j = 0; j < m0; ++j) {
+      const double* lj = L_.data() + j * cap_;
+      detail::dots(detail::DotOrder::Interleaved, lc, na, lj, j, out);
+      for (int t = 0; t < na; ++t) ls[t][j] = (ls[t][j] - out[t]) / lj[j];
+    }
+  });
   for (int64_t i = m0; i < m_; ++i) {
     const double* xi = X_.data() + i * d_;
     double* li = L_.data() + i * cap_;
-    for (int64_t j = 0; j < i; ++j) li[j] = dot(X_.data() + j * d_, xi, d_);
-    for (int64_t j = 0; j < i; ++j) {
+    for (int64_t j = m0; j < i; ++j) {
       const double* lj = L_.data() + j * cap_;
       li[j] = (li[j] - dot(lj, li, j)) / lj[j];
     }

@@ -13,6 +13,8 @@
 #include <unordered_set>
 
 #include "crossknn/least_squares.h"
+#include "dots.h"
+#include "kernels.h"
 
 namespace crossknn {
 
@@ -252,12 +254,26 @@ class PriorRidge {
     std::vector<double> K(static_cast<size_t>(n_ * n_));
     for (int64_t r = 0; r < n0; ++r)
       std::copy(K_.begin() + r * n0, K_.begin() + r * n0 + r + 1, K.begin() + r * n_);
-    std::vector<double> zl(static_cast<size_t>(D1));
+    // the new rows of K, groups of four on threads (each entry one dot8's operations)
+    std::vector<double> zl(static_cast<size_t>(m * D1));
     for (int64_t r = n0; r < n_; ++r) {
       const double* zr = Z_.data() + r * D1;
-      for (int64_t j = 0; j < D1; ++j) zl[j] = zr[j] * inv_[j];
-      for (int64_t b = 0; b <= r; ++b) K[r * n_ + b] = dot8(zl.data(), Z_.data() + b * D1, D1);
+      for (int64_t j = 0; j < D1; ++j) zl[(r - n0) * D1 + j] = zr[j] * inv_[j];
     }
+    const int64_t n_groups = (m + 3) / 4;
+    const int T = static_cast<double>(m) * n_ * D1 < 3e7 ? 1 : f_.threads();
+    detail::parallel_for(T, n_groups, [&](int, int64_t g) {
+      const int64_t g0 = n0 + 4 * g, g1 = std::min(n_, g0 + 4);
+      const double* a[4];
+      double out[4];
+      for (int64_t b = 0; b < g1; ++b) {
+        int na = 0;
+        int64_t first = std::max(g0, b);
+        for (int64_t r = first; r < g1; ++r) a[na++] = zl.data() + (r - n0) * D1;
+        detail::dots(detail::DotOrder::Pairwise, a, na, Z_.data() + b * D1, D1, out);
+        for (int t = 0; t < na; ++t) K[(first + t) * n_ + b] = out[t];
+      }
+    });
     K_.swap(K);
   }
 
@@ -298,8 +314,27 @@ class PriorRidge {
     std::vector<double> L(static_cast<size_t>(n_ * n_), 0.0);
     for (int64_t r = 0; r < done; ++r)
       std::copy(L_.begin() + r * done, L_.begin() + r * done + r + 1, L.begin() + r * n_);
+    // rows >= done over the columns < done: independent rows, groups of four on threads
+    const int64_t nn = n_ - done, n_groups = (nn + 3) / 4;
+    const int T = static_cast<double>(nn) * done * done < 3e7 ? 1 : f_.threads();
+    if (done > 0)
+      detail::parallel_for(T, n_groups, [&](int, int64_t g) {
+        const int64_t g0 = done + 4 * g, g1 = std::min(n_, g0 + 4);
+        const int na = static_cast<int>(g1 - g0);
+        const double* a[4];
+        double out[4];
+        for (int t = 0; t < na; ++t) a[t] = L.data() + (g0 + t) * n_;
+        for (int64_t j = 0; j < done; ++j) {
+          const double* lj = L.data() + j * n_;
+          detail::dots(detail::DotOrder::Pairwise, a, na, lj, j, out);
+          for (int t = 0; t < na; ++t) {
+            const int64_t i = g0 + t;
+            L[i * n_ + j] = (s * K_[i * n_ + j] + 0.0 - out[t]) / lj[j];  // as below
+          }
+        }
+      });
     for (int64_t i = done; i < n_; ++i) {
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = done > 0 ? done : 0; j <= i; ++j) {
         const double v = s * K_[i * n_ + j] + (i == j ? 1.0 : 0.0) -
                          dot8(L.data() + i * n_, L.data() + j * n_, j);
         if (i == j) {
