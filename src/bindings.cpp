@@ -478,8 +478,10 @@ PYBIND11_MODULE(_core, m) {
                              [](const Features& f) { return crossknn::storage_name(f.storage()); })
       .def_property("threads", &Features::threads, &Features::set_threads)
       .def_property("prefilter", &Features::prefilter, &Features::set_prefilter,
-                    "top_k through an int8 copy with exact rescoring of the rows that can "
-                    "reach the top k (float32/float16; same results as the full pass)")
+                    "top_k through a float16 copy with exact rescoring of the rows that can "
+                    "reach the top k (float32 storage; same results as the full pass)")
+      .def_property_readonly("prefilter_ready", &Features::prefilter_ready,
+                             "whether the prefilter's float16 copy has been built")
       .def("__repr__",
            [](const Features& f) {
              return "<crossknn._core.Features n_items=" + std::to_string(f.n_items()) +

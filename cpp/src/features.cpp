@@ -320,6 +320,8 @@ std::vector<std::vector<int64_t>> prepare_exclude(const ExcludeLists& ex, int64_
 
 }  // namespace
 
+bool Features::prefilter_ready() const noexcept { return data_->shadow_ready.load(); }
+
 bool Features::default_prefilter() noexcept {
   static const bool on = [] {
     const char* e = std::getenv("CROSSKNN_NO_PREFILTER");
@@ -395,6 +397,7 @@ const detail::Shadow& shadow_of(const detail::FeatureData& fd, int threads) {
     sh->view.st = Storage::Float16;
     sh->view.p16 = sh->h.data();
     fd.shadow = std::move(sh);
+    fd.shadow_ready.store(true);
   });
   return *fd.shadow;
 }

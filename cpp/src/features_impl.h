@@ -31,6 +31,7 @@ struct FeatureData {
   mutable std::once_flag shadow_once;
   mutable std::unique_ptr<const Shadow> shadow;
   mutable std::atomic<int64_t> topk_calls{0};
+  mutable std::atomic<bool> shadow_ready{false};
 
   int64_t dim() const noexcept { return d; }
   Storage storage() const noexcept { return st; }

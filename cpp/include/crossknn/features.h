@@ -80,13 +80,16 @@ class Features {
   Storage storage() const noexcept;
   int threads() const noexcept { return threads_; }
   void set_threads(int threads);
-  // Top-k prefilter (float32 / float16 storage; on by default, CROSSKNN_NO_PREFILTER=1 turns
-  // the default off): top_k first scores an int8 copy of V (built once, on the second call, and
-  // kept with the matrix: N x d bytes + 24 bytes a row), bounds each exact score from it, and
-  // computes exact scores only for the rows whose bound can reach the top k. The result is
-  // identical to the full pass (same items, same float bits); only the work changes.
+  // Top-k prefilter (float32 storage; on by default, CROSSKNN_NO_PREFILTER=1 turns the default
+  // off): top_k first scores a float16 copy of V (columns scaled by powers of two; built once,
+  // on the second top_k call, and kept with the matrix: N x d x 2 bytes + 8 bytes a row), bounds
+  // each exact score's distance from it (float16 rounding + the float32 rounding of both
+  // kernels, Cauchy-Schwarz), and computes exact scores only for the rows whose upper bound
+  // reaches the k-th largest lower bound. The result is identical to the full pass (same items,
+  // same float bits); only the work changes. Not used for k > N / 4 or sample_softmax.
   void set_prefilter(bool on) noexcept { prefilter_ = on; }
   bool prefilter() const noexcept { return prefilter_; }
+  bool prefilter_ready() const noexcept;  // the float16 copy exists (shared by all handles)
   // bytes of the stored matrix (what one pass of top_k reads without the prefilter)
   int64_t nbytes() const noexcept;
   // true when the matrix is the caller's memory or a file map (view_* / open_npy)
