@@ -1,6 +1,7 @@
 // Multi-dot kernels of the incremental solvers (see dots.h).
 #include "dots.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #if defined(__x86_64__)
@@ -75,6 +76,35 @@ __attribute__((target("avx"))) void partial_avx_f(const float* const* a, const f
   for (; j < n; ++j)
     for (int t = 0; t < NA; ++t)
       out[t][0] += static_cast<double>(a[t][j]) * static_cast<double>(b[j]);
+}
+
+// a tile of 4 rows x 8 columns of G over all t: G += (or -=) x_t[i] x_t[j]
+template <bool Sub>
+__attribute__((target("avx"))) void tile_avx(const double* X, int64_t m, int64_t d, int64_t i0,
+                                             int64_t j0, double* G) {
+  __m256d acc[4][2];
+  for (int r = 0; r < 4; ++r) {
+    acc[r][0] = _mm256_loadu_pd(G + (i0 + r) * d + j0);
+    acc[r][1] = _mm256_loadu_pd(G + (i0 + r) * d + j0 + 4);
+  }
+  for (int64_t t = 0; t < m; ++t) {
+    const double* x = X + t * d;
+    const __m256d b0 = _mm256_loadu_pd(x + j0), b1 = _mm256_loadu_pd(x + j0 + 4);
+    for (int r = 0; r < 4; ++r) {
+      const __m256d a = _mm256_broadcast_sd(x + i0 + r);
+      if (Sub) {  // y + (-a) b == y - a b exactly
+        acc[r][0] = _mm256_sub_pd(acc[r][0], _mm256_mul_pd(a, b0));
+        acc[r][1] = _mm256_sub_pd(acc[r][1], _mm256_mul_pd(a, b1));
+      } else {
+        acc[r][0] = _mm256_add_pd(acc[r][0], _mm256_mul_pd(a, b0));
+        acc[r][1] = _mm256_add_pd(acc[r][1], _mm256_mul_pd(a, b1));
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    _mm256_storeu_pd(G + (i0 + r) * d + j0, acc[r][0]);
+    _mm256_storeu_pd(G + (i0 + r) * d + j0 + 4, acc[r][1]);
+  }
 }
 
 bool has_avx() {
@@ -187,6 +217,43 @@ void dots_f(DotOrder order, const float* const* a, int na, const float* b, int64
     partial_f<1>(a + t, b, n, s);
     out[t] = reduce(order, s[0]);
   }
+}
+
+int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (!has_avx()) return 0;
+  const int64_t rows = d / 4 * 4;
+  for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+    int64_t j0 = i0;
+    for (; j0 + 8 <= d; j0 += 8) tile_avx<false>(X, m, d, i0, j0, G);
+    for (int64_t t = 0; t < m; ++t) {  // the last < 8 columns, in the same order
+      const double* x = X + t * d;
+      for (int64_t i = i0; i < i0 + 4; ++i)
+        for (int64_t j = std::max(j0, i); j < d; ++j) G[i * d + j] += x[i] * x[j];
+    }
+  }
+  return rows;
+#else
+  (void)X, (void)m, (void)d, (void)G;
+  return 0;
+#endif
+}
+
+bool chol_block_update(const double* R, int64_t d, int64_t i0, double* G) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (!has_avx() || i0 + 4 > d) return false;
+  int64_t j0 = i0;
+  for (; j0 + 8 <= d; j0 += 8) tile_avx<true>(R, i0, d, i0, j0, G);
+  for (int64_t k = 0; k < i0; ++k) {  // the last < 8 columns, in the same order
+    const double* rk = R + k * d;
+    for (int64_t i = i0; i < i0 + 4; ++i)
+      for (int64_t j = std::max(j0, i); j < d; ++j) G[i * d + j] += -rk[i] * rk[j];
+  }
+  return true;
+#else
+  (void)R, (void)d, (void)i0, (void)G;
+  return false;
+#endif
 }
 
 double dot1(DotOrder order, const double* a, const double* b, int64_t n) {

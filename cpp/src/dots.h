@@ -21,6 +21,17 @@ void dots(DotOrder order, const double* const* a, int na, const double* b, int64
 void dots_f(DotOrder order, const float* const* a, int na, const float* b, int64_t n,
             double* out);
 
+// Upper triangle of G = X^T X (X: m x d row-major, G: d x d row-major, zeroed by the caller)
+// for rows i < returned value (a multiple of 4; 0 without AVX): G_ij += x_ti * x_tj for t in
+// order, each a multiply then an add, as axpy row updates would do them. Entries left of the
+// diagonal inside a tile are written too (the caller ignores them).
+int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G);
+
+// Rows i0 .. i0+3 of a right-looking Cholesky in place (R: d x d row-major, rows k < i0 final
+// and scaled): R_ij += (-r_ki) r_kj for every k < i0 in order, j >= i (entries left of the
+// diagonal in the block are written too). false (nothing done) without AVX or past the end.
+bool chol_block_update(const double* R, int64_t d, int64_t i0, double* G);
+
 // The single dot product of that order (what dots() equals).
 double dot1(DotOrder order, const double* a, const double* b, int64_t n);
 

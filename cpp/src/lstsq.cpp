@@ -170,20 +170,39 @@ void LeastSquares::State::refactor_() {
   // G = X^T X + delta I (upper triangle), then right-looking Cholesky G = R^T R in place
   const int64_t d = d_;
   R_.assign(static_cast<size_t>(d * d), 0.0);
+  // G_ij = sum over t in order of x_ti x_tj (j >= i): tiles of four rows held in registers
+  // while t runs (detail::gram_tiles), the rows left over as before. Skipping x_ti = 0 (the
+  // loop below) and adding its +-0 products (the tiles) give the same bits: the sums start at
+  // +0 and an exact cancellation rounds to +0, so no sum is ever -0.
+  const int64_t tiled = detail::gram_tiles(X_.data(), m_, d, R_.data());
   for (int64_t t = 0; t < m_; ++t) {
     const double* x = X_.data() + t * d;
-    for (int64_t i = 0; i < d; ++i)
+    for (int64_t i = tiled; i < d; ++i)
       if (x[i] != 0.0) axpy(x[i], x + i, R_.data() + i * d + i, d - i);
   }
   for (int64_t i = 0; i < d; ++i) R_[i * d + i] += delta_;
-  for (int64_t k = 0; k < d; ++k) {
-    double* rk = R_.data() + k * d;
-    const double p = std::max(rk[k], delta_);  // >= delta in exact arithmetic
-    const double r = std::sqrt(p);
-    rk[k] = r;
-    for (int64_t j = k + 1; j < d; ++j) rk[j] /= r;
-    for (int64_t i = k + 1; i < d; ++i)
-      if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
+  // Right-looking order per entry, four rows at a time: a block of rows first takes the updates
+  // of every finished row k < i0 (in k order; tiles in registers, detail::chol_block_update),
+  // then its own rows go right-looking. Each entry gets the same updates in the same order as
+  // when every finished row updated all rows below it at once.
+  for (int64_t i0 = 0; i0 < d; i0 += 4) {
+    const int64_t i1 = std::min(d, i0 + 4);
+    if (!detail::chol_block_update(R_.data(), d, i0, R_.data())) {
+      for (int64_t k = 0; k < i0; ++k) {
+        const double* rk = R_.data() + k * d;
+        for (int64_t i = i0; i < i1; ++i)
+          if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
+      }
+    }
+    for (int64_t k = i0; k < i1; ++k) {
+      double* rk = R_.data() + k * d;
+      const double p = std::max(rk[k], delta_);  // >= delta in exact arithmetic
+      const double r = std::sqrt(p);
+      rk[k] = r;
+      for (int64_t j = k + 1; j < d; ++j) rk[j] /= r;
+      for (int64_t i = k + 1; i < i1; ++i)
+        if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
+    }
   }
   for (int64_t i = 1; i < d; ++i) std::fill(R_.begin() + i * d, R_.begin() + i * d + i, 0.0);
 }
