@@ -12,6 +12,7 @@
 namespace crossknn::detail {
 
 struct Shadow;
+struct Shadow8;
 
 struct FeatureData {
   int64_t n = 0, d = 0;
@@ -32,6 +33,9 @@ struct FeatureData {
   mutable std::unique_ptr<const Shadow> shadow;
   mutable std::atomic<int64_t> topk_calls{0};
   mutable std::atomic<bool> shadow_ready{false};
+  mutable std::once_flag shadow8_once;
+  mutable std::unique_ptr<const Shadow8> shadow8;
+  mutable std::atomic<int> int8_misses{0};  // calls where the int8 copy left too many rows
 
   int64_t dim() const noexcept { return d; }
   Storage storage() const noexcept { return st; }
@@ -49,6 +53,15 @@ struct Shadow {
   std::vector<double> col_scale, err_norm;
   double max_norm = 0.0;  // >= max over rows of ||x||
   FeatureData view;       // the kernels' view of h (float16 storage)
+};
+
+// An int8 copy of a float32 matrix for the top-k prefilter (features.cpp): x = v / col_scale
+// (powers of two), q = round(x / scale) per row (scale = max|x| / 127, double), and per row
+// ||q scale|| and ||x - q scale|| + gamma ||x|| (+ margins), rounded up.
+struct Shadow8 {
+  std::vector<int8_t> q;
+  std::vector<double> col_scale, scale, dq_norm, err_norm;
+  double max_norm = 0.0;  // >= max over rows of ||x||
 };
 
 }  // namespace crossknn::detail

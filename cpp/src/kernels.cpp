@@ -342,6 +342,43 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const FeatureData& 
   }
 }
 
+// four float16 rows against one query: two 8-lane accumulators per row, j in steps of 16
+__attribute__((target("avx2,fma,f16c"))) void shadow_avx2(const uint16_t* H, int64_t d,
+                                                          int64_t r0, int64_t r1,
+                                                          const float* u, float* out) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const uint16_t* h[4] = {H + r * d, H + (r + 1) * d, H + (r + 2) * d, H + (r + 3) * d};
+    __m256 a0[4], a1[4];
+    for (int t = 0; t < 4; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+      const __m256 u0 = _mm256_loadu_ps(u + j), u1 = _mm256_loadu_ps(u + j + 8);
+      for (int t = 0; t < 4; ++t) {
+        a0[t] = _mm256_fmadd_ps(load8(h[t] + j), u0, a0[t]);
+        a1[t] = _mm256_fmadd_ps(load8(h[t] + j + 8), u1, a1[t]);
+      }
+    }
+    for (int t = 0; t < 4; ++t) {
+      float v = hsum(a0[t], a1[t]);
+      for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[t][jj]) * u[jj];
+      out[r + t - r0] = v;
+    }
+  }
+  for (; r < r1; ++r) {
+    const uint16_t* h = H + r * d;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+      a0 = _mm256_fmadd_ps(load8(h + j), _mm256_loadu_ps(u + j), a0);
+      a1 = _mm256_fmadd_ps(load8(h + j + 8), _mm256_loadu_ps(u + j + 8), a1);
+    }
+    float v = hsum(a0, a1);
+    for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[jj]) * u[jj];
+    out[r - r0] = v;
+  }
+}
+
 // one query, rows given by id: dot_tile<1> as scores_avx2_t uses it for a lone query
 __attribute__((target("avx2,fma,f16c"))) void gather_avx2(const FeatureData& f,
                                                           const int64_t* rows, int64_t m,
@@ -381,11 +418,21 @@ void scores_avx2(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs
 using ScoreFn = void (*)(const FeatureData&, int64_t, int64_t, const Queries&, float*, int64_t);
 using GatherFn = void (*)(const FeatureData&, const int64_t*, int64_t, const float*, float*);
 using TotalsFn = void (*)(const int8_t*, int64_t, int64_t, int64_t, const int16_t*, int64_t*);
+using ShadowFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const float*, float*);
+
+void shadow_generic(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
+                    float* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint16_t* h = H + r * d;
+    out[r - r0] = dot_generic([h](int64_t j) { return half_to_float(h[j]); }, u, d);
+  }
+}
 
 struct Dispatch {
   ScoreFn fn = scores_generic;
   GatherFn gather = gather_generic;
   TotalsFn totals = totals_generic;
+  ShadowFn shadow = shadow_generic;
   const char* name = "generic";
   Dispatch() {
     const char* env = std::getenv("CROSSKNN_NO_SIMD");
@@ -397,6 +444,7 @@ struct Dispatch {
       fn = scores_avx2;
       gather = gather_avx2;
       totals = totals_avx2;
+      shadow = shadow_avx2;
       name = "avx2";
     }
 #else
@@ -449,6 +497,11 @@ void gather_scores(const FeatureData& f, const int64_t* rows, int64_t m, const f
 void int8_totals(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
                  int64_t* out) {
   dispatch().totals(V, d, r0, r1, uq, out);
+}
+
+void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
+                   float* out) {
+  dispatch().shadow(H, d, r0, r1, u, out);
 }
 
 const char* kernel_name() noexcept { return dispatch().name; }

@@ -37,6 +37,12 @@ void gather_scores(const FeatureData& f, const int64_t* rows, int64_t m, const f
 void int8_totals(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
                  int64_t* out);
 
+// Scores of rows [r0, r1) of a float16 matrix (n x d) for one query, for the top-k prefilter:
+// any summation order whose paths have at most d + 64 rounded operations (the prefilter's error
+// bound), here four rows at a time; out[r - r0].
+void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
+                   float* out);
+
 // Name of the kernel set in use ("avx2" or "generic"); CROSSKNN_NO_SIMD=1 forces "generic".
 const char* kernel_name() noexcept;
 
