@@ -107,3 +107,33 @@ def test_search_results_equal_with_and_without_prefilter():
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(res[True].indices, res[False].indices)
     np.testing.assert_array_equal(res[True].scores, res[False].scores)
+
+
+def test_search_profile_splits_the_loop_by_phase():
+    """CROSSKNN_PROFILE=1 (read at the first search) fills _core.search_profile(); without it the
+    totals stay zero. Run in fresh interpreters: the switch is read once per process."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from crossknn import AXN, MatrixScorer, _core\n"
+        "rng = np.random.default_rng(0)\n"
+        "V = rng.standard_normal((500, 16)).astype(np.float32)\n"
+        "S = (rng.standard_normal((3, 16)) @ V.T).astype(np.float32)\n"
+        "AXN(V, rounds=4).search(MatrixScorer(S), [0, 1, 2], budget=40, k=5)\n"
+        "p = _core.search_profile(True)\n"
+        "print(p['searches'], p['solve'] > 0, p['select'] > 0, p['score'] > 0, p['append'] > 0)\n"
+        "print(_core.search_profile()['searches'])\n"
+    )
+    env = dict(os.environ)
+    out = {}
+    for flag in ("1", "0"):
+        env["CROSSKNN_PROFILE"] = flag
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        out[flag] = run.stdout.split("\n")[:2]
+    assert out["1"] == ["1 True True True True", "0"]  # one batch search; reset zeroes it
+    assert out["0"] == ["0 False False False False", "0"]
