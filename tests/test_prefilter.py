@@ -1,8 +1,8 @@
-"""The exact top-k prefilter (``Features.top_k`` through a float16 copy, cpp/src/features.cpp):
-the same items and the same float bits as the full float32 pass, on matrices built to stress its
-error bound (ties, duplicate rows, columns of very different scale, tiny and huge values,
-subnormal query entries, exclusions, batches), and the search results of a prefiltered matrix
-equal those without it."""
+"""The exact top-k prefilter (``Features.top_k`` through an int8 or float16 copy,
+cpp/src/features.cpp): the same items and the same float bits as the full float32 pass, on
+matrices built to stress its error bounds (ties, duplicate and near-duplicate rows, columns of
+very different scale, tiny and huge values, subnormal query entries, exclusions, batches), the
+search results of a prefiltered matrix equal those without it, and the core's phase timers."""
 
 from __future__ import annotations
 
@@ -33,7 +33,16 @@ def _same(a, b):
     np.testing.assert_array_equal(sa.view(np.int32), sb.view(np.int32))  # same float bits
 
 
-KINDS = ("normal", "ties", "duplicates", "tiny", "column_scales", "huge", "subnormal_u")
+KINDS = (
+    "normal",
+    "ties",
+    "duplicates",
+    "near_duplicates",
+    "tiny",
+    "column_scales",
+    "huge",
+    "subnormal_u",
+)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -48,6 +57,8 @@ def test_prefilter_equals_full_pass(kind, seed):
         U = np.round(U)
     elif kind == "duplicates":
         V[: n // 2] = V[0]
+    elif kind == "near_duplicates":  # score gaps far below int8's resolution: the float16 copy
+        V = (1.0 + 1e-3 * V).astype(np.float32)
     elif kind == "tiny":
         V *= np.float32(1e-30)
     elif kind == "column_scales":  # auto's features: DE columns next to z-scores and a constant
@@ -60,7 +71,7 @@ def test_prefilter_equals_full_pass(kind, seed):
     on, off = _pair(V, threads=int(rng.integers(1, 3)))
     ids, offs = _exclude(rng, n, 3)
     for k in (1, max(1, n // 40), n // 4):
-        for _ in range(2):  # the copy is built on the second call
+        for _ in range(5):  # a copy is built on the second call; float16 after 3 int8 misses
             _same(on.top_k(U, k, ids, offs), off.top_k(U, k, ids, offs))
             _same(on.top_k(U[1:2], k, None, None), off.top_k(U[1:2], k, None, None))
     assert on.prefilter_ready
