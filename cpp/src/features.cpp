@@ -392,10 +392,6 @@ const detail::Shadow& shadow_of(const detail::FeatureData& fd, int threads) {
       mxn = std::max(mxn, std::sqrt(x2) * 1.01);
     }
     sh->max_norm = mxn;
-    sh->view.n = n;
-    sh->view.d = d;
-    sh->view.st = Storage::Float16;
-    sh->view.p16 = sh->h.data();
     fd.shadow = std::move(sh);
     fd.shadow_ready.store(true);
   });

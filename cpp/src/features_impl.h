@@ -52,7 +52,6 @@ struct Shadow {
   std::vector<uint16_t> h;
   std::vector<double> col_scale, err_norm;
   double max_norm = 0.0;  // >= max over rows of ||x||
-  FeatureData view;       // the kernels' view of h (float16 storage)
 };
 
 // An int8 copy of a float32 matrix for the top-k prefilter (features.cpp): x = v / col_scale
