@@ -13,7 +13,15 @@ loops run back to back (the machine is shared: same load for both).
 
 Per query: ``other`` = wall time - time inside the null CE, split into ``loop`` (the round loop:
 planning, solves, per-round top-k, final ranking and, for the C++ loop, the binding and the
-per-round Python callback outside the CE) and ``assembly`` (turning the result into hits).
+per-round Python callback outside the CE) and ``assembly`` (turning the result into hits). For
+the C++ loop the core's own timers (``CROSSKNN_PROFILE=1``, ``_core.search_profile``) split the
+loop further, per query: ``cpp_solve_ms`` (solves), ``cpp_topk_ms`` (per-round top-k /
+sampling), ``cpp_update_ms`` (solver updates with the new scores, score checks),
+``callback_ms`` (the per-step Python callback outside the CE), ``cpp_other_ms`` (first items,
+budget checks, final ranking) and ``python_ms`` (``search_rounds`` outside the core: the plan,
+the first stage's top items, priors). ``loop=cpp-noprefilter`` is the C++ loop with the exact
+top-k prefilter of the item matrices turned off (``Features.prefilter``), run next to the others
+for every query: what the prefilter alone saves.
 Methods: auto (index of 10% of |train| x N train CE entries, 5 rounds), axn (DE first round,
 prior mix 0.5, CE score map), adacur (dense CUR index of every train row: 1,677 features on
 nfcorpus, random first round), rnr (DE top-B). Writes bench/results/overhead_bench.json: rows
@@ -23,6 +31,7 @@ nfcorpus, random first round), rnr (DE top-B). Writes bench/results/overhead_ben
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -31,7 +40,9 @@ import numpy as np
 from _common import REPO, RESULTS, SHARED, machine, utc_now, write_json
 
 sys.path.insert(0, str(REPO / "tests"))  # the reference loop lives with the tests
+os.environ.setdefault("CROSSKNN_PROFILE", "1")  # the core's phase timers (read at its first search)
 
+from crossknn import _core  # noqa: E402
 from crossknn.matrix import load_score_matrix  # noqa: E402
 from crossknn.retrievers import make_retriever  # noqa: E402
 from crossknn.score_map import ScoreMap  # noqa: E402
@@ -61,9 +72,16 @@ class NullCE:
         return self.score_batch([query], [items])[0]
 
 
-def methods(m, rounds: int):
+def methods(m, rounds: int, wanted=("auto", "axn", "adacur", "rnr")):
     de = make_retriever("de", item_vectors=m.de_items, query_vectors=m.de_queries)
     out = {}
+    if "auto" in wanted:
+        out["auto"] = auto_method(m, de, rounds)
+    out.update(other_methods(m, de, rounds))
+    return out
+
+
+def auto_method(m, de, rounds: int):
     t0 = time.perf_counter()
     reader = IndexCallBudget(
         MatrixScorer(m.scores), m.train.tolist(), int(0.1 * m.train.size * m.n_items)
@@ -72,7 +90,11 @@ def methods(m, rounds: int):
         reader, m.train.tolist(), m.de_items, m.de_queries[m.train], index_calls=reader.limit
     )
     print(f"auto index: {idx.meta()} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    out["auto"] = AUTO(idx, prior=m.de_queries, first=de, rounds=rounds)
+    return AUTO(idx, prior=m.de_queries, first=de, rounds=rounds)
+
+
+def other_methods(m, de, rounds: int):
+    out = {}
     smap = ScoreMap.fit(m.scores[m.train], m.de_queries[m.train] @ m.de_items.T)
     out["axn"] = make_method(
         "axn",
@@ -99,22 +121,49 @@ def assemble(res, item_ids):
     return hits
 
 
+def core_features(method, budget: int) -> list:
+    """The core Features objects a search of ``method`` reads (rounds and a dense first stage)."""
+    out = []
+    for f in (method.features_for(budget), getattr(method.first, "features", None)):
+        if f is not None and hasattr(f, "_f"):
+            out.append(f._f)
+    return out
+
+
+PHASES = ("solve", "select", "append", "score", "first", "check", "final")
+
+
 def one(loop: str, method, ce: NullCE, q: int, budget: int, item_ids) -> dict:
+    feats = core_features(method, budget) if loop != "python" else []
+    for f in feats:
+        f.prefilter = loop != "cpp-noprefilter"
     ce.seconds = 0.0
+    _core.search_profile(True)
     t0 = time.perf_counter()
-    if loop == "cpp":
+    if loop != "python":
         res = method.search(ce, [q], budget=budget, k=10, seed=0)
     else:
         res = python_loop(method, ce, [q], budget=budget, k=10, seed=0)
     t1 = time.perf_counter()
+    prof = _core.search_profile(True)
     assemble(res, item_ids)
     t2 = time.perf_counter()
+    for f in feats:
+        f.prefilter = True
     total = t2 - t0
+    ph = {k: prof[k] * 1e3 for k in PHASES}
+    core = sum(ph.values())
     return {
         "other": (total - ce.seconds) * 1e3,
         "loop": (t1 - t0 - ce.seconds) * 1e3,
         "assembly": (t2 - t1) * 1e3,
         "ce": ce.seconds * 1e3,
+        "cpp_solve": ph["solve"],
+        "cpp_topk": ph["select"],
+        "cpp_update": ph["append"],
+        "callback": max(0.0, ph["score"] - ce.seconds * 1e3),
+        "cpp_other": ph["first"] + ph["check"] + ph["final"],
+        "python": (t1 - t0) * 1e3 - core,
         "items": res.scored_items[0],
     }
 
@@ -132,53 +181,62 @@ def main(argv=None) -> int:
     m = load_score_matrix(args.matrix)
     name = m.path.name
     item_ids = list(m.item_ids)
-    ms = methods(m, args.rounds)
+    ms = methods(m, args.rounds, args.methods)
     queries = m.test[: args.queries].tolist()
     ce = NullCE(m.scores)
     rows = []
+    loops = ("python", "cpp", "cpp-noprefilter")
+    load_before = [round(x, 2) for x in os.getloadavg()]
     for meth in args.methods:
         method = ms[meth]
         for budget in args.budgets:
-            # warm-up (features, caches) for both loops
-            for loop in ("python", "cpp"):
-                one(loop, method, ce, queries[0], budget, item_ids)
-            rec = {"python": [], "cpp": []}
-            same = 0
-            for q in queries:
-                a = one("python", method, ce, q, budget, item_ids)
-                b = one("cpp", method, ce, q, budget, item_ids)
-                rec["python"].append(a)
-                rec["cpp"].append(b)
-                same += int(np.array_equal(a["items"], b["items"]))
-            for loop in ("python", "cpp"):
+            # warm-up (features, the prefilter's copies, caches) for every loop
+            for loop in loops:
+                for _ in range(2):
+                    one(loop, method, ce, queries[0], budget, item_ids)
+            rec = {loop: [] for loop in loops}
+            same = dict.fromkeys(loops, 0)
+            for q in queries:  # the loops back to back for each query: the same load for all
+                for loop in loops:
+                    rec[loop].append(one(loop, method, ce, q, budget, item_ids))
+                    same[loop] += int(
+                        np.array_equal(rec["python"][-1]["items"], rec[loop][-1]["items"])
+                    )
+            for loop in loops:
                 r = rec[loop]
 
                 def pct(key, p, r=r):
                     return round(float(np.percentile([x[key] for x in r], p)), 3)
 
-                rows.append(
-                    {
-                        "matrix": name,
-                        "method": meth,
-                        "budget": budget,
-                        "rounds": getattr(method, "rounds", 1),
-                        "loop": loop,
-                        "other_ms_p50": pct("other", 50),
-                        "other_ms_p99": pct("other", 99),
-                        "loop_ms_p50": pct("loop", 50),
-                        "assembly_ms_p50": pct("assembly", 50),
-                        "ce_ms_p50": pct("ce", 50),
-                        "n_queries": len(queries),
-                        "same_items_as_python": same,
-                    }
-                )
-            py, cp = rows[-2], rows[-1]
+                row = {
+                    "matrix": name,
+                    "method": meth,
+                    "budget": budget,
+                    "rounds": getattr(method, "rounds", 1),
+                    "loop": loop,
+                    "other_ms_p50": pct("other", 50),
+                    "other_ms_p99": pct("other", 99),
+                    "loop_ms_p50": pct("loop", 50),
+                    "assembly_ms_p50": pct("assembly", 50),
+                    "ce_ms_p50": pct("ce", 50),
+                    "n_queries": len(queries),
+                    "same_items_as_python": same[loop],
+                }
+                if loop != "python":
+                    for key in ("cpp_solve", "cpp_topk", "cpp_update", "callback", "cpp_other"):
+                        row[f"{key}_ms_p50"] = pct(key, 50)
+                    row["python_ms_p50"] = pct("python", 50)
+                rows.append(row)
+            py, cp, nf = rows[-3], rows[-2], rows[-1]
             print(
                 f"{name} {meth:7s} B={budget:4d}  other p50/p99 ms: python "
                 f"{py['other_ms_p50']:7.3f}/{py['other_ms_p99']:7.3f}  cpp "
                 f"{cp['other_ms_p50']:7.3f}/{cp['other_ms_p99']:7.3f}  ratio "
                 f"{cp['other_ms_p50'] / max(py['other_ms_p50'], 1e-9):.2f}  "
-                f"(assembly {cp['assembly_ms_p50']:.3f} ms; same items {same}/{len(queries)})",
+                f"(no prefilter {nf['other_ms_p50']:.3f}; solve {cp['cpp_solve_ms_p50']:.3f} "
+                f"top-k {cp['cpp_topk_ms_p50']:.3f} update {cp['cpp_update_ms_p50']:.3f} "
+                f"callback {cp['callback_ms_p50']:.3f} python {cp['python_ms_p50']:.3f} "
+                f"assembly {cp['assembly_ms_p50']:.3f}; same items {same['cpp']}/{len(queries)})",
                 flush=True,
             )
     goals = []
@@ -206,8 +264,11 @@ def main(argv=None) -> int:
                 when=utc_now(),
                 command=" ".join(["python", "bench/overhead_bench.py", *(argv or sys.argv[1:])]),
                 note="other = wall - null-CE time per query, one query at a time; loop=python is "
-                "the reference loop of tests/ref_rounds.py (today's code before the C++ loop), "
-                "loop=cpp the product path; both back to back per query",
+                "the reference loop of tests/ref_rounds.py (the code before the C++ loop), "
+                "loop=cpp the product path, loop=cpp-noprefilter the product path with the top-k "
+                "prefilter off; all back to back per query; *_ms_p50 phase columns from the "
+                "core's CROSSKNN_PROFILE timers",
+                load_average_before=load_before,
             ),
             "rows": rows,
             "goals": goals,

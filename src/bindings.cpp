@@ -411,6 +411,24 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("query_seed", &crossknn::query_seed, py::arg("seed"), py::arg("query_id"),
         "crossknn.search.query_seed for integer ids, computed in C++.");
+  m.def(
+      "search_profile",
+      [](bool reset) {
+        const crossknn::SearchProfile p = crossknn::search_profile(reset);
+        py::dict d;
+        d["first"] = p.first;
+        d["solve"] = p.solve;
+        d["select"] = p.select;
+        d["check"] = p.check;
+        d["score"] = p.score;
+        d["append"] = p.append;
+        d["final"] = p.final;
+        d["searches"] = p.searches;
+        return d;
+      },
+      py::arg("reset") = false,
+      "Seconds spent in each phase of run_search by this process (set CROSSKNN_PROFILE=1 before "
+      "the first search; zeros otherwise); reset=True zeroes the totals after reading them.");
   m.def("run_search", &run_search, py::arg("features"), py::arg("scorer"), py::arg("plan"),
         py::arg("query_ids"), py::kw_only(), py::arg("budget"), py::arg("k"),
         py::arg("strategy") = "topk", py::arg("temperature") = 1.0, py::arg("ridge") = 0.0,
@@ -459,6 +477,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("storage",
                              [](const Features& f) { return crossknn::storage_name(f.storage()); })
       .def_property("threads", &Features::threads, &Features::set_threads)
+      .def_property("prefilter", &Features::prefilter, &Features::set_prefilter,
+                    "top_k through a float16 copy with exact rescoring of the rows that can "
+                    "reach the top k (float32 storage; same results as the full pass)")
+      .def_property_readonly("prefilter_ready", &Features::prefilter_ready,
+                             "whether the prefilter's float16 copy has been built")
       .def("__repr__",
            [](const Features& f) {
              return "<crossknn._core.Features n_items=" + std::to_string(f.n_items()) +

@@ -2,7 +2,11 @@
 #include "crossknn/features.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -316,6 +320,368 @@ std::vector<std::vector<int64_t>> prepare_exclude(const ExcludeLists& ex, int64_
 
 }  // namespace
 
+bool Features::prefilter_ready() const noexcept { return data_->shadow_ready.load(); }
+
+bool Features::default_prefilter() noexcept {
+  static const bool on = [] {
+    const char* e = std::getenv("CROSSKNN_NO_PREFILTER");
+    return !(e && *e && std::strcmp(e, "0") != 0);
+  }();
+  return on;
+}
+
+namespace {
+
+// Float32 rounding of one score: block_scores and shadow_scores sum d products along paths of
+// at most d + 64 rounded operations (AVX2: d / 32 or d / 16 FMAs per lane, <= 6 reduction adds,
+// <= 15 tail mul-adds; generic: d / 16 mul-adds per lane, 16 lane adds, 15 tail mul-adds), so
+// |s_float - v.u| <= gamma * sum_j |v_j u_j| <= gamma ||v|| ||u||, gamma = n 2^-24 / (1 - n 2^-24),
+// plus n subnormal rounding steps of at most 2^-149 each.
+double rounding_gamma(int64_t d) {
+  const double n = static_cast<double>(d + 64), u = std::ldexp(1.0, -24);
+  return n * u / (1.0 - n * u) * 1.01 + std::ldexp(1.0, -40);
+}
+
+const detail::Shadow& shadow_of(const detail::FeatureData& fd, int threads) {
+  std::call_once(fd.shadow_once, [&] {
+    const int64_t n = fd.n, d = fd.d;
+    auto sh = std::make_unique<detail::Shadow>();
+    sh->h.resize(static_cast<size_t>(n * d));
+    sh->err_norm.resize(static_cast<size_t>(n));
+    const double gamma = rounding_gamma(d);
+    const float* V = fd.p32;
+    // column scales: powers of two (exact) that bring every column into [-1, 1], so that no
+    // entry overflows float16 and the query's scaled entries stay in float32's normal range
+    std::vector<double> cmax(static_cast<size_t>(d), 0.0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < d; ++j)
+        cmax[j] = std::max(cmax[j], std::fabs(static_cast<double>(V[r * d + j])));
+    sh->col_scale.resize(static_cast<size_t>(d));
+    for (int64_t j = 0; j < d; ++j) {
+      int e = 0;
+      std::frexp(cmax[j], &e);  // cmax = m 2^e with m in [0.5, 1)
+      sh->col_scale[j] = cmax[j] > 0.0 ? std::ldexp(1.0, e) : 1.0;
+    }
+    const int64_t bs = 256, n_blocks = (n + bs - 1) / bs;
+    const int T = n * d < (1 << 22) ? 1 : threads;
+    parallel_for(T, n_blocks, [&](int, int64_t b) {
+      for (int64_t r = b * bs; r < std::min(n, (b + 1) * bs); ++r) {
+        double r2 = 0.0, h2 = 0.0, x2 = 0.0;
+        uint16_t* h = sh->h.data() + r * d;
+        for (int64_t j = 0; j < d; ++j) {
+          const double x = static_cast<double>(V[r * d + j]) / sh->col_scale[j];  // exact
+          h[j] = detail::float_to_half(static_cast<float>(x));
+          const double xh = detail::half_to_float(h[j]), res = x - xh;  // res: exact
+          r2 += res * res;
+          h2 += xh * xh;
+          x2 += x * x;
+        }
+        // |v.u - float16 score| <= (||x - x_h|| + gamma (||x_h|| + ||x||)) ||u c||: the float16
+        // rounding, then the float32 rounding of both kernels (x_h . u c here, v . u exactly)
+        sh->err_norm[r] =
+            (std::sqrt(r2) + gamma * (std::sqrt(h2) + std::sqrt(x2))) * (1.0 + 1e-9);
+      }
+    });
+    double mxn = 0.0;
+    for (int64_t r = 0; r < n; ++r) {
+      double x2 = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        const double x = static_cast<double>(V[r * d + j]) / sh->col_scale[j];
+        x2 += x * x;
+      }
+      mxn = std::max(mxn, std::sqrt(x2) * 1.01);
+    }
+    sh->max_norm = mxn;
+    fd.shadow = std::move(sh);
+    fd.shadow_ready.store(true);
+  });
+  return *fd.shadow;
+}
+
+// power-of-two column scales bringing every column of V into [-1, 1]
+std::vector<double> column_scales(const detail::FeatureData& fd) {
+  const int64_t n = fd.n, d = fd.d;
+  std::vector<double> cmax(static_cast<size_t>(d), 0.0), out(static_cast<size_t>(d));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < d; ++j)
+      cmax[j] = std::max(cmax[j], std::fabs(static_cast<double>(fd.p32[r * d + j])));
+  for (int64_t j = 0; j < d; ++j) {
+    int e = 0;
+    std::frexp(cmax[j], &e);  // cmax = m 2^e with m in [0.5, 1)
+    out[j] = cmax[j] > 0.0 ? std::ldexp(1.0, e) : 1.0;
+  }
+  return out;
+}
+
+const detail::Shadow8& shadow8_of(const detail::FeatureData& fd, int threads) {
+  std::call_once(fd.shadow8_once, [&] {
+    const int64_t n = fd.n, d = fd.d;
+    auto sh = std::make_unique<detail::Shadow8>();
+    sh->q.resize(static_cast<size_t>(n * d));
+    sh->scale.resize(static_cast<size_t>(n));
+    sh->dq_norm.resize(static_cast<size_t>(n));
+    sh->err_norm.resize(static_cast<size_t>(n));
+    sh->col_scale = column_scales(fd);
+    const double gamma = rounding_gamma(d);
+    std::vector<double> xn(static_cast<size_t>(n));
+    const int64_t bs = 256, n_blocks = (n + bs - 1) / bs;
+    const int T = n * d < (1 << 22) ? 1 : threads;
+    parallel_for(T, n_blocks, [&](int, int64_t b) {
+      std::vector<double> x(static_cast<size_t>(d));
+      for (int64_t r = b * bs; r < std::min(n, (b + 1) * bs); ++r) {
+        double mx = 0.0;
+        for (int64_t j = 0; j < d; ++j) {
+          x[j] = static_cast<double>(fd.p32[r * d + j]) / sh->col_scale[j];  // exact
+          mx = std::max(mx, std::fabs(x[j]));
+        }
+        const double sc = mx > 0.0 ? mx / 127.0 : 1.0;
+        double dq2 = 0.0, r2 = 0.0, x2 = 0.0;
+        int8_t* q = sh->q.data() + r * d;
+        for (int64_t j = 0; j < d; ++j) {
+          const double qv = std::min(127.0, std::max(-127.0, std::nearbyint(x[j] / sc)));
+          q[j] = static_cast<int8_t>(qv);
+          const double dq = qv * sc, res = x[j] - dq;
+          dq2 += dq * dq;
+          r2 += res * res;
+          x2 += x[j] * x[j];
+        }
+        // the computed residuals are off by at most ~2^-51 (|x_j| + |dq_j|): the 2^-48 term
+        sh->scale[r] = sc;
+        sh->dq_norm[r] = std::sqrt(dq2) * (1.0 + 1e-9);
+        sh->err_norm[r] = (std::sqrt(r2) + gamma * std::sqrt(x2) +
+                           std::ldexp(std::sqrt(x2) + std::sqrt(dq2), -48)) *
+                          (1.0 + 1e-9);
+        xn[r] = std::sqrt(x2);
+      }
+    });
+    double mxn = 0.0;
+    for (int64_t r = 0; r < n; ++r) mxn = std::max(mxn, xn[r] * 1.01);
+    sh->max_norm = mxn;
+    fd.shadow8 = std::move(sh);
+    fd.shadow_ready.store(true);
+  });
+  return *fd.shadow8;
+}
+
+// Rows that can enter a query's top k, from approximate scores s_r with proven error bounds
+// e_r (|exact float32 score - s_r| <= e_r): per worker and query the k largest lower bounds and
+// the rows whose upper bound reached the running k-th lower bound (it only rises, so no row is
+// missed); then the rows whose upper bound reaches the k-th largest lower bound of all. `block`
+// (worker, r0, r1, s, e) writes s and e for rows [r0, r1) of every query (Q x bs, row-major).
+template <class Block>
+bool candidates(int64_t n, int64_t Q, int64_t k, int64_t bs, int T,
+                const std::vector<std::vector<int64_t>>& excl, const Block& block,
+                std::vector<std::vector<int64_t>>& out) {
+  const int64_t n_blocks = (n + bs - 1) / bs;
+  struct Lists {
+    std::vector<double> lo;                        // min-heap of the k largest lower bounds
+    std::vector<std::pair<int64_t, double>> cand;  // (row, upper bound)
+  };
+  std::vector<std::vector<Lists>> lists(T, std::vector<Lists>(Q));
+  std::vector<std::vector<double>> sbuf(T), ebuf(T);
+  const auto gt = std::greater<double>();
+  parallel_for(T, n_blocks, [&](int w, int64_t b) {
+    const int64_t r0 = b * bs, r1 = std::min(n, r0 + bs), nb = r1 - r0;
+    auto &sv = sbuf[w], &ev = ebuf[w];
+    sv.resize(static_cast<size_t>(bs * Q));
+    ev.resize(static_cast<size_t>(bs * Q));
+    block(w, r0, r1, sv.data(), ev.data());
+    for (int64_t q = 0; q < Q; ++q) {
+      const auto& e = excl[q];
+      auto it = std::lower_bound(e.begin(), e.end(), r0);
+      int64_t next_ex = it == e.end() ? n : *it;
+      Lists& L = lists[w][q];
+      double thr = static_cast<int64_t>(L.lo.size()) < k ? -HUGE_VAL : L.lo.front();
+      for (int64_t x = 0; x < nb; ++x) {
+        const int64_t r = r0 + x;
+        if (r == next_ex) {
+          ++it;
+          next_ex = it == e.end() ? n : *it;
+          continue;
+        }
+        const double sc = sv[q * bs + x], err = ev[q * bs + x];
+        const double lo = sc - err, hi = sc + err;
+        if (hi < thr) continue;
+        L.cand.emplace_back(r, hi);
+        if (static_cast<int64_t>(L.lo.size()) < k) {
+          L.lo.push_back(lo);
+          std::push_heap(L.lo.begin(), L.lo.end(), gt);
+          if (static_cast<int64_t>(L.lo.size()) == k) thr = L.lo.front();
+        } else if (lo > L.lo.front()) {
+          std::pop_heap(L.lo.begin(), L.lo.end(), gt);
+          L.lo.back() = lo;
+          std::push_heap(L.lo.begin(), L.lo.end(), gt);
+          thr = L.lo.front();
+        }
+      }
+    }
+  });
+  out.assign(static_cast<size_t>(Q), {});
+  std::vector<double> los;
+  for (int64_t q = 0; q < Q; ++q) {
+    los.clear();
+    for (int w = 0; w < T; ++w)
+      los.insert(los.end(), lists[w][q].lo.begin(), lists[w][q].lo.end());
+    if (static_cast<int64_t>(los.size()) < k) return false;  // cannot happen: k <= unmasked rows
+    std::nth_element(los.begin(), los.begin() + (k - 1), los.end(), gt);
+    const double bound = los[k - 1];
+    for (int w = 0; w < T; ++w)
+      for (const auto& c : lists[w][q].cand)
+        if (c.second >= bound) out[q].push_back(c.first);
+    std::sort(out[q].begin(), out[q].end());
+  }
+  return true;
+}
+
+int threads_for(double work, int threads, int64_t n_blocks) {
+  return work < 4e6 ? 1 : static_cast<int>(std::min<int64_t>(threads, n_blocks));
+}
+
+// Candidates through the int8 copy (false: declined).
+bool int8_candidates(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
+                     int64_t k, const std::vector<std::vector<int64_t>>& excl,
+                     std::vector<std::vector<int64_t>>& out) {
+  const int64_t n = fd.n, d = fd.d;
+  const detail::Shadow8& sh = shadow8_of(fd, threads);
+  // u times the column scales (exact in double), rounded to int16 with scale su
+  std::vector<int16_t> uq(static_cast<size_t>(Q * d));
+  std::vector<double> su(static_cast<size_t>(Q)), un(static_cast<size_t>(Q)),
+      wn(static_cast<size_t>(Q)), uc(static_cast<size_t>(d));
+  for (int64_t q = 0; q < Q; ++q) {
+    double mx = 0.0, u2 = 0.0;
+    for (int64_t j = 0; j < d; ++j) {
+      uc[j] = static_cast<double>(U[q * d + j]) * sh.col_scale[j];
+      mx = std::max(mx, std::fabs(uc[j]));
+      u2 += uc[j] * uc[j];
+    }
+    if (!std::isfinite(u2)) return false;
+    const double sq = mx > 0.0 ? mx / 32767.0 : 1.0;
+    double w2 = 0.0;
+    for (int64_t j = 0; j < d; ++j) {
+      const double x = std::min(32767.0, std::max(-32767.0, std::nearbyint(uc[j] / sq)));
+      uq[q * d + j] = static_cast<int16_t>(x);
+      const double w = uc[j] - x * sq;
+      w2 += w * w;
+    }
+    su[q] = sq;
+    un[q] = std::sqrt(u2) * (1.0 + 1e-9);
+    wn[q] = (std::sqrt(w2) + std::ldexp(un[q], -50)) * (1.0 + 1e-9);
+    if (!(sh.max_norm * un[q] < 1e37)) return false;  // float32 sums could overflow
+  }
+  const double tiny = 2.0 * static_cast<double>(d + 64) * std::ldexp(1.0, -148);
+  const int64_t bs = std::max<int64_t>(64, std::min<int64_t>(4096, (256 << 10) / d));
+  const int T = threads_for(static_cast<double>(n) * d * Q / 4.0, threads, (n + bs - 1) / bs);
+  std::vector<std::vector<int64_t>> tot(static_cast<size_t>(T));
+  // |v.u - s| <= ||q sc|| ||w|| + (||x - q sc|| + gamma ||x||) ||u c|| (Cauchy-Schwarz)
+  auto block = [&](int w, int64_t r0, int64_t r1, double* s, double* e) {
+    auto& t = tot[w];
+    t.resize(static_cast<size_t>(r1 - r0));
+    for (int64_t q = 0; q < Q; ++q) {
+      detail::int8_totals(sh.q.data(), d, r0, r1, uq.data() + q * d, t.data());
+      for (int64_t r = r0; r < r1; ++r) {
+        const double v = static_cast<double>(t[r - r0]) * sh.scale[r] * su[q];
+        s[q * bs + (r - r0)] = v;
+        e[q * bs + (r - r0)] = (sh.dq_norm[r] * wn[q] + sh.err_norm[r] * un[q]) * (1.0 + 1e-9) +
+                               4.5e-16 * std::fabs(v) + tiny;
+      }
+    }
+  };
+  return candidates(n, Q, k, bs, T, excl, block, out);
+}
+
+// Candidates through the float16 copy (false: declined).
+bool float16_candidates(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
+                        int64_t k, const std::vector<std::vector<int64_t>>& excl,
+                        std::vector<std::vector<int64_t>>& out) {
+  const int64_t n = fd.n, d = fd.d;
+  const detail::Shadow& sh = shadow_of(fd, threads);
+  // the queries times the column scales (exact in float32, else decline), and their norms
+  // (entries below float32's normal range are dropped: |x_h . w| <= max_norm ||w|| is added)
+  std::vector<float> Uc(static_cast<size_t>(Q * d));
+  std::vector<double> un(static_cast<size_t>(Q)), dropped(static_cast<size_t>(Q));
+  for (int64_t q = 0; q < Q; ++q) {
+    double u2 = 0.0, w2 = 0.0;
+    for (int64_t j = 0; j < d; ++j) {
+      const double x = static_cast<double>(U[q * d + j]) * sh.col_scale[j];
+      float xf = static_cast<float>(x);
+      if (std::fabs(x) < FLT_MIN) {
+        xf = 0.f;
+        w2 += x * x;
+      } else if (static_cast<double>(xf) != x) {
+        return false;  // overflow: the full pass decides
+      }
+      Uc[q * d + j] = xf;
+      u2 += x * x;
+    }
+    un[q] = std::sqrt(u2) * (1.0 + 1e-9);
+    dropped[q] = sh.max_norm * std::sqrt(w2) * 1.01;
+    if (!(sh.max_norm * un[q] < 1e37)) return false;  // float32 sums could overflow
+  }
+  const double tiny = 2.0 * static_cast<double>(d + 64) * std::ldexp(1.0, -148);
+  const int64_t bs = std::max<int64_t>(64, std::min<int64_t>(4096, (256 << 10) / (2 * d)));
+  const int T = threads_for(static_cast<double>(n) * d * Q / 2.0, threads, (n + bs - 1) / bs);
+  std::vector<std::vector<float>> bufs(static_cast<size_t>(T));
+  auto block = [&](int w, int64_t r0, int64_t r1, double* s, double* e) {
+    auto& b = bufs[w];
+    b.resize(static_cast<size_t>(r1 - r0));
+    for (int64_t q = 0; q < Q; ++q) {
+      detail::shadow_scores(sh.h.data(), d, r0, r1, Uc.data() + q * d, b.data());
+      for (int64_t r = r0; r < r1; ++r) {
+        const double v = b[r - r0];
+        s[q * bs + (r - r0)] = v;
+        e[q * bs + (r - r0)] = sh.err_norm[r] * un[q] + dropped[q] + 2.3e-16 * std::fabs(v) + tiny;
+      }
+    }
+  };
+  return candidates(n, Q, k, bs, T, excl, block, out);
+}
+
+// The top-k through the copies: the int8 one first (a quarter of float32's bytes); where its
+// bound leaves more than N / 16 candidates (columns whose values it resolves too coarsely) the
+// float16 one, and after three such calls the float16 one only. Exact scores for the
+// candidates, the top k of those. false when it declines (scores that could overflow, a scaled
+// query not exact in float32: the full pass decides).
+bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
+                     int64_t k, const std::vector<std::vector<int64_t>>& excl, float* out_s,
+                     int64_t* out_i) {
+  const int64_t n = fd.n, d = fd.d;
+  std::vector<std::vector<int64_t>> cand;
+  bool ok = false;
+  if (fd.int8_misses.load(std::memory_order_relaxed) < 3) {
+    ok = int8_candidates(fd, threads, U, Q, k, excl, cand);
+    if (ok)
+      for (const auto& c : cand)
+        if (static_cast<int64_t>(c.size()) > std::max<int64_t>(4 * k, n / 16)) {
+          fd.int8_misses.fetch_add(1, std::memory_order_relaxed);
+          ok = false;
+          break;
+        }
+  }
+  if (!ok && !float16_candidates(fd, threads, U, Q, k, excl, cand)) return false;
+  std::vector<float> exact;
+  std::vector<Entry> all;
+  for (int64_t q = 0; q < Q; ++q) {
+    const auto& rows = cand[q];
+    exact.resize(rows.size());
+    detail::gather_scores(fd, rows.data(), static_cast<int64_t>(rows.size()), U + q * d,
+                          exact.data());
+    all.clear();
+    for (size_t t = 0; t < rows.size(); ++t) {
+      if (!std::isfinite(exact[t])) return false;
+      all.push_back({exact[t], rows[t]});
+    }
+    if (static_cast<int64_t>(all.size()) < k) return false;
+    std::partial_sort(all.begin(), all.begin() + k, all.end(), better);
+    for (int64_t t = 0; t < k; ++t) {
+      out_s[q * k + t] = all[t].s;
+      out_i[q * k + t] = all[t].i;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 void Features::top_k(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex,
                      float* out_scores, int64_t* out_idx) const {
   select_(U, Q, k, ex, false, 1.0, 0, out_scores, out_idx);
@@ -339,6 +705,11 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
       throw std::invalid_argument("u contains NaN or inf (query " + std::to_string(i / d_) + ")");
   const auto excl = prepare_exclude(ex, Q, n_, k);
   if (Q == 0 || k == 0) return;
+  const detail::FeatureData& fd = *data_;
+  if (!gumbel && prefilter_ && fd.st == Storage::Float32 && 4 * k <= n_ &&
+      fd.topk_calls.fetch_add(1, std::memory_order_relaxed) >= 1 &&
+      prefilter_top_k(fd, threads_, U, Q, k, excl, out_s, out_i))
+    return;
 
   // block of rows per task: about 256 KiB of V, at least 64 rows
   const int64_t row_bytes = nbytes() / n_;

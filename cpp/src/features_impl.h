@@ -1,13 +1,18 @@
 #pragma once
 // Internal: the stored item matrix behind a Features handle, and raw access for the kernels.
 // Not installed; nothing outside cpp/src includes it.
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "crossknn/features.h"
 
 namespace crossknn::detail {
+
+struct Shadow;
+struct Shadow8;
 
 struct FeatureData {
   int64_t n = 0, d = 0;
@@ -23,6 +28,14 @@ struct FeatureData {
   std::vector<float> own_scale;
   std::shared_ptr<const void> owner;
   bool view = false;
+  // the prefilter's int8 copy, built once (on the second top_k call) and shared by all handles
+  mutable std::once_flag shadow_once;
+  mutable std::unique_ptr<const Shadow> shadow;
+  mutable std::atomic<int64_t> topk_calls{0};
+  mutable std::atomic<bool> shadow_ready{false};
+  mutable std::once_flag shadow8_once;
+  mutable std::unique_ptr<const Shadow8> shadow8;
+  mutable std::atomic<int> int8_misses{0};  // calls where the int8 copy left too many rows
 
   int64_t dim() const noexcept { return d; }
   Storage storage() const noexcept { return st; }
@@ -30,6 +43,24 @@ struct FeatureData {
   const uint16_t* f16() const noexcept { return p16; }
   const int8_t* i8() const noexcept { return p8; }
   const float* scales() const noexcept { return pscale; }
+};
+
+// A float16 copy of a float32 matrix for the top-k prefilter (features.cpp): x = v / col_scale
+// (col_scale: powers of two, exact) rounded to float16, and per row a bound on the distance of
+// the float16 score from the exact one, per unit of ||u col_scale||.
+struct Shadow {
+  std::vector<uint16_t> h;
+  std::vector<double> col_scale, err_norm;
+  double max_norm = 0.0;  // >= max over rows of ||x||
+};
+
+// An int8 copy of a float32 matrix for the top-k prefilter (features.cpp): x = v / col_scale
+// (powers of two), q = round(x / scale) per row (scale = max|x| / 127, double), and per row
+// ||q scale|| and ||x - q scale|| + gamma ||x|| (+ margins), rounded up.
+struct Shadow8 {
+  std::vector<int8_t> q;
+  std::vector<double> col_scale, scale, dq_norm, err_norm;
+  double max_norm = 0.0;  // >= max over rows of ||x||
 };
 
 }  // namespace crossknn::detail

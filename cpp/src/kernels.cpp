@@ -122,6 +122,31 @@ void scores_generic(const FeatureData& f, int64_t r0, int64_t r1, const Queries&
   }
 }
 
+float score_generic_row(const FeatureData& f, int64_t r, const float* u) {
+  const int64_t d = f.dim();
+  if (f.storage() == Storage::Float32) {
+    const float* v = f.f32() + r * d;
+    return dot_generic([v](int64_t j) { return v[j]; }, u, d);
+  }
+  const uint16_t* v = f.f16() + r * d;
+  return dot_generic([v](int64_t j) { return half_to_float(v[j]); }, u, d);
+}
+
+void gather_generic(const FeatureData& f, const int64_t* rows, int64_t m, const float* u,
+                    float* out) {
+  for (int64_t t = 0; t < m; ++t) out[t] = score_generic_row(f, rows[t], u);
+}
+
+void totals_generic(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
+                    int64_t* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int8_t* v = V + r * d;
+    int64_t total = 0;
+    for (int64_t j = 0; j < d; ++j) total += static_cast<int64_t>(v[j]) * uq[j];
+    out[r - r0] = total;
+  }
+}
+
 #ifdef CROSSKNN_X86
 // ---------------- AVX2 path (float32 / float16 via FMA; int8 via integer madd) --------------
 __attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) {
@@ -317,6 +342,66 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const FeatureData& 
   }
 }
 
+// four float16 rows against one query: two 8-lane accumulators per row, j in steps of 16
+__attribute__((target("avx2,fma,f16c"))) void shadow_avx2(const uint16_t* H, int64_t d,
+                                                          int64_t r0, int64_t r1,
+                                                          const float* u, float* out) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const uint16_t* h[4] = {H + r * d, H + (r + 1) * d, H + (r + 2) * d, H + (r + 3) * d};
+    __m256 a0[4], a1[4];
+    for (int t = 0; t < 4; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+      const __m256 u0 = _mm256_loadu_ps(u + j), u1 = _mm256_loadu_ps(u + j + 8);
+      for (int t = 0; t < 4; ++t) {
+        a0[t] = _mm256_fmadd_ps(load8(h[t] + j), u0, a0[t]);
+        a1[t] = _mm256_fmadd_ps(load8(h[t] + j + 8), u1, a1[t]);
+      }
+    }
+    for (int t = 0; t < 4; ++t) {
+      float v = hsum(a0[t], a1[t]);
+      for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[t][jj]) * u[jj];
+      out[r + t - r0] = v;
+    }
+  }
+  for (; r < r1; ++r) {
+    const uint16_t* h = H + r * d;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+      a0 = _mm256_fmadd_ps(load8(h + j), _mm256_loadu_ps(u + j), a0);
+      a1 = _mm256_fmadd_ps(load8(h + j + 8), _mm256_loadu_ps(u + j + 8), a1);
+    }
+    float v = hsum(a0, a1);
+    for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[jj]) * u[jj];
+    out[r - r0] = v;
+  }
+}
+
+// one query, rows given by id: dot_tile<1> as scores_avx2_t uses it for a lone query
+__attribute__((target("avx2,fma,f16c"))) void gather_avx2(const FeatureData& f,
+                                                          const int64_t* rows, int64_t m,
+                                                          const float* u, float* out) {
+  const int64_t d = f.dim();
+  const float* uu[1] = {u};
+  for (int64_t t = 0; t < m; ++t) {
+    if (f.storage() == Storage::Float32)
+      dot_tile<1>(f.f32() + rows[t] * d, uu, d, out + t);
+    else
+      dot_tile<1>(f.f16() + rows[t] * d, uu, d, out + t);
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void totals_avx2(const int8_t* V, int64_t d, int64_t r0,
+                                                          int64_t r1, const int16_t* uq,
+                                                          int64_t* out) {
+  const int16_t* u[1] = {uq};
+  int64_t r = r0;
+  for (; d <= 256 && r + 2 <= r1; r += 2) dot_i8_2rows(V + r * d, V + (r + 1) * d, uq, d, out + (r - r0));
+  for (; r < r1; ++r) dot_i8<1>(V + r * d, u, d, out + (r - r0));
+}
+
 void scores_avx2(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                  int64_t ld) {
   switch (f.storage()) {
@@ -331,9 +416,23 @@ void scores_avx2(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs
 #endif
 
 using ScoreFn = void (*)(const FeatureData&, int64_t, int64_t, const Queries&, float*, int64_t);
+using GatherFn = void (*)(const FeatureData&, const int64_t*, int64_t, const float*, float*);
+using TotalsFn = void (*)(const int8_t*, int64_t, int64_t, int64_t, const int16_t*, int64_t*);
+using ShadowFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const float*, float*);
+
+void shadow_generic(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
+                    float* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint16_t* h = H + r * d;
+    out[r - r0] = dot_generic([h](int64_t j) { return half_to_float(h[j]); }, u, d);
+  }
+}
 
 struct Dispatch {
   ScoreFn fn = scores_generic;
+  GatherFn gather = gather_generic;
+  TotalsFn totals = totals_generic;
+  ShadowFn shadow = shadow_generic;
   const char* name = "generic";
   Dispatch() {
     const char* env = std::getenv("CROSSKNN_NO_SIMD");
@@ -343,6 +442,9 @@ struct Dispatch {
     if (!no_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
       fn = scores_avx2;
+      gather = gather_avx2;
+      totals = totals_avx2;
+      shadow = shadow_avx2;
       name = "avx2";
     }
 #else
@@ -385,6 +487,21 @@ Queries prepare_queries(const FeatureData& f, const float* U, int64_t Q) {
 void block_scores(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                   int64_t ld) {
   dispatch().fn(f, r0, r1, qs, out, ld);
+}
+
+void gather_scores(const FeatureData& f, const int64_t* rows, int64_t m, const float* u,
+                   float* out) {
+  dispatch().gather(f, rows, m, u, out);
+}
+
+void int8_totals(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
+                 int64_t* out) {
+  dispatch().totals(V, d, r0, r1, uq, out);
+}
+
+void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
+                   float* out) {
+  dispatch().shadow(H, d, r0, r1, u, out);
 }
 
 const char* kernel_name() noexcept { return dispatch().name; }

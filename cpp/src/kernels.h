@@ -27,6 +27,22 @@ Queries prepare_queries(const FeatureData& f, const float* U, int64_t Q);
 void block_scores(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                   int64_t ld);
 
+// Scores of the rows `rows[0..m)` for one query u (float32 or float16 storage), each computed
+// with exactly the operations block_scores uses for that row: the same float bits.
+void gather_scores(const FeatureData& f, const int64_t* rows, int64_t m, const float* u,
+                   float* out);
+
+// Exact integer sums out[r - r0] = sum_j V[r][j] * uq[j] for rows [r0, r1) of an int8 matrix
+// (n x d, row-major) against one int16 query; the same values on every kernel path.
+void int8_totals(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
+                 int64_t* out);
+
+// Scores of rows [r0, r1) of a float16 matrix (n x d) for one query, for the top-k prefilter:
+// any summation order whose paths have at most d + 64 rounded operations (the prefilter's error
+// bound), here four rows at a time; out[r - r0].
+void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
+                   float* out);
+
 // Name of the kernel set in use ("avx2" or "generic"); CROSSKNN_NO_SIMD=1 forces "generic".
 const char* kernel_name() noexcept;
 

@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "crossknn/least_squares.h"
+#include "dots.h"
+#include "kernels.h"
 
 namespace crossknn {
 
@@ -67,6 +69,7 @@ struct LeastSquares::State {
   std::vector<int64_t> items_;
   std::unordered_set<int64_t> seen_;
   std::vector<double> X_;  // m x d rows, double
+  std::vector<float> Xf_;  // the same rows as float32 (every storage's rows are float values)
   std::vector<double> a_;
   bool primal_ = false;
   double delta_ = 0.0, scale_ = 0.0;  // scale_: max row norm^2 delta was derived from
@@ -122,6 +125,8 @@ void LeastSquares::State::append(const int64_t* items, const double* targets, in
   const int64_t m0 = m_;
   X_.resize(static_cast<size_t>((m0 + m) * d_));
   f_.rows(items, m, X_.data() + m0 * d_);
+  Xf_.resize(X_.size());
+  for (int64_t t = m0 * d_; t < (m0 + m) * d_; ++t) Xf_[t] = static_cast<float>(X_[t]);
   items_.insert(items_.end(), items, items + m);
   a_.insert(a_.end(), targets, targets + m);
   seen_.insert(fresh.begin(), fresh.end());
@@ -165,20 +170,39 @@ void LeastSquares::State::refactor_() {
   // G = X^T X + delta I (upper triangle), then right-looking Cholesky G = R^T R in place
   const int64_t d = d_;
   R_.assign(static_cast<size_t>(d * d), 0.0);
+  // G_ij = sum over t in order of x_ti x_tj (j >= i): tiles of four rows held in registers
+  // while t runs (detail::gram_tiles), the rows left over as before. Skipping x_ti = 0 (the
+  // loop below) and adding its +-0 products (the tiles) give the same bits: the sums start at
+  // +0 and an exact cancellation rounds to +0, so no sum is ever -0.
+  const int64_t tiled = detail::gram_tiles(X_.data(), m_, d, R_.data());
   for (int64_t t = 0; t < m_; ++t) {
     const double* x = X_.data() + t * d;
-    for (int64_t i = 0; i < d; ++i)
+    for (int64_t i = tiled; i < d; ++i)
       if (x[i] != 0.0) axpy(x[i], x + i, R_.data() + i * d + i, d - i);
   }
   for (int64_t i = 0; i < d; ++i) R_[i * d + i] += delta_;
-  for (int64_t k = 0; k < d; ++k) {
-    double* rk = R_.data() + k * d;
-    const double p = std::max(rk[k], delta_);  // >= delta in exact arithmetic
-    const double r = std::sqrt(p);
-    rk[k] = r;
-    for (int64_t j = k + 1; j < d; ++j) rk[j] /= r;
-    for (int64_t i = k + 1; i < d; ++i)
-      if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
+  // Right-looking order per entry, four rows at a time: a block of rows first takes the updates
+  // of every finished row k < i0 (in k order; tiles in registers, detail::chol_block_update),
+  // then its own rows go right-looking. Each entry gets the same updates in the same order as
+  // when every finished row updated all rows below it at once.
+  for (int64_t i0 = 0; i0 < d; i0 += 4) {
+    const int64_t i1 = std::min(d, i0 + 4);
+    if (!detail::chol_block_update(R_.data(), d, i0, R_.data())) {
+      for (int64_t k = 0; k < i0; ++k) {
+        const double* rk = R_.data() + k * d;
+        for (int64_t i = i0; i < i1; ++i)
+          if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
+      }
+    }
+    for (int64_t k = i0; k < i1; ++k) {
+      double* rk = R_.data() + k * d;
+      const double p = std::max(rk[k], delta_);  // >= delta in exact arithmetic
+      const double r = std::sqrt(p);
+      rk[k] = r;
+      for (int64_t j = k + 1; j < d; ++j) rk[j] /= r;
+      for (int64_t i = k + 1; i < i1; ++i)
+        if (rk[i] != 0.0) axpy(-rk[i], rk + i, R_.data() + i * d + i, d - i);
+    }
   }
   for (int64_t i = 1; i < d; ++i) std::fill(R_.begin() + i * d, R_.begin() + i * d + i, 0.0);
 }
@@ -194,12 +218,40 @@ void LeastSquares::State::extend_dual_(int64_t m0) {
     L_.swap(L);
     cap_ = cap;
   }
-  // rows i >= m0 of L with L L^T = X X^T + delta I: l_i = L[:i,:i]^-1 (X[:i] x_i)
+  // rows i >= m0 of L with L L^T = X X^T + delta I: l_i = L[:i,:i]^-1 (X[:i] x_i).
+  // Groups of four new rows, on threads: their Gram entries x_j . x_i (j < i) and the part of
+  // the triangular solve over the old rows (j < m0) depend on no other new row; then the rest
+  // in row order. Every entry gets the operations of one dot() at a time.
+  const int64_t nn = m_ - m0, n_groups = (nn + 3) / 4;
+  const double work = static_cast<double>(nn) * static_cast<double>(m_) * (d_ + m0);
+  const int T = work < 3e7 ? 1 : f_.threads();  // threads only for long appends
+  detail::parallel_for(T, n_groups, [&](int, int64_t g) {
+    const int64_t g0 = m0 + 4 * g, g1 = std::min(m_, g0 + 4);
+    const float* rows[4];
+    double* ls[4];
+    double out[4];
+    for (int64_t j = 0; j < g1 - 1; ++j) {
+      int na = 0;
+      for (int64_t i = std::max(g0, j + 1); i < g1; ++i) {
+        rows[na] = Xf_.data() + i * d_;
+        ls[na++] = L_.data() + i * cap_;
+      }
+      detail::dots_f(detail::DotOrder::Interleaved, rows, na, Xf_.data() + j * d_, d_, out);
+      for (int t = 0; t < na; ++t) ls[t][j] = out[t];
+    }
+    const int na = static_cast<int>(g1 - g0);
+    const double* lc[4];
+    for (int t = 0; t < na; ++t) lc[t] = ls[t] = L_.data() + (g0 + t) * cap_;
+    for (int64_t j = 0; j < m0; ++j) {
+      const double* lj = L_.data() + j * cap_;
+      detail::dots(detail::DotOrder::Interleaved, lc, na, lj, j, out);
+      for (int t = 0; t < na; ++t) ls[t][j] = (ls[t][j] - out[t]) / lj[j];
+    }
+  });
   for (int64_t i = m0; i < m_; ++i) {
     const double* xi = X_.data() + i * d_;
     double* li = L_.data() + i * cap_;
-    for (int64_t j = 0; j < i; ++j) li[j] = dot(X_.data() + j * d_, xi, d_);
-    for (int64_t j = 0; j < i; ++j) {
+    for (int64_t j = m0; j < i; ++j) {
       const double* lj = L_.data() + j * cap_;
       li[j] = (li[j] - dot(lj, li, j)) / lj[j];
     }

@@ -2,15 +2,75 @@
 #include "crossknn/search.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
 
 #include "crossknn/least_squares.h"
+#include "dots.h"
+#include "kernels.h"
 
 namespace crossknn {
+
+namespace {
+
+// CROSSKNN_PROFILE=1: per-phase wall time of search() (search_profile in search.h)
+enum Phase { kFirst, kSolve, kSelect, kCheck, kScore, kAppend, kFinal, kPhases };
+std::atomic<int64_t> g_phase_ns[kPhases];
+std::atomic<int64_t> g_searches{0};
+
+bool profiling() {
+  static const bool on = [] {
+    const char* e = std::getenv("CROSSKNN_PROFILE");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+// Adds the time since the last mark to a phase (nothing when profiling is off).
+class PhaseClock {
+ public:
+  PhaseClock() : on_(profiling()) {
+    if (on_) t_ = std::chrono::steady_clock::now();
+  }
+  void mark(Phase p) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    g_phase_ns[p].fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - t_).count(),
+        std::memory_order_relaxed);
+    t_ = now;
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point t_;
+};
+
+}  // namespace
+
+SearchProfile search_profile(bool reset) {
+  auto get = [reset](Phase p) {
+    const int64_t ns = reset ? g_phase_ns[p].exchange(0) : g_phase_ns[p].load();
+    return static_cast<double>(ns) * 1e-9;
+  };
+  SearchProfile out;
+  out.first = get(kFirst);
+  out.solve = get(kSolve);
+  out.select = get(kSelect);
+  out.check = get(kCheck);
+  out.score = get(kScore);
+  out.append = get(kAppend);
+  out.final = get(kFinal);
+  out.searches = reset ? g_searches.exchange(0) : g_searches.load();
+  return out;
+}
 
 void Scorer::score_batch(const ScoreRequest* requests, int64_t n_requests) {
   for (int64_t r = 0; r < n_requests; ++r)
@@ -194,12 +254,26 @@ class PriorRidge {
     std::vector<double> K(static_cast<size_t>(n_ * n_));
     for (int64_t r = 0; r < n0; ++r)
       std::copy(K_.begin() + r * n0, K_.begin() + r * n0 + r + 1, K.begin() + r * n_);
-    std::vector<double> zl(static_cast<size_t>(D1));
+    // the new rows of K, groups of four on threads (each entry one dot8's operations)
+    std::vector<double> zl(static_cast<size_t>(m * D1));
     for (int64_t r = n0; r < n_; ++r) {
       const double* zr = Z_.data() + r * D1;
-      for (int64_t j = 0; j < D1; ++j) zl[j] = zr[j] * inv_[j];
-      for (int64_t b = 0; b <= r; ++b) K[r * n_ + b] = dot8(zl.data(), Z_.data() + b * D1, D1);
+      for (int64_t j = 0; j < D1; ++j) zl[(r - n0) * D1 + j] = zr[j] * inv_[j];
     }
+    const int64_t n_groups = (m + 3) / 4;
+    const int T = static_cast<double>(m) * n_ * D1 < 3e7 ? 1 : f_.threads();
+    detail::parallel_for(T, n_groups, [&](int, int64_t g) {
+      const int64_t g0 = n0 + 4 * g, g1 = std::min(n_, g0 + 4);
+      const double* a[4];
+      double out[4];
+      for (int64_t b = 0; b < g1; ++b) {
+        int na = 0;
+        int64_t first = std::max(g0, b);
+        for (int64_t r = first; r < g1; ++r) a[na++] = zl.data() + (r - n0) * D1;
+        detail::dots(detail::DotOrder::Pairwise, a, na, Z_.data() + b * D1, D1, out);
+        for (int t = 0; t < na; ++t) K[(first + t) * n_ + b] = out[t];
+      }
+    });
     K_.swap(K);
   }
 
@@ -240,8 +314,27 @@ class PriorRidge {
     std::vector<double> L(static_cast<size_t>(n_ * n_), 0.0);
     for (int64_t r = 0; r < done; ++r)
       std::copy(L_.begin() + r * done, L_.begin() + r * done + r + 1, L.begin() + r * n_);
+    // rows >= done over the columns < done: independent rows, groups of four on threads
+    const int64_t nn = n_ - done, n_groups = (nn + 3) / 4;
+    const int T = static_cast<double>(nn) * done * done < 3e7 ? 1 : f_.threads();
+    if (done > 0)
+      detail::parallel_for(T, n_groups, [&](int, int64_t g) {
+        const int64_t g0 = done + 4 * g, g1 = std::min(n_, g0 + 4);
+        const int na = static_cast<int>(g1 - g0);
+        const double* a[4];
+        double out[4];
+        for (int t = 0; t < na; ++t) a[t] = L.data() + (g0 + t) * n_;
+        for (int64_t j = 0; j < done; ++j) {
+          const double* lj = L.data() + j * n_;
+          detail::dots(detail::DotOrder::Pairwise, a, na, lj, j, out);
+          for (int t = 0; t < na; ++t) {
+            const int64_t i = g0 + t;
+            L[i * n_ + j] = (s * K_[i * n_ + j] + 0.0 - out[t]) / lj[j];  // as below
+          }
+        }
+      });
     for (int64_t i = done; i < n_; ++i) {
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = done > 0 ? done : 0; j <= i; ++j) {
         const double v = s * K_[i * n_ + j] + (i == j ? 1.0 : 0.0) -
                          dot8(L.data() + i * n_, L.data() + j * n_, j);
         if (i == j) {
@@ -291,11 +384,18 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   }
   std::vector<SearchResult> res(static_cast<size_t>(Q));
   if (Q == 0) return res;
+  PhaseClock clock;
+  if (profiling()) g_searches.fetch_add(1, std::memory_order_relaxed);
 
   std::vector<uint64_t> seeds(static_cast<size_t>(Q));
   for (int64_t i = 0; i < Q; ++i) seeds[i] = query_seed(o.seed, queries[i].id);
   const bool rounds = std::any_of(plan.begin(), plan.end(),
                                   [](const Step& s) { return s.kind != StepKind::First; });
+  // the last step that solves: scores of later steps never reach a solve, so they are not
+  // appended to the solver states (the result is the same; the work is not)
+  size_t last_solve = 0;
+  for (size_t r = 0; r < plan.size(); ++r)
+    if (plan[r].kind != StepKind::First) last_solve = r;
   std::vector<LeastSquares> states;
   std::vector<PriorRidge> ridges;
   std::vector<std::vector<double>> targets_of;  // Solve::Targets
@@ -332,6 +432,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
         else
           features.sample_random(1, n, ExcludeLists{}, seeds[i], chosen.data() + i * n);
       }
+      clock.mark(kFirst);
     } else {
       U.resize(static_cast<size_t>(Q * d));
       for (int64_t i = 0; i < Q; ++i) {
@@ -349,6 +450,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
         }
         for (int64_t j = 0; j < d; ++j) U[i * d + j] = static_cast<float>(u[j]);
       }
+      clock.mark(kSolve);
       ex_ids.clear();
       ex_off.assign(1, 0);
       for (int64_t i = 0; i < Q; ++i) {
@@ -407,6 +509,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
             if (a_prev[t] >= floor) ranked[i].insert(prev[t]);
         }
       }
+      clock.mark(kSelect);
     }
     // budget accounting: every item new, distinct, in range, within B
     for (int64_t i = 0; i < Q; ++i) {
@@ -426,11 +529,13 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                                       " twice (each item is scored once per query)");
       }
     }
+    clock.mark(kCheck);
     new_scores.assign(static_cast<size_t>(Q * n), std::numeric_limits<float>::quiet_NaN());
     std::vector<ScoreRequest> reqs(static_cast<size_t>(Q));
     for (int64_t i = 0; i < Q; ++i)
       reqs[i] = ScoreRequest{i, chosen.data() + i * n, n, new_scores.data() + i * n};
     scorer.score_batch(reqs.data(), Q);
+    clock.mark(kScore);
     for (int64_t i = 0; i < Q; ++i) {
       for (int64_t t = 0; t < n; ++t)
         if (!std::isfinite(new_scores[i * n + t]))
@@ -444,7 +549,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                              new_scores.begin() + (i + 1) * n);
       R.calls += n;
       seen[i].insert(chosen.begin() + i * n, chosen.begin() + (i + 1) * n);
-      if (rounds) {
+      if (rounds && r < last_solve) {
         targets.resize(static_cast<size_t>(n));
         for (int64_t t = 0; t < n; ++t)
           targets[t] = (static_cast<double>(new_scores[i * n + t]) - o.score_beta) / o.score_alpha;
@@ -456,6 +561,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
           targets_of[i].insert(targets_of[i].end(), targets.begin(), targets.end());
       }
     }
+    clock.mark(kAppend);
   }
 
   // final ranking: exact score descending, ties to the lower id
@@ -478,6 +584,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       R.scores[t] = R.scored_scores[order[t]];
     }
   }
+  clock.mark(kFinal);
   return res;
 }
 

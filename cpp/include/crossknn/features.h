@@ -80,7 +80,17 @@ class Features {
   Storage storage() const noexcept;
   int threads() const noexcept { return threads_; }
   void set_threads(int threads);
-  // bytes of the stored matrix (what one pass of top_k reads)
+  // Top-k prefilter (float32 storage; on by default, CROSSKNN_NO_PREFILTER=1 turns the default
+  // off): top_k first scores a float16 copy of V (columns scaled by powers of two; built once,
+  // on the second top_k call, and kept with the matrix: N x d x 2 bytes + 8 bytes a row), bounds
+  // each exact score's distance from it (float16 rounding + the float32 rounding of both
+  // kernels, Cauchy-Schwarz), and computes exact scores only for the rows whose upper bound
+  // reaches the k-th largest lower bound. The result is identical to the full pass (same items,
+  // same float bits); only the work changes. Not used for k > N / 4 or sample_softmax.
+  void set_prefilter(bool on) noexcept { prefilter_ = on; }
+  bool prefilter() const noexcept { return prefilter_; }
+  bool prefilter_ready() const noexcept;  // the float16 copy exists (shared by all handles)
+  // bytes of the stored matrix (what one pass of top_k reads without the prefilter)
   int64_t nbytes() const noexcept;
   // true when the matrix is the caller's memory or a file map (view_* / open_npy)
   bool is_view() const noexcept;
@@ -113,6 +123,8 @@ class Features {
 
   std::shared_ptr<const detail::FeatureData> data_;
   int threads_ = 1;
+  bool prefilter_ = default_prefilter();
+  static bool default_prefilter() noexcept;
 };
 
 }  // namespace crossknn

@@ -142,6 +142,15 @@ struct SearchResult {
 std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                                  const std::vector<Step>& plan, const SearchOptions& options,
                                  const std::vector<SearchQuery>& queries);
+// Wall time spent in each phase of search() by this process (all threads, summed), recorded only
+// when CROSSKNN_PROFILE=1 is set in the environment at the first search (a benchmark aid; off,
+// it costs one branch per phase). search_profile(true) returns the totals and zeroes them.
+struct SearchProfile {
+  double first = 0, solve = 0, select = 0, check = 0, score = 0, append = 0, final = 0;
+  int64_t searches = 0;
+};
+SearchProfile search_profile(bool reset = false);
+
 // One query (its scorer calls carry query index 0).
 SearchResult search_one(const Features& features, Scorer& scorer, const std::vector<Step>& plan,
                         const SearchOptions& options, const SearchQuery& query = {});

@@ -1,0 +1,38 @@
+#pragma once
+// Internal: several dot products against one vector at once, each with exactly the operations of
+// the solvers' single dot products (eight partial sums, then a fixed reduction), so that results
+// are bit for bit those of one dot at a time. Sharing the loads of `b` (and running the groups on
+// threads) is what makes the Gram rows and triangular solves of the incremental solvers fast.
+#include <cstdint>
+
+namespace crossknn::detail {
+
+// Reduction order of the eight partial sums.
+enum class DotOrder {
+  Interleaved,  // ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7)): least_squares (lstsq.cpp)
+  Pairwise,     // ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)): PriorRidge (search.cpp)
+};
+
+// out[t] = a[t] . b over n entries, t < na (1 <= na <= 4).
+void dots(DotOrder order, const double* const* a, int na, const double* b, int64_t n,
+          double* out);
+
+// The same for float32 vectors (the products and sums in double, as dots() on the same values).
+void dots_f(DotOrder order, const float* const* a, int na, const float* b, int64_t n,
+            double* out);
+
+// Upper triangle of G = X^T X (X: m x d row-major, G: d x d row-major, zeroed by the caller)
+// for rows i < returned value (a multiple of 4; 0 without AVX): G_ij += x_ti * x_tj for t in
+// order, each a multiply then an add, as axpy row updates would do them. Entries left of the
+// diagonal inside a tile are written too (the caller ignores them).
+int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G);
+
+// Rows i0 .. i0+3 of a right-looking Cholesky in place (R: d x d row-major, rows k < i0 final
+// and scaled): R_ij += (-r_ki) r_kj for every k < i0 in order, j >= i (entries left of the
+// diagonal in the block are written too). false (nothing done) without AVX or past the end.
+bool chol_block_update(const double* R, int64_t d, int64_t i0, double* G);
+
+// The single dot product of that order (what dots() equals).
+double dot1(DotOrder order, const double* a, const double* b, int64_t n);
+
+}  // namespace crossknn::detail
