@@ -11,15 +11,21 @@ head ``--head-lr``), batch, warm-up share, gradient clipping and number of optim
 - ``crossknn``: ``crossknn train-ce SLICE OUT --kind cls`` (a subprocess), then the same command
   killed with SIGKILL after the checkpoint of step ``--kill-at`` and resumed with ``--resume``:
   are the exported ONNX bytes, the trained weights and the loss log those of the uninterrupted run?
-- ``sentence-transformers``: the parts of ST that run without ``accelerate`` and ``datasets``
-  (``CrossEncoderTrainer`` and HF ``Trainer`` need both; the JSON records whether the Trainer
-  can be built here and why not): its ``CrossEncoder`` model and its ``ListNetLoss`` (one-hot
-  targets: the same loss as crossknn's listwise) in a plain torch loop doing what the Trainer's
-  step does (AdamW with the Trainer's weight-decay groups and ``learning_rate_mapping``, linear
-  warm-up/decay, clip at 1.0). A ``CrossEncoderTrainer`` path is not written: it could not be run
-  here. Its checkpoint size is that of the files the Trainer writes at a checkpoint
-  (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
-  ``trainer_state.json``), written by this script. Its resume is not tested.
+- ``sentence-transformers`` stand-in (the default run): ST's ``CrossEncoder`` model and its
+  ``ListNetLoss`` (one-hot targets: the same loss as crossknn's listwise) in a plain torch loop
+  doing what the Trainer's step does (AdamW with the Trainer's weight-decay groups and
+  ``learning_rate_mapping``, linear warm-up/decay, clip at 1.0); it needs neither ``accelerate``
+  nor ``datasets``. Its checkpoint is the file set the Trainer writes, written by this script.
+- ``--st-trainer``: sentence-transformers' own ``CrossEncoderTrainer`` (on HF ``Trainer``; needs
+  the ``trainers`` extra: ``accelerate``, ``datasets``) with the same model and ``ListNetLoss``,
+  ``learning_rate_mapping={"classifier": head_lr}``, a ``datasets.Dataset`` holding crossknn's
+  step groups in step order and a batch sampler that reads it in order; its own checkpoint
+  folders every ``--kill-at`` steps. Then the same Trainer run killed (SIGKILL) after step
+  ``--kill-at`` + 1 and resumed with ``resume_from_checkpoint=checkpoint-<kill-at>``: the same
+  final weights, exported ONNX bytes and per-step losses (float32, exact) as the uninterrupted
+  run? Beside it ``crossknn train-ce`` for the same steps (one after the other, not side by side:
+  the Trainer's loop cannot be stepped in turn with another one). Merged into ``--out`` as
+  ``crossknn_vs_st_trainer``.
 
 Measured per row: seconds per optimizer step (training only), the process' wall time and peak RSS
 (``wait4``), dev nDCG@10 / RR@10 (``crossknn.trec.run_metrics``) of the trained model exported
@@ -33,6 +39,8 @@ embedded [EMB] CE, and its ListNet loss against crossknn's listwise loss on the 
 Example (the run in docs/train.md)::
 
     nice -n 5 .venv/bin/python bench/trainer_compare.py --work /tmp/tc --threads 1
+    nice -n 5 .venv/bin/python bench/trainer_compare.py --st-trainer --steps 12 --kill-at 6 \
+        --threads 1 --work /tmp/tct
     .venv/bin/python bench/trainer_compare.py --quick --work /tmp/tcq   # smoke, < 30 s
 """
 
@@ -698,8 +706,7 @@ def st_row(
     cmd = [sys.executable, str(BENCH), "--worker", "st", str(cfg_path)]
     m = run_measured(cmd, env, log=root / f"{name}.log")
     res = json.loads((here / "result.json").read_text())
-    # the worker always runs the plain loop: a CrossEncoderTrainer path is not written (it could
-    # not be run where this bench was written: accelerate and datasets were missing)
+    # the plain-loop stand-in; the CrossEncoderTrainer itself runs with --st-trainer
     loop = "ST CrossEncoder + ListNetLoss in a plain torch loop"
     chunks = (
         "ST default: forwards of as many pairs as queries per step"
@@ -1041,7 +1048,7 @@ def main(argv=None) -> int:
             st["resume_note"] = "not measured: the Trainer's resume_from_checkpoint needs the " + (
                 "Trainer, not built here: " + status["trainer_error"]
                 if not status["trainer_builds"]
-                else "Trainer path, which this bench does not have"
+                else "Trainer: see --st-trainer (crossknn_vs_st_trainer.st_trainer_resume)"
             )
             models[f"st{n}"] = Path(st.pop("_model"))
         dev = dev_metrics(slice_dir, models, a.dev_candidates, a.threads)

@@ -160,13 +160,11 @@ def test_cross_encoder_trainer_steps_checkpoints_and_resumes(tc, base, tmp_path)
             "args": vars(a), "here": str(here), "slice": str(data), "base": str(base),
             "top_n": str(tmp_path / "top.npy"), "save_steps": 1, "export": False, **extra,
         }  # fmt: skip
-        (here / "cfg.json").write_text(json.dumps(cfg))
-        out = subprocess.run(
-            [sys.executable, str(BENCH / "trainer_compare.py"), "--worker", "trainer",
-             str(here / "cfg.json")],
-            capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr[-3000:]
+        threads = torch.get_num_threads()
+        try:  # in this process (a subprocess would import torch and ST again: +15 s each)
+            tc.worker_trainer(json.loads(json.dumps(cfg)))
+        finally:
+            torch.set_num_threads(threads)
         log = here / extra.get("loss_log", "losses.jsonl")
         return here, [json.loads(x) for x in log.read_text().splitlines()]
 
