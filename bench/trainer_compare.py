@@ -920,6 +920,13 @@ def parse(argv=None) -> argparse.Namespace:
         "kill-and-resume test; merged into --out as 'crossknn_vs_st_trainer'",
     )
     ap.add_argument(
+        "--alternate",
+        type=int,
+        default=0,
+        help="with --st-trainer: only N pairs of crossknn / Trainer runs in turn (timing), "
+        "merged into crossknn_vs_st_trainer.alternating",
+    )
+    ap.add_argument(
         "--interleave-steps",
         type=int,
         default=8,
@@ -981,6 +988,18 @@ def main(argv=None) -> int:
             if not status["trainer_builds"]:
                 print(f"CrossEncoderTrainer cannot be built: {status['trainer_error']}")
                 return 2
+            if a.alternate:
+                alt = run_alternating(a, slice_dir, root, env)
+                alt["command"] = "python bench/trainer_compare.py " + " ".join(
+                    sys.argv[1:] if argv is None else argv
+                )
+                alt["machine"] = machine("torch", "transformers", "sentence-transformers")
+                print(json.dumps(alt, indent=1))
+                if a.out:
+                    old = json.loads(Path(a.out).read_text())
+                    old.setdefault("crossknn_vs_st_trainer", {})["alternating"] = alt
+                    write_json(a.out, old)
+                return 0
             block = run_st_trainer(a, slice_dir, stats, status, root, env)
             block["command"] = "python bench/trainer_compare.py " + " ".join(
                 sys.argv[1:] if argv is None else argv
@@ -1109,6 +1128,62 @@ def run_st_trainer(a, slice_dir: Path, stats: dict, status: dict, root: Path, en
         "dev_de_order": dev["DE order"],
         "rows": [cx, tr],
         "st_trainer_resume": resume,
+    }
+
+
+def run_alternating(a, slice_dir: Path, root: Path, env: dict) -> dict:
+    """``--alternate N``: N pairs of runs, ``crossknn train-ce`` then ``CrossEncoderTrainer``, in
+    turn (each with one checkpoint, at its last step, and no export), so that a shared machine's
+    load falls on both alike; seconds per step of each run and the load average around it."""
+    from crossknn.ce.models import minilm_checkpoint_dir
+
+    runs = []
+    top_n = None
+    for n in range(a.alternate):
+        (root / f"alt{n}").mkdir()
+        load0 = os.getloadavg()
+        cx, _, cx_work = crossknn_row(a, slice_dir, root / f"alt{n}", env)
+        top_n = top_n or cx_work / "de_top_n.npy"
+        runs.append(
+            {
+                "trainer": "crossknn train-ce",
+                "s_per_step": cx["s_per_step"],
+                "load_average_before_after": [round(x, 2) for x in (*load0, *os.getloadavg())],
+            }
+        )
+        here = root / f"alt{n}" / "st-trainer"
+        here.mkdir(parents=True)
+        cfg = {
+            "args": vars(a), "here": str(here), "slice": str(slice_dir), "top_n": str(top_n),
+            "base": str(minilm_checkpoint_dir()), "save_steps": a.steps, "export": False,
+        }  # fmt: skip
+        (here / "cfg.json").write_text(json.dumps(cfg))
+        load0 = os.getloadavg()
+        cmd = [sys.executable, str(BENCH), "--worker", "trainer", str(here / "cfg.json")]
+        run_measured(cmd, env, log=here / "run.log")
+        res = json.loads((here / "result.json").read_text())
+        steps = read_losses(here / "losses.jsonl")
+        runs.append(
+            {
+                "trainer": "sentence-transformers CrossEncoderTrainer",
+                "s_per_step": round(res["train_s"] / res["global_step"], 3),
+                "median_step_s": round(float(np.median([r["s"] for r in steps])), 3),
+                "load_average_before_after": [round(x, 2) for x in (*load0, *os.getloadavg())],
+            }
+        )
+        print(f"pair {n}: {runs[-2]['s_per_step']} vs {runs[-1]['s_per_step']} s/step")
+    mean = {
+        t: round(float(np.mean([r["s_per_step"] for r in runs if r["trainer"] == t])), 3)
+        for t in ("crossknn train-ce", "sentence-transformers CrossEncoderTrainer")
+    }
+    return {
+        "what": "runs in turn: crossknn train-ce, CrossEncoderTrainer, crossknn train-ce, ...; "
+        "s_per_step = training seconds / steps, one checkpoint (the last step) each",
+        "runs": runs,
+        "mean_s_per_step": mean,
+        "ratio_trainer_to_crossknn": round(
+            mean["sentence-transformers CrossEncoderTrainer"] / mean["crossknn train-ce"], 2
+        ),
     }
 
 
