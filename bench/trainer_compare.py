@@ -11,15 +11,21 @@ head ``--head-lr``), batch, warm-up share, gradient clipping and number of optim
 - ``crossknn``: ``crossknn train-ce SLICE OUT --kind cls`` (a subprocess), then the same command
   killed with SIGKILL after the checkpoint of step ``--kill-at`` and resumed with ``--resume``:
   are the exported ONNX bytes, the trained weights and the loss log those of the uninterrupted run?
-- ``sentence-transformers``: the parts of ST that run without ``accelerate`` and ``datasets``
-  (``CrossEncoderTrainer`` and HF ``Trainer`` need both; the JSON records whether the Trainer
-  can be built here and why not): its ``CrossEncoder`` model and its ``ListNetLoss`` (one-hot
-  targets: the same loss as crossknn's listwise) in a plain torch loop doing what the Trainer's
-  step does (AdamW with the Trainer's weight-decay groups and ``learning_rate_mapping``, linear
-  warm-up/decay, clip at 1.0). A ``CrossEncoderTrainer`` path is not written: it could not be run
-  here. Its checkpoint size is that of the files the Trainer writes at a checkpoint
-  (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
-  ``trainer_state.json``), written by this script. Its resume is not tested.
+- ``sentence-transformers`` stand-in (the default run): ST's ``CrossEncoder`` model and its
+  ``ListNetLoss`` (one-hot targets: the same loss as crossknn's listwise) in a plain torch loop
+  doing what the Trainer's step does (AdamW with the Trainer's weight-decay groups and
+  ``learning_rate_mapping``, linear warm-up/decay, clip at 1.0); it needs neither ``accelerate``
+  nor ``datasets``. Its checkpoint is the file set the Trainer writes, written by this script.
+- ``--st-trainer``: sentence-transformers' own ``CrossEncoderTrainer`` (on HF ``Trainer``; needs
+  the ``trainers`` extra: ``accelerate``, ``datasets``) with the same model and ``ListNetLoss``,
+  ``learning_rate_mapping={"classifier": head_lr}``, a ``datasets.Dataset`` holding crossknn's
+  step groups in step order and a batch sampler that reads it in order; its own checkpoint
+  folders every ``--kill-at`` steps. Then the same Trainer run killed (SIGKILL) after step
+  ``--kill-at`` + 1 and resumed with ``resume_from_checkpoint=checkpoint-<kill-at>``: the same
+  final weights, exported ONNX bytes and per-step losses (float32, exact) as the uninterrupted
+  run? Beside it ``crossknn train-ce`` for the same steps (one after the other, not side by side:
+  the Trainer's loop cannot be stepped in turn with another one). Merged into ``--out`` as
+  ``crossknn_vs_st_trainer``.
 
 Measured per row: seconds per optimizer step (training only), the process' wall time and peak RSS
 (``wait4``), dev nDCG@10 / RR@10 (``crossknn.trec.run_metrics``) of the trained model exported
@@ -33,6 +39,8 @@ embedded [EMB] CE, and its ListNet loss against crossknn's listwise loss on the 
 Example (the run in docs/train.md)::
 
     nice -n 5 .venv/bin/python bench/trainer_compare.py --work /tmp/tc --threads 1
+    nice -n 5 .venv/bin/python bench/trainer_compare.py --st-trainer --steps 12 --kill-at 6 \
+        --threads 1 --work /tmp/tct
     .venv/bin/python bench/trainer_compare.py --quick --work /tmp/tcq   # smoke, < 30 s
 """
 
@@ -124,13 +132,14 @@ def run_measured(cmd: list[str], env: dict, *, kill_when=None, log: Path) -> dic
     with open(log, "w") as out:
         p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         killed = False
-        if kill_when is not None:
-            while p.poll() is None and not killed:
-                if kill_when():
-                    p.send_signal(signal.SIGKILL)
-                    killed = True
-                time.sleep(0.2)
-        _, status, usage = os.wait4(p.pid, 0)
+        while True:  # wait4, not poll(): poll() would reap the child and lose its rusage
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG if kill_when else 0)
+            if pid:
+                break
+            if not killed and kill_when():
+                p.send_signal(signal.SIGKILL)
+                killed = True
+            time.sleep(0.2)
         p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     if p.returncode != 0 and not killed:
@@ -464,6 +473,112 @@ def worker_st(cfg: dict) -> None:
     (here / "result.json").write_text(json.dumps(res))
 
 
+def trainer_dataset(ex, steps):
+    """The rows of every step, in step order, as a ``datasets.Dataset`` for ListNetLoss: the query,
+    its group's item texts and the one-hot targets (0 for the positive, -inf for the negatives)."""
+    from datasets import Dataset
+
+    rows = {"query": [], "docs": [], "label": []}
+    for q_rows, g in steps:
+        inputs, labels = _batch(ex, q_rows, g)
+        rows["query"] += inputs[0]
+        rows["docs"] += inputs[1]
+        rows["label"] += [lab.tolist() for lab in labels]
+    return Dataset.from_dict(rows)
+
+
+def in_order_batch_sampler(dataset, batch_size, drop_last, **kwargs):
+    """The Trainer's ``batch_sampler``: ST's ``DefaultBatchSampler`` over the rows in order (no
+    shuffling), so that the Trainer's step ``s`` sees the groups of crossknn's step ``s``. A
+    module-level function: the Trainer pickles its arguments into each checkpoint."""
+    from sentence_transformers.base.sampler import DefaultBatchSampler
+    from torch.utils.data import SequentialSampler
+
+    return DefaultBatchSampler(SequentialSampler(dataset), batch_size, drop_last, **kwargs)
+
+
+def worker_trainer(cfg: dict) -> None:
+    """Train the [CLS] CE with sentence-transformers' ``CrossEncoderTrainer`` (HF ``Trainer``):
+    ListNetLoss, AdamW with ``learning_rate_mapping`` for the head, linear warm-up/decay, clip 1.0,
+    a checkpoint folder every ``save_steps``; ``resume`` (a checkpoint folder) resumes with
+    ``resume_from_checkpoint``. Each step's exact loss (float32 repr) and duration go to
+    ``losses.jsonl`` as they are computed, so a killed run leaves its losses."""
+    import torch
+    from sentence_transformers.cross_encoder import (
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+    )
+    from transformers import TrainerCallback
+
+    a = argparse.Namespace(**cfg["args"])
+    torch.set_num_threads(a.threads)
+    here = Path(cfg["here"])
+    ex, steps = step_groups(Path(cfg["slice"]), Path(cfg["top_n"]), a)
+    data = trainer_dataset(ex, steps)
+    torch.manual_seed(a.seed)  # the new head: the same start point as crossknn's (parity row)
+    model = st_model(cfg["base"], "cls", a)
+    loss_fn = _listnet(model, 1.0, cfg.get("mini_batch"))
+    log = open(here / cfg.get("loss_log", "losses.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
+
+    class Recorder(CrossEncoderTrainer):
+        def compute_loss(self, *args, **kwargs):
+            out = super().compute_loss(*args, **kwargs)
+            loss = out[0] if isinstance(out, tuple) else out
+            self._last_loss = repr(float(loss.detach()))
+            return out
+
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            rec = {"step": state.global_step, "loss": trainer._last_loss}
+            rec["s"] = round(time.perf_counter() - self.t0, 4)
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+
+    args = CrossEncoderTrainingArguments(
+        output_dir=str(here / "out"),
+        max_steps=a.steps,
+        per_device_train_batch_size=a.batch_size,
+        learning_rate=a.lr,
+        learning_rate_mapping={r"classifier": a.head_lr},
+        weight_decay=0.01,
+        lr_scheduler_type="linear",
+        warmup_steps=math.ceil(0.1 * a.steps),
+        max_grad_norm=1.0,
+        seed=a.seed,
+        batch_sampler=in_order_batch_sampler,
+        save_strategy="steps",
+        save_steps=cfg["save_steps"],
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = Recorder(model=model, args=args, train_dataset=data, loss=loss_fn)
+    trainer._last_loss = None
+    trainer.add_callback(StepTimes())
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=cfg.get("resume"))
+    train_s = time.perf_counter() - t0
+    log.close()
+    res = {"train_s": round(train_s, 2), "global_step": trainer.state.global_step}
+    if cfg.get("export"):
+        from crossknn.ce.export import export_cross_encoder
+
+        model.eval()
+        hf = here / "hf"
+        model.model.save_pretrained(str(hf), safe_serialization=True)
+        model.tokenizer.save_pretrained(str(hf))
+        export_cross_encoder(
+            hf, here / "model", kind="cls", max_length=a.max_length, activation="none",
+            model_id="st-trainer-cls", overwrite=True,
+        )  # fmt: skip
+    (here / "result.json").write_text(json.dumps(res))
+
+
 def worker_parity(cfg: dict) -> None:
     """Eval-mode checks (no dropout): the same start point and step-0 loss in ST and crossknn for
     [CLS]; for [EMB], an ST CrossEncoder with a custom module vs crossknn's joint CE."""
@@ -591,8 +706,7 @@ def st_row(
     cmd = [sys.executable, str(BENCH), "--worker", "st", str(cfg_path)]
     m = run_measured(cmd, env, log=root / f"{name}.log")
     res = json.loads((here / "result.json").read_text())
-    # the worker always runs the plain loop: a CrossEncoderTrainer path is not written (it could
-    # not be run where this bench was written: accelerate and datasets were missing)
+    # the plain-loop stand-in; the CrossEncoderTrainer itself runs with --st-trainer
     loop = "ST CrossEncoder + ListNetLoss in a plain torch loop"
     chunks = (
         "ST default: forwards of as many pairs as queries per step"
@@ -616,6 +730,119 @@ def st_row(
         "last_loss": round(res["losses"][-1], 4),
         "_model": str(here / "model"),
     }
+
+
+def read_losses(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def trainer_row(a, slice_dir: Path, top_n: Path, root: Path, env: dict) -> tuple[dict, dict]:
+    """``CrossEncoderTrainer``: one uninterrupted run (a checkpoint every ``--kill-at`` steps), then
+    the same run killed (SIGKILL) once step ``--kill-at`` + 1 has ended (so during the step after:
+    between two checkpoints) and resumed with ``resume_from_checkpoint`` from checkpoint
+    ``--kill-at``: the same final weights, exported ONNX bytes and per-step losses?"""
+    import torch
+    from safetensors.torch import load_file
+
+    from crossknn.ce.models import minilm_checkpoint_dir
+
+    def cfg_for(name: str, **extra) -> tuple[Path, list[str]]:
+        here = root / name
+        here.mkdir(parents=True, exist_ok=True)
+        cfg = {
+            "args": vars(a), "here": str(here), "slice": str(slice_dir), "top_n": str(top_n),
+            "base": str(minilm_checkpoint_dir()), "save_steps": a.kill_at, "export": True, **extra,
+        }  # fmt: skip
+        path = here / f"cfg{'-resume' if 'resume' in extra else ''}.json"
+        path.write_text(json.dumps(cfg))
+        return here, [sys.executable, str(BENCH), "--worker", "trainer", str(path)]
+
+    load0 = os.getloadavg()
+    ref, cmd = cfg_for("st-trainer")
+    m = run_measured(cmd, env, log=root / "st-trainer.log")
+    load1 = os.getloadavg()
+    res = json.loads((ref / "result.json").read_text())
+    ref_log = read_losses(ref / "losses.jsonl")
+    ck = ref / "out" / f"checkpoint-{a.kill_at}"
+    row = {
+        "trainer": "sentence-transformers CrossEncoderTrainer",
+        "mode": "CrossEncoderTrainer (HF Trainer) + ListNetLoss (mini_batch_size=None), "
+        "a datasets.Dataset of crossknn's step groups read in order (SequentialSampler)",
+        "kind": "cls",
+        "command": "python bench/trainer_compare.py --worker trainer st-trainer/cfg.json",
+        "steps": res["global_step"],
+        "train_s": res["train_s"],
+        "s_per_step": round(res["train_s"] / res["global_step"], 3),
+        "median_step_s": round(float(np.median([r["s"] for r in ref_log])), 3),
+        **m,
+        "load_average_before_after": [round(x, 2) for x in (*load0, *load1)],
+        "checkpoint_mb": size_mb(ck),
+        "checkpoint_files": sorted(p.name for p in ck.iterdir()),
+        "checkpoints_kept": sorted(p.name for p in (ref / "out").iterdir()),
+        "output_dir_mb": size_mb(ref / "out"),
+        "first_losses": [round(float(r["loss"]), 4) for r in ref_log[:3]],
+        "last_loss": round(float(ref_log[-1]["loss"]), 4),
+        "_model": str(ref / "model"),
+    }
+    # killed after step kill_at + 1 ended (checkpoint kill_at is then complete), resumed
+    run, cmd = cfg_for("st-trainer-resume")
+    log = run / "losses.jsonl"
+
+    def kill_when() -> bool:
+        return any(r["step"] > a.kill_at for r in read_losses(log))
+
+    first = run_measured(cmd, env, kill_when=kill_when, log=root / "st-trainer-kill.log")
+    killed_log = read_losses(log)
+    kept = sorted(p.name for p in (run / "out").iterdir())
+    resume_from = run / "out" / f"checkpoint-{a.kill_at}"
+    _, cmd_r = cfg_for(
+        "st-trainer-resume", resume=str(resume_from), loss_log="losses-resumed.jsonl"
+    )
+    second = run_measured(cmd_r, env, log=root / "st-trainer-resumed.log")
+    resumed_log = read_losses(run / "losses-resumed.jsonl")
+    last = f"checkpoint-{a.steps}"
+    w_ref = load_file(str(ref / "out" / last / "model.safetensors"))
+    w_new = load_file(str(run / "out" / last / "model.safetensors"))
+    same_w = set(w_ref) == set(w_new) and all(torch.equal(w_ref[k], w_new[k]) for k in w_ref)
+    max_diff = max(float((w_ref[k].float() - w_new[k].float()).abs().max()) for k in w_ref)
+    ref_losses = [r["loss"] for r in ref_log]
+    new_losses = [r["loss"] for r in killed_log if r["step"] <= a.kill_at] + [
+        r["loss"] for r in resumed_log
+    ]
+    first_diff = next(
+        (i + 1 for i, (x, y) in enumerate(zip(ref_losses, new_losses, strict=False)) if x != y),
+        None,
+    )
+    resume = {
+        "command": "python bench/trainer_compare.py --worker trainer st-trainer-resume/cfg.json  "
+        f"(SIGKILL after step {a.kill_at + 1} ended), then --worker trainer "
+        f"st-trainer-resume/cfg-resume.json (resume_from_checkpoint=checkpoint-{a.kill_at})",
+        "killed": first["killed"],
+        "steps_logged_before_kill": [r["step"] for r in killed_log],
+        "checkpoints_at_kill": kept,
+        "resumed_from": f"checkpoint-{a.kill_at}",
+        "resumed_steps": [r["step"] for r in resumed_log],
+        "kill_wall_s": first["wall_s"],
+        "resume_wall_s": second["wall_s"],
+        "resume_peak_rss_mb": second["peak_rss_mb"],
+        "same_weights": bool(same_w),
+        "max_abs_weight_diff": max_diff,
+        "same_model_safetensors_bytes": sha256(ref / "out" / last / "model.safetensors")
+        == sha256(run / "out" / last / "model.safetensors"),
+        "same_onnx_bytes": sha256(ref / "model" / "model.onnx")
+        == sha256(run / "model" / "model.onnx"),
+        "same_losses": ref_losses == new_losses,
+        "first_step_with_different_loss": first_diff,
+        "losses_uninterrupted": ref_losses,
+        "losses_killed_then_resumed": new_losses,
+    }
+    resume["resume_bitwise"] = bool(
+        resume["same_weights"] and resume["same_onnx_bytes"] and resume["same_losses"]
+    )
+    row["resume_bitwise"] = resume["resume_bitwise"]
+    return row, resume
 
 
 # ---------------------------------------------------------------- dev metric
@@ -687,6 +914,19 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--kill-delay", type=float, default=1.0, help="seconds after that checkpoint")
     ap.add_argument("--no-resume-test", action="store_true")
     ap.add_argument(
+        "--st-trainer",
+        action="store_true",
+        help="run crossknn train-ce vs CrossEncoderTrainer (needs accelerate, datasets) and its "
+        "kill-and-resume test; merged into --out as 'crossknn_vs_st_trainer'",
+    )
+    ap.add_argument(
+        "--alternate",
+        type=int,
+        default=0,
+        help="with --st-trainer: only N pairs of crossknn / Trainer runs in turn (timing), "
+        "merged into crossknn_vs_st_trainer.alternating",
+    )
+    ap.add_argument(
         "--interleave-steps",
         type=int,
         default=8,
@@ -698,6 +938,7 @@ def parse(argv=None) -> argparse.Namespace:
         a.train_queries, a.dev_queries, a.items, a.dev_candidates = 8, 4, 60, 10
         a.steps, a.batch_size, a.group_size, a.negatives, a.random_negatives = 2, 2, 4, 10, 1
         a.max_length, a.no_resume_test, a.interleave_steps = 48, True, 1
+        a.kill_at = a.checkpoint_every = 1
         if a.out == str(RESULTS / "trainer_compare.json"):
             a.out = None
     return a
@@ -707,9 +948,12 @@ def main(argv=None) -> int:
     a = parse(argv)
     if a.worker:
         cfg = json.loads(Path(a.worker[1]).read_text())
-        {"st": worker_st, "parity": worker_parity, "interleave": worker_interleave}[a.worker[0]](
-            cfg
-        )
+        {
+            "st": worker_st,
+            "trainer": worker_trainer,
+            "parity": worker_parity,
+            "interleave": worker_interleave,
+        }[a.worker[0]](cfg)
         return 0
     src = find_data(a.data)
     if not (src / "corpus.jsonl").is_file():
@@ -740,6 +984,34 @@ def main(argv=None) -> int:
             f"slice: {stats}; ST trainer builds: {status['trainer_builds']} "
             f"({status['trainer_error']})"
         )
+        if a.st_trainer:
+            if not status["trainer_builds"]:
+                print(f"CrossEncoderTrainer cannot be built: {status['trainer_error']}")
+                return 2
+            if a.alternate:
+                alt = run_alternating(a, slice_dir, root, env)
+                alt["command"] = "python bench/trainer_compare.py " + " ".join(
+                    sys.argv[1:] if argv is None else argv
+                )
+                alt["machine"] = machine("torch", "transformers", "sentence-transformers")
+                print(json.dumps(alt, indent=1))
+                if a.out:
+                    old = json.loads(Path(a.out).read_text())
+                    old.setdefault("crossknn_vs_st_trainer", {})["alternating"] = alt
+                    write_json(a.out, old)
+                return 0
+            block = run_st_trainer(a, slice_dir, stats, status, root, env)
+            block["command"] = "python bench/trainer_compare.py " + " ".join(
+                sys.argv[1:] if argv is None else argv
+            )
+            block["machine"] = machine(
+                "torch", "transformers", "sentence-transformers", "accelerate", "datasets"
+            )
+            print_table({**block, "parity": {}})
+            if a.out:
+                old = json.loads(Path(a.out).read_text()) if Path(a.out).is_file() else {}
+                write_json(a.out, {**old, "crossknn_vs_st_trainer": block})
+            return 0
         cx, cx_out, cx_work = crossknn_row(a, slice_dir, root, env)
         print(f"crossknn: {cx['s_per_step']} s/step, peak RSS {cx['peak_rss_mb']} MiB")
         top_n = cx_work / "de_top_n.npy"
@@ -795,7 +1067,7 @@ def main(argv=None) -> int:
             st["resume_note"] = "not measured: the Trainer's resume_from_checkpoint needs the " + (
                 "Trainer, not built here: " + status["trainer_error"]
                 if not status["trainer_builds"]
-                else "Trainer path, which this bench does not have"
+                else "Trainer: see --st-trainer (crossknn_vs_st_trainer.st_trainer_resume)"
             )
             models[f"st{n}"] = Path(st.pop("_model"))
         dev = dev_metrics(slice_dir, models, a.dev_candidates, a.threads)
@@ -824,6 +1096,95 @@ def main(argv=None) -> int:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def run_st_trainer(a, slice_dir: Path, stats: dict, status: dict, root: Path, env: dict) -> dict:
+    """``--st-trainer``: ``crossknn train-ce`` and ``CrossEncoderTrainer`` one after the other on
+    the same slice, steps and groups, then the Trainer's kill-and-resume test; dev metrics of
+    both. Returns the ``crossknn_vs_st_trainer`` block of the JSON."""
+    load0 = os.getloadavg()
+    cx, cx_out, cx_work = crossknn_row(a, slice_dir, root, env)
+    cx["load_average_before_after"] = [round(x, 2) for x in (*load0, *os.getloadavg())]
+    cx["resume_bitwise"] = None  # measured by the default (40-step) run: crossknn_resume
+    print(f"crossknn: {cx['s_per_step']} s/step, peak RSS {cx['peak_rss_mb']} MiB")
+    tr, resume = trainer_row(a, slice_dir, cx_work / "de_top_n.npy", root, env)
+    print(f"CrossEncoderTrainer: {tr['s_per_step']} s/step, peak RSS {tr['peak_rss_mb']} MiB")
+    short = {k: v for k, v in resume.items() if not k.startswith("losses_")}
+    print(f"CrossEncoderTrainer resume: {short}")
+    dev = dev_metrics(
+        slice_dir, {"crossknn": cx_out, "trainer": Path(tr.pop("_model"))}, a.dev_candidates,
+        a.threads,
+    )  # fmt: skip
+    for name, row in (("crossknn", cx), ("trainer", tr)):
+        row.update({"dev_ndcg@10": dev[name]["nDCG@10"], "dev_rr@10": dev[name]["RR@10"]})
+    return {
+        "created": utc_now(),
+        "what": "crossknn train-ce and sentence-transformers' CrossEncoderTrainer, run one after "
+        "the other (not side by side: the Trainer's loop cannot be stepped in turn with another), "
+        "the same slice, groups in the same order, steps, lr, batch and listwise loss",
+        "settings": {k: v for k, v in vars(a).items() if k not in ("worker", "work", "out")},
+        "slice": stats,
+        "st_status": status,
+        "dev_de_order": dev["DE order"],
+        "rows": [cx, tr],
+        "st_trainer_resume": resume,
+    }
+
+
+def run_alternating(a, slice_dir: Path, root: Path, env: dict) -> dict:
+    """``--alternate N``: N pairs of runs, ``crossknn train-ce`` then ``CrossEncoderTrainer``, in
+    turn (each with one checkpoint, at its last step, and no export), so that a shared machine's
+    load falls on both alike; seconds per step of each run and the load average around it."""
+    from crossknn.ce.models import minilm_checkpoint_dir
+
+    runs = []
+    top_n = None
+    for n in range(a.alternate):
+        (root / f"alt{n}").mkdir()
+        load0 = os.getloadavg()
+        cx, _, cx_work = crossknn_row(a, slice_dir, root / f"alt{n}", env)
+        top_n = top_n or cx_work / "de_top_n.npy"
+        runs.append(
+            {
+                "trainer": "crossknn train-ce",
+                "s_per_step": cx["s_per_step"],
+                "load_average_before_after": [round(x, 2) for x in (*load0, *os.getloadavg())],
+            }
+        )
+        here = root / f"alt{n}" / "st-trainer"
+        here.mkdir(parents=True)
+        cfg = {
+            "args": vars(a), "here": str(here), "slice": str(slice_dir), "top_n": str(top_n),
+            "base": str(minilm_checkpoint_dir()), "save_steps": a.steps, "export": False,
+        }  # fmt: skip
+        (here / "cfg.json").write_text(json.dumps(cfg))
+        load0 = os.getloadavg()
+        cmd = [sys.executable, str(BENCH), "--worker", "trainer", str(here / "cfg.json")]
+        run_measured(cmd, env, log=here / "run.log")
+        res = json.loads((here / "result.json").read_text())
+        steps = read_losses(here / "losses.jsonl")
+        runs.append(
+            {
+                "trainer": "sentence-transformers CrossEncoderTrainer",
+                "s_per_step": round(res["train_s"] / res["global_step"], 3),
+                "median_step_s": round(float(np.median([r["s"] for r in steps])), 3),
+                "load_average_before_after": [round(x, 2) for x in (*load0, *os.getloadavg())],
+            }
+        )
+        print(f"pair {n}: {runs[-2]['s_per_step']} vs {runs[-1]['s_per_step']} s/step")
+    mean = {
+        t: round(float(np.mean([r["s_per_step"] for r in runs if r["trainer"] == t])), 3)
+        for t in ("crossknn train-ce", "sentence-transformers CrossEncoderTrainer")
+    }
+    return {
+        "what": "runs in turn: crossknn train-ce, CrossEncoderTrainer, crossknn train-ce, ...; "
+        "s_per_step = training seconds / steps, one checkpoint (the last step) each",
+        "runs": runs,
+        "mean_s_per_step": mean,
+        "ratio_trainer_to_crossknn": round(
+            mean["sentence-transformers CrossEncoderTrainer"] / mean["crossknn train-ce"], 2
+        ),
+    }
 
 
 def print_table(r: dict) -> None:

@@ -3,8 +3,10 @@
 The bench's numbers are measured by running it (docs/train.md, "Why the own training loop"); here
 only what its conclusions rest on, in seconds: ``--help`` runs, the [EMB] kind written as an ST
 ``CrossEncoder`` module scores as crossknn's joint CE does, ST's ``ListNetLoss`` with one-hot
-targets is crossknn's listwise loss, and the SciFact slice holds what it says. Skipped where
-sentence-transformers (or the embedded MiniLM weights) is missing.
+targets is crossknn's listwise loss, the SciFact slice holds what it says, and (with the
+``trainers`` extra: accelerate, datasets) the ``CrossEncoderTrainer`` worker trains 2 steps in
+crossknn's step order, writes its checkpoint folders and resumes from one bitwise (about 25 s).
+Skipped where sentence-transformers (or the embedded MiniLM weights) is missing.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def test_help_runs():
     )
     assert out.returncode == 0, out.stderr
     assert "--quick" in out.stdout and "--kill-at" in out.stdout
+    assert "--st-trainer" in out.stdout
 
 
 PAIRS = [
@@ -102,3 +105,85 @@ def test_slice_holds_its_queries_and_positives(tc, shared_dir, tmp_path):
     for split in ("train", "test"):
         for rels in sl.qrels[split].values():
             assert set(rels) <= items and any(r > 0 for r in rels.values())
+
+
+def _tiny_beir(root: Path, n_queries: int = 4, n_items: int = 12) -> Path:
+    """A BEIR folder written here (no shared data): each query has one positive item."""
+    import json
+
+    (root / "qrels").mkdir(parents=True)
+    words = ["protein", "cell", "gene", "virus", "brain", "heart", "drug", "blood"]
+    with open(root / "corpus.jsonl", "w") as f:
+        for i in range(n_items):
+            w = words[i % len(words)]
+            f.write(json.dumps({"_id": f"d{i}", "title": w, "text": f"a study of the {w} {i}"}))
+            f.write("\n")
+    with open(root / "queries.jsonl", "w") as f:
+        for q in range(n_queries):
+            f.write(json.dumps({"_id": f"q{q}", "text": f"what about the {words[q]}"}) + "\n")
+    with open(root / "qrels" / "train.tsv", "w") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for q in range(n_queries):
+            f.write(f"q{q}\td{q}\t1\n")
+    return root
+
+
+def test_cross_encoder_trainer_steps_checkpoints_and_resumes(tc, base, tmp_path):
+    """The bench's CrossEncoderTrainer worker: 2 steps on a tiny slice read in crossknn's step
+    order, a Trainer checkpoint folder per step (weights + optimizer state), and a run resumed
+    from checkpoint-1 that ends with the uninterrupted run's weights and step-2 loss."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("datasets")
+    import json
+
+    from safetensors.torch import load_file
+
+    from crossknn.train.examples import load_examples
+
+    a = tc.parse(["--quick"])
+    a.steps, a.threads = 2, 1
+    data = _tiny_beir(tmp_path / "slice")
+    ex = load_examples(data, "train")
+    rng = np.random.default_rng(0)
+    top = np.stack([rng.permutation(len(ex.item_ids))[: a.negatives] for _ in range(len(ex))])
+    np.save(tmp_path / "top.npy", top)
+    _, steps = tc.step_groups(data, tmp_path / "top.npy", a)
+    rows = tc.trainer_dataset(ex, steps)
+    assert len(rows) == a.steps * a.batch_size
+    first_q, first_g = steps[0]
+    assert rows[0]["query"] == ex.query_texts[int(first_q[0])]
+    assert rows[0]["docs"] == [ex.item_texts[int(i)] for i in first_g[0]]
+    assert rows[0]["label"][0] == 0.0 and all(x == float("-inf") for x in rows[0]["label"][1:])
+
+    def run(name, **extra):
+        here = tmp_path / name
+        here.mkdir()
+        cfg = {
+            "args": vars(a), "here": str(here), "slice": str(data), "base": str(base),
+            "top_n": str(tmp_path / "top.npy"), "save_steps": 1, "export": False, **extra,
+        }  # fmt: skip
+        threads = torch.get_num_threads()
+        try:  # in this process (a subprocess would import torch and ST again: +15 s each)
+            tc.worker_trainer(json.loads(json.dumps(cfg)))
+        finally:
+            torch.set_num_threads(threads)
+        log = here / extra.get("loss_log", "losses.jsonl")
+        return here, [json.loads(x) for x in log.read_text().splitlines()]
+
+    ref, ref_log = run("ref")
+    assert [r["step"] for r in ref_log] == [1, 2]
+    assert sorted(p.name for p in (ref / "out").iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    ck = {p.name for p in (ref / "out" / "checkpoint-1").iterdir()}
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= ck
+    assert "trainer_state.json" in ck
+    new, new_log = run(
+        "resumed", resume=str(ref / "out" / "checkpoint-1"), loss_log="losses-resumed.jsonl"
+    )
+    assert [r["step"] for r in new_log] == [2]
+    assert new_log[0]["loss"] == ref_log[1]["loss"]
+    w_ref = load_file(str(ref / "out" / "checkpoint-2" / "model.safetensors"))
+    w_new = load_file(str(new / "out" / "checkpoint-2" / "model.safetensors"))
+    assert set(w_ref) == set(w_new)
+    assert all(torch.equal(w_ref[k], w_new[k]) for k in w_ref)
+    w_start = load_file(str(ref / "out" / "checkpoint-1" / "model.safetensors"))
+    assert not torch.equal(w_start["classifier.weight"], w_ref["classifier.weight"])  # it trained
