@@ -10,7 +10,7 @@ from crossknn.index.pseudo_keywords import keyword_queries
 def _corpus() -> list[str]:
     topics = ["melatonin", "thyroid", "curcumin", "acrylamide", "cranberry"]
     texts = []
-    for j, t in enumerate(topics):
+    for t in topics:
         for r in range(6):  # each topic in six items: shared (df 6 of 30), not generic
             texts.append(
                 f"{t.title()} and health outcome {r} in the cohort. The study of {t} "
