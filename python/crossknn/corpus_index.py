@@ -454,7 +454,7 @@ def _build_locked(
         ce_calls=ce_calls,
         info=info,
         stage=stage,
-        stale=("de_items", "R", "round_index", "auto_rows"),
+        stale=("de_items", "R", "round_index", "auto_rows", "auto_row_vectors"),
     )
     shutil.rmtree(work, ignore_errors=True)
 
