@@ -87,4 +87,14 @@ def test_pseudo_query_kinds():
     assert pseudo_queries(one, 1, kind="sentence") == ["just one sentence without an end"]
     with pytest.raises(ValueError, match="kind must be one of"):
         pseudo_queries(c, 2, kind="title")
-    assert PSEUDO_KINDS == ("first", "sentence")
+    assert PSEUDO_KINDS == ("first", "sentence", "keywords")
+    # keywords: the corpus above has no shared, non-generic word (every word is in every item)
+    assert pseudo_queries(c, 3, seed=3, kind="keywords") == []
+    topics = ["melatonin", "thyroid", "curcumin", "acrylamide", "cranberry", "beets"] * 5
+    topics = [f"{t}{'abcde'[j // 6]}" for j, t in enumerate(topics)]  # 30 words, 2 items each
+    kc = Corpus(
+        [f"k{i}" for i in range(60)],
+        [f"{topics[i % 30]} study. Results on {topics[i % 30]} levels." for i in range(60)],
+    )
+    kw = pseudo_queries(kc, 40, seed=3, kind="keywords")
+    assert sorted(kw) == sorted(topics)  # each shared topic word once, then none left

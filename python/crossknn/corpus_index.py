@@ -62,7 +62,7 @@ def _items_jsonl(corpus: Corpus) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-PSEUDO_KINDS = ("first", "sentence")
+PSEUDO_KINDS = ("first", "sentence", "keywords")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -73,11 +73,17 @@ def pseudo_queries(
 
     ``kind="first"``: the item's first ``words`` words (with a title, mostly the title);
     ``"sentence"``: one seeded random sentence of the item other than its first (the first when
-    it has only one), clipped to ``words`` + 2 words. Used to calibrate the CE score scale and as
-    the rows of ``auto``'s index when the user gives no train queries.
+    it has only one), clipped to ``words`` + 2 words; ``"keywords"``: one-word topic queries
+    (:func:`crossknn.index.pseudo_keywords.keyword_queries`; fewer than ``n`` when the corpus
+    runs out of distinct words). Used to calibrate the CE score scale and as the rows of
+    ``auto``'s index when the user gives no train queries.
     """
     if kind not in PSEUDO_KINDS:
         raise ValueError(f"pseudo-query kind must be one of {PSEUDO_KINDS}; got {kind!r}")
+    if kind == "keywords":
+        from crossknn.index.pseudo_keywords import keyword_queries
+
+        return keyword_queries(corpus.texts, n, seed=seed)
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(corpus), size=min(n, len(corpus)), replace=False)
     if kind == "first":

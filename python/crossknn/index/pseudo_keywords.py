@@ -40,7 +40,9 @@ def keyword_queries(
     if not texts or n == 0:
         return []
     # the df bounds need a corpus of a few items; a tiny one keeps every term
-    lo, hi = (min_df, max_df) if len(texts) >= 20 else (1, 1.0)
+    # (max_df as a count of at least min_df items, so that a corpus of a few dozen items keeps
+    # its words shared by min_df items)
+    lo, hi = (min_df, max(int(max_df * len(texts)), min_df)) if len(texts) >= 20 else (1, 1.0)
     vec = TfidfVectorizer(
         token_pattern=r"(?u)\b[^\W\d_]{3,}\b",
         stop_words="english",
