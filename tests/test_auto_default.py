@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from crossknn.commands.build_cmd import _index_calls, auto_summary
-from crossknn.corpus_index import PSEUDO_KINDS, pseudo_queries
+from crossknn.corpus_index import PSEUDO_KINDS, auto_pseudo_queries, pseudo_queries
 from crossknn.data import Corpus
 from crossknn.index.auto import (
     ITEMS_PER_ROW,
@@ -98,3 +98,7 @@ def test_pseudo_query_kinds():
     )
     kw = pseudo_queries(kc, 40, seed=3, kind="keywords")
     assert sorted(kw) == sorted(topics)  # each shared topic word once, then none left
+    # auto's rows: keywords first, filled up with first-words queries
+    rows = auto_pseudo_queries(kc, 40, seed=3)
+    assert rows[:30] == kw and len(rows) == 40 and len(set(rows)) == 40
+    assert auto_pseudo_queries(c, 5, seed=3) == first  # no keyword: the first-words kind
