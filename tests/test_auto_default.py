@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from crossknn.commands.build_cmd import _index_calls, auto_summary
-from crossknn.corpus_index import PSEUDO_KINDS, pseudo_queries
+from crossknn.corpus_index import PSEUDO_KINDS, auto_pseudo_queries, pseudo_queries
 from crossknn.data import Corpus
 from crossknn.index.auto import (
     ITEMS_PER_ROW,
@@ -59,7 +59,7 @@ def test_summary_line_says_what_was_spent_and_what_it_buys():
         3_633,
     )
     assert "58,128 CE calls for 16 complete rows" in line and "97 pairs/s" in line
-    assert "Top-10-Recall@100 0.92" in line and "AXN over DE 0.71" in line
+    assert "Top-10-Recall@100 0.93" in line and "AXN over DE 0.71" in line
     assert "1 row gave Top-10-Recall@100 0.79" in expected_gain(1)
     assert "16 rows gave" in expected_gain(31) and "32 rows gave" in expected_gain(33)
 
@@ -87,4 +87,18 @@ def test_pseudo_query_kinds():
     assert pseudo_queries(one, 1, kind="sentence") == ["just one sentence without an end"]
     with pytest.raises(ValueError, match="kind must be one of"):
         pseudo_queries(c, 2, kind="title")
-    assert PSEUDO_KINDS == ("first", "sentence")
+    assert PSEUDO_KINDS == ("first", "sentence", "keywords")
+    # keywords: the corpus above has no shared, non-generic word (every word is in every item)
+    assert pseudo_queries(c, 3, seed=3, kind="keywords") == []
+    topics = ["melatonin", "thyroid", "curcumin", "acrylamide", "cranberry", "beets"] * 5
+    topics = [f"{t}{'abcde'[j // 6]}" for j, t in enumerate(topics)]  # 30 words, 2 items each
+    kc = Corpus(
+        [f"k{i}" for i in range(60)],
+        [f"{topics[i % 30]} study. Results on {topics[i % 30]} levels." for i in range(60)],
+    )
+    kw = pseudo_queries(kc, 40, seed=3, kind="keywords")
+    assert sorted(kw) == sorted(topics)  # each shared topic word once, then none left
+    # auto's rows: keywords first, filled up with first-words queries
+    rows = auto_pseudo_queries(kc, 40, seed=3)
+    assert rows[:30] == kw and len(rows) == 40 and len(set(rows)) == 40
+    assert auto_pseudo_queries(c, 5, seed=3) == first  # no keyword: the first-words kind

@@ -3,8 +3,10 @@
 The same builder as the eval harness (:func:`crossknn.search.auto.build_auto_index`), fed with the
 CE over the corpus and train queries given by the user, or pseudo-queries made from item texts
 (as the CE calibration does) when there are none. At most ``C`` CE calls are spent, counted by
-:class:`crossknn.search.auto.IndexCallBudget`. Stored in the corpus index as the array
-``auto_rows`` (m x N, the complete CE rows) and ``params["auto"]`` (the choices made).
+:class:`crossknn.search.auto.IndexCallBudget`. Stored in the corpus index as the arrays
+``auto_rows`` (m x N, the complete CE rows) and ``auto_row_vectors`` (m x d, the row queries' DE
+vectors, for the row prior) and ``params["auto"]`` (the choices made). An index built before the
+row prior has no ``auto_row_vectors`` and searches with the plain DE prior.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
 
 __all__ = [
     "AUTO_ARRAY",
+    "AUTO_ROW_VECTORS",
     "DEFAULT_INDEX_MINUTES",
     "ITEMS_PER_ROW",
     "MAX_DEFAULT_ROWS",
@@ -30,6 +33,7 @@ __all__ = [
 ]
 
 AUTO_ARRAY = "auto_rows"
+AUTO_ROW_VECTORS = "auto_row_vectors"
 
 # The default index budget of ``crossknn build`` (no --index-calls): m complete CE rows, C = m x N,
 #   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, rows the CE scores in DEFAULT_INDEX_MINUTES at
@@ -40,8 +44,8 @@ ITEMS_PER_ROW = 100
 MAX_DEFAULT_ROWS = 32
 DEFAULT_INDEX_MINUTES = 10.0
 # measured on nfcorpus-minilm-gpu (323 test queries, DE first round, seed 0; bench/recall_bench.py
-# --nfcorpus): Top-10-Recall@100 of auto by complete rows read, and of AXN over DE
-EXPECTED_K10_B100 = {0: 0.758, 1: 0.791, 16: 0.920, 32: 0.923, 167: 0.955}
+# --nfcorpus; with the row prior): Top-10-Recall@100 of auto by complete rows read, and of AXN
+EXPECTED_K10_B100 = {0: 0.758, 1: 0.787, 16: 0.927, 32: 0.937, 167: 0.964}
 AXN_K10_B100 = 0.707
 
 
@@ -144,7 +148,8 @@ def build_corpus_auto(
         reader, list(range(len(qs))), V, Q, index_calls=index_calls, seed=seed, progress=progress
     )
     params = {**idx.meta(), "index_calls_limit": int(index_calls), "n_train_queries": len(qs)}
-    return {AUTO_ARRAY: idx.rows}, params, int(reader.calls)
+    arrays = {AUTO_ARRAY: idx.rows, AUTO_ROW_VECTORS: np.asarray(idx.row_vectors, np.float32)}
+    return arrays, params, int(reader.calls)
 
 
 def auto_index_of(index) -> AutoIndex | None:
@@ -155,13 +160,19 @@ def auto_index_of(index) -> AutoIndex | None:
         return None
     rows = index.arrays.get(AUTO_ARRAY)
     V = np.asarray(index["de_items"], np.float32)
+    R = np.zeros((0, V.shape[0]), np.float32) if rows is None else np.asarray(rows, np.float32)
+    W = index.arrays.get(AUTO_ROW_VECTORS)
+    alpha = float(params.get("prior_alpha", 0.0)) if W is not None else 0.0
     return AutoIndex(
         V,
-        np.zeros((0, V.shape[0]), np.float32) if rows is None else np.asarray(rows, np.float32),
+        R,
         rho_d=float(params["rho_d"]),
         rho_r=float(params["rho_r"]),
         rounds=int(params["rounds"]),
         first_share=params.get("first_share"),
         decay=float(params.get("decay", 0.0)),
         index_calls=int(params["index_calls"]),
+        row_vectors=None if W is None else np.asarray(W, np.float32),
+        prior_alpha=alpha,
+        prior_tau=float(params.get("prior_tau", 10.0)),
     )

@@ -12,14 +12,21 @@ DE query vector with a free per-query slope (no global CE -> DE score map is nee
 
     u = c * p0 + w,   (w, c) = argmin ||[X_A, X_A p0] (w, c) - a||^2 + sum_j rho_j w_j^2 + eps c^2
 
-with ``p0 = [DE query vector, 0, ..., 0]`` and ``rho = rho_D`` on the DE block, ``rho_R`` on the
-CE-row block; the C++ loop solves it (``Solve::PriorRidge`` in ``crossknn/search.h``). The first
+with ``p0 = [DE query vector, row prior, 0]`` and ``rho = rho_D`` on the DE block, ``rho_R`` on the
+CE-row block; the C++ loop solves it (``Solve::PriorRidge`` in ``crossknn/search.h``). The row
+prior (:meth:`AUTO.priors`) guesses the query's CE-row block from its DE neighbours among the row
+queries: ``alpha * sd(V q) * softmax(tau * cos(q, q_j))`` over the m row queries ``q_j`` (their
+DE vectors are kept in the index), so a query near a row query starts from that query's CE row;
+``alpha = 0`` is the plain DE prior. The first
 round is the DE's top items (``first_share`` of B, or B / rounds), then TopK rounds over ``X u``;
 the final top-k is ranked by exact CE scores among every scored item.
 
 ``rho_D``, ``rho_R`` and the number of rounds are chosen by K-fold cross-validation over the m
 complete rows (rows of a fold are searched with features built from the other rows only; their
-exact top-k is known because the rows are complete). With fewer than two rows the defaults
+exact top-k is known because the rows are complete), with the row prior's ``alpha`` fixed at
+:data:`PRIOR_ALPHA` (chosen on pseudo splits of train rows: the cross-validation holds out medoid
+rows, which lie farther from the other row queries than a typical query does, so it undervalues
+the row prior). With fewer than two rows the defaults
 :data:`DEFAULTS` apply (a DE first round of 0.3 B). Test rows are never read.
 """
 
@@ -42,6 +49,8 @@ from crossknn.topk import topk_recall
 __all__ = [
     "AUTO",
     "DEFAULTS",
+    "PRIOR_ALPHA",
+    "PRIOR_TAU",
     "ROW_CHOICES",
     "AutoIndex",
     "IndexCallBudget",
@@ -58,12 +67,23 @@ DEFAULTS = (0.3, 0.3, 10, 0.3)
 GRID_D = (0.3, 0.1, 0.03)
 GRID_R = (0.3, 0.1, 1.0)
 # 20 rounds: chosen by the cross-validation on cisi's train rows for 4 of 6 (C, seed) builds
-# (C = 4,526 / 9,052, seeds 0-2); +0.004 mean recall over 10 on pseudo splits (docs/search.md)
-GRID_ROUNDS = (10, 20, 5)
+# (C = 4,526 / 9,052, seeds 0-2); +0.004 mean recall over 10 on pseudo splits (docs/search.md).
+# 30 rounds: above 20 in 6 of 6 (split, C) pairs of nfcorpus-minilm-gpu's train rows (three
+# pseudo splits, 300 pseudo-test rows each, C = 1% and 10% of dense; docs/search.md)
+GRID_ROUNDS = (10, 20, 5, 30)
 # share of B for the DE first round (None: B / rounds); with m >= 2 rows (0.3, 0.2, None) was a
 # wash on three pseudo splits of cisi's train rows, so cross-validation keeps B / rounds
 GRID_FIRST = (None,)
 GRID_DECAY = (0.0,)
+# the row prior's weight (0: none) and softmax sharpness of the index build: on pseudo splits of
+# nfcorpus-minilm-gpu's train rows (300 pseudo-test rows, the cross-validated other choices) alpha
+# = 3 was at or above alpha = 0 at every m tried (1, 13, 32, 137 rows: +0.003 to +0.018 mean
+# recall over the six cells) and above alpha = 1 in 5 of 8 (docs/search.md). Fixed, not
+# cross-validated: held-out medoid rows lie farther from the other row queries than a typical
+# query does, so the cross-validation undervalues the row prior (it chose 0 on two of three
+# splits at 1%, where 3 was better on all three).
+PRIOR_ALPHA = 3.0
+PRIOR_TAU = 10.0
 RHO_FREE = 1e-6  # penalty of the intercept column and of the free slope c
 CV_BUDGETS = (50, 100, 200)
 CV_KS = (10, 50)
@@ -147,6 +167,10 @@ class AutoIndex:
     first_share: float | None = DEFAULTS[3]  # of B for the DE first round; None: B / rounds
     decay: float = 0.0  # penalties scaled by (|A| / 10) ** -decay: the prior fades over rounds
     index_calls: int = 0
+    # DE vectors of the m row queries (m x d; None: unknown, no row prior) and the row prior
+    row_vectors: np.ndarray | None = None
+    prior_alpha: float = 0.0
+    prior_tau: float = PRIOR_TAU
     row_ids: list = field(default_factory=list)
     cv: dict | None = None
 
@@ -158,6 +182,20 @@ class AutoIndex:
         if not (np.all(np.isfinite(V)) and np.all(np.isfinite(R))):
             raise ValueError("the auto index holds NaN or inf values")
         self.item_vectors, self.rows = V, R
+        if self.row_vectors is not None:
+            W = np.asarray(self.row_vectors, np.float32).reshape(-1, V.shape[1])
+            if W.shape[0] != R.shape[0] or not np.all(np.isfinite(W)):
+                raise ValueError(
+                    f"row vectors must be {R.shape[0]} finite DE vectors of dim {V.shape[1]} "
+                    f"(one per row); got shape {W.shape}"
+                )
+            self.row_vectors = W
+        if self.prior_alpha < 0 or self.prior_tau <= 0:
+            raise ValueError(
+                f"need prior_alpha >= 0 and prior_tau > 0; got {self.prior_alpha}, {self.prior_tau}"
+            )
+        if self.prior_alpha > 0 and self.row_vectors is None and R.shape[0]:
+            raise ValueError("a row prior (prior_alpha > 0) needs the row queries' DE vectors")
         if self.rho_d <= 0 or self.rho_r <= 0 or int(self.rounds) < 1:
             raise ValueError(
                 f"need rho_d, rho_r > 0 and rounds >= 1; got {self.rho_d}, {self.rho_r}, "
@@ -195,8 +233,22 @@ class AutoIndex:
             "rounds": int(self.rounds),
             "first_share": self.first_share,
             "decay": float(self.decay),
+            "prior_alpha": float(self.prior_alpha),
+            "prior_tau": float(self.prior_tau),
             "index_calls": int(self.index_calls),
         }
+
+    def row_prior(self, v: np.ndarray) -> np.ndarray:
+        """The prior's CE-row block for DE query vector ``v``:
+        ``alpha * sd(V v) * softmax(tau * cos(v, row query j))`` (zeros when alpha is 0)."""
+        if self.prior_alpha == 0 or self.n_rows == 0:
+            return np.zeros(self.n_rows)
+        W = self.row_vectors.astype(np.float64)
+        nv = float(np.linalg.norm(v))
+        cos = (W @ v) / (np.maximum(np.linalg.norm(W, axis=1), 1e-12) * max(nv, 1e-12))
+        w = np.exp(self.prior_tau * (cos - cos.max()))
+        spread = float(np.std(self.item_vectors.astype(np.float64) @ v))
+        return self.prior_alpha * spread * w / w.sum()
 
 
 class AUTO(RoundMethod):
@@ -239,7 +291,7 @@ class AUTO(RoundMethod):
                 raise ValueError(
                     f"DE query vector must have shape ({self.index.dim},); got {v.shape}"
                 )
-            out.append(np.r_[v, np.zeros(self.index.n_rows + 1)])
+            out.append(np.r_[v, self.index.row_prior(v), 0.0])
         return out
 
     def prior_ridge_penalties(self) -> tuple[np.ndarray, float]:
@@ -261,6 +313,7 @@ def build_auto_index(
     n_folds: int = 6,
     max_dev: int = 30,
     row_choice: str = "medoids",
+    prior_alpha: float = PRIOR_ALPHA,
     progress: bool = False,
 ) -> AutoIndex:
     """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
@@ -269,7 +322,8 @@ def build_auto_index(
     used as is when it already is one); ``train_query_vectors[j]``: the DE vector of
     ``train_queries[j]`` (used for the cross-validated choices only); ``budgets`` / ``ks``: the
     cross-validation objective, mean Top-k-Recall@B (default :data:`CV_BUDGETS` x :data:`CV_KS`);
-    ``row_choice``: ``"medoids"`` (default) or ``"random"``, see :func:`choose_rows`.
+    ``row_choice``: ``"medoids"`` (default) or ``"random"``, see :func:`choose_rows`;
+    ``prior_alpha``: the row prior's weight (0: the plain DE prior), see :meth:`AUTO.priors`.
     """
     budgets = CV_BUDGETS if budgets is None else budgets
     ks = CV_KS if ks is None else ks
@@ -307,7 +361,15 @@ def build_auto_index(
     table = None
     if m >= 2:
         (rho_d, rho_r, rounds, first, decay), table = _cross_validate(
-            R, Q[pos], V, budgets=budgets, ks=ks, n_folds=n_folds, max_dev=max_dev, seed=seed
+            R,
+            Q[pos],
+            V,
+            budgets=budgets,
+            ks=ks,
+            n_folds=n_folds,
+            max_dev=max_dev,
+            seed=seed,
+            alpha=prior_alpha,
         )
     return AutoIndex(
         V,
@@ -318,6 +380,8 @@ def build_auto_index(
         first_share=first,
         decay=decay,
         index_calls=reader.calls,
+        row_vectors=Q[pos],
+        prior_alpha=prior_alpha,
         row_ids=[train[p] for p in pos],
         cv=table,
     )
@@ -366,10 +430,10 @@ def choose_rows(query_vectors, m: int, *, how: str = "medoids", seed: int = 0) -
     return np.sort(np.array(pos, np.int64))
 
 
-def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed):
+def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0):
     """((rho_D, rho_R, rounds, first share, decay), {key: mean dev recall}) by K-fold CV over the
-    complete rows (queries are addressed by their position among the rows; ties -> the earlier
-    grid entry)."""
+    complete rows with the row prior's weight ``alpha`` (queries are addressed by their position
+    among the rows; ties -> the earlier grid entry)."""
     m, N = R.shape
     budgets = [b for b in budgets if b <= N] or [N]
     ks = [k for k in ks if k <= min(budgets)] or [1]
@@ -387,12 +451,21 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed):
         for d in GRID_D
         for r in GRID_R
     ]
-    for rho_d, rho_r, rounds, first, decay in grid:
+
+    def dev_recall(rho_d, rho_r, rounds, first, decay) -> float:
         num = 0.0
         for f in folds:
             keep = np.setdiff1d(np.arange(m), f)
             idx = AutoIndex(
-                V, R[keep], rho_d=rho_d, rho_r=rho_r, rounds=rounds, first_share=first, decay=decay
+                V,
+                R[keep],
+                rho_d=rho_d,
+                rho_r=rho_r,
+                rounds=rounds,
+                first_share=first,
+                decay=decay,
+                row_vectors=Qr[keep],
+                prior_alpha=alpha,
             )
             meth = AUTO(idx, prior=Qr, first=de)
             recs = []
@@ -400,7 +473,12 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed):
                 res = meth.search(scorer, f.tolist(), budget=B, k=max(ks), seed=seed)
                 recs += [float(topk_recall(R, f, res.indices, k).mean()) for k in ks]
             num += len(f) * float(np.mean(recs))
-        table[f"{rho_d},{rho_r},{rounds},{first},{decay}"] = num / len(order)
+        return num / len(order)
+
+    for rho_d, rho_r, rounds, first, decay in grid:
+        table[f"{rho_d},{rho_r},{rounds},{first},{decay}"] = dev_recall(
+            rho_d, rho_r, rounds, first, decay
+        )
     best = max(table, key=lambda key: round(table[key], 9))  # max keeps the first of equals
     d, r, n, f, g = best.split(",")
     return (float(d), float(r), int(n), None if f == "None" else float(f), float(g)), table
