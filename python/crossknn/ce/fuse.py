@@ -30,8 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from crossknn.ce.cache import cache_root
-from crossknn.ce.rewrite import write_cached
+from crossknn.ce.rewrite import cache_paths, write_cached
 
 __all__ = ["FUSE_RECIPE", "attention_shape", "check_fused", "fuse", "fused_graph"]
 
@@ -154,8 +153,7 @@ def fused_graph(
     ``cache_root()/cuda``."""
     src = Path(src)
     key = f"{'fp16' if fp16 else 'fp32'}-{sha256[:16]}-f{FUSE_RECIPE}"
-    beside = src.parent / f"{src.stem}.cuda-{key}.onnx"
-    cached = cache_root(cache_dir) / "cuda" / f"{key}.onnx"
+    beside, cached = cache_paths(src, "cuda", key, cache_dir)
     for path in (beside, cached):
         if path.is_file():
             return path

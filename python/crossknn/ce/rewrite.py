@@ -22,6 +22,7 @@ __all__ = [
     "to_fp16",
     "fp16_graph",
     "write_cached",
+    "cache_paths",
 ]
 
 #: bumped when the fp16 conversion changes (a new cached file is made)
@@ -73,14 +74,20 @@ def fp16_graph(src: Path, sha256: str, *, cache_dir: str | os.PathLike | None = 
     file and renamed into place: a half-written copy is never used, and two processes making it
     at once both end with a complete file.
     """
-    src = Path(src)
-    key = f"{sha256[:16]}-r{FP16_RECIPE}"
-    beside = src.parent / f"{src.stem}.fp16-{key}.onnx"
-    cached = cache_root(cache_dir) / "fp16" / f"{key}.onnx"
-    for path in (beside, cached):
+    paths = cache_paths(Path(src), "fp16", f"{sha256[:16]}-r{FP16_RECIPE}", cache_dir)
+    for path in paths:
         if path.is_file():
             return path
-    return write_cached(to_fp16(src), [beside, cached])
+    return write_cached(to_fp16(src), paths)
+
+
+def cache_paths(src: Path, tag: str, key: str, cache_dir=None) -> list[Path]:
+    """Where a graph derived from ``src`` is kept: beside it (``<stem>.<tag>-<key>.onnx``),
+    else in the crossknn cache (``cache_root()/<tag>/<key>.onnx``), in that order."""
+    return [
+        src.parent / f"{src.stem}.{tag}-{key}.onnx",
+        cache_root(cache_dir) / tag / f"{key}.onnx",
+    ]
 
 
 def write_cached(data: bytes, paths: list[Path]) -> Path:
