@@ -143,6 +143,16 @@ def top10_agreement(a: np.ndarray, b: np.ndarray, per: int) -> float:
     return round(float(np.mean(got)), 4)
 
 
+def fidelity(got: np.ndarray, base: np.ndarray | None, per: int) -> dict:
+    """The rows' agreement with the fp32 reference (None without one)."""
+    if base is None:
+        return {"top10_agreement_vs_fp32": None, "max_abs_diff_vs_fp32": None}
+    return {
+        "top10_agreement_vs_fp32": top10_agreement(got, base, per),
+        "max_abs_diff_vs_fp32": round(float(np.abs(got - base).max()), 8),
+    }
+
+
 # -- 1. CE -----------------------------------------------------------------------------------
 def open_ce(precision: str, provider: str, threads: int | None, items=None, **options):
     from crossknn.ce.folders import open_cross_encoder
@@ -191,12 +201,7 @@ def ce_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                     "precision": ce.precision,
                     "batch": batch,
                     "pairs_per_s": round(len(pairs) / dt, 1),
-                    "top10_agreement_vs_fp32": None
-                    if base is None
-                    else top10_agreement(got, base, per),
-                    "max_abs_diff_vs_fp32": None
-                    if base is None
-                    else round(float(np.abs(got - base).max()), 8),
+                    **fidelity(got, base, per),
                     "score_pairs_per_s": round(len(pairs) / dts, 1),
                     "pairs": len(pairs),
                     "graph": "fused" if getattr(ce._s, "fused", False) else "exported",
@@ -334,12 +339,7 @@ def torch_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                 "precision": precision,
                 "batch": batch,
                 "pairs_per_s": round(len(ia) / dt, 1),
-                "top10_agreement_vs_fp32": None
-                if base is None
-                else top10_agreement(out, base, per),
-                "max_abs_diff_vs_fp32": None
-                if base is None
-                else round(float(np.abs(out - base).max()), 8),
+                **fidelity(out, base, per),
                 "pairs": int(len(ia)),
                 "torch": torch.__version__,
                 "note": "inputs built outside the timer; the reference is ONNX Runtime fp32",
