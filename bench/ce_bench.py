@@ -116,7 +116,7 @@ def torch_runner(threads: int, attn: str | None = None):
 
 def batches_of(ce, pairs, batch_size: int):
     """The exact feeds OnnxCrossEncoder builds for these pairs (order: length-sorted)."""
-    from crossknn.ce.runtime import length_batches
+    from crossknn.ce.model_base import length_batches
     from crossknn.ce.tokenize import IdStore, assemble_pairs, longest_first
 
     room = ce._room

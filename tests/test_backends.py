@@ -173,6 +173,12 @@ def test_embedded_joint_ce_scores_equal_onnx_fp32(embedded):
     assert np.allclose(onnx.score(qs[0], ids[0]), tch.score(qs[0], ids[0]), atol=1e-4, rtol=0)
     ra, rb = onnx.rank(qs[1], items, top_k=10), tch.rank(qs[1], items, top_k=10)
     assert [r["corpus_id"] for r in ra][:5] == [r["corpus_id"] for r in rb][:5]
+    # one rank for both backends (crossknn.ce.model_base): top_k 0 is none, as in ST
+    assert onnx.rank(qs[1], items, top_k=0) == tch.rank(qs[1], items, top_k=0) == []
+    with pytest.raises(ValueError, match="top_k must be None or an int >= 0"):
+        tch.rank(qs[1], items, top_k=-1)
+    with pytest.raises(TypeError, match="position 1"):
+        tch.predict([("q", "d"), ("q",)])
 
 
 def test_tiny_cls_ce_and_de_equal_onnx_fp32(tiny):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from crossknn.ce.manifest import read_manifest
-from crossknn.ce.runtime import length_batches
+from crossknn.ce.model_base import length_batches
 from crossknn.ce.tokenize import IdStore, TokenizerPlan, assemble_pairs, longest_first
 from crossknn.demo_corpus import stdlib_docstrings
 

@@ -36,14 +36,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from crossknn.ce.cuda_graph import GraphRunner, run_lock
 from crossknn.ce.feeds import pair_feeds, single_feeds
 from crossknn.ce.fuse import fused_graph
 from crossknn.ce.manifest import read_manifest
+from crossknn.ce.model_base import (
+    CrossEncoderBase,
+    DualEncoderBase,
+    check_positive,
+    check_rank_args,
+    ranked,
+)
 from crossknn.ce.rewrite import fp16_graph
-from crossknn.ce.tokenize import IdStore, TokenizerPlan, check_texts, longest_first
 
 __all__ = [
     "FP16",
@@ -70,7 +75,6 @@ _CPU = _PROVIDERS["cpu"]
 PROVIDERS = ("auto", *_PROVIDERS)
 #: the run precision that is no file of its own: the fp32 graph in half precision on a GPU
 FP16 = "fp16"
-_ENCODE_CHUNK = 8192
 # batch defaults on a GPU provider: one session run per round call (and per merged serve batch)
 # up to this many pairs / padded tokens (512 pairs of 128 tokens; a few hundred MB of
 # activations for a MiniLM-sized CE in fp16, a few GB for a large one at 512 tokens)
@@ -221,13 +225,6 @@ def cuda_graph_default() -> bool:
     return CUDA_GRAPH if env == "" else env == "1"
 
 
-def _check_positive(name: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-
-
 class _Session:
     """One ONNX Runtime session over one variant of an exported model directory.
 
@@ -277,7 +274,7 @@ class _Session:
         self.variant = variant
         self.file = variants[variant]
         self.model_hash = self.manifest["files"][self.file]["sha256"]
-        _check_positive("threads", threads, allow_none=True)
+        check_positive("threads", threads, allow_none=True)
         candidates = provider_candidates(provider, precision)
         if any(c != _CPU for c in candidates):
             _preload_gpu_libraries()
@@ -396,25 +393,13 @@ class _Session:
                 buffers.popitem(last=False)
         return io.copy_outputs_to_cpu()[0]
 
+    @property
+    def source(self) -> str | None:
+        """The Hugging Face folder the model was exported from (per its manifest), if known."""
+        return (self.manifest.get("source") or {}).get("path")
 
-def length_batches(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> list[np.ndarray]:
-    """Pair positions sorted by length (longest first), cut by the token budget."""
-    order = np.argsort(-lengths, kind="stable")
-    out = []
-    i, n = 0, len(order)
-    while i < n:
-        longest = int(lengths[order[i]])
-        m = max(1, min(batch_size, max_batch_tokens // max(longest, 1)))
-        out.append(order[i : i + m])
-        i += m
-    return out
-
-
-def _progress(iterable, enabled: bool, desc: str, total: int):
-    if not enabled:
-        return iterable
-
-    return tqdm(iterable, desc=desc, total=total, unit="batch")
+    def close(self) -> None:
+        self.session = None
 
 
 def provider_of_device(device) -> str | None:
@@ -493,7 +478,7 @@ def _st_convert(scores: np.ndarray, convert_to_numpy: bool, convert_to_tensor: b
 
 
 class _OnnxModel:
-    """What both scorers share: the session, the tokenizer, the options and the identity.
+    """The ONNX Runtime session under both scorers (the rest: crossknn.ce.model_base).
 
     Options (keywords of both classes): ``precision`` "fp32" or "int8" (a variant in the
     directory); ``max_length`` in tokens (default: the export's); ``threads`` intra-op threads
@@ -509,14 +494,11 @@ class _OnnxModel:
     """
 
     backend = "onnx"  # its name in crossknn.ce.backends
-    _kinds: tuple[str, ...] = ()
-    _template = "pair"  # the TokenizerPlan template the model's inputs follow: "pair" or "single"
+    _names = ("OnnxDualEncoder", "OnnxCrossEncoder")
     # the batch inputs from cached ids, in bulk (crossknn.ce.feeds; the row-by-row reference
     # crossknn.ce.tokenize.assemble_* builds the same arrays: bench/ce_host_bench.py times both)
     _pair_feeds = staticmethod(pair_feeds)
     _single_feeds = staticmethod(single_feeds)
-    _batch_size = 16
-    _max_batch_tokens = 2048
 
     def __init__(
         self,
@@ -534,8 +516,8 @@ class _OnnxModel:
         fuse: bool = True,
         cuda_graph: bool | None = None,
     ) -> None:
-        _check_positive("batch_size", batch_size, allow_none=True)
-        _check_positive("max_batch_tokens", max_batch_tokens, allow_none=True)
+        check_positive("batch_size", batch_size, allow_none=True)
+        check_positive("max_batch_tokens", max_batch_tokens, allow_none=True)
         self._s = _Session(
             model_dir,
             precision=precision,
@@ -547,52 +529,16 @@ class _OnnxModel:
             cuda_graph=cuda_graph,
         )
         gpu = self._s.provider != _CPU
-        if batch_size is None:
-            batch_size = _GPU_BATCH_SIZE if gpu else self._batch_size
-        if max_batch_tokens is None:
-            max_batch_tokens = _GPU_MAX_BATCH_TOKENS if gpu else self._max_batch_tokens
-        m = self._s.manifest
-        if m["kind"] not in self._kinds:
-            other = "OnnxDualEncoder" if m["kind"] == "dual-encoder" else "OnnxCrossEncoder"
-            raise ValueError(f"{model_dir} holds a {m['kind']} model; load it with {other}")
-        self._plan = TokenizerPlan(Path(model_dir) / "tokenizer.json")
-        limit = int(m.get("max_positions", 512))
-        if max_length is not None and (
-            isinstance(max_length, bool)
-            or not isinstance(max_length, (int, np.integer))
-            or not 8 <= max_length <= limit
-        ):
-            raise ValueError(f"max_length must be an int in [8, {limit}]; got {max_length!r}")
-        self.max_length = int(m["max_length"] if max_length is None else max_length)
-        self.batch_size = int(batch_size)
-        self.max_batch_tokens = int(max_batch_tokens)
-        self.show_progress_bar = bool(show_progress_bar)
-        self._tpl = getattr(self._plan, self._template)
-        self._room = self.max_length - self._tpl.n_special  # tokens left for the text(s)
-        self._lock = threading.Lock()
-        self._warned = False
-
-    # -- identity ---------------------------------------------------------------------------
-    @property
-    def model_id(self) -> str:
-        return str(self._s.manifest["model_id"])
-
-    @property
-    def model_hash(self) -> str:
-        """sha256 of the ONNX file that runs (also in the manifest)."""
-        return self._s.model_hash
-
-    @property
-    def provider(self) -> str:
-        """The execution provider that actually runs, e.g. ``CPUExecutionProvider`` (with
-        ``provider="auto"``: the first whose session opened)."""
-        return self._s.provider
-
-    @property
-    def precision(self) -> str:
-        """The precision that runs: a variant of the folder ("fp32", an int8 recipe) or "fp16"
-        (the fp32 graph in half precision on a GPU)."""
-        return self._s.precision
+        self._setup(
+            max_length=max_length,
+            batch_size=(_GPU_BATCH_SIZE if gpu else self._batch_size)
+            if batch_size is None
+            else batch_size,
+            max_batch_tokens=(_GPU_MAX_BATCH_TOKENS if gpu else self._max_batch_tokens)
+            if max_batch_tokens is None
+            else max_batch_tokens,
+            show_progress_bar=show_progress_bar,
+        )
 
     @property
     def variant(self) -> str:
@@ -600,47 +546,8 @@ class _OnnxModel:
         index records, so an index built with fp16 reopens the fp32 graph on the CPU."""
         return self._s.variant
 
-    @property
-    def model_dir(self) -> Path:
-        """The exported model directory this scorer runs."""
-        return self._s.model_dir
 
-    @property
-    def source(self) -> str | None:
-        """The Hugging Face folder the model was exported from (per its manifest), if known."""
-        src = self._s.manifest.get("source") or {}
-        return src.get("path")
-
-    @property
-    def kind(self) -> str:
-        return str(self._s.manifest["kind"])
-
-    def close(self) -> None:
-        """Drop the ONNX Runtime session (crossknn.ce.interface); the scorer is unusable after."""
-        self._s.session = None
-
-    def _warn_truncated(self, n: int) -> None:
-        with self._lock:
-            if self._warned:
-                return
-            self._warned = True
-        log.warning(
-            "crossknn.ce: %d input(s) longer than max_length=%d were truncated (longest_first for "
-            "pairs); this warning is shown once per scorer",
-            n,
-            self.max_length,
-        )
-
-    def _encode_store(self, texts: list[str], cap: int, progress: bool = False) -> IdStore:
-        ids: list[list[int]] = []
-        chunks = range(0, len(texts), _ENCODE_CHUNK)
-        it = _progress(chunks, progress and len(texts) > _ENCODE_CHUNK, "tokenize", len(chunks))
-        for start in it:
-            ids.extend(self._plan.encode(texts[start : start + _ENCODE_CHUNK]))
-        return IdStore(ids, cap)
-
-
-class OnnxCrossEncoder(_OnnxModel):
+class OnnxCrossEncoder(_OnnxModel, CrossEncoderBase):
     """A cross-encoder (classic [CLS]-CE or joint [EMB]-CE) on ONNX Runtime.
 
     Parameters: ``model_dir`` an exported model directory; ``items`` texts to score against by
@@ -649,11 +556,6 @@ class OnnxCrossEncoder(_OnnxModel):
     ``precision``, ``max_length`` of a pair, ``threads``, ``batch_size`` pairs (default 16),
     ``max_batch_tokens`` (default 2048), ``provider``, ``fp16``, ``show_progress_bar``).
     """
-
-    _kinds = ("cls-ce", "joint-ce")
-    _template = "pair"
-    _batch_size = 16
-    _max_batch_tokens = 2048
 
     def __init__(
         self,
@@ -664,15 +566,7 @@ class OnnxCrossEncoder(_OnnxModel):
         **options: Any,
     ) -> None:
         super().__init__(model_dir, **options)
-        m = self._s.manifest
-        self._joint = m["kind"] == "joint-ce"
-        self.num_labels = 1 if self._joint else int(m["num_labels"])
-        self.activation = "none" if self._joint else str(m["activation"])
-        self._items: IdStore | None = None
-        self._qcache: OrderedDict[str, IdStore] = OrderedDict()
-        self._qcache_size = int(query_cache_size)
-        if items is not None:
-            self.set_items(items)
+        self._setup_items(items, query_cache_size)
 
     def __repr__(self) -> str:
         return (
@@ -680,84 +574,6 @@ class OnnxCrossEncoder(_OnnxModel):
             f"precision={self.precision!r}, provider={self.provider!r}, "
             f"max_length={self.max_length}, n_items={self.n_items})"
         )
-
-    # -- items ------------------------------------------------------------------------------
-    @property
-    def n_items(self) -> int:
-        store = self._items
-        return 0 if store is None else len(store)
-
-    def set_items(self, texts: list[str]) -> None:
-        """Tokenize the item texts once; :meth:`score` then takes item indices into this list."""
-        texts = check_texts(texts, "items")
-        store = self._encode_store(texts, self._room, self.show_progress_bar)
-        with self._lock:
-            self._items = store
-
-    # -- scoring core -----------------------------------------------------------------------
-    def _query_store(self, query: str) -> IdStore:
-        return self._query_stores([query])[0]
-
-    def _query_stores(self, queries: list[str]) -> list[IdStore]:
-        """One store per query from the LRU cache; the queries not in it are tokenized in one
-        call (a search asks for the same query in every round, a serve batch for a few)."""
-        got: dict[str, IdStore] = {}
-        with self._lock:
-            for q in queries:
-                store = self._qcache.get(q)
-                if store is not None:
-                    self._qcache.move_to_end(q)
-                    got[q] = store
-        new = list(dict.fromkeys(q for q in queries if q not in got))
-        if new:
-            for q, ids in zip(new, self._plan.encode(new), strict=True):
-                got[q] = IdStore([ids], self._room)
-            with self._lock:
-                for q in new:
-                    self._qcache[q] = got[q]
-                while len(self._qcache) > self._qcache_size:
-                    self._qcache.popitem(last=False)
-        return [got[q] for q in queries]
-
-    def _run_pairs(
-        self,
-        A: IdStore,
-        ia: np.ndarray,
-        B: IdStore,
-        ib: np.ndarray,
-        *,
-        batch_size: int | None = None,
-        apply_activation: bool = True,
-        show_progress_bar: bool | None = None,
-    ) -> np.ndarray:
-        n = len(ia)
-        shape = (n,) if self.num_labels == 1 else (n, self.num_labels)
-        out = np.empty(shape, dtype=np.float32)
-        if n == 0:
-            return out
-        bs = self.batch_size if batch_size is None else batch_size
-        _check_positive("batch_size", bs)
-        la, lb = A.lengths[ia], B.lengths[ib]
-        ta, tb = longest_first(la, lb, self._room)
-        n_cut = int(np.count_nonzero((ta < la) | (tb < lb)))
-        if n_cut:
-            self._warn_truncated(n_cut)
-        batches = length_batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
-        progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
-        for idx in _progress(batches, progress, "CE", len(batches)):
-            feeds = self._pair_feeds(
-                self._tpl, self._plan.pad_id, A, ia[idx], ta[idx], B, ib[idx], tb[idx]
-            )
-            res = self._s.run(feeds)
-            if self._joint:
-                out[idx] = res
-            elif self.num_labels == 1:
-                out[idx] = res[:, 0]
-            else:
-                out[idx] = res
-        if apply_activation and self.activation == "sigmoid":
-            out = (1.0 / (1.0 + np.exp(-out.astype(np.float64)))).astype(np.float32)
-        return out
 
     # -- sentence-transformers style ----------------------------------------------------------
     def predict(
@@ -790,39 +606,8 @@ class OnnxCrossEncoder(_OnnxModel):
         _refuse_prompt(prompt_name, prompt)
         self._check_device(device)
         activate = _activation_choice(apply_activation, activation_fn)
-        if isinstance(pairs, (str, bytes)):
-            raise TypeError("pairs must be a list of (query, document) string pairs, got a string")
-        single = (
-            isinstance(pairs, (tuple, list))
-            and len(pairs) == 2
-            and isinstance(pairs[0], str)
-            and isinstance(pairs[1], str)
-        )
-        pairs = [tuple(pairs)] if single else list(pairs)
-        qs: dict[str, int] = {}
-        ds: dict[str, int] = {}
-        ia = np.empty(len(pairs), dtype=np.int64)
-        ib = np.empty(len(pairs), dtype=np.int64)
-        for i, pair in enumerate(pairs):
-            if (
-                isinstance(pair, (str, bytes))
-                or len(pair) != 2
-                or not isinstance(pair[0], str)
-                or not isinstance(pair[1], str)
-            ):
-                raise TypeError(
-                    "pairs must be a list of (query, document) string pairs; "
-                    f"got {type(pair).__name__} {pair!r:.60} at position {i}"
-                )
-            ia[i] = qs.setdefault(pair[0], len(qs))
-            ib[i] = ds.setdefault(pair[1], len(ds))
-        A = self._encode_store(list(qs), self._room)
-        B = self._encode_store(list(ds), self._room)
-        scores = self._run_pairs(
-            A,
-            ia,
-            B,
-            ib,
+        scores, single = self._score_pairs(
+            pairs,
             batch_size=batch_size,
             apply_activation=activate,
             show_progress_bar=show_progress_bar,
@@ -858,50 +643,18 @@ class OnnxCrossEncoder(_OnnxModel):
         _refuse_prompt(prompt_name, prompt)
         self._check_device(device)
         activate = _activation_choice(apply_activation, activation_fn)
-        if not isinstance(query, str):
-            raise TypeError(f"query must be a string; got {type(query).__name__}")
-        if isinstance(top_k, (list, tuple, np.ndarray)):
-            raise TypeError(
-                "rank's third argument is top_k, an int, as in sentence-transformers' "
-                "CrossEncoder.rank(query, documents, top_k, return_documents, ...); pass "
-                f"document ids as doc_ids=[...]; got a {type(top_k).__name__}"
-            )
-        documents = check_texts(documents, "documents")
-        if doc_ids is not None:
-            doc_ids = list(doc_ids)
-            if len(doc_ids) != len(documents):
-                raise ValueError(
-                    f"doc_ids and documents differ in length: {len(doc_ids)} vs {len(documents)}"
-                )
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0
-        ):
-            raise ValueError(f"top_k must be None or an int >= 0; got {top_k!r}")
-        if self.num_labels != 1:
-            raise ValueError(f"rank needs a one-score model; this one has {self.num_labels} labels")
+        documents, doc_ids = check_rank_args(query, documents, top_k, doc_ids, self.num_labels)
         if top_k == 0:
             return []
-        B = self._encode_store(documents, self._room)
-        scores = self._run_pairs(
-            self._query_store(query),
-            np.zeros(len(documents), dtype=np.int64),
-            B,
-            np.arange(len(documents), dtype=np.int64),
+        scores = self._score_documents(
+            query,
+            documents,
             batch_size=batch_size,
             apply_activation=activate,
             show_progress_bar=show_progress_bar,
         )
         scores = _st_activation(scores, activation_fn, False, self.num_labels)
-        order = np.argsort(-scores, kind="stable")[:top_k]
-        out = []
-        for i in order:
-            row: dict[str, Any] = {"corpus_id": int(i), "score": float(scores[i])}
-            if doc_ids is not None:
-                row["id"] = doc_ids[i]
-            if return_documents:
-                row["text"] = documents[i]
-            out.append(row)
-        return out
+        return ranked(scores, top_k, documents, doc_ids, return_documents)
 
     def _check_device(self, device) -> None:
         """``device`` (sentence-transformers' meaning) must name where this model runs."""
@@ -913,71 +666,13 @@ class OnnxCrossEncoder(_OnnxModel):
                 f"or provider={want!r}"
             )
 
-    # -- the scorer protocol of crossknn.search -------------------------------------------------
-    def _item_indices(self, items, store: IdStore) -> np.ndarray:
-        arr = np.asarray(items)
-        if arr.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(
-                f"items must be a 1-D integer array of item indices; got {arr.dtype} {arr.shape}"
-            )
-        arr = arr.astype(np.int64, copy=False)
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= len(store):
-            bad = lo if lo < 0 else hi
-            raise IndexError(f"item index {bad} out of range for {len(store)} items")
-        return arr
 
-    def _store(self) -> IdStore:
-        store = self._items
-        if store is None:
-            raise ValueError("no items set: pass items=[...] or call set_items(texts) first")
-        return store
-
-    def score(self, query: str, items) -> np.ndarray:
-        """CE scores of one query text against item indices (into the item texts), float32."""
-        if not isinstance(query, str):
-            raise TypeError(
-                f"query must be a string (this is a text CE); got {type(query).__name__}"
-            )
-        store = self._store()
-        idx = self._item_indices(items, store)
-        return self._run_pairs(
-            self._query_store(query), np.zeros(len(idx), dtype=np.int64), store, idx
-        )
-
-    def score_batch(self, queries: list[str], items: list) -> list[np.ndarray]:
-        """Many queries, each against its own item indices, in one length-sorted batch run."""
-        queries = check_texts(queries, "queries")
-        items = list(items)
-        if len(queries) != len(items):
-            raise ValueError(f"queries and items differ in length: {len(queries)} vs {len(items)}")
-        store = self._store()
-        idx = [self._item_indices(x, store) for x in items]
-        A = IdStore.concat(self._query_stores(queries)) if queries else IdStore([], self._room)
-        ia = np.repeat(np.arange(len(queries), dtype=np.int64), [len(x) for x in idx])
-        ib = np.concatenate(idx) if idx else np.zeros(0, dtype=np.int64)
-        flat = self._run_pairs(A, ia, store, ib)
-        return list(np.split(flat, np.cumsum([len(x) for x in idx])[:-1])) if idx else []
-
-
-class OnnxDualEncoder(_OnnxModel):
+class OnnxDualEncoder(_OnnxModel, DualEncoderBase):
     """A dual encoder on ONNX Runtime: ``encode(texts)`` -> float32 (n, d), L2-normalized.
 
     Parameters: ``model_dir`` an exported model directory and the options of both scorers (see
     ``_OnnxModel``; ``batch_size`` texts, default 32; ``max_batch_tokens`` default 4096).
     """
-
-    _kinds = ("dual-encoder",)
-    _template = "single"
-    _batch_size = 32
-    _max_batch_tokens = 4096
-
-    @property
-    def dim(self) -> int:
-        """Length of the embedding vectors."""
-        return int(self._s.manifest["dim"])
 
     def __repr__(self) -> str:
         return (
@@ -985,29 +680,3 @@ class OnnxDualEncoder(_OnnxModel):
             f"precision={self.precision!r}, provider={self.provider!r}, "
             f"max_length={self.max_length})"
         )
-
-    def encode(
-        self,
-        texts: list[str],
-        *,
-        batch_size: int | None = None,
-        show_progress_bar: bool | None = None,
-    ) -> np.ndarray:
-        texts = check_texts(texts, "texts")
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        if not texts:
-            return out
-        bs = self.batch_size if batch_size is None else batch_size
-        _check_positive("batch_size", bs)
-        progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
-        store = self._encode_store(texts, self._room, progress)
-        kept = np.minimum(store.lengths, self._room)
-        n_cut = int(np.count_nonzero(kept < store.lengths))
-        if n_cut:
-            self._warn_truncated(n_cut)
-        lengths = kept + self._tpl.n_special
-        batches = length_batches(lengths, bs, self.max_batch_tokens)
-        for idx in _progress(batches, progress, "encode", len(batches)):
-            feeds = self._single_feeds(self._tpl, self._plan.pad_id, store, idx, kept[idx])
-            out[idx] = self._s.run(feeds)
-        return out
