@@ -558,7 +558,7 @@ def _clients(port, workers, queries, n, stop_at, budget, out) -> None:
     results go to ``out`` (a queue: this runs in a client process)."""
     lock = threading.Lock()
     state = {"next": 0}
-    results: list[tuple[int, float, float | None, float | None]] = []
+    results: list[tuple[int, float, float | None, float | None, float]] = []
 
     def worker(w: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -573,6 +573,7 @@ def _clients(port, workers, queries, n, stop_at, budget, out) -> None:
                     {"query": queries[(i * 7 + w) % len(queries)], "k": K, "budget": budget}
                 )
                 t = time.perf_counter()
+                started = time.time()  # comparable across the client processes
                 ce = other = None
                 try:
                     conn.request("POST", "/search", body, {"Content-Type": "application/json"})
@@ -589,7 +590,7 @@ def _clients(port, workers, queries, n, stop_at, budget, out) -> None:
                     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
                 lat = time.perf_counter() - t
                 with lock:
-                    results.append((code, lat, ce, other))
+                    results.append((code, lat, ce, other, started))
                 if code in (429, 503):
                     time.sleep(0.05)
         finally:
@@ -637,6 +638,16 @@ def closed_loop(
     ce = [r[2] * 1e3 for r in ok if r[2] is not None]
     other = [r[3] * 1e3 for r in ok if r[3] is not None]
     errors = Counter(str(r[0]) for r in results if r[0] != 200)
+    # where the tail lies in time: p99 of the requests started in the level's second half, and
+    # per tenth of the level the requests slower than 2 x p50 (early: first uses; spread: not)
+    t0_wall = min((r[4] for r in ok), default=0.0)
+    span = max((r[4] for r in ok), default=0.0) - t0_wall
+    late = [r[1] * 1e3 for r in ok if r[4] - t0_wall >= span / 2]
+    slow = [0] * 10
+    p50 = pct(lat, 50)
+    for r in ok:
+        if p50 is not None and r[1] * 1e3 > 2 * p50:
+            slow[min(9, int(10 * (r[4] - t0_wall) / span)) if span > 0 else 0] += 1
     return {
         "queries_per_s": round(len(ok) / wall, 2),
         "p50_ms": pct(lat, 50),
@@ -648,6 +659,8 @@ def closed_loop(
         "errors": dict(sorted(errors.items())),
         "http_5xx": sum(v for c, v in errors.items() if c.startswith("5")),
         "wall_s": round(wall, 2),
+        "p99_ms_second_half": pct(np.array(late), 99) if late else None,
+        "slow_by_tenth": slow,
     }
 
 
@@ -721,6 +734,7 @@ def serve_rows(
                     **r,
                     "cuda_graph": graph == "1",
                     "workers": workers,
+                    "warmup": info.get("warmup"),
                 },
             )
         return True

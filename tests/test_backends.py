@@ -108,7 +108,7 @@ def _pairs(seed: int) -> list[tuple[str, str]]:
 # -- the interface -----------------------------------------------------------------------------
 def test_protocol_members_name_everything_callers_use():
     ce = protocol_members(CrossEncoder)
-    for name in ("set_items", "score", "score_batch", "predict", "rank", "close"):
+    for name in ("set_items", "score", "score_batch", "predict", "rank", "close", "warmup"):
         assert ce[name] == "method", name
     for name in ("n_items", "model_id", "model_hash", "source", "kind", "model_dir", "backend"):
         assert ce[name] == "data", name

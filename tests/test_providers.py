@@ -518,3 +518,54 @@ def test_index_models_take_fp16_over_fp32_and_refuse_other_precisions():
         open_index_models(_Index("fp32", "int8"), de_precision="fp32")
     with pytest.raises(ModelMismatchError, match=r"CE precision 'int8'.*'fp16'"):
         open_index_models(_Index("int8", "fp32"), precision="fp16")
+
+
+def test_graph_runner_warm_makes_every_bucket_once(tiny_joint):
+    """``warm`` makes the buckets of every batch shape up to a size before any request; the
+    runs after it replay them and score as the plain session does."""
+    import onnxruntime as ort
+
+    from crossknn.ce.cuda_graph import GraphRunner, all_buckets
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(tiny_joint / "model.onnx"), so, providers=[CPU])
+    names = [i.name for i in session.get_inputs()]
+    runner = GraphRunner(session, names, "scores", (), max_rows=16, device="cpu")
+    assert all_buckets(16, 64) == [(8, 32), (8, 64), (16, 32), (16, 64)]
+    assert runner.warm(40, 64) == 4 and runner.buckets == all_buckets(16, 64)  # rows capped
+    assert runner.warm(40, 64) == 0  # made once
+    plan = TokenizerPlan(tiny_joint / "tokenizer.json")
+    store = IdStore(plan.encode(ITEMS), 62)
+    q = IdStore(plan.encode(["pet cats"]), 62)
+    ia, ib = np.zeros(5, np.int64), np.arange(5)
+    ta, tb = longest_first(q.lengths[ia], store.lengths[ib], 61)
+    feeds = pair_feeds(plan.pair, plan.pad_id, q, ia, ta, store, ib, tb)
+    np.testing.assert_allclose(runner.run(feeds), session.run(["scores"], feeds)[0], atol=1e-5)
+    assert runner.buckets == all_buckets(16, 64)  # nothing new made by the request
+
+
+def test_warmup_is_a_gpu_step(tiny_joint, fake_cuda, monkeypatch):
+    """On the CPU provider ``warmup`` runs nothing; on a (faked) CUDA one it tries the graph
+    buckets (capture fails here: graphs off, said why) and runs the largest batch once."""
+    cpu = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cpu", threads=1)
+    cpu._s.run = lambda feeds: pytest.fail("a CPU warm-up ran the CE")
+    assert cpu.warmup() == {"buckets": 0, "seconds": 0.0}
+    ce = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cuda", io_binding=False)
+    shapes = []
+    real_run = ce._s.session.run
+    monkeypatch.setattr(
+        ce._s.session,
+        "run",
+        lambda out, feeds, *a: shapes.append(feeds["input_ids"].shape) or real_run(out, feeds, *a),
+    )
+    got = ce.warmup(40)
+    assert got["buckets"] == 0 and ce._s.cuda_graph_error and ce._s.graph.max_rows == 0
+    rows = min(40, ce.max_batch_tokens // ce.max_length)
+    assert shapes[-1] == (rows, ce.max_length)  # the largest batch, once
+    ref = OnnxCrossEncoder(tiny_joint, items=ITEMS, provider="cpu", threads=1)
+    np.testing.assert_allclose(
+        ce.score("pet cats", np.arange(5)), ref.score("pet cats", np.arange(5)), atol=1e-5
+    )
+    with pytest.raises(ValueError, match="max_pairs must be a positive int; got 0"):
+        ce.warmup(0)

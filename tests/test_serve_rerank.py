@@ -254,3 +254,13 @@ def test_text_and_item_jobs_share_one_batch(ce):
     np.testing.assert_allclose(
         got_texts, ce.predict([(QUERY, t) for t in TEXTS]), rtol=1e-5, atol=1e-6
     )
+
+
+def test_no_warmup_flag_reaches_the_config(env):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    serve_cmd.add_arguments(p)
+    on = serve_cmd.config_from_args(p.parse_args([env["index_dir"]]))
+    off = serve_cmd.config_from_args(p.parse_args([env["index_dir"], "--no-warmup"]))
+    assert on.warmup is True and off.warmup is False

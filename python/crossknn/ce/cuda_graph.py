@@ -31,7 +31,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["MAX_ROWS", "GraphRunner", "bucket", "run_lock"]
+__all__ = ["MAX_ROWS", "GraphRunner", "all_buckets", "bucket", "dummy_feeds", "run_lock"]
 
 #: the largest batch (rows) run through a captured graph
 MAX_ROWS = 256
@@ -62,6 +62,23 @@ def bucket(rows: int, columns: int, max_rows: int = MAX_ROWS) -> tuple[int, int]
     r = max(_MIN_ROWS, -(-rows // step) * step)
     c = -(-columns // _COLUMN_STEP) * _COLUMN_STEP
     return min(r, max_rows), c
+
+
+def all_buckets(max_rows: int, max_columns: int) -> list[tuple[int, int]]:
+    """Every (rows, columns) bucket a batch of at most ``max_rows`` pairs of at most
+    ``max_columns`` tokens can fall in, in the order :meth:`GraphRunner.warm` makes them."""
+    rows = sorted({bucket(r, 1, max_rows)[0] for r in range(1, max(max_rows, 0) + 1)})
+    cols = range(_COLUMN_STEP, bucket(1, max(max_columns, 1))[1] + 1, _COLUMN_STEP)
+    return [(r, c) for r in rows for c in cols]
+
+
+def dummy_feeds(inputs: list[str], rows: int, columns: int) -> dict[str, np.ndarray]:
+    """Inputs of a batch shape with no text in them (pad ids, every position attended): what a
+    warm-up run needs, the values do not matter."""
+    feeds = {name: np.zeros((rows, columns), dtype=np.int64) for name in inputs}
+    if "attention_mask" in feeds:
+        feeds["attention_mask"][:] = 1
+    return feeds
 
 
 class _Bucket:
@@ -122,6 +139,23 @@ class GraphRunner:
     @property
     def buckets(self) -> list[tuple[int, int]]:
         return sorted(self._buckets)
+
+    def warm(self, max_rows: int, max_columns: int, runs: int = 3) -> int:
+        """Make (capture) every bucket up to ``max_rows`` x ``max_columns`` now, ``runs`` runs
+        each (onnxruntime captures after its first runs), instead of on a request's first batch
+        of that shape; the number of buckets made (0 once graphs are off)."""
+        made = 0
+        for key in all_buckets(min(max_rows, self.max_rows), max_columns):
+            if self.max_rows == 0:  # a capture failed: graphs are off
+                break
+            if key in self._buckets:
+                continue
+            feeds = dummy_feeds(self.inputs, *key)
+            for _ in range(runs):
+                if self.run(feeds) is None:
+                    break
+            made += key in self._buckets
+        return made
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
         first = feeds[self.inputs[0]]

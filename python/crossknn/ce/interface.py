@@ -12,7 +12,8 @@ declared here.
   ``precision`` (the model variant: ``fp32`` or an int8 recipe), ``provider`` (where it runs),
   ``max_length``, the batch limits ``batch_size`` and ``max_batch_tokens``, and ``close()``.
 - :class:`CrossEncoder`: the :class:`crossknn.scorers.Scorer` of item ids (``set_items``,
-  ``n_items``, ``score``, ``score_batch``) plus scoring by text pairs (``predict``, ``rank``).
+  ``n_items``, ``score``, ``score_batch``) plus scoring by text pairs (``predict``, ``rank``)
+  and ``warmup`` (a GPU's first-use costs of batch shapes, paid before the first request).
 - :class:`DualEncoder`: ``encode(texts)`` -> float32 (n, ``dim``), L2-normalized.
 
 :func:`missing_members` lists what an object lacks of a protocol (name and expected kind, data
@@ -88,6 +89,10 @@ class CrossEncoder(Scorer, ModelInfo, Protocol):
         apply_activation: bool = True,
         show_progress_bar: bool | None = None,
     ) -> list[dict[str, Any]]: ...
+
+    def warmup(self, max_pairs: int | None = None) -> dict[str, Any]:
+        """Pay a GPU's first-use costs of batch shapes up to ``max_pairs`` pairs now."""
+        ...
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from crossknn.ce.cuda_graph import GraphRunner, run_lock
+from crossknn.ce.cuda_graph import GraphRunner, dummy_feeds, run_lock
 from crossknn.ce.feeds import pair_feeds, single_feeds
 from crossknn.ce.fuse import fused_graph
 from crossknn.ce.manifest import read_manifest
@@ -392,6 +393,25 @@ class _Session:
             while len(buffers) > 64:  # batch sizes seen lately
                 buffers.popitem(last=False)
         return io.copy_outputs_to_cpu()[0]
+
+    def warmup(self, max_rows: int, max_columns: int) -> dict[str, Any]:
+        """On a GPU provider, pay the first-use costs of batch shapes now, not in a request:
+        every CUDA graph bucket up to ``max_rows`` x ``max_columns`` captured, and one run of the
+        largest batch (the device memory arena grown to it). The CPU provider: nothing."""
+        if not self._gpu:
+            return {"buckets": 0, "seconds": 0.0}
+        t = time.perf_counter()
+        made = 0 if self.graph is None else self.graph.warm(max_rows, max_columns)
+        self.run(dummy_feeds(self.input_names, max_rows, max_columns))
+        seconds = time.perf_counter() - t
+        log.info(
+            "crossknn.ce: warmed up %d CUDA graph buckets and a %d x %d batch in %.2f s",
+            made,
+            max_rows,
+            max_columns,
+            seconds,
+        )
+        return {"buckets": made, "seconds": round(seconds, 3)}
 
     @property
     def source(self) -> str | None:

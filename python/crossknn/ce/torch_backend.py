@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from crossknn.ce.cuda_graph import dummy_feeds
 from crossknn.ce.export import checkpoint_hash
 from crossknn.ce.manifest import read_manifest
 from crossknn.ce.model_base import (
@@ -165,6 +167,16 @@ class _TorchSession:
             if self.normalize:
                 q, d = _l2(q), _l2(d)
             return (q * d).sum(-1).cpu().numpy()
+
+    def warmup(self, max_rows: int, max_columns: int) -> dict[str, Any]:
+        """On CUDA, one run of the largest batch now (the caching allocator grown to it, the
+        kernels chosen), not in a request; on the CPU nothing."""
+        if self.device.type != "cuda":
+            return {"buckets": 0, "seconds": 0.0}
+        t = time.perf_counter()
+        names = [*self.inputs, "pool_mask"] if self.kind == "joint-ce" else self.inputs
+        self.run(dummy_feeds(names, max_rows, max_columns))
+        return {"buckets": 0, "seconds": round(time.perf_counter() - t, 3)}
 
     def close(self) -> None:
         self.model = None

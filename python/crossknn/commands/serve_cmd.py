@@ -52,6 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="longest wait to fill a CE batch (default 2 ms)",
     )
     p.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="on a GPU, do not capture every CUDA graph bucket and grow the device memory to the "
+        "largest batch at load (by default they are, so no request pays a batch shape's first "
+        "use); no effect on a CPU",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -156,6 +164,7 @@ def config_from_args(args: argparse.Namespace):
         threads=args.threads,
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,
+        warmup=args.warmup,
         max_queue=args.max_queue,
         timeout_s=args.timeout_s,
         admit_within=args.admit_within,

@@ -61,6 +61,9 @@ class ServeConfig:
     # default (CPU 256; a GPU 2048: one device-sized call for every request's round)
     max_batch_pairs: int | None = None
     max_wait_ms: float = 2.0
+    # on a GPU: capture every CUDA graph bucket of a merged batch and grow the device memory to
+    # the largest batch at load, so that no request pays a batch shape's first use
+    warmup: bool = True
     max_queue: int = 64
     timeout_s: float = 30.0
     # admit a request only if its expected time in the server fits in this fraction of
@@ -146,6 +149,7 @@ class SearchService:
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.load_seconds: float | None = None
+        self.warmup: dict | None = None  # what ce.warmup did at load (GPU: graphs captured)
         self.started = time.time()
         self.admission = Admission(
             max_queue=config.max_queue, timeout_s=config.timeout_s, within=config.admit_within
@@ -187,6 +191,10 @@ class SearchService:
                 on_drop=m.on_drop,
                 active=lambda: self.admission.in_server,
             )
+            if c.warmup:
+                # the largest merged batch one session run can take
+                pairs = min(batcher.max_batch_pairs or ce.batch_size, ce.batch_size)
+                self.warmup = ce.warmup(pairs)
             try:
                 batched = BatchedCE(ce, batcher)
                 searcher = crossknn.Searcher(
@@ -388,6 +396,7 @@ class SearchService:
             out["precision"] = self.ce.precision
             out["provider"] = self.ce.provider
             out["load_seconds"] = round(self.load_seconds or 0.0, 2)
+            out["warmup"] = self.warmup
         if self.searcher is not None:  # what the rounds scan: exact, a FAISS index or shards
             rf = self.searcher.round_features
             out["round_features"] = {
