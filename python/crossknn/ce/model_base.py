@@ -355,14 +355,31 @@ class CrossEncoderBase(ModelBase):
         A, B = self._encode_store(qs), self._encode_store(ds)
         return self._run_pairs(A, ia, B, ib, **kw), single
 
-    def _score_documents(self, query: str, documents: list[str], **kw) -> np.ndarray:
-        return self._run_pairs(
+    def _rank(
+        self,
+        query,
+        documents,
+        top_k,
+        doc_ids,
+        return_documents: bool,
+        then=None,
+        **kw,
+    ) -> list[dict[str, Any]]:
+        """``rank``'s checks, scores (``then``: applied to them, e.g. an ST activation_fn) and
+        rows, for either backend's signature."""
+        documents, doc_ids = check_rank_args(query, documents, top_k, doc_ids, self.num_labels)
+        if top_k == 0:
+            return []
+        scores = self._run_pairs(
             self._query_store(query),
             np.zeros(len(documents), dtype=np.int64),
             self._encode_store(documents),
             np.arange(len(documents), dtype=np.int64),
             **kw,
         )
+        if then is not None:
+            scores = then(scores)
+        return ranked(scores, top_k, documents, doc_ids, return_documents)
 
     # -- the scorer protocol of crossknn.search -------------------------------------------------
     @staticmethod

@@ -46,8 +46,6 @@ from crossknn.ce.model_base import (
     CrossEncoderBase,
     DualEncoderBase,
     check_positive,
-    check_rank_args,
-    ranked,
 )
 from crossknn.ce.rewrite import fp16_graph
 
@@ -663,18 +661,17 @@ class OnnxCrossEncoder(_OnnxModel, CrossEncoderBase):
         _refuse_prompt(prompt_name, prompt)
         self._check_device(device)
         activate = _activation_choice(apply_activation, activation_fn)
-        documents, doc_ids = check_rank_args(query, documents, top_k, doc_ids, self.num_labels)
-        if top_k == 0:
-            return []
-        scores = self._score_documents(
+        return self._rank(
             query,
             documents,
+            top_k,
+            doc_ids,
+            return_documents,
+            then=lambda s: _st_activation(s, activation_fn, False, self.num_labels),
             batch_size=batch_size,
             apply_activation=activate,
             show_progress_bar=show_progress_bar,
         )
-        scores = _st_activation(scores, activation_fn, False, self.num_labels)
-        return ranked(scores, top_k, documents, doc_ids, return_documents)
 
     def _check_device(self, device) -> None:
         """``device`` (sentence-transformers' meaning) must name where this model runs."""

@@ -44,8 +44,6 @@ from crossknn.ce.model_base import (
     CrossEncoderBase,
     DualEncoderBase,
     check_positive,
-    check_rank_args,
-    ranked,
 )
 from crossknn.ce.tokenize import assemble_pairs, assemble_single
 
@@ -298,17 +296,16 @@ class TorchCrossEncoder(_TorchModel, CrossEncoderBase):
     ) -> list[dict[str, Any]]:
         """Documents sorted by score (ties: lower ``corpus_id`` first), as
         :meth:`crossknn.ce.runtime.OnnxCrossEncoder.rank` (``top_k`` None: all, 0: none)."""
-        documents, doc_ids = check_rank_args(query, documents, top_k, doc_ids, self.num_labels)
-        if top_k == 0:
-            return []
-        scores = self._score_documents(
+        return self._rank(
             query,
             documents,
+            top_k,
+            doc_ids,
+            return_documents,
             batch_size=batch_size,
             apply_activation=apply_activation,
             show_progress_bar=show_progress_bar,
         )
-        return ranked(scores, top_k, documents, doc_ids, return_documents)
 
 
 class TorchDualEncoder(_TorchModel, DualEncoderBase):
