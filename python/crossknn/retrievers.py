@@ -75,6 +75,13 @@ class DenseRetriever:
             raise ValueError(f"query vector must have shape ({self.dim},); got {v.shape}")
         return v
 
+    def query_matrix(self, queries: Sequence) -> np.ndarray:
+        """The queries' vectors, float32 C-contiguous (Q, d): what :meth:`retrieve` searches
+        with (the C++ loop's first stage takes them directly, ``RoundMethod.core_first_stage``)."""
+        if len(queries) == 0:
+            return np.empty((0, self.dim), np.float32)
+        return np.ascontiguousarray(np.stack([self.query_vector(q) for q in queries]), np.float32)
+
     def retrieve(self, queries: Sequence, k: int) -> np.ndarray:
         k = _check_k(k, self.n_items)
         if len(queries) == 0:

@@ -47,6 +47,11 @@ def _selector(features: ItemFeatures):
     return None if own else features
 
 
+def _core_first_stage(method, queries):
+    hook = getattr(method, "core_first_stage", None)  # crossknn.search.methods.RoundMethod
+    return None if hook is None else hook(queries)
+
+
 def _uses_own_first(method) -> bool:
     draws = getattr(method, "core_draws_first", None)  # crossknn.search.methods.RoundMethod
     return bool(draws is not None and draws())
@@ -101,8 +106,13 @@ def search_rounds(
     if solve not in _SOLVES:
         raise ValueError(f"unknown solve {solve!r}; expected one of {_SOLVES}")
     rounds = any(s.kind != "first" for s in plan)
-    first = None
-    if not _uses_own_first(method):
+    first = first_features = first_queries = None
+    first_vmax = 0.0
+    dense = None if _uses_own_first(method) else _core_first_stage(method, queries)
+    if dense is not None:  # the DE's top items: the loop's own top-k, no Python round trip
+        first_features, first_queries = dense[0]._f, dense[1]
+        first_vmax = float(dense[0]._vmax)
+    elif not _uses_own_first(method):
         seeds = [query_seed(seed, q) for q in query_ids]
         first = np.ascontiguousarray(
             np.stack(
@@ -146,6 +156,9 @@ def search_rounds(
         penalty_decay=float(decay),
         final_retrieved=method.final == "retrieved",
         selector=_selector(features) if rounds else None,
+        first_features=first_features,
+        first_queries=first_queries,
+        first_vmax=first_vmax,
     )
     return SearchResult(
         out["scores"],
