@@ -15,6 +15,7 @@
 #include "crossknn/least_squares.h"
 #include "dots.h"
 #include "kernels.h"
+#include "scored_sets.h"
 
 namespace crossknn {
 
@@ -457,7 +458,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   } else if (rounds) {
     targets_of.resize(static_cast<size_t>(Q));
   }
-  std::vector<std::unordered_set<int64_t>> seen(static_cast<size_t>(Q));
+  detail::ScoredSets seen(Q, n_items);
   // final_retrieved: the items each query ranks at the end (empty: every scored item)
   std::vector<std::unordered_set<int64_t>> ranked(static_cast<size_t>(Q));
   bool use_ranked = false;
@@ -565,19 +566,19 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       }
       clock.mark(kSelect);
     }
-    // budget accounting: every item new, distinct, in range, within B
+    // budget accounting: every item new, distinct, in range, within B (marked scored here: a
+    // step that fails a check ends the search)
     for (int64_t i = 0; i < Q; ++i) {
-      if (static_cast<int64_t>(seen[i].size()) + n > o.budget)
+      if (res[i].calls + n > o.budget)
         throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
                                     " would exceed the budget B=" + std::to_string(o.budget));
-      std::unordered_set<int64_t> fresh;
       for (int64_t t = 0; t < n; ++t) {
         const int64_t it = chosen[i * n + t];
         if (it < 0 || it >= n_items)
           throw std::invalid_argument("query " + std::to_string(i) + ": first item " +
                                       std::to_string(it) + " is outside [0, " +
                                       std::to_string(n_items) + ")");
-        if (seen[i].count(it) || !fresh.insert(it).second)
+        if (!seen.insert(i, it))
           throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
                                       " chose item " + std::to_string(it) +
                                       " twice (each item is scored once per query)");
@@ -602,7 +603,6 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       R.scored_scores.insert(R.scored_scores.end(), new_scores.begin() + i * n,
                              new_scores.begin() + (i + 1) * n);
       R.calls += n;
-      seen[i].insert(chosen.begin() + i * n, chosen.begin() + (i + 1) * n);
       if (rounds && r < last_solve) {
         targets.resize(static_cast<size_t>(n));
         for (int64_t t = 0; t < n; ++t)

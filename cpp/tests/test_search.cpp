@@ -15,8 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "crossknn/crossknn.h"
+#include "../src/scored_sets.h"
 #include "check.h"
+#include "crossknn/crossknn.h"
 
 using namespace crossknn;
 
@@ -459,12 +460,29 @@ static void test_solves() {
   }
 }
 
+// the budget accounting's scored sets: bits and hash sets agree on every insert
+static void test_scored_sets() {
+  const int64_t Q = 3, n = 130;  // 3 words a query
+  crossknn::detail::ScoredSets bits(Q, n), sets(Q, n, 0.0);
+  CHECK(bits.uses_bits() && !sets.uses_bits());
+  std::mt19937_64 rng(9);
+  std::set<std::pair<int64_t, int64_t>> ref;
+  for (int t = 0; t < 600; ++t) {
+    const int64_t q = static_cast<int64_t>(rng() % Q), it = static_cast<int64_t>(rng() % n);
+    const bool fresh = ref.insert({q, it}).second;
+    CHECK(bits.insert(q, it) == fresh);
+    CHECK(sets.insert(q, it) == fresh);
+  }
+  CHECK(bits.insert(2, 129) == !ref.count({2, 129}));  // the last bit of the last word
+}
+
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "test_search_tmp";
   ::mkdir(dir.c_str(), 0755);
   test_npy(dir);
   test_search();
   test_solves();
+  test_scored_sets();
   if (failures) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;
