@@ -20,14 +20,18 @@ from crossknn.search.rounds import SearchResult, check_plan, query_seed
 
 __all__ = ["auto_embedding", "auto_row_prior", "priors", "query_embedding", "run_rounds"]
 
-_X_CACHE: dict[int, np.ndarray] = {}
+_X_CACHE: dict[int, tuple] = {}  # id(index) -> (index, its features in float64)
 
 
 def auto_embedding(method, state) -> np.ndarray:
     """``auto``'s u = c p0 + w (crossknn.search.auto), solved in numpy as the method did."""
-    X = _X_CACHE.get(id(method.index))
-    if X is None:
-        X = _X_CACHE[id(method.index)] = method.index.features().astype(np.float64)
+    hit = _X_CACHE.get(id(method.index))
+    if hit is None or hit[0] is not method.index:  # an id can be reused once an index is freed
+        hit = _X_CACHE[id(method.index)] = (
+            method.index,
+            method.index.features().astype(np.float64),
+        )
+    X = hit[1]
     p0 = state.prior
     A = state.items
     if A.size == 0:

@@ -308,6 +308,8 @@ class AUTO(RoundMethod):
         self.features = ItemFeatures(index.features())
         self._inv_rho = np.ascontiguousarray(np.r_[1.0 / index.penalties(), 1.0 / RHO_FREE])
         self.prior = prior
+        if index.prior_alpha > 0 and index.n_rows:  # the row prior's tables now, not in a query
+            index.prior_tables()
 
     def plan(self, budget):
         share, rounds = self.index.first_share, min(self.rounds, budget)
