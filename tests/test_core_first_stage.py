@@ -47,9 +47,7 @@ def _first(de, plan_n, rows):
         list(range(len(rows))),
         budget=plan_n,
         k=1,
-        first_features=de.features._f,
-        first_queries=de.query_matrix(rows),
-        first_vmax=float(de.features._vmax),
+        **de.loop_first_stage(rows),
     )
     return np.stack(got)
 

@@ -106,13 +106,10 @@ def search_rounds(
     if solve not in _SOLVES:
         raise ValueError(f"unknown solve {solve!r}; expected one of {_SOLVES}")
     rounds = any(s.kind != "first" for s in plan)
-    first = first_features = first_queries = None
-    first_vmax = 0.0
+    first = None
+    # the DE's top items: the loop's own top-k, no Python round trip (None: first_items)
     dense = None if _uses_own_first(method) else _core_first_stage(method, queries)
-    if dense is not None:  # the DE's top items: the loop's own top-k, no Python round trip
-        first_features, first_queries = dense[0]._f, dense[1]
-        first_vmax = float(dense[0]._vmax)
-    elif not _uses_own_first(method):
+    if dense is None and not _uses_own_first(method):
         seeds = [query_seed(seed, q) for q in query_ids]
         first = np.ascontiguousarray(
             np.stack(
@@ -156,9 +153,7 @@ def search_rounds(
         penalty_decay=float(decay),
         final_retrieved=method.final == "retrieved",
         selector=_selector(features) if rounds else None,
-        first_features=first_features,
-        first_queries=first_queries,
-        first_vmax=first_vmax,
+        **(dense or {}),
     )
     return SearchResult(
         out["scores"],

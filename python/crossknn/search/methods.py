@@ -211,22 +211,23 @@ class RoundMethod:
             )
         return list(top)
 
-    def core_first_stage(self, queries: Sequence):
-        """``(features, query vectors)`` when the first step is a DE's top items
-        (a :class:`crossknn.retrievers.DenseRetriever` as ``first``, :meth:`first_items` not
-        overridden): the C++ loop then takes them itself, the same items as
-        :meth:`first_items`. ``None`` otherwise (the items come from :meth:`first_items`)."""
+    def core_first_stage(self, queries: Sequence) -> dict | None:
+        """The ``_core.run_search`` arguments of a dense first stage when the first step is a
+        DE's top items (a :class:`crossknn.retrievers.DenseRetriever` as ``first``,
+        :meth:`first_items` not overridden): the C++ loop then takes them itself, the same
+        items as :meth:`first_items`. ``None`` otherwise (the items come from
+        :meth:`first_items`)."""
         if type(self).first_items is not RoundMethod.first_items:
             return None
         return self._dense_first(queries)
 
-    def _dense_first(self, queries: Sequence):
+    def _dense_first(self, queries: Sequence) -> dict | None:
         first = self.first
         if not isinstance(first, DenseRetriever) or type(first).retrieve is not (
             DenseRetriever.retrieve
         ):
             return None
-        return first.features, first.query_matrix(queries)
+        return first.loop_first_stage(queries)
 
     def core_draws_first(self) -> bool:
         """Whether the C++ loop draws the first items itself: uniform random (``first`` is a
