@@ -60,6 +60,17 @@ def test_loop_first_stage_equals_retrieve(data, n):
     np.testing.assert_array_equal(_first(de, n, rows), de.retrieve(rows, n))
 
 
+def test_text_queries_through_the_encoder(data):
+    """The Searcher's first stage: text queries encoded by the DE (``encode``), and vectors."""
+    V, Qv, _ = data
+    texts = [f"query {i}" for i in range(8)]
+    vec = {t: Qv[i] for i, t in enumerate(texts)}
+    de = DenseRetriever(V, encode=lambda ts: np.stack([vec[t] for t in ts]))
+    np.testing.assert_array_equal(_first(de, 9, texts), de.retrieve(texts, 9))
+    mixed = [texts[0], Qv[3].astype(np.float64), texts[5]]  # a query may also be its vector
+    np.testing.assert_array_equal(_first(de, 4, mixed), de.retrieve(mixed, 4))
+
+
 def test_tiny_and_huge_queries_are_rescaled_as_top_k_does():
     """Two items whose scores differ by 2^-20 relative: unscaled, a tiny query's float32 scores are
     denormals that tie (and a huge one's overflow to inf); top_k's power-of-two scaling orders
