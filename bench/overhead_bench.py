@@ -17,9 +17,10 @@ per-round Python callback outside the CE) and ``assembly`` (turning the result i
 the C++ loop the core's own timers (``CROSSKNN_PROFILE=1``, ``_core.search_profile``) split the
 loop further, per query: ``cpp_solve_ms`` (solves), ``cpp_topk_ms`` (per-round top-k /
 sampling), ``cpp_update_ms`` (solver updates with the new scores, score checks),
-``callback_ms`` (the per-step Python callback outside the CE), ``cpp_other_ms`` (first items,
-budget checks, final ranking) and ``python_ms`` (``search_rounds`` outside the core: the plan,
-the first stage's top items, priors). ``loop=cpp-noprefilter`` is the C++ loop with the exact
+``callback_ms`` (the per-step Python callback outside the CE), ``cpp_other_ms`` (first items:
+the DE first stage's top-k runs in the loop; budget checks, final ranking) and ``python_ms``
+(everything outside the core's phases: ``search_rounds`` — the plan, the first stage's query
+vectors, the priors — and the binding). ``loop=cpp-noprefilter`` is the C++ loop with the exact
 top-k prefilter of the item matrices turned off (``Features.prefilter``), run next to the others
 for every query: what the prefilter alone saves.
 Methods: auto (index of 10% of |train| x N train CE entries, 5 rounds), axn (DE first round,

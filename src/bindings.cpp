@@ -266,7 +266,9 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
                     double jitter_rel, double mix, uint64_t seed, const py::object& first_items,
                     const py::object& priors, double score_alpha, double score_beta,
                     const std::string& solve, const py::object& inv_penalties,
-                    double penalty_decay, bool final_retrieved, const py::object& selector) {
+                    double penalty_decay, bool final_retrieved, const py::object& selector,
+                    const py::object& first_features, const py::object& first_queries,
+                    double first_vmax) {
   if (!f) throw py::type_error("features must be a crossknn._core.Features");
   if (!PyCallable_Check(scorer.ptr())) throw py::type_error("scorer must be callable");
   std::vector<crossknn::Step> plan;
@@ -297,6 +299,22 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
   }
   const int64_t Q = static_cast<int64_t>(query_ids.size());
   std::vector<crossknn::SearchQuery> qs(static_cast<size_t>(Q));
+  std::shared_ptr<Features> ff;  // the dense first stage (kept alive for the call)
+  py::array_t<float, py::array::c_style> fq;
+  if (first_features.is_none() != first_queries.is_none())
+    throw py::value_error("first_features and first_queries must both be given or both be None");
+  if (!first_features.is_none()) {
+    if (!first_items.is_none())
+      throw py::value_error("give first_items or a dense first stage (first_features), not both");
+    ff = first_features.cast<std::shared_ptr<Features>>();
+    if (!ff) throw py::type_error("first_features must be a crossknn._core.Features");
+    fq = expect<float>(first_queries, "first_queries", 2);
+    if (fq.shape(0) != Q || fq.shape(1) != ff->dim())
+      throw py::value_error("first_queries must have shape (Q, d) = (" + std::to_string(Q) + ", " +
+                            std::to_string(ff->dim()) + "); got " + shape_str(fq));
+    o.first_features = ff.get();
+    o.first_vmax = first_vmax;
+  }
   py::array_t<int64_t, py::array::c_style> fi;
   py::array_t<double, py::array::c_style> pr;
   if (!first_items.is_none()) {
@@ -316,6 +334,7 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
     qs[i].id = query_ids[i];
     if (!first_items.is_none()) qs[i].first_items = fi.data() + i * fi.shape(1);
     if (!priors.is_none()) qs[i].prior = pr.data() + i * f->dim();
+    if (ff) qs[i].first_query = fq.data() + i * ff->dim();
   }
   PyScorer ps(std::move(scorer));
   std::vector<crossknn::SearchResult> res;
@@ -437,8 +456,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("score_alpha") = 1.0, py::arg("score_beta") = 0.0, py::arg("solve") = "lstsq",
         py::arg("inv_penalties") = py::none(), py::arg("penalty_decay") = 0.0,
         py::arg("final_retrieved") = false, py::arg("selector") = py::none(),
+        py::arg("first_features") = py::none(), py::arg("first_queries") = py::none(),
+        py::arg("first_vmax") = 0.0,
         "The C++ round loop (crossknn/search.h) for a batch of queries; scorer(queries, items) "
-        "-> list of float arrays is called once per step with the GIL held.");
+        "-> list of float arrays is called once per step with the GIL held. first_features / "
+        "first_queries (float32 (Q, d)) / first_vmax: a dense first stage run by the loop (the "
+        "top items of ItemFeatures.top_k), instead of first_items.");
 
   py::class_<Features, std::shared_ptr<Features>>(m, "Features",
                                                   "Item features V (N x d) in one storage type.")

@@ -18,16 +18,20 @@ from crossknn.core import RoundState
 from crossknn.scorers import BudgetedScorer
 from crossknn.search.rounds import SearchResult, check_plan, query_seed
 
-__all__ = ["auto_embedding", "query_embedding", "run_rounds"]
+__all__ = ["auto_embedding", "auto_row_prior", "priors", "query_embedding", "run_rounds"]
 
-_X_CACHE: dict[int, np.ndarray] = {}
+_X_CACHE: dict[int, tuple] = {}  # id(index) -> (index, its features in float64)
 
 
 def auto_embedding(method, state) -> np.ndarray:
     """``auto``'s u = c p0 + w (crossknn.search.auto), solved in numpy as the method did."""
-    X = _X_CACHE.get(id(method.index))
-    if X is None:
-        X = _X_CACHE[id(method.index)] = method.index.features().astype(np.float64)
+    hit = _X_CACHE.get(id(method.index))
+    if hit is None or hit[0] is not method.index:  # an id can be reused once an index is freed
+        hit = _X_CACHE[id(method.index)] = (
+            method.index,
+            method.index.features().astype(np.float64),
+        )
+    X = hit[1]
     p0 = state.prior
     A = state.items
     if A.size == 0:
@@ -41,6 +45,30 @@ def auto_embedding(method, state) -> np.ndarray:
     # ridge solution via the n x n system (n = |A| <= B is small): ZL^T (Z ZL^T + I)^-1 a
     w = ZL.T @ np.linalg.solve(ZL @ Z.T + np.eye(A.size), state.targets)
     return w[:-1] + w[-1] * p0
+
+
+def auto_row_prior(index, v) -> np.ndarray:
+    """``AutoIndex.row_prior`` as it was: the spread as ``np.std`` of a float64 copy of V @ v."""
+    if index.prior_alpha == 0 or index.n_rows == 0:
+        return np.zeros(index.n_rows)
+    W = index.row_vectors.astype(np.float64)
+    nv = float(np.linalg.norm(v))
+    cos = (W @ v) / (np.maximum(np.linalg.norm(W, axis=1), 1e-12) * max(nv, 1e-12))
+    w = np.exp(index.prior_tau * (cos - cos.max()))
+    spread = float(np.std(index.item_vectors.astype(np.float64) @ v))
+    return index.prior_alpha * spread * w / w.sum()
+
+
+def priors(method, queries) -> list:
+    """``method.priors(queries)`` as it was (``auto``: :func:`auto_row_prior`)."""
+    if method.solve != "prior_ridge":
+        return method.priors(queries)
+    out = []
+    for q in queries:
+        v = method.prior(q) if callable(method.prior) else np.asarray(method.prior)[int(q)]
+        v = np.asarray(v, np.float64).ravel()
+        out.append(np.r_[v, auto_row_prior(method.index, v), 0.0])
+    return out
 
 
 def query_embedding(method, state) -> np.ndarray:
@@ -102,9 +130,9 @@ def run_rounds(
     features = method.features_for(budget)
     states = None
     if features is not None and any(s.kind != "first" for s in plan):
-        priors = method.priors(queries)
+        prior_vectors = priors(method, queries)
         states = [
-            RoundState(features, ridge=method.ridge, prior=priors[i], mix=method.mix)
+            RoundState(features, ridge=method.ridge, prior=prior_vectors[i], mix=method.mix)
             for i in range(nq)
         ]
     # items of the final 'retrieve' step and anchors that would have been retrieved (paper mode)

@@ -42,6 +42,23 @@ def test_row_prior_points_at_the_nearest_row_query():
     assert not plain.row_prior(v).any()
 
 
+def test_row_prior_equals_the_std_of_the_de_scores():
+    """The spread from the cached item covariance (sqrt(v C v)) is np.std(V v) of the old code up
+    to float64 rounding, for unit and far-from-unit query vectors and a mean far from zero."""
+    from ref_rounds import auto_row_prior
+
+    S, Qv, Iv, rows = _topics()
+    Iv = Iv + 3.0  # a large common mean: the covariance must centre it
+    idx = AutoIndex(Iv, S[rows], row_vectors=Qv[rows], prior_alpha=3.0)
+    rng = np.random.default_rng(5)
+    for scale in (1.0, 1e-6, 1e4):
+        for v in rng.standard_normal((20, Iv.shape[1])) * scale:
+            np.testing.assert_allclose(idx.row_prior(v), auto_row_prior(idx, v), rtol=1e-12)
+    C = auto_mod.item_covariance(Iv)
+    np.testing.assert_allclose(C, np.cov(Iv.astype(np.float64).T, bias=True), rtol=1e-12)
+    assert idx.prior_tables()[2] is idx.prior_tables()[2]  # computed once
+
+
 def test_row_prior_lifts_recall_when_the_de_misses_the_ce():
     S, Qv, Iv, rows = _topics()
     test = [q for q in range(S.shape[0]) if q not in rows]

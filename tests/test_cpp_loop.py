@@ -312,6 +312,7 @@ VARIANTS = (
     "axn-plain",
     "auto",
     "auto-decay",
+    "auto-row-prior",
 )
 _LOADED: dict = {}
 
@@ -355,16 +356,19 @@ def _variant(name, m, cur):
             return make_method("axn", item_vectors=V, first="random", prior=None)
         smap = ScoreMap.fit(m.scores[m.train], P[m.train] @ V.T)
         return make_method("axn", item_vectors=V, first=de, prior=P, mix=0.5, score_map=smap)
-    rows = m.scores[m.train[: min(40, m.train.size)]]
+    take = m.train[: min(40, m.train.size)]
     decay = name == "auto-decay"
+    row_prior = name == "auto-row-prior"  # the row prior of built indexes (PRIOR_ALPHA = 3)
     idx = AutoIndex(
         m.de_items,
-        rows,
+        m.scores[take],
         rho_d=0.1,
         rho_r=0.3,
         rounds=5,
         first_share=0.3 if decay else None,
         decay=0.5 if decay else 0.0,
+        row_vectors=m.de_queries[take] if row_prior else None,
+        prior_alpha=3.0 if row_prior else 0.0,
     )
     return AUTO(idx, prior=m.de_queries, first=de)
 

@@ -15,6 +15,7 @@
 #include "crossknn/least_squares.h"
 #include "dots.h"
 #include "kernels.h"
+#include "scored_sets.h"
 
 namespace crossknn {
 
@@ -359,6 +360,36 @@ class PriorRidge {
 
 }  // namespace
 
+// crossknn.core's query scaling constants (_SCORE_EXP, _U_EXP, _LOW_EXP, _TARGET_EXP)
+constexpr double kScoreExp = 100, kLowExp = -60, kTargetExp = 64;
+constexpr int kUExp = 120;
+
+void scale_first_query(const float* u, int64_t d, double vmax, float* out) {
+  double amax = 0.0;
+  for (int64_t j = 0; j < d; ++j) {
+    const double v = static_cast<double>(u[j]);
+    if (!std::isfinite(v))
+      throw std::invalid_argument("a first-stage query vector contains NaN or inf");
+    amax = std::max(amax, std::fabs(v));
+  }
+  int a = 0;
+  if (amax > 0.0) {
+    int e_u = 0;
+    std::frexp(amax, &e_u);
+    double lb = -std::numeric_limits<double>::infinity();
+    if (vmax > 0.0) {
+      double s = 0.0;
+      for (int64_t j = 0; j < d; ++j) s += std::fabs(std::ldexp(static_cast<double>(u[j]), -e_u));
+      lb = std::log2(vmax * s) + e_u;
+    }
+    const bool low = lb < kLowExp && std::isfinite(lb);
+    if (lb > kScoreExp || low || e_u > kUExp || e_u < -kUExp)
+      a = static_cast<int>(std::min(kTargetExp - std::ceil(lb), static_cast<double>(kUExp - e_u)));
+  }
+  for (int64_t j = 0; j < d; ++j)
+    out[j] = static_cast<float>(std::ldexp(static_cast<double>(u[j]), a));
+}
+
 std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                                  const std::vector<Step>& plan, const SearchOptions& o,
                                  const std::vector<SearchQuery>& queries) {
@@ -381,6 +412,21 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
                                     std::to_string(v));
     if (!std::isfinite(o.penalty_decay))
       throw std::invalid_argument("penalty_decay must be finite");
+  }
+  if (o.first_features) {
+    if (o.first_features->n_items() != n_items)
+      throw std::invalid_argument("the first stage has " +
+                                  std::to_string(o.first_features->n_items()) +
+                                  " items but the features " + std::to_string(n_items));
+    if (!(o.first_vmax >= 0.0) || !std::isfinite(o.first_vmax))
+      throw std::invalid_argument("first_vmax must be finite and >= 0; got " +
+                                  std::to_string(o.first_vmax));
+    for (int64_t i = 0; i < Q; ++i)
+      if (!queries[i].first_query || queries[i].first_items)
+        throw std::invalid_argument(
+            "a dense first stage needs a first_query (and no first_items) for every query; "
+            "query " +
+            std::to_string(i) + (queries[i].first_items ? " has first_items" : " has none"));
   }
   std::vector<SearchResult> res(static_cast<size_t>(Q));
   if (Q == 0) return res;
@@ -412,7 +458,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   } else if (rounds) {
     targets_of.resize(static_cast<size_t>(Q));
   }
-  std::vector<std::unordered_set<int64_t>> seen(static_cast<size_t>(Q));
+  detail::ScoredSets seen(Q, n_items);
   // final_retrieved: the items each query ranks at the end (empty: every scored item)
   std::vector<std::unordered_set<int64_t>> ranked(static_cast<size_t>(Q));
   bool use_ranked = false;
@@ -425,7 +471,16 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     const Step& step = plan[r];
     const int64_t n = step.n;
     chosen.assign(static_cast<size_t>(Q * n), -1);
-    if (step.kind == StepKind::First) {
+    if (step.kind == StepKind::First && o.first_features) {
+      // the DE's top items (crossknn.retrievers.DenseRetriever.retrieve), all queries at once
+      const int64_t d1 = o.first_features->dim();
+      U.resize(static_cast<size_t>(Q * d1));
+      for (int64_t i = 0; i < Q; ++i)
+        scale_first_query(queries[i].first_query, d1, o.first_vmax, U.data() + i * d1);
+      keys.resize(static_cast<size_t>(Q * n));
+      o.first_features->top_k(U.data(), Q, n, ExcludeLists{}, keys.data(), chosen.data());
+      clock.mark(kFirst);
+    } else if (step.kind == StepKind::First) {
       for (int64_t i = 0; i < Q; ++i) {
         if (queries[i].first_items)
           std::copy(queries[i].first_items, queries[i].first_items + n, chosen.begin() + i * n);
@@ -511,19 +566,19 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       }
       clock.mark(kSelect);
     }
-    // budget accounting: every item new, distinct, in range, within B
+    // budget accounting: every item new, distinct, in range, within B (marked scored here: a
+    // step that fails a check ends the search)
     for (int64_t i = 0; i < Q; ++i) {
-      if (static_cast<int64_t>(seen[i].size()) + n > o.budget)
+      if (res[i].calls + n > o.budget)
         throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
                                     " would exceed the budget B=" + std::to_string(o.budget));
-      std::unordered_set<int64_t> fresh;
       for (int64_t t = 0; t < n; ++t) {
         const int64_t it = chosen[i * n + t];
         if (it < 0 || it >= n_items)
           throw std::invalid_argument("query " + std::to_string(i) + ": first item " +
                                       std::to_string(it) + " is outside [0, " +
                                       std::to_string(n_items) + ")");
-        if (seen[i].count(it) || !fresh.insert(it).second)
+        if (!seen.insert(i, it))
           throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
                                       " chose item " + std::to_string(it) +
                                       " twice (each item is scored once per query)");
@@ -548,7 +603,6 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       R.scored_scores.insert(R.scored_scores.end(), new_scores.begin() + i * n,
                              new_scores.begin() + (i + 1) * n);
       R.calls += n;
-      seen[i].insert(chosen.begin() + i * n, chosen.begin() + (i + 1) * n);
       if (rounds && r < last_solve) {
         targets.resize(static_cast<size_t>(n));
         for (int64_t t = 0; t < n; ++t)

@@ -15,8 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "crossknn/crossknn.h"
+#include "../src/scored_sets.h"
 #include "check.h"
+#include "crossknn/crossknn.h"
 
 using namespace crossknn;
 
@@ -264,6 +265,41 @@ static void test_search() {
     CHECK(r2.calls == 4 && r2.ids[4] == -1 && std::isinf(r2.scores[4]));
   }
 
+  // a dense first stage in the loop: the top items of first_features, as Features::top_k;
+  // a tiny query (max|V| sum|u| < 2^-60) is scaled up by a power of two, which keeps its order
+  {
+    SearchOptions o;
+    o.budget = 12;
+    o.k = 5;
+    o.first_features = &f;
+    double vmax = 0;
+    for (float v : V) vmax = std::max(vmax, std::fabs(double(v)));
+    o.first_vmax = vmax;
+    std::vector<float> U0(Uq.begin(), Uq.begin() + 2 * d);
+    for (int64_t j = 0; j < d; ++j) U0[d + j] = std::ldexp(U0[d + j], -100);
+    std::vector<SearchQuery> q2(2);
+    for (int64_t i = 0; i < 2; ++i) q2[i].first_query = U0.data() + i * d;
+    MatrixScorer sc(S, 2, n);
+    auto r = search(f, sc, {{StepKind::First, 12}}, o, q2);
+    std::vector<float> keys(24);
+    std::vector<int64_t> top(24);
+    f.top_k(Uq.data(), 2, 12, ExcludeLists{}, keys.data(), top.data());
+    // an ordinary query: Features::top_k as it is; 2^-100 u ranks as u does
+    CHECK(std::equal(top.begin(), top.begin() + 12, r[0].scored_items.begin()));
+    CHECK(std::equal(top.begin() + 12, top.end(), r[1].scored_items.begin()));
+    std::vector<float> scaled(d);
+    scale_first_query(U0.data() + d, d, vmax, scaled.data());
+    const double ratio = double(scaled[0]) / double(U0[d]);
+    int e = 0;
+    CHECK(ratio > 1e20 && std::frexp(ratio, &e) == 0.5);  // scaled up by a power of two
+    for (int64_t j = 0; j < d; ++j) CHECK(double(scaled[j]) == ratio * double(U0[d + j]));
+    scale_first_query(Uq.data(), d, vmax, scaled.data());  // an ordinary query: as it is
+    CHECK(std::equal(scaled.begin(), scaled.end(), Uq.begin()));
+    q2[1].first_query = nullptr;  // every query needs its vector
+    MatrixScorer sc2(S, 2, n);
+    CHECK(throws<std::invalid_argument>([&] { search(f, sc2, {{StepKind::First, 12}}, o, q2); }));
+  }
+
   // errors: budget, duplicates, bad plans, bad scores; scorer exceptions pass through unchanged
   {
     SearchOptions o;
@@ -424,12 +460,29 @@ static void test_solves() {
   }
 }
 
+// the budget accounting's scored sets: bits and hash sets agree on every insert
+static void test_scored_sets() {
+  const int64_t Q = 3, n = 130;  // 3 words a query
+  crossknn::detail::ScoredSets bits(Q, n), sets(Q, n, 0.0);
+  CHECK(bits.uses_bits() && !sets.uses_bits());
+  std::mt19937_64 rng(9);
+  std::set<std::pair<int64_t, int64_t>> ref;
+  for (int t = 0; t < 600; ++t) {
+    const int64_t q = static_cast<int64_t>(rng() % Q), it = static_cast<int64_t>(rng() % n);
+    const bool fresh = ref.insert({q, it}).second;
+    CHECK(bits.insert(q, it) == fresh);
+    CHECK(sets.insert(q, it) == fresh);
+  }
+  CHECK(bits.insert(2, 129) == !ref.count({2, 129}));  // the last bit of the last word
+}
+
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "test_search_tmp";
   ::mkdir(dir.c_str(), 0755);
   test_npy(dir);
   test_search();
   test_solves();
+  test_scored_sets();
   if (failures) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;

@@ -41,6 +41,9 @@ def run_search(
     penalty_decay: float = 0.0,
     final_retrieved: bool = False,
     selector: Any = None,  # an object with ItemFeatures' top_k / sample_softmax
+    first_features: Features | None = None,  # a dense first stage run by the loop
+    first_queries: npt.NDArray[np.float32] | None = None,  # (Q, d) of first_features
+    first_vmax: float = 0.0,  # an upper bound of max|first_features| (ItemFeatures._vmax)
 ) -> RunSearchResult: ...
 
 class Features:

@@ -75,6 +75,22 @@ class DenseRetriever:
             raise ValueError(f"query vector must have shape ({self.dim},); got {v.shape}")
         return v
 
+    def query_matrix(self, queries: Sequence) -> np.ndarray:
+        """The queries' vectors, float32 C-contiguous (Q, d): what :meth:`retrieve` searches
+        with."""
+        if len(queries) == 0:
+            return np.empty((0, self.dim), np.float32)
+        return np.ascontiguousarray(np.stack([self.query_vector(q) for q in queries]), np.float32)
+
+    def loop_first_stage(self, queries: Sequence) -> dict:
+        """What the C++ loop needs to take :meth:`retrieve`'s items itself
+        (``_core.run_search``'s ``first_features``, ``first_queries``, ``first_vmax``)."""
+        return {
+            "first_features": self.features._f,
+            "first_queries": self.query_matrix(queries),
+            "first_vmax": float(self.features._vmax),
+        }
+
     def retrieve(self, queries: Sequence, k: int) -> np.ndarray:
         k = _check_k(k, self.n_items)
         if len(queries) == 0:

@@ -122,12 +122,21 @@ struct SearchOptions {
   // approximate score (at the Retrieve step) reaches the lowest retrieved one
   bool final_retrieved = false;
   RoundSelector* selector = nullptr;  // not owned; nullptr: the Features' own kernels
+  // A dense first stage inside the loop (a DE retriever): First steps score the top step.n items
+  // of first_features (same items as `features`) by inner product with each query's
+  // first_query, as crossknn.core.ItemFeatures.top_k does, including its power-of-two scaling
+  // of a query whose float32 scores could overflow or sink into denormals (first_vmax: an upper
+  // bound of max|first_features|, the Python object's). Not owned; nullptr: first_items or
+  // uniform random items.
+  const Features* first_features = nullptr;
+  double first_vmax = 0.0;
 };
 
 struct SearchQuery {
   uint64_t id = 0;                       // seeds: query_seed(options.seed, id)
   const int64_t* first_items = nullptr;  // plan[0].n items, or nullptr for uniform random
   const double* prior = nullptr;  // d doubles (the DE query vector): mix > 0 and PriorRidge
+  const float* first_query = nullptr;  // first_features->dim() floats (options.first_features)
 };
 
 struct SearchResult {
@@ -137,6 +146,11 @@ struct SearchResult {
   std::vector<int64_t> scored_items;  // every item scored, in scoring order
   std::vector<float> scored_scores;
 };
+
+// The query a dense first stage searches with: u (d floats) times the power of two 2^a that
+// crossknn.core.ItemFeatures.top_k applies (a = 0 unless max|V| sum|u| is beyond 2^100 or below
+// 2^-60, or max|u| beyond 2^+-120), rounded to float32. Throws on NaN/inf in u.
+void scale_first_query(const float* u, int64_t d, double vmax, float* out);
 
 // Runs `plan` for a batch of queries; one score_batch per step for all of them.
 std::vector<SearchResult> search(const Features& features, Scorer& scorer,

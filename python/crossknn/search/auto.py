@@ -89,6 +89,7 @@ CV_BUDGETS = (50, 100, 200)
 CV_KS = (10, 50)
 # how the m complete rows are picked among the train queries (before any CE call)
 ROW_CHOICES = ("medoids", "random")
+_ZERO = np.zeros(1)  # the prior's entry of the intercept column
 
 
 class IndexCallBudget:
@@ -173,6 +174,10 @@ class AutoIndex:
     prior_tau: float = PRIOR_TAU
     row_ids: list = field(default_factory=list)
     cv: dict | None = None
+    # what row_prior reads for every query, computed once (see prior_tables); the arrays above are
+    # not changed after construction
+    _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _cov: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         V = np.asarray(self.item_vectors, np.float32)
@@ -238,17 +243,48 @@ class AutoIndex:
             "index_calls": int(self.index_calls),
         }
 
+    def prior_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(W, |W_j|, C)``, computed once per index: the row queries' DE vectors in float64,
+        their norms (at least 1e-12) and the covariance ``C`` (d x d, float64) of the item
+        vectors, so that ``sd(V v) = sqrt(v C v)`` costs d^2 per query instead of reading V."""
+        if self._tables is None:
+            W = np.zeros((0, self.dim)) if self.row_vectors is None else self.row_vectors
+            W = W.astype(np.float64)
+            self._tables = (W, np.maximum(np.linalg.norm(W, axis=1), 1e-12))
+        if self._cov is None:
+            self._cov = item_covariance(self.item_vectors)
+        return (*self._tables, self._cov)
+
     def row_prior(self, v: np.ndarray) -> np.ndarray:
         """The prior's CE-row block for DE query vector ``v``:
-        ``alpha * sd(V v) * softmax(tau * cos(v, row query j))`` (zeros when alpha is 0)."""
+        ``alpha * sd(V v) * softmax(tau * cos(v, row query j))`` (zeros when alpha is 0); the
+        spread as ``sqrt(v C v)`` (:meth:`prior_tables`), equal to ``np.std(V v)`` up to
+        float64 rounding."""
         if self.prior_alpha == 0 or self.n_rows == 0:
             return np.zeros(self.n_rows)
-        W = self.row_vectors.astype(np.float64)
+        W, wn, C = self.prior_tables()
         nv = float(np.linalg.norm(v))
-        cos = (W @ v) / (np.maximum(np.linalg.norm(W, axis=1), 1e-12) * max(nv, 1e-12))
+        cos = (W @ v) / (wn * max(nv, 1e-12))
         w = np.exp(self.prior_tau * (cos - cos.max()))
-        spread = float(np.std(self.item_vectors.astype(np.float64) @ v))
+        spread = float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
         return self.prior_alpha * spread * w / w.sum()
+
+
+def item_covariance(V) -> np.ndarray:
+    """The population covariance (d x d, float64) of the rows of ``V`` (N x d): ``var(V v) =
+    v C v``. Over blocks of rows: no float64 copy of a large V."""
+    V = np.asarray(V)
+    n, d = V.shape
+    step = 1 << 16
+    mean = np.zeros(d)
+    for lo in range(0, n, step):
+        mean += V[lo : lo + step].astype(np.float64).sum(axis=0)
+    mean /= max(n, 1)
+    C = np.zeros((d, d))
+    for lo in range(0, n, step):
+        X = V[lo : lo + step].astype(np.float64) - mean
+        C += X.T @ X
+    return C / max(n, 1)
 
 
 class AUTO(RoundMethod):
@@ -272,6 +308,8 @@ class AUTO(RoundMethod):
         self.features = ItemFeatures(index.features())
         self._inv_rho = np.ascontiguousarray(np.r_[1.0 / index.penalties(), 1.0 / RHO_FREE])
         self.prior = prior
+        if index.prior_alpha > 0 and index.n_rows:  # the row prior's tables now, not in a query
+            index.prior_tables()
 
     def plan(self, budget):
         share, rounds = self.index.first_share, min(self.rounds, budget)
@@ -291,7 +329,7 @@ class AUTO(RoundMethod):
                 raise ValueError(
                     f"DE query vector must have shape ({self.index.dim},); got {v.shape}"
                 )
-            out.append(np.r_[v, self.index.row_prior(v), 0.0])
+            out.append(np.concatenate((v, self.index.row_prior(v), _ZERO)))
         return out
 
     def prior_ridge_penalties(self) -> tuple[np.ndarray, float]:
@@ -442,6 +480,7 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0)
     folds = np.array_split(order, min(n_folds, len(order)))
     scorer = MatrixScorer(R)
     de = make_retriever("de", item_vectors=V, query_vectors=Qr)
+    cov = item_covariance(V) if alpha > 0 else None  # the row prior's spread, once for all folds
     table: dict[str, float] = {}
     grid = [
         (d, r, n, s1, g)
@@ -467,6 +506,7 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0)
                 row_vectors=Qr[keep],
                 prior_alpha=alpha,
             )
+            idx._cov = cov
             meth = AUTO(idx, prior=Qr, first=de)
             recs = []
             for B in budgets:

@@ -47,6 +47,11 @@ def _selector(features: ItemFeatures):
     return None if own else features
 
 
+def _core_first_stage(method, queries):
+    hook = getattr(method, "core_first_stage", None)  # crossknn.search.methods.RoundMethod
+    return None if hook is None else hook(queries)
+
+
 def _uses_own_first(method) -> bool:
     draws = getattr(method, "core_draws_first", None)  # crossknn.search.methods.RoundMethod
     return bool(draws is not None and draws())
@@ -102,7 +107,9 @@ def search_rounds(
         raise ValueError(f"unknown solve {solve!r}; expected one of {_SOLVES}")
     rounds = any(s.kind != "first" for s in plan)
     first = None
-    if not _uses_own_first(method):
+    # the DE's top items: the loop's own top-k, no Python round trip (None: first_items)
+    dense = None if _uses_own_first(method) else _core_first_stage(method, queries)
+    if dense is None and not _uses_own_first(method):
         seeds = [query_seed(seed, q) for q in query_ids]
         first = np.ascontiguousarray(
             np.stack(
@@ -146,6 +153,7 @@ def search_rounds(
         penalty_decay=float(decay),
         final_retrieved=method.final == "retrieved",
         selector=_selector(features) if rounds else None,
+        **(dense or {}),
     )
     return SearchResult(
         out["scores"],

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crossknn.core import ItemFeatures
+from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.search.engine import search_rounds
 from crossknn.search.rounds import SearchResult, Step, split_sizes
@@ -210,6 +211,24 @@ class RoundMethod:
             )
         return list(top)
 
+    def core_first_stage(self, queries: Sequence) -> dict | None:
+        """The ``_core.run_search`` arguments of a dense first stage when the first step is a
+        DE's top items (a :class:`crossknn.retrievers.DenseRetriever` as ``first``,
+        :meth:`first_items` not overridden): the C++ loop then takes them itself, the same
+        items as :meth:`first_items`. ``None`` otherwise (the items come from
+        :meth:`first_items`)."""
+        if type(self).first_items is not RoundMethod.first_items:
+            return None
+        return self._dense_first(queries)
+
+    def _dense_first(self, queries: Sequence) -> dict | None:
+        first = self.first
+        if not isinstance(first, DenseRetriever) or type(first).retrieve is not (
+            DenseRetriever.retrieve
+        ):
+            return None
+        return first.loop_first_stage(queries)
+
     def core_draws_first(self) -> bool:
         """Whether the C++ loop draws the first items itself: uniform random (``first`` is a
         string) and :meth:`first_items` not overridden."""
@@ -312,6 +331,9 @@ class ANNCUR(RoundMethod):
         if isinstance(self.first, str):  # the first step scores exactly the k_i fixed anchors
             return [self.anchors(n)[0]] * len(queries)
         return super().first_items(queries, n, seeds)
+
+    def core_first_stage(self, queries):  # a retriever as first: RoundMethod.first_items
+        return None if isinstance(self.first, str) else self._dense_first(queries)
 
     @property
     def solve(self) -> str:  # fixed anchors: u = e_q (the anchors' CE scores), features Eᵀ
