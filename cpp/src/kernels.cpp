@@ -1,6 +1,6 @@
 // Score kernels. The core is compiled with -ffp-contract=off, so the generic path does
 // mul-then-add exactly as written; the AVX2 path uses explicit FMAs. One path is chosen per
-// process (CPU features, CROSSKNN_NO_SIMD), never per call.
+// process (CPU features, CROSSKNN_NO_SIMD, CROSSKNN_SIMD: simd_level()), never per call.
 #include "kernels.h"
 
 #include <algorithm>
@@ -402,6 +402,70 @@ __attribute__((target("avx2,fma,f16c"))) void totals_avx2(const int8_t* V, int64
   for (; r < r1; ++r) dot_i8<1>(V + r * d, u, d, out + (r - r0));
 }
 
+// ---------------- AVX-512 (BW, VL; VNNI where present): int8 rows, exact integer sums ---------
+#define CROSSKNN_AVX512_I8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define CROSSKNN_AVX512_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+// 16 int32 lanes -> one int64 sum
+CROSSKNN_AVX512_I8 inline int64_t hsum_epi32(__m512i a) {
+  const __m512i w = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a)),
+                                     _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a, 1)));
+  return _mm512_reduce_add_epi64(w);
+}
+
+// One int8 row against one int16 query: 32 entries per step, sign-extended to int16, pairs
+// multiplied and added into int32 lanes (vpdpwssd with VNNI, else vpmaddwd + vpaddd), masked
+// loads for the last < 32; the lanes are summed into int64 every 4096 entries. The totals are
+// exact integers: the same values as every other path.
+template <bool Vnni>
+CROSSKNN_AVX512_VNNI inline __m512i madd_acc(__m512i acc, __m512i x, __m512i u) {
+  if (Vnni) return _mm512_dpwssd_epi32(acc, x, u);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(x, u));
+}
+
+template <bool Vnni>
+CROSSKNN_AVX512_VNNI int64_t dot_i8_512(const int8_t* v, const int16_t* u, int64_t d) {
+  int64_t total = 0;
+  int64_t j = 0;
+  while (j < d) {
+    // <= 4096 entries per int32 chunk: each lane of the two accumulators takes <= 64 pairs of
+    // products, |pair| <= 2 * 127 * 32767, so |lane| < 2^30
+    const int64_t end = std::min(d, j + 4096);
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+    for (; j + 64 <= end; j += 64) {
+      const __m512i x0 =
+          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j)));
+      const __m512i x1 =
+          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j + 32)));
+      a0 = madd_acc<Vnni>(a0, x0, _mm512_loadu_si512(u + j));
+      a1 = madd_acc<Vnni>(a1, x1, _mm512_loadu_si512(u + j + 32));
+    }
+    for (; j < end; j += 32) {
+      const int64_t left = std::min<int64_t>(32, end - j);
+      const __mmask32 mk = left == 32 ? ~__mmask32(0) : ((__mmask32(1) << left) - 1u);
+      const __m512i x = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mk, v + j));
+      a0 = madd_acc<Vnni>(a0, x, _mm512_maskz_loadu_epi16(mk, u + j));
+    }
+    total += hsum_epi32(_mm512_add_epi32(a0, a1));
+  }
+  return total;
+}
+
+template <bool Vnni>
+CROSSKNN_AVX512_VNNI void totals_avx512_t(const int8_t* V, int64_t d, int64_t r0, int64_t r1,
+                                          const int16_t* uq, int64_t* out) {
+  for (int64_t r = r0; r < r1; ++r) out[r - r0] = dot_i8_512<Vnni>(V + r * d, uq, d);
+}
+void totals_avx512(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
+                   int64_t* out) {
+  totals_avx512_t<false>(V, d, r0, r1, uq, out);
+}
+void totals_avx512_vnni(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
+                        int64_t* out) {
+  totals_avx512_t<true>(V, d, r0, r1, uq, out);
+}
+
 void scores_avx2(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                  int64_t ld) {
   switch (f.storage()) {
@@ -435,23 +499,40 @@ struct Dispatch {
   ShadowFn shadow = shadow_generic;
   const char* name = "generic";
   Dispatch() {
-    const char* env = std::getenv("CROSSKNN_NO_SIMD");
-    const bool no_simd = env && *env && std::strcmp(env, "0") != 0;
 #ifdef CROSSKNN_X86
-    __builtin_cpu_init();
-    if (!no_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    const SimdLevel level = simd_level();
+    if (level >= SimdLevel::Avx2) {
       fn = scores_avx2;
       gather = gather_avx2;
       totals = totals_avx2;
       shadow = shadow_avx2;
       name = "avx2";
     }
-#else
-    (void)no_simd;
+    if (level >= SimdLevel::Avx512) {
+      totals = __builtin_cpu_supports("avx512vnni") ? totals_avx512_vnni : totals_avx512;
+      name = "avx512";
+    }
 #endif
   }
 };
+
+SimdLevel detect_level() {
+  if (simd_disabled()) return SimdLevel::Generic;
+  const char* want = std::getenv("CROSSKNN_SIMD");  // generic | avx2 | avx512 (the default)
+#ifdef CROSSKNN_X86
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")))
+    return SimdLevel::Generic;
+  if (want && std::strcmp(want, "avx2") == 0) return SimdLevel::Avx2;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return SimdLevel::Avx512;
+  return SimdLevel::Avx2;
+#else
+  return SimdLevel::Generic;
+#endif
+}
 
 const Dispatch& dispatch() {
   static const Dispatch d;
@@ -505,6 +586,21 @@ void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const f
 }
 
 const char* kernel_name() noexcept { return dispatch().name; }
+
+bool simd_disabled() noexcept {
+  static const bool off = [] {
+    const char* env = std::getenv("CROSSKNN_NO_SIMD");
+    const char* want = std::getenv("CROSSKNN_SIMD");
+    return (env && *env && std::strcmp(env, "0") != 0) ||
+           (want && std::strcmp(want, "generic") == 0);
+  }();
+  return off;
+}
+
+SimdLevel simd_level() noexcept {
+  static const SimdLevel level = detect_level();
+  return level;
+}
 
 void parallel_for(int threads, int64_t n_tasks, const std::function<void(int, int64_t)>& body) {
   if (n_tasks <= 0) return;

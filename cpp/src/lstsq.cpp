@@ -219,35 +219,32 @@ void LeastSquares::State::extend_dual_(int64_t m0) {
     cap_ = cap;
   }
   // rows i >= m0 of L with L L^T = X X^T + delta I: l_i = L[:i,:i]^-1 (X[:i] x_i).
-  // Groups of four new rows, on threads: their Gram entries x_j . x_i (j < i) and the part of
-  // the triangular solve over the old rows (j < m0) depend on no other new row; then the rest
-  // in row order. Every entry gets the operations of one dot() at a time.
+  // First the Gram entries x_j . x_i (j < i) of every new row, blocks of 16 rows on threads
+  // (detail::gram_rows_f: register tiles, L1-sized column chunks); then groups of four new rows,
+  // on threads: the part of the triangular solve over the old rows (j < m0) depends on no other
+  // new row; then the rest in row order. Every entry gets the operations of one dot() at a time.
   const int64_t nn = m_ - m0, n_groups = (nn + 3) / 4;
   const double work = static_cast<double>(nn) * static_cast<double>(m_) * (d_ + m0);
   const int T = work < 3e7 ? 1 : f_.threads();  // threads only for long appends
-  detail::parallel_for(T, n_groups, [&](int, int64_t g) {
-    const int64_t g0 = m0 + 4 * g, g1 = std::min(m_, g0 + 4);
-    const float* rows[4];
-    double* ls[4];
-    double out[4];
-    for (int64_t j = 0; j < g1 - 1; ++j) {
-      int na = 0;
-      for (int64_t i = std::max(g0, j + 1); i < g1; ++i) {
-        rows[na] = Xf_.data() + i * d_;
-        ls[na++] = L_.data() + i * cap_;
-      }
-      detail::dots_f(detail::DotOrder::Interleaved, rows, na, Xf_.data() + j * d_, d_, out);
-      for (int t = 0; t < na; ++t) ls[t][j] = out[t];
-    }
-    const int na = static_cast<int>(g1 - g0);
-    const double* lc[4];
-    for (int t = 0; t < na; ++t) lc[t] = ls[t] = L_.data() + (g0 + t) * cap_;
-    for (int64_t j = 0; j < m0; ++j) {
-      const double* lj = L_.data() + j * cap_;
-      detail::dots(detail::DotOrder::Interleaved, lc, na, lj, j, out);
-      for (int t = 0; t < na; ++t) ls[t][j] = (ls[t][j] - out[t]) / lj[j];
-    }
+  detail::parallel_for(T, (nn + 15) / 16, [&](int, int64_t g) {
+    const int64_t g0 = m0 + 16 * g, g1 = std::min(m_, g0 + 16);
+    detail::gram_rows_f(detail::DotOrder::Interleaved, Xf_.data(), d_, d_, g0, g1, g1 - 1,
+                        L_.data() + g0 * cap_, cap_);
   });
+  if (m0 > 0)
+    detail::parallel_for(T, n_groups, [&](int, int64_t g) {
+      const int64_t g0 = m0 + 4 * g, g1 = std::min(m_, g0 + 4);
+      const int na = static_cast<int>(g1 - g0);
+      const double* lc[4];
+      double* ls[4];
+      double out[4];
+      for (int t = 0; t < na; ++t) lc[t] = ls[t] = L_.data() + (g0 + t) * cap_;
+      for (int64_t j = 0; j < m0; ++j) {
+        const double* lj = L_.data() + j * cap_;
+        detail::dots(detail::DotOrder::Interleaved, lc, na, lj, j, out);
+        for (int t = 0; t < na; ++t) ls[t][j] = (ls[t][j] - out[t]) / lj[j];
+      }
+    });
   for (int64_t i = m0; i < m_; ++i) {
     const double* xi = X_.data() + i * d_;
     double* li = L_.data() + i * cap_;
