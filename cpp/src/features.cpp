@@ -589,16 +589,20 @@ bool int8_candidates(const detail::FeatureData& fd, int threads, const float* U,
   return candidates(n, Q, k, bs, T, excl, block, out);
 }
 
-// Candidates through the float16 copy (false: declined).
-bool float16_candidates(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
-                        int64_t k, const std::vector<std::vector<int64_t>>& excl,
-                        std::vector<std::vector<int64_t>>& out) {
-  const int64_t n = fd.n, d = fd.d;
-  const detail::Shadow& sh = shadow_of(fd, threads);
-  // the queries times the column scales (exact in float32, else decline), and their norms
-  // (entries below float32's normal range are dropped: |x_h . w| <= max_norm ||w|| is added)
-  std::vector<float> Uc(static_cast<size_t>(Q * d));
-  std::vector<double> un(static_cast<size_t>(Q)), dropped(static_cast<size_t>(Q));
+// The queries for the float16 copy: times the column scales (exact in float32, else decline),
+// their norms (entries below float32's normal range are dropped: |x_h . w| <= max_norm ||w|| is
+// added to the bound). false: declined.
+struct F16Queries {
+  std::vector<float> Uc;
+  std::vector<double> un, dropped;
+  double tiny = 0.0;  // subnormal rounding steps
+};
+bool float16_queries(const detail::Shadow& sh, const float* U, int64_t Q, int64_t d,
+                     F16Queries& out) {
+  out.tiny = 2.0 * static_cast<double>(d + 64) * std::ldexp(1.0, -148);
+  out.Uc.resize(static_cast<size_t>(Q * d));
+  out.un.resize(static_cast<size_t>(Q));
+  out.dropped.resize(static_cast<size_t>(Q));
   for (int64_t q = 0; q < Q; ++q) {
     double u2 = 0.0, w2 = 0.0;
     for (int64_t j = 0; j < d; ++j) {
@@ -610,14 +614,30 @@ bool float16_candidates(const detail::FeatureData& fd, int threads, const float*
       } else if (static_cast<double>(xf) != x) {
         return false;  // overflow: the full pass decides
       }
-      Uc[q * d + j] = xf;
+      out.Uc[q * d + j] = xf;
       u2 += x * x;
     }
-    un[q] = std::sqrt(u2) * (1.0 + 1e-9);
-    dropped[q] = sh.max_norm * std::sqrt(w2) * 1.01;
-    if (!(sh.max_norm * un[q] < 1e37)) return false;  // float32 sums could overflow
+    out.un[q] = std::sqrt(u2) * (1.0 + 1e-9);
+    out.dropped[q] = sh.max_norm * std::sqrt(w2) * 1.01;
+    if (!(sh.max_norm * out.un[q] < 1e37)) return false;  // float32 sums could overflow
   }
-  const double tiny = 2.0 * static_cast<double>(d + 64) * std::ldexp(1.0, -148);
+  return true;
+}
+
+// the bound of a float16 score v of row r for query q (|exact - v| <= it)
+inline double float16_error(const detail::Shadow& sh, const F16Queries& fq, int64_t r, int64_t q,
+                            double v) {
+  return sh.err_norm[r] * fq.un[q] + fq.dropped[q] + 2.3e-16 * std::fabs(v) + fq.tiny;
+}
+
+// Candidates through the float16 copy (false: declined).
+bool float16_candidates(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
+                        int64_t k, const std::vector<std::vector<int64_t>>& excl,
+                        std::vector<std::vector<int64_t>>& out) {
+  const int64_t n = fd.n, d = fd.d;
+  const detail::Shadow& sh = shadow_of(fd, threads);
+  F16Queries fq;
+  if (!float16_queries(sh, U, Q, d, fq)) return false;
   const int64_t bs = std::max<int64_t>(64, std::min<int64_t>(4096, (256 << 10) / (2 * d)));
   const int T = threads_for(static_cast<double>(n) * d * Q / 2.0, threads, (n + bs - 1) / bs);
   std::vector<std::vector<float>> bufs(static_cast<size_t>(T));
@@ -625,20 +645,59 @@ bool float16_candidates(const detail::FeatureData& fd, int threads, const float*
     auto& b = bufs[w];
     b.resize(static_cast<size_t>(r1 - r0));
     for (int64_t q = 0; q < Q; ++q) {
-      detail::shadow_scores(sh.h.data(), d, r0, r1, Uc.data() + q * d, b.data());
+      detail::shadow_scores(sh.h.data(), d, r0, r1, fq.Uc.data() + q * d, b.data());
       for (int64_t r = r0; r < r1; ++r) {
         const double v = b[r - r0];
         s[q * bs + (r - r0)] = v;
-        e[q * bs + (r - r0)] = sh.err_norm[r] * un[q] + dropped[q] + 2.3e-16 * std::fabs(v) + tiny;
+        e[q * bs + (r - r0)] = float16_error(sh, fq, r, q, v);
       }
     }
   };
   return candidates(n, Q, k, bs, T, excl, block, out);
 }
 
+// Narrows each query's candidate rows (a set that holds its top k) with the float16 copy: the
+// rows whose upper bound reaches the k-th largest lower bound among them. The k-th largest lower
+// bound of a set holding the top k is at most the k-th best exact score, so no top-k row is
+// dropped. false: declined (cand unchanged, still valid).
+bool float16_narrow(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
+                    int64_t k, std::vector<std::vector<int64_t>>& cand) {
+  const int64_t d = fd.d;
+  const detail::Shadow& sh = shadow_of(fd, threads);
+  F16Queries fq;
+  if (!float16_queries(sh, U, Q, d, fq)) return false;
+  std::vector<float> v;
+  std::vector<double> lo, hi, los;
+  for (int64_t q = 0; q < Q; ++q) {
+    auto& rows = cand[q];
+    const int64_t m = static_cast<int64_t>(rows.size());
+    if (m <= k) continue;
+    v.resize(static_cast<size_t>(m));
+    detail::shadow_rows(sh.h.data(), d, rows.data(), m, fq.Uc.data() + q * d, v.data());
+    lo.resize(static_cast<size_t>(m));
+    hi.resize(static_cast<size_t>(m));
+    for (int64_t t = 0; t < m; ++t) {
+      const double e = float16_error(sh, fq, rows[t], q, v[t]);
+      lo[t] = v[t] - e;
+      hi[t] = v[t] + e;
+    }
+    los = lo;
+    std::nth_element(los.begin(), los.begin() + (k - 1), los.end(), std::greater<double>());
+    const double bound = los[k - 1];
+    int64_t kept = 0;
+    for (int64_t t = 0; t < m; ++t)
+      if (hi[t] >= bound) rows[kept++] = rows[t];
+    rows.resize(static_cast<size_t>(kept));
+    fd.narrowed.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
 // The top-k through the copies: the int8 one first (a quarter of float32's bytes); where its
-// bound leaves more than N / 16 candidates (columns whose values it resolves too coarsely) the
-// float16 one, and after three such calls the float16 one only. Exact scores for the
+// bound leaves more than max(4k, N / 16) candidates the float16 copy narrows them (those rows
+// only: at most half of a full pass); where it leaves more than N / 2 (columns whose values it
+// resolves too coarsely) a full pass through the float16 copy, and after three such calls the
+// float16 one only. Exact scores for the
 // candidates, the top k of those. false when it declines (scores that could overflow, a scaled
 // query not exact in float32: the full pass decides).
 bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
@@ -649,13 +708,20 @@ bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U,
   bool ok = false;
   if (fd.int8_misses.load(std::memory_order_relaxed) < 3) {
     ok = int8_candidates(fd, threads, U, Q, k, excl, cand);
+    bool wide = false;
     if (ok)
-      for (const auto& c : cand)
-        if (static_cast<int64_t>(c.size()) > std::max<int64_t>(4 * k, n / 16)) {
+      for (const auto& c : cand) {
+        const int64_t m = static_cast<int64_t>(c.size());
+        if (m > n / 2) {  // the int8 bound resolves this matrix too coarsely: full float16 pass
           fd.int8_misses.fetch_add(1, std::memory_order_relaxed);
           ok = false;
           break;
         }
+        wide = wide || m > std::max<int64_t>(4 * k, n / 16);
+      }
+    // many candidates: the float16 copy narrows them (its rows only, not a full pass); where it
+    // declines, the int8 candidates are rescored as they are (they hold the top k too)
+    if (ok && wide) float16_narrow(fd, threads, U, Q, k, cand);
   }
   if (!ok && !float16_candidates(fd, threads, U, Q, k, excl, cand)) return false;
   std::vector<float> exact;

@@ -36,6 +36,7 @@ struct FeatureData {
   mutable std::once_flag shadow8_once;
   mutable std::unique_ptr<const Shadow8> shadow8;
   mutable std::atomic<int> int8_misses{0};  // calls where the int8 copy left too many rows
+  mutable std::atomic<int64_t> narrowed{0};  // queries whose int8 candidates float16 narrowed
 
   int64_t dim() const noexcept { return d; }
   Storage storage() const noexcept { return st; }

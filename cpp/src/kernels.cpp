@@ -379,6 +379,24 @@ __attribute__((target("avx2,fma,f16c"))) void shadow_avx2(const uint16_t* H, int
   }
 }
 
+// float16 rows given by id against one query (two 8-lane accumulators, as shadow_avx2's rows)
+__attribute__((target("avx2,fma,f16c"))) void shadow_rows_avx2(const uint16_t* H, int64_t d,
+                                                               const int64_t* rows, int64_t m,
+                                                               const float* u, float* out) {
+  for (int64_t t = 0; t < m; ++t) {
+    const uint16_t* h = H + rows[t] * d;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+      a0 = _mm256_fmadd_ps(load8(h + j), _mm256_loadu_ps(u + j), a0);
+      a1 = _mm256_fmadd_ps(load8(h + j + 8), _mm256_loadu_ps(u + j + 8), a1);
+    }
+    float v = hsum(a0, a1);
+    for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[jj]) * u[jj];
+    out[t] = v;
+  }
+}
+
 // one query, rows given by id: dot_tile<1> as scores_avx2_t uses it for a lone query
 __attribute__((target("avx2,fma,f16c"))) void gather_avx2(const FeatureData& f,
                                                           const int64_t* rows, int64_t m,
@@ -483,6 +501,16 @@ using ScoreFn = void (*)(const FeatureData&, int64_t, int64_t, const Queries&, f
 using GatherFn = void (*)(const FeatureData&, const int64_t*, int64_t, const float*, float*);
 using TotalsFn = void (*)(const int8_t*, int64_t, int64_t, int64_t, const int16_t*, int64_t*);
 using ShadowFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const float*, float*);
+using ShadowRowsFn = void (*)(const uint16_t*, int64_t, const int64_t*, int64_t, const float*,
+                              float*);
+
+void shadow_rows_generic(const uint16_t* H, int64_t d, const int64_t* rows, int64_t m,
+                         const float* u, float* out) {
+  for (int64_t t = 0; t < m; ++t) {
+    const uint16_t* h = H + rows[t] * d;
+    out[t] = dot_generic([h](int64_t j) { return half_to_float(h[j]); }, u, d);
+  }
+}
 
 void shadow_generic(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
                     float* out) {
@@ -497,6 +525,7 @@ struct Dispatch {
   GatherFn gather = gather_generic;
   TotalsFn totals = totals_generic;
   ShadowFn shadow = shadow_generic;
+  ShadowRowsFn shadow_rows = shadow_rows_generic;
   const char* name = "generic";
   Dispatch() {
 #ifdef CROSSKNN_X86
@@ -506,6 +535,7 @@ struct Dispatch {
       gather = gather_avx2;
       totals = totals_avx2;
       shadow = shadow_avx2;
+      shadow_rows = shadow_rows_avx2;
       name = "avx2";
     }
     if (level >= SimdLevel::Avx512) {
@@ -583,6 +613,11 @@ void int8_totals(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16
 void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
                    float* out) {
   dispatch().shadow(H, d, r0, r1, u, out);
+}
+
+void shadow_rows(const uint16_t* H, int64_t d, const int64_t* rows, int64_t m, const float* u,
+                 float* out) {
+  dispatch().shadow_rows(H, d, rows, m, u, out);
 }
 
 const char* kernel_name() noexcept { return dispatch().name; }

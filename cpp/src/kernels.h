@@ -52,6 +52,10 @@ SimdLevel simd_level() noexcept;
 // Whether the environment forces the portable path (CROSSKNN_NO_SIMD=1, CROSSKNN_SIMD=generic).
 bool simd_disabled() noexcept;
 
+// shadow_scores for the rows `rows[0..m)` (any order, repeats allowed): out[t] for rows[t].
+void shadow_rows(const uint16_t* H, int64_t d, const int64_t* rows, int64_t m, const float* u,
+                 float* out);
+
 // Name of the kernel set in use ("avx512", "avx2" or "generic").
 const char* kernel_name() noexcept;
 
