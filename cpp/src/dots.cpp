@@ -260,10 +260,11 @@ inline double reduce(DotOrder order, const double* s) {
 // (acc[u]: 8 rows x 8 lanes); FMAs, exact as above.
 template <int NB>
 CROSSKNN_AVX512 void panel_avx512(const double* a, int64_t lda, const float* b, int64_t ldb,
-                                  int64_t len, double* const* acc) {
+                                  int64_t len, bool first, double* const* acc) {
   __m512d s[8][NB];
   for (int t = 0; t < 8; ++t)
-    for (int u = 0; u < NB; ++u) s[t][u] = _mm512_loadu_pd(acc[u] + 8 * t);
+    for (int u = 0; u < NB; ++u)
+      s[t][u] = first ? _mm512_setzero_pd() : _mm512_loadu_pd(acc[u] + 8 * t);
   for (int64_t c = 0; c < len; c += 8) {
     __m512d bv[NB];
     for (int u = 0; u < NB; ++u) bv[u] = _mm512_cvtps_pd(_mm256_loadu_ps(b + u * ldb + c));
@@ -288,9 +289,15 @@ CROSSKNN_AVX512 void gram_block_avx512(DotOrder order, const float* X, int64_t l
   const int na = static_cast<int>(i1 - i0);
   const int tiles = (na + 7) / 8;
   const int64_t n8 = n / 8 * 8;
+  // (no zeroing: the first chunk starts its sums at zero, and rows past na read zeros)
   thread_local std::vector<double> abuf, accs;
-  abuf.assign(static_cast<size_t>(kRows * kChunk), 0.0);
-  accs.assign(static_cast<size_t>(j1 * kRows * 8), 0.0);
+  if (abuf.size() < static_cast<size_t>(kRows * kChunk))
+    abuf.resize(static_cast<size_t>(kRows * kChunk));
+  if (accs.size() < static_cast<size_t>(j1 * kRows * 8))
+    accs.resize(static_cast<size_t>(j1 * kRows * 8));
+  std::fill(abuf.begin() + na * kChunk, abuf.begin() + tiles * 8 * kChunk, 0.0);
+  if (n8 == 0)
+    std::fill(accs.begin(), accs.begin() + j1 * kRows * 8, 0.0);
   for (int64_t c0 = 0; c0 < n8; c0 += kChunk) {
     const int64_t len = std::min(kChunk, n8 - c0);
     for (int t = 0; t < na; ++t)
@@ -302,10 +309,11 @@ CROSSKNN_AVX512 void gram_block_avx512(DotOrder order, const float* X, int64_t l
         if (i0 + 8 * tile + 7 <= j) continue;  // no row of the tile pairs with j (j >= i)
         double* acc[2] = {accs.data() + (j * kRows + 8 * tile) * 8,
                           accs.data() + ((j + 1) * kRows + 8 * tile) * 8};
+        const double* at = abuf.data() + 8 * tile * kChunk;
         if (nb == 2)
-          panel_avx512<2>(abuf.data() + 8 * tile * kChunk, kChunk, X + j * ld + c0, ld, len, acc);
+          panel_avx512<2>(at, kChunk, X + j * ld + c0, ld, len, c0 == 0, acc);
         else
-          panel_avx512<1>(abuf.data() + 8 * tile * kChunk, kChunk, X + j * ld + c0, ld, len, acc);
+          panel_avx512<1>(at, kChunk, X + j * ld + c0, ld, len, c0 == 0, acc);
       }
     }
   }

@@ -334,7 +334,8 @@ namespace {
 
 // Float32 rounding of one score: block_scores and shadow_scores sum d products along paths of
 // at most d + 64 rounded operations (AVX2: d / 32 or d / 16 FMAs per lane, <= 6 reduction adds,
-// <= 15 tail mul-adds; generic: d / 16 mul-adds per lane, 16 lane adds, 15 tail mul-adds), so
+// <= 15 tail mul-adds; AVX-512 float16 copy: d / 32 + 2 FMAs per lane, 5 reduction adds;
+// generic: d / 16 mul-adds per lane, 16 lane adds, 15 tail mul-adds), so
 // |s_float - v.u| <= gamma * sum_j |v_j u_j| <= gamma ||v|| ||u||, gamma = n 2^-24 / (1 - n 2^-24),
 // plus n subnormal rounding steps of at most 2^-149 each.
 double rounding_gamma(int64_t d) {
