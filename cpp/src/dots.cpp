@@ -403,12 +403,19 @@ void gram_rows_f(DotOrder order, const float* X, int64_t ld, int64_t n, int64_t 
   }
 }
 
-int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G) {
+int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G, int threads) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (has_avx512()) {
-    const int64_t rows = d / 4 * 4;
-    for (int64_t i0 = 0; i0 < rows; i0 += 4)
-      for (int64_t j0 = i0; j0 < d; j0 += 32) tile_avx512<false>(X, m, d, i0, j0, d, G);
+    // blocks of four rows write disjoint rows of G: on threads, paired from both ends of the
+    // triangle so that every task has about the same work
+    const int64_t rows = d / 4 * 4, nb = rows / 4;
+    auto block = [&](int64_t b) {
+      for (int64_t j0 = 4 * b; j0 < d; j0 += 32) tile_avx512<false>(X, m, d, 4 * b, j0, d, G);
+    };
+    parallel_for(threads, (nb + 1) / 2, [&](int, int64_t p) {
+      block(p);
+      if (nb - 1 - p != p) block(nb - 1 - p);
+    });
     return rows;
   }
   if (!has_avx()) return 0;

@@ -34,7 +34,8 @@ void gram_rows_f(DotOrder order, const float* X, int64_t ld, int64_t n, int64_t 
 // G_ij += x_ti * x_tj for t in order, each a multiply then an add, as axpy row updates would do
 // them (AVX-512: an FMA, the same value as the product is exact). Entries left of the diagonal
 // inside a tile are written too (the caller ignores them).
-int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G);
+// `threads`: blocks of four rows on up to that many threads (AVX-512 path; same results).
+int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G, int threads = 1);
 
 // Rows i0 .. i0+3 of a right-looking Cholesky in place (R: d x d row-major, rows k < i0 final
 // and scaled): R_ij += (-r_ki) r_kj for every k < i0 in order, j >= i (entries left of the

@@ -174,7 +174,9 @@ void LeastSquares::State::refactor_() {
   // while t runs (detail::gram_tiles), the rows left over as before. Skipping x_ti = 0 (the
   // loop below) and adding its +-0 products (the tiles) give the same bits: the sums start at
   // +0 and an exact cancellation rounds to +0, so no sum is ever -0.
-  const int64_t tiled = detail::gram_tiles(X_.data(), m_, d, R_.data());
+  const double work = static_cast<double>(m_) * static_cast<double>(d) * d / 2;
+  const int64_t tiled =
+      detail::gram_tiles(X_.data(), m_, d, R_.data(), work < 1e7 ? 1 : f_.threads());
   for (int64_t t = 0; t < m_; ++t) {
     const double* x = X_.data() + t * d;
     for (int64_t i = tiled; i < d; ++i)

@@ -88,7 +88,7 @@ void test_gram_rows() {
 void test_tiles() {
   std::mt19937_64 rng(11);
   std::normal_distribution<double> g(0.0, 1.0);
-  for (int64_t d : {3, 4, 13, 40, 67}) {
+  for (int64_t d : {3, 4, 13, 40, 67, 131}) {
     const int64_t m = 29;
     std::vector<double> X(m * d);  // float values, as the solver's rows
     for (auto& x : X) x = static_cast<float>(g(rng));
@@ -103,6 +103,10 @@ void test_tiles() {
     CHECK(rows % 4 == 0 && rows <= d);
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = i; j < d; ++j) CHECK(same_bits(got[i * d + j], want[i * d + j]));
+    std::vector<double> got3(d * d, 0.0);  // on three threads: the same bits
+    CHECK(crossknn::detail::gram_tiles(X.data(), m, d, got3.data(), 3) == rows);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = i; j < d; ++j) CHECK(same_bits(got3[i * d + j], want[i * d + j]));
     // one block of Cholesky updates from the finished rows k < i0
     const int64_t i0 = d >= 8 ? 4 : 0;
     std::vector<double> R(d * d), R2;
