@@ -695,8 +695,10 @@ bool float16_narrow(const detail::FeatureData& fd, int threads, const float* U, 
 }
 
 // The top-k through the copies: the int8 one first (a quarter of float32's bytes); where its
-// bound leaves more than max(4k, N / 16) candidates the float16 copy narrows them (those rows
-// only: at most half of a full pass); where it leaves more than N / 2 (columns whose values it
+// bound leaves more than max(3k, N / 16) candidates the float16 copy narrows them (those rows
+// only: at most half of a full pass; a float16 row costs half the bytes of its exact rescoring,
+// and ~k rows are left, so narrowing pays from ~2.4k rows); where it leaves more than N / 2
+// (columns whose values it
 // resolves too coarsely) a full pass through the float16 copy, and after three such calls the
 // float16 one only. Exact scores for the
 // candidates, the top k of those. false when it declines (scores that could overflow, a scaled
@@ -718,7 +720,7 @@ bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U,
           ok = false;
           break;
         }
-        wide = wide || m > std::max<int64_t>(4 * k, n / 16);
+        wide = wide || m > std::max<int64_t>(3 * k, n / 16);
       }
     // many candidates: the float16 copy narrows them (its rows only, not a full pass); where it
     // declines, the int8 candidates are rescored as they are (they hold the top k too)
