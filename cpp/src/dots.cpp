@@ -307,8 +307,8 @@ CROSSKNN_AVX512 void gram_block_avx512(DotOrder order, const float* X, int64_t l
       const int nb = j + 2 <= j1 ? 2 : 1;
       for (int tile = 0; tile < tiles; ++tile) {
         if (i0 + 8 * tile + 7 <= j) continue;  // no row of the tile pairs with j (j >= i)
-        double* acc[2] = {accs.data() + (j * kRows + 8 * tile) * 8,
-                          accs.data() + ((j + 1) * kRows + 8 * tile) * 8};
+        double* acc[2] = {accs.data() + (j * kRows + 8 * tile) * 8, nullptr};
+        if (nb == 2) acc[1] = accs.data() + ((j + 1) * kRows + 8 * tile) * 8;
         const double* at = abuf.data() + 8 * tile * kChunk;
         if (nb == 2)
           panel_avx512<2>(at, kChunk, X + j * ld + c0, ld, len, c0 == 0, acc);
