@@ -49,6 +49,14 @@ for storage in ("float32", "int8"):
         s, i = f.top_k(u, 40)
         res.append([s.tobytes().hex(), i.tobytes().hex()])
     out["topk_" + storage] = res
+# d = 95: three 8-entry steps and 7 single entries after the 32-entry steps (exact rescoring)
+W = rng.standard_normal((2500, 95)).astype(np.float32)
+f = _core.Features(W, threads=1)
+res = []
+for q in range(5):
+    s, i = f.top_k(rng.standard_normal((1, 95)).astype(np.float32), 30)
+    res.append([s.tobytes().hex(), i.tobytes().hex()])
+out["topk_d95"] = res
 print(json.dumps(out))
 """
 
@@ -71,7 +79,8 @@ def test_avx512_avx2_and_generic_paths_give_the_same_bits():
     avx2 = _run({"CROSSKNN_SIMD": "avx2"})
     generic = _run({"CROSSKNN_NO_SIMD": "1"})
     assert avx2["kernel"] == "avx2" and generic["kernel"] == "generic"
-    for key in ("dual", "dual_minnorm", "primal", "primal_ridge", "topk_float32", "topk_int8"):
+    keys = ("dual", "dual_minnorm", "primal", "primal_ridge", "topk_float32", "topk_int8")
+    for key in (*keys, "topk_d95"):
         assert native[key] == avx2[key], key
     # the generic path: the same solver bits and int8 scores (float32 full scores may differ in
     # the last bits there, but the prefilter's exact rescoring gives the same items)

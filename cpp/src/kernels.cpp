@@ -533,6 +533,61 @@ CROSSKNN_AVX512_I8 void shadow_rows_avx512(const uint16_t* H, int64_t d, const i
   }
 }
 
+// Exact scores of rows given by id, two rows at a time (two memory streams in flight), each
+// with dot_tile<1>'s operations: its accumulators 0 | 1 and 2 | 3 are the halves of two 16-lane
+// registers (lane for lane the same FMAs), then the same 8-entry steps, reduction and tail.
+CROSSKNN_AVX512_I8 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+CROSSKNN_AVX512_I8 inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int NR, class T>
+CROSSKNN_AVX512_I8 inline void exact_rows_avx512(const T* const* v, const float* u, int64_t d,
+                                                 float* out) {
+  __m512 z01[NR], z23[NR];
+  for (int r = 0; r < NR; ++r) z01[r] = z23[r] = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= d; j += 32) {
+    const __m512 u0 = _mm512_loadu_ps(u + j), u1 = _mm512_loadu_ps(u + j + 16);
+    for (int r = 0; r < NR; ++r) {
+      z01[r] = _mm512_fmadd_ps(load16(v[r] + j), u0, z01[r]);
+      z23[r] = _mm512_fmadd_ps(load16(v[r] + j + 16), u1, z23[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    __m256 acc[4] = {_mm512_castps512_ps256(z01[r]), _mm512_extractf32x8_ps(z01[r], 1),
+                     _mm512_castps512_ps256(z23[r]), _mm512_extractf32x8_ps(z23[r], 1)};
+    int64_t jj = j;
+    for (int c = 0; jj + 8 <= d; jj += 8, ++c)
+      acc[c] = _mm256_fmadd_ps(load8(v[r] + jj), _mm256_loadu_ps(u + jj), acc[c]);
+    float t = hsum(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    for (; jj < d; ++jj) t = t + scalar_of(v[r][jj]) * u[jj];
+    out[r] = t;
+  }
+}
+
+template <class T>
+CROSSKNN_AVX512_I8 void gather_avx512_t(const T* V, int64_t d, const int64_t* rows, int64_t m,
+                                        const float* u, float* out) {
+  int64_t t = 0;
+  for (; t + 2 <= m; t += 2) {
+    const T* v[2] = {V + rows[t] * d, V + rows[t + 1] * d};
+    exact_rows_avx512<2>(v, u, d, out + t);
+  }
+  if (t < m) {
+    const T* v[1] = {V + rows[t] * d};
+    exact_rows_avx512<1>(v, u, d, out + t);
+  }
+}
+
+void gather_avx512(const FeatureData& f, const int64_t* rows, int64_t m, const float* u,
+                   float* out) {
+  if (f.storage() == Storage::Float32)
+    gather_avx512_t(f.f32(), f.dim(), rows, m, u, out);
+  else
+    gather_avx512_t(f.f16(), f.dim(), rows, m, u, out);
+}
+
 void scores_avx2(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                  int64_t ld) {
   switch (f.storage()) {
@@ -591,6 +646,7 @@ struct Dispatch {
       totals = __builtin_cpu_supports("avx512vnni") ? totals_avx512_vnni : totals_avx512;
       shadow = shadow_avx512;
       shadow_rows = shadow_rows_avx512;
+      gather = gather_avx512;
       name = "avx512";
     }
 #endif
