@@ -422,7 +422,19 @@ const detail::Shadow8& shadow8_of(const detail::FeatureData& fd, int threads) {
     sh->scale.resize(static_cast<size_t>(n));
     sh->dq_norm.resize(static_cast<size_t>(n));
     sh->err_norm.resize(static_cast<size_t>(n));
+    sh->gx_norm.resize(static_cast<size_t>(n));
     sh->col_scale = column_scales(fd);
+    // columns with the same nonzero value in every row: exact, outside the int8 part
+    sh->const_x.assign(static_cast<size_t>(d), 0.0);
+    for (int64_t j = 0; j < d; ++j) {
+      const float c = fd.p32[j];
+      bool same = c != 0.f;
+      for (int64_t r = 1; same && r < n; ++r) same = fd.p32[r * d + j] == c;
+      if (same) {
+        sh->const_cols.push_back(j);
+        sh->const_x[j] = static_cast<double>(c) / sh->col_scale[j];  // exact
+      }
+    }
     const double gamma = rounding_gamma(d);
     std::vector<double> xn(static_cast<size_t>(n));
     const int64_t bs = 256, n_blocks = (n + bs - 1) / bs;
@@ -430,13 +442,15 @@ const detail::Shadow8& shadow8_of(const detail::FeatureData& fd, int threads) {
     parallel_for(T, n_blocks, [&](int, int64_t b) {
       std::vector<double> x(static_cast<size_t>(d));
       for (int64_t r = b * bs; r < std::min(n, (b + 1) * bs); ++r) {
-        double mx = 0.0;
+        double mx = 0.0, x2 = 0.0;
         for (int64_t j = 0; j < d; ++j) {
-          x[j] = static_cast<double>(fd.p32[r * d + j]) / sh->col_scale[j];  // exact
+          const double xj = static_cast<double>(fd.p32[r * d + j]) / sh->col_scale[j];  // exact
+          x2 += xj * xj;
+          x[j] = sh->const_x[j] != 0.0 ? 0.0 : xj;  // the quantized part
           mx = std::max(mx, std::fabs(x[j]));
         }
         const double sc = mx > 0.0 ? mx / 127.0 : 1.0;
-        double dq2 = 0.0, r2 = 0.0, x2 = 0.0;
+        double dq2 = 0.0, r2 = 0.0, p2 = 0.0;
         int8_t* q = sh->q.data() + r * d;
         for (int64_t j = 0; j < d; ++j) {
           const double qv = std::min(127.0, std::max(-127.0, std::nearbyint(x[j] / sc)));
@@ -444,14 +458,14 @@ const detail::Shadow8& shadow8_of(const detail::FeatureData& fd, int threads) {
           const double dq = qv * sc, res = x[j] - dq;
           dq2 += dq * dq;
           r2 += res * res;
-          x2 += x[j] * x[j];
+          p2 += x[j] * x[j];
         }
         // the computed residuals are off by at most ~2^-51 (|x_j| + |dq_j|): the 2^-48 term
         sh->scale[r] = sc;
         sh->dq_norm[r] = std::sqrt(dq2) * (1.0 + 1e-9);
-        sh->err_norm[r] = (std::sqrt(r2) + gamma * std::sqrt(x2) +
-                           std::ldexp(std::sqrt(x2) + std::sqrt(dq2), -48)) *
-                          (1.0 + 1e-9);
+        sh->err_norm[r] =
+            (std::sqrt(r2) + std::ldexp(std::sqrt(p2) + std::sqrt(dq2), -48)) * (1.0 + 1e-9);
+        sh->gx_norm[r] = gamma * std::sqrt(x2) * (1.0 + 1e-9);
         xn[r] = std::sqrt(x2);
       }
     });
@@ -544,16 +558,25 @@ bool int8_candidates(const detail::FeatureData& fd, int threads, const float* U,
                      std::vector<std::vector<int64_t>>& out) {
   const int64_t n = fd.n, d = fd.d;
   const detail::Shadow8& sh = shadow8_of(fd, threads);
-  // u times the column scales (exact in double), rounded to int16 with scale su
+  // u times the column scales (exact in double), rounded to int16 with scale su (the constant
+  // columns: 0, their part sc_q is added exactly)
   std::vector<int16_t> uq(static_cast<size_t>(Q * d));
   std::vector<double> su(static_cast<size_t>(Q)), un(static_cast<size_t>(Q)),
-      wn(static_cast<size_t>(Q)), uc(static_cast<size_t>(d));
+      unq(static_cast<size_t>(Q)), wn(static_cast<size_t>(Q)), cs(static_cast<size_t>(Q)),
+      ce(static_cast<size_t>(Q)), uc(static_cast<size_t>(d));
   for (int64_t q = 0; q < Q; ++q) {
-    double mx = 0.0, u2 = 0.0;
+    double mx = 0.0, u2 = 0.0, q2 = 0.0, c = 0.0, cabs = 0.0;
     for (int64_t j = 0; j < d; ++j) {
       uc[j] = static_cast<double>(U[q * d + j]) * sh.col_scale[j];
-      mx = std::max(mx, std::fabs(uc[j]));
       u2 += uc[j] * uc[j];
+      if (sh.const_x[j] != 0.0) {
+        const double p = sh.const_x[j] * uc[j];  // a float times a float: exact
+        c += p;
+        cabs += std::fabs(p);
+        uc[j] = 0.0;
+      }
+      mx = std::max(mx, std::fabs(uc[j]));
+      q2 += uc[j] * uc[j];
     }
     if (!std::isfinite(u2)) return false;
     const double sq = mx > 0.0 ? mx / 32767.0 : 1.0;
@@ -566,24 +589,31 @@ bool int8_candidates(const detail::FeatureData& fd, int threads, const float* U,
     }
     su[q] = sq;
     un[q] = std::sqrt(u2) * (1.0 + 1e-9);
+    unq[q] = std::sqrt(q2) * (1.0 + 1e-9);
     wn[q] = (std::sqrt(w2) + std::ldexp(un[q], -50)) * (1.0 + 1e-9);
+    cs[q] = c;
+    ce[q] = static_cast<double>(sh.const_cols.size()) * std::ldexp(cabs, -52);  // its rounding
     if (!(sh.max_norm * un[q] < 1e37)) return false;  // float32 sums could overflow
   }
   const double tiny = 2.0 * static_cast<double>(d + 64) * std::ldexp(1.0, -148);
   const int64_t bs = std::max<int64_t>(64, std::min<int64_t>(4096, (256 << 10) / d));
   const int T = threads_for(static_cast<double>(n) * d * Q / 4.0, threads, (n + bs - 1) / bs);
   std::vector<std::vector<int64_t>> tot(static_cast<size_t>(T));
-  // |v.u - s| <= ||q sc|| ||w|| + (||x - q sc|| + gamma ||x||) ||u c|| (Cauchy-Schwarz)
+  // with N the other columns and C the constant ones (Cauchy-Schwarz on N):
+  // |v.u - s| <= ||q sc|| ||w|| + ||x_N - q sc|| ||(u c)_N|| + gamma ||x|| ||u c|| (+ roundings)
   auto block = [&](int w, int64_t r0, int64_t r1, double* s, double* e) {
     auto& t = tot[w];
     t.resize(static_cast<size_t>(r1 - r0));
     for (int64_t q = 0; q < Q; ++q) {
       detail::int8_totals(sh.q.data(), d, r0, r1, uq.data() + q * d, t.data());
       for (int64_t r = r0; r < r1; ++r) {
-        const double v = static_cast<double>(t[r - r0]) * sh.scale[r] * su[q];
+        const double a = static_cast<double>(t[r - r0]) * sh.scale[r] * su[q];
+        const double v = a + cs[q];
         s[q * bs + (r - r0)] = v;
-        e[q * bs + (r - r0)] = (sh.dq_norm[r] * wn[q] + sh.err_norm[r] * un[q]) * (1.0 + 1e-9) +
-                               4.5e-16 * std::fabs(v) + tiny;
+        e[q * bs + (r - r0)] =
+            (sh.dq_norm[r] * wn[q] + sh.err_norm[r] * unq[q] + sh.gx_norm[r] * un[q]) *
+                (1.0 + 1e-9) +
+            4.5e-16 * std::fabs(a) + 2.3e-16 * std::fabs(v) + ce[q] + tiny;
       }
     }
   };

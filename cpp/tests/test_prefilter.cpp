@@ -1,6 +1,7 @@
-// The top-k prefilter's float16 narrowing of wide int8 candidate sets (cpp/src/features.cpp):
-// near-duplicate rows that the int8 copy cannot separate but the float16 copy can; the results
-// equal the full float32 pass (ids and float bits) and the narrowing did run.
+// The top-k prefilter (cpp/src/features.cpp): the float16 narrowing of wide int8 candidate sets
+// (near-duplicate rows that the int8 copy cannot separate but the float16 copy can) and the
+// int8 copy's exact constant columns; the results equal the full float32 pass (ids and float
+// bits) and the intended path ran.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -15,7 +16,41 @@ using crossknn::ExcludeLists;
 using crossknn::Features;
 using crossknn::Storage;
 
+// Constant columns (a bias column of ones, another constant) with large query weights: they
+// enter the int8 copy's scores exactly, so the int8 bound stays tight (no fall-back to a full
+// float16 pass); the results equal the full pass.
+void test_constant_columns() {
+  const int64_t n = 3000, d = 61, k = 20, Q = 2;
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> V(n * d), U(Q * d);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < d; ++j) V[r * d + j] = g(rng);
+    V[r * d + 7] = 0.37f;
+    V[r * d + d - 1] = 1.f;
+  }
+  Features on(V.data(), n, d, Storage::Float32, 1), off(V.data(), n, d, Storage::Float32, 1);
+  off.set_prefilter(false);
+  std::vector<float> s1(Q * k), s2(Q * k);
+  std::vector<int64_t> i1(Q * k), i2(Q * k);
+  for (int rep = 0; rep < 5; ++rep) {
+    for (auto& x : U) x = g(rng) * 0.2f;
+    for (int64_t q = 0; q < Q; ++q) {
+      U[q * d + d - 1] = 40.f + 10.f * static_cast<float>(rep);
+      U[q * d + 7] = -25.f;
+    }
+    on.top_k(U.data(), Q, k, ExcludeLists{}, s1.data(), i1.data());
+    off.top_k(U.data(), Q, k, ExcludeLists{}, s2.data(), i2.data());
+    CHECK(i1 == i2);
+    CHECK(std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)) == 0);
+  }
+  const auto& fd = crossknn::detail::data(on);
+  std::printf("constant columns: int8 misses %d\n", fd.int8_misses.load());
+  CHECK(fd.int8_misses.load() == 0);
+}
+
 int main(int argc, char** argv) {
+  test_constant_columns();
   const double rel = argc > 1 ? std::atof(argv[1]) : 2e-3;
   const int64_t n = 4000, d = 96, k = 20, Q = 3;
   std::mt19937_64 rng(17);
