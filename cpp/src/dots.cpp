@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
+
+#include "kernels.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -107,17 +110,95 @@ __attribute__((target("avx"))) void tile_avx(const double* X, int64_t m, int64_t
   }
 }
 
+// ---- AVX-512: the same eight partial sums in one register (lane l = partial sum l) ----------
+#define CROSSKNN_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
+
+// partial_avx's sums, one register per row: multiply then add (any doubles: no FMA)
+template <int NA>
+CROSSKNN_AVX512 void partial_avx512(const double* const* a, const double* b, int64_t n,
+                                    double (*out)[8]) {
+  __m512d acc[NA];
+  for (int t = 0; t < NA; ++t) acc[t] = _mm512_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m512d bj = _mm512_loadu_pd(b + j);
+    for (int t = 0; t < NA; ++t)
+      acc[t] = _mm512_add_pd(acc[t], _mm512_mul_pd(_mm512_loadu_pd(a[t] + j), bj));
+  }
+  for (int t = 0; t < NA; ++t) _mm512_storeu_pd(out[t], acc[t]);
+  for (; j < n; ++j)
+    for (int t = 0; t < NA; ++t) out[t][0] += a[t][j] * b[j];
+}
+
+// float32 inputs: the product of two floats is exact in double, so fma(a, b, s) rounds once,
+// exactly as s + a * b does: FMAs give the bits of the multiply-then-add sums
+template <int NA>
+CROSSKNN_AVX512 void partial_avx512_f(const float* const* a, const float* b, int64_t n,
+                                      double (*out)[8]) {
+  __m512d acc[NA];
+  for (int t = 0; t < NA; ++t) acc[t] = _mm512_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m512d bj = _mm512_cvtps_pd(_mm256_loadu_ps(b + j));
+    for (int t = 0; t < NA; ++t)
+      acc[t] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(a[t] + j)), bj, acc[t]);
+  }
+  for (int t = 0; t < NA; ++t) _mm512_storeu_pd(out[t], acc[t]);
+  for (; j < n; ++j)
+    for (int t = 0; t < NA; ++t)
+      out[t][0] += static_cast<double>(a[t][j]) * static_cast<double>(b[j]);
+}
+
+// a tile of 4 rows x 32 columns of G over all t (masked past column `j1`): G += x_t[i] x_t[j]
+// with FMAs (X holds float values: products exact) or, Sub, G -= x_t[i] x_t[j] as a multiply
+// then a subtract (any doubles)
+template <bool Sub>
+CROSSKNN_AVX512 void tile_avx512(const double* X, int64_t m, int64_t d, int64_t i0, int64_t j0,
+                                 int64_t j1, double* G) {
+  __mmask8 mk[4];
+  for (int c = 0; c < 4; ++c) {
+    const int64_t left = std::min<int64_t>(8, std::max<int64_t>(0, j1 - (j0 + 8 * c)));
+    mk[c] = static_cast<__mmask8>((1u << left) - 1u);
+  }
+  __m512d acc[4][4];
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c)
+      acc[r][c] = _mm512_maskz_loadu_pd(mk[c], G + (i0 + r) * d + j0 + 8 * c);
+  for (int64_t t = 0; t < m; ++t) {
+    const double* x = X + t * d;
+    __m512d b[4];
+    for (int c = 0; c < 4; ++c) b[c] = _mm512_maskz_loadu_pd(mk[c], x + j0 + 8 * c);
+    for (int r = 0; r < 4; ++r) {
+      const __m512d a = _mm512_set1_pd(x[i0 + r]);
+      for (int c = 0; c < 4; ++c) {
+        if (Sub)  // y + (-a) b == y - a b exactly
+          acc[r][c] = _mm512_sub_pd(acc[r][c], _mm512_mul_pd(a, b[c]));
+        else
+          acc[r][c] = _mm512_fmadd_pd(a, b[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c)
+      _mm512_mask_storeu_pd(G + (i0 + r) * d + j0 + 8 * c, mk[c], acc[r][c]);
+}
+
 bool has_avx() {
   static const bool yes = [] {
     __builtin_cpu_init();
-    const char* e = std::getenv("CROSSKNN_NO_SIMD");
-    return !(e && *e && std::strcmp(e, "0") != 0) && __builtin_cpu_supports("avx");
+    return !simd_disabled() && __builtin_cpu_supports("avx");
   }();
   return yes;
 }
 
+bool has_avx512() { return simd_level() == SimdLevel::Avx512; }
+
 template <int NA>
 void partial_f(const float* const* a, const float* b, int64_t n, double (*out)[8]) {
+  if (has_avx512()) {
+    partial_avx512_f<NA>(a, b, n, out);
+    return;
+  }
   if (has_avx()) {
     partial_avx_f<NA>(a, b, n, out);
     return;
@@ -138,7 +219,9 @@ void partial_f(const float* const* a, const float* b, int64_t n, double (*out)[8
 
 template <int NA>
 void partial(const double* const* a, const double* b, int64_t n, double (*out)[8]) {
-  if (has_avx())
+  if (has_avx512())
+    partial_avx512<NA>(a, b, n, out);
+  else if (has_avx())
     partial_avx<NA>(a, b, n, out);
   else
     partial_generic<NA>(a, b, n, out);
@@ -170,6 +253,82 @@ inline double reduce(DotOrder order, const double* s) {
     return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// Gram panel: 8 rows of `a` (double, stride lda) against NB float32 rows (b + u * ldb) over
+// `len` columns (a multiple of 8), continuing the eight partial sums of each pair from acc
+// (acc[u]: 8 rows x 8 lanes); FMAs, exact as above.
+template <int NB>
+CROSSKNN_AVX512 void panel_avx512(const double* a, int64_t lda, const float* b, int64_t ldb,
+                                  int64_t len, bool first, double* const* acc) {
+  __m512d s[8][NB];
+  for (int t = 0; t < 8; ++t)
+    for (int u = 0; u < NB; ++u)
+      s[t][u] = first ? _mm512_setzero_pd() : _mm512_loadu_pd(acc[u] + 8 * t);
+  for (int64_t c = 0; c < len; c += 8) {
+    __m512d bv[NB];
+    for (int u = 0; u < NB; ++u) bv[u] = _mm512_cvtps_pd(_mm256_loadu_ps(b + u * ldb + c));
+    for (int t = 0; t < 8; ++t) {
+      const __m512d av = _mm512_loadu_pd(a + t * lda + c);
+      for (int u = 0; u < NB; ++u) s[t][u] = _mm512_fmadd_pd(av, bv[u], s[t][u]);
+    }
+  }
+  for (int t = 0; t < 8; ++t)
+    for (int u = 0; u < NB; ++u) _mm512_storeu_pd(acc[u] + 8 * t, s[t][u]);
+}
+
+// gram_rows_f for up to kRows rows: columns in chunks of kChunk (the chunk of the i rows, in
+// double, stays in L1 while every j row passes), the partial sums of all pairs kept in memory
+// between chunks; every partial sum still adds its products in column order.
+constexpr int kRows = 16;
+constexpr int64_t kChunk = 256;
+
+CROSSKNN_AVX512 void gram_block_avx512(DotOrder order, const float* X, int64_t ld, int64_t n,
+                                       int64_t i0, int64_t i1, int64_t j1, double* out,
+                                       int64_t ldo) {
+  const int na = static_cast<int>(i1 - i0);
+  const int tiles = (na + 7) / 8;
+  const int64_t n8 = n / 8 * 8;
+  // (no zeroing: the first chunk starts its sums at zero, and rows past na read zeros)
+  thread_local std::vector<double> abuf, accs;
+  if (abuf.size() < static_cast<size_t>(kRows * kChunk))
+    abuf.resize(static_cast<size_t>(kRows * kChunk));
+  if (accs.size() < static_cast<size_t>(j1 * kRows * 8))
+    accs.resize(static_cast<size_t>(j1 * kRows * 8));
+  std::fill(abuf.begin() + na * kChunk, abuf.begin() + tiles * 8 * kChunk, 0.0);
+  if (n8 == 0)
+    std::fill(accs.begin(), accs.begin() + j1 * kRows * 8, 0.0);
+  for (int64_t c0 = 0; c0 < n8; c0 += kChunk) {
+    const int64_t len = std::min(kChunk, n8 - c0);
+    for (int t = 0; t < na; ++t)
+      for (int64_t c = 0; c < len; ++c) abuf[t * kChunk + c] = X[(i0 + t) * ld + c0 + c];
+    int64_t j = 0;
+    for (; j < j1; j += 2) {
+      const int nb = j + 2 <= j1 ? 2 : 1;
+      for (int tile = 0; tile < tiles; ++tile) {
+        if (i0 + 8 * tile + 7 <= j) continue;  // no row of the tile pairs with j (j >= i)
+        double* acc[2] = {accs.data() + (j * kRows + 8 * tile) * 8, nullptr};
+        if (nb == 2) acc[1] = accs.data() + ((j + 1) * kRows + 8 * tile) * 8;
+        const double* at = abuf.data() + 8 * tile * kChunk;
+        if (nb == 2)
+          panel_avx512<2>(at, kChunk, X + j * ld + c0, ld, len, c0 == 0, acc);
+        else
+          panel_avx512<1>(at, kChunk, X + j * ld + c0, ld, len, c0 == 0, acc);
+      }
+    }
+  }
+  for (int t = 0; t < na; ++t) {
+    const float* xi = X + (i0 + t) * ld;
+    for (int64_t j = 0; j < std::min(j1, i0 + t); ++j) {
+      double* sp = accs.data() + (j * kRows + t) * 8;
+      const float* xj = X + j * ld;
+      for (int64_t c = n8; c < n; ++c)
+        sp[0] += static_cast<double>(xi[c]) * static_cast<double>(xj[c]);
+      out[t * ldo + j] = reduce(order, sp);
+    }
+  }
+}
+#endif
 
 void dots4(const double* const* a, const double* b, int64_t n, double (*s)[8]) {
   partial<4>(a, b, n, s);
@@ -219,8 +378,46 @@ void dots_f(DotOrder order, const float* const* a, int na, const float* b, int64
   }
 }
 
-int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G) {
+void gram_rows_f(DotOrder order, const float* X, int64_t ld, int64_t n, int64_t i0, int64_t i1,
+                 int64_t j1, double* out, int64_t ldo) {
 #if defined(__x86_64__) && defined(__GNUC__)
+  if (has_avx512()) {
+    for (int64_t b0 = i0; b0 < i1; b0 += kRows)
+      gram_block_avx512(order, X, ld, n, b0, std::min(i1, b0 + kRows), j1,
+                        out + (b0 - i0) * ldo, ldo);
+    return;
+  }
+#endif
+  // four rows at a time against each j (the rows with j < i)
+  const float* rows[4];
+  double o[4];
+  for (int64_t t0 = i0; t0 < i1; t0 += 4) {
+    const int64_t t1 = std::min(i1, t0 + 4);
+    for (int64_t j = 0; j < std::min(j1, t1 - 1); ++j) {
+      const int64_t first = std::max(t0, j + 1);
+      int k = 0;
+      for (int64_t i = first; i < t1; ++i) rows[k++] = X + i * ld;
+      dots_f(order, rows, k, X + j * ld, n, o);
+      for (int t = 0; t < k; ++t) out[(first - i0 + t) * ldo + j] = o[t];
+    }
+  }
+}
+
+int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G, int threads) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (has_avx512()) {
+    // blocks of four rows write disjoint rows of G: on threads, paired from both ends of the
+    // triangle so that every task has about the same work
+    const int64_t rows = d / 4 * 4, nb = rows / 4;
+    auto block = [&](int64_t b) {
+      for (int64_t j0 = 4 * b; j0 < d; j0 += 32) tile_avx512<false>(X, m, d, 4 * b, j0, d, G);
+    };
+    parallel_for(threads, (nb + 1) / 2, [&](int, int64_t p) {
+      block(p);
+      if (nb - 1 - p != p) block(nb - 1 - p);
+    });
+    return rows;
+  }
   if (!has_avx()) return 0;
   const int64_t rows = d / 4 * 4;
   for (int64_t i0 = 0; i0 < rows; i0 += 4) {
@@ -241,7 +438,12 @@ int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G) {
 
 bool chol_block_update(const double* R, int64_t d, int64_t i0, double* G) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (!has_avx() || i0 + 4 > d) return false;
+  if (i0 + 4 > d) return false;
+  if (has_avx512()) {
+    for (int64_t j0 = i0; j0 < d; j0 += 32) tile_avx512<true>(R, i0, d, i0, j0, d, G);
+    return true;
+  }
+  if (!has_avx()) return false;
   int64_t j0 = i0;
   for (; j0 + 8 <= d; j0 += 8) tile_avx<true>(R, i0, d, i0, j0, G);
   for (int64_t k = 0; k < i0; ++k) {  // the last < 8 columns, in the same order

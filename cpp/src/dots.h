@@ -21,11 +21,21 @@ void dots(DotOrder order, const double* const* a, int na, const double* b, int64
 void dots_f(DotOrder order, const float* const* a, int na, const float* b, int64_t n,
             double* out);
 
-// Upper triangle of G = X^T X (X: m x d row-major, G: d x d row-major, zeroed by the caller)
-// for rows i < returned value (a multiple of 4; 0 without AVX): G_ij += x_ti * x_tj for t in
-// order, each a multiply then an add, as axpy row updates would do them. Entries left of the
-// diagonal inside a tile are written too (the caller ignores them).
-int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G);
+// Gram entries of float32 rows x_r = X + r * ld (n entries each): out[(i - i0) * ldo + j] =
+// x_i . x_j for i in [i0, i1) and j < min(j1, i) (nothing else is written), each with the
+// operations of dots_f (the same bits). With AVX-512: FMAs on the values in double (a product of
+// two floats is exact in double, so fma(a, b, s) == s + a * b), blocks of 16 rows x 2 rows in
+// registers, the columns in L1-sized chunks.
+void gram_rows_f(DotOrder order, const float* X, int64_t ld, int64_t n, int64_t i0, int64_t i1,
+                 int64_t j1, double* out, int64_t ldo);
+
+// Upper triangle of G = X^T X (X: m x d row-major holding float32 values, G: d x d row-major,
+// zeroed by the caller) for rows i < returned value (a multiple of 4; 0 without AVX):
+// G_ij += x_ti * x_tj for t in order, each a multiply then an add, as axpy row updates would do
+// them (AVX-512: an FMA, the same value as the product is exact). Entries left of the diagonal
+// inside a tile are written too (the caller ignores them).
+// `threads`: blocks of four rows on up to that many threads (AVX-512 path; same results).
+int64_t gram_tiles(const double* X, int64_t m, int64_t d, double* G, int threads = 1);
 
 // Rows i0 .. i0+3 of a right-looking Cholesky in place (R: d x d row-major, rows k < i0 final
 // and scaled): R_ij += (-r_ki) r_kj for every k < i0 in order, j >= i (entries left of the

@@ -334,7 +334,8 @@ namespace {
 
 // Float32 rounding of one score: block_scores and shadow_scores sum d products along paths of
 // at most d + 64 rounded operations (AVX2: d / 32 or d / 16 FMAs per lane, <= 6 reduction adds,
-// <= 15 tail mul-adds; generic: d / 16 mul-adds per lane, 16 lane adds, 15 tail mul-adds), so
+// <= 15 tail mul-adds; AVX-512 float16 copy: d / 32 + 2 FMAs per lane, 5 reduction adds;
+// generic: d / 16 mul-adds per lane, 16 lane adds, 15 tail mul-adds), so
 // |s_float - v.u| <= gamma * sum_j |v_j u_j| <= gamma ||v|| ||u||, gamma = n 2^-24 / (1 - n 2^-24),
 // plus n subnormal rounding steps of at most 2^-149 each.
 double rounding_gamma(int64_t d) {
@@ -421,7 +422,19 @@ const detail::Shadow8& shadow8_of(const detail::FeatureData& fd, int threads) {
     sh->scale.resize(static_cast<size_t>(n));
     sh->dq_norm.resize(static_cast<size_t>(n));
     sh->err_norm.resize(static_cast<size_t>(n));
+    sh->gx_norm.resize(static_cast<size_t>(n));
     sh->col_scale = column_scales(fd);
+    // columns with the same nonzero value in every row: exact, outside the int8 part
+    sh->const_x.assign(static_cast<size_t>(d), 0.0);
+    for (int64_t j = 0; j < d; ++j) {
+      const float c = fd.p32[j];
+      bool same = c != 0.f;
+      for (int64_t r = 1; same && r < n; ++r) same = fd.p32[r * d + j] == c;
+      if (same) {
+        sh->const_cols.push_back(j);
+        sh->const_x[j] = static_cast<double>(c) / sh->col_scale[j];  // exact
+      }
+    }
     const double gamma = rounding_gamma(d);
     std::vector<double> xn(static_cast<size_t>(n));
     const int64_t bs = 256, n_blocks = (n + bs - 1) / bs;
@@ -429,13 +442,15 @@ const detail::Shadow8& shadow8_of(const detail::FeatureData& fd, int threads) {
     parallel_for(T, n_blocks, [&](int, int64_t b) {
       std::vector<double> x(static_cast<size_t>(d));
       for (int64_t r = b * bs; r < std::min(n, (b + 1) * bs); ++r) {
-        double mx = 0.0;
+        double mx = 0.0, x2 = 0.0;
         for (int64_t j = 0; j < d; ++j) {
-          x[j] = static_cast<double>(fd.p32[r * d + j]) / sh->col_scale[j];  // exact
+          const double xj = static_cast<double>(fd.p32[r * d + j]) / sh->col_scale[j];  // exact
+          x2 += xj * xj;
+          x[j] = sh->const_x[j] != 0.0 ? 0.0 : xj;  // the quantized part
           mx = std::max(mx, std::fabs(x[j]));
         }
         const double sc = mx > 0.0 ? mx / 127.0 : 1.0;
-        double dq2 = 0.0, r2 = 0.0, x2 = 0.0;
+        double dq2 = 0.0, r2 = 0.0, p2 = 0.0;
         int8_t* q = sh->q.data() + r * d;
         for (int64_t j = 0; j < d; ++j) {
           const double qv = std::min(127.0, std::max(-127.0, std::nearbyint(x[j] / sc)));
@@ -443,14 +458,14 @@ const detail::Shadow8& shadow8_of(const detail::FeatureData& fd, int threads) {
           const double dq = qv * sc, res = x[j] - dq;
           dq2 += dq * dq;
           r2 += res * res;
-          x2 += x[j] * x[j];
+          p2 += x[j] * x[j];
         }
         // the computed residuals are off by at most ~2^-51 (|x_j| + |dq_j|): the 2^-48 term
         sh->scale[r] = sc;
         sh->dq_norm[r] = std::sqrt(dq2) * (1.0 + 1e-9);
-        sh->err_norm[r] = (std::sqrt(r2) + gamma * std::sqrt(x2) +
-                           std::ldexp(std::sqrt(x2) + std::sqrt(dq2), -48)) *
-                          (1.0 + 1e-9);
+        sh->err_norm[r] =
+            (std::sqrt(r2) + std::ldexp(std::sqrt(p2) + std::sqrt(dq2), -48)) * (1.0 + 1e-9);
+        sh->gx_norm[r] = gamma * std::sqrt(x2) * (1.0 + 1e-9);
         xn[r] = std::sqrt(x2);
       }
     });
@@ -543,16 +558,25 @@ bool int8_candidates(const detail::FeatureData& fd, int threads, const float* U,
                      std::vector<std::vector<int64_t>>& out) {
   const int64_t n = fd.n, d = fd.d;
   const detail::Shadow8& sh = shadow8_of(fd, threads);
-  // u times the column scales (exact in double), rounded to int16 with scale su
+  // u times the column scales (exact in double), rounded to int16 with scale su (the constant
+  // columns: 0, their part sc_q is added exactly)
   std::vector<int16_t> uq(static_cast<size_t>(Q * d));
   std::vector<double> su(static_cast<size_t>(Q)), un(static_cast<size_t>(Q)),
-      wn(static_cast<size_t>(Q)), uc(static_cast<size_t>(d));
+      unq(static_cast<size_t>(Q)), wn(static_cast<size_t>(Q)), cs(static_cast<size_t>(Q)),
+      ce(static_cast<size_t>(Q)), uc(static_cast<size_t>(d));
   for (int64_t q = 0; q < Q; ++q) {
-    double mx = 0.0, u2 = 0.0;
+    double mx = 0.0, u2 = 0.0, q2 = 0.0, c = 0.0, cabs = 0.0;
     for (int64_t j = 0; j < d; ++j) {
       uc[j] = static_cast<double>(U[q * d + j]) * sh.col_scale[j];
-      mx = std::max(mx, std::fabs(uc[j]));
       u2 += uc[j] * uc[j];
+      if (sh.const_x[j] != 0.0) {
+        const double p = sh.const_x[j] * uc[j];  // a float times a float: exact
+        c += p;
+        cabs += std::fabs(p);
+        uc[j] = 0.0;
+      }
+      mx = std::max(mx, std::fabs(uc[j]));
+      q2 += uc[j] * uc[j];
     }
     if (!std::isfinite(u2)) return false;
     const double sq = mx > 0.0 ? mx / 32767.0 : 1.0;
@@ -565,40 +589,51 @@ bool int8_candidates(const detail::FeatureData& fd, int threads, const float* U,
     }
     su[q] = sq;
     un[q] = std::sqrt(u2) * (1.0 + 1e-9);
+    unq[q] = std::sqrt(q2) * (1.0 + 1e-9);
     wn[q] = (std::sqrt(w2) + std::ldexp(un[q], -50)) * (1.0 + 1e-9);
+    cs[q] = c;
+    ce[q] = static_cast<double>(sh.const_cols.size()) * std::ldexp(cabs, -52);  // its rounding
     if (!(sh.max_norm * un[q] < 1e37)) return false;  // float32 sums could overflow
   }
   const double tiny = 2.0 * static_cast<double>(d + 64) * std::ldexp(1.0, -148);
   const int64_t bs = std::max<int64_t>(64, std::min<int64_t>(4096, (256 << 10) / d));
   const int T = threads_for(static_cast<double>(n) * d * Q / 4.0, threads, (n + bs - 1) / bs);
   std::vector<std::vector<int64_t>> tot(static_cast<size_t>(T));
-  // |v.u - s| <= ||q sc|| ||w|| + (||x - q sc|| + gamma ||x||) ||u c|| (Cauchy-Schwarz)
+  // with N the other columns and C the constant ones (Cauchy-Schwarz on N):
+  // |v.u - s| <= ||q sc|| ||w|| + ||x_N - q sc|| ||(u c)_N|| + gamma ||x|| ||u c|| (+ roundings)
   auto block = [&](int w, int64_t r0, int64_t r1, double* s, double* e) {
     auto& t = tot[w];
     t.resize(static_cast<size_t>(r1 - r0));
     for (int64_t q = 0; q < Q; ++q) {
       detail::int8_totals(sh.q.data(), d, r0, r1, uq.data() + q * d, t.data());
       for (int64_t r = r0; r < r1; ++r) {
-        const double v = static_cast<double>(t[r - r0]) * sh.scale[r] * su[q];
+        const double a = static_cast<double>(t[r - r0]) * sh.scale[r] * su[q];
+        const double v = a + cs[q];
         s[q * bs + (r - r0)] = v;
-        e[q * bs + (r - r0)] = (sh.dq_norm[r] * wn[q] + sh.err_norm[r] * un[q]) * (1.0 + 1e-9) +
-                               4.5e-16 * std::fabs(v) + tiny;
+        e[q * bs + (r - r0)] =
+            (sh.dq_norm[r] * wn[q] + sh.err_norm[r] * unq[q] + sh.gx_norm[r] * un[q]) *
+                (1.0 + 1e-9) +
+            4.5e-16 * std::fabs(a) + 2.3e-16 * std::fabs(v) + ce[q] + tiny;
       }
     }
   };
   return candidates(n, Q, k, bs, T, excl, block, out);
 }
 
-// Candidates through the float16 copy (false: declined).
-bool float16_candidates(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
-                        int64_t k, const std::vector<std::vector<int64_t>>& excl,
-                        std::vector<std::vector<int64_t>>& out) {
-  const int64_t n = fd.n, d = fd.d;
-  const detail::Shadow& sh = shadow_of(fd, threads);
-  // the queries times the column scales (exact in float32, else decline), and their norms
-  // (entries below float32's normal range are dropped: |x_h . w| <= max_norm ||w|| is added)
-  std::vector<float> Uc(static_cast<size_t>(Q * d));
-  std::vector<double> un(static_cast<size_t>(Q)), dropped(static_cast<size_t>(Q));
+// The queries for the float16 copy: times the column scales (exact in float32, else decline),
+// their norms (entries below float32's normal range are dropped: |x_h . w| <= max_norm ||w|| is
+// added to the bound). false: declined.
+struct F16Queries {
+  std::vector<float> Uc;
+  std::vector<double> un, dropped;
+  double tiny = 0.0;  // subnormal rounding steps
+};
+bool float16_queries(const detail::Shadow& sh, const float* U, int64_t Q, int64_t d,
+                     F16Queries& out) {
+  out.tiny = 2.0 * static_cast<double>(d + 64) * std::ldexp(1.0, -148);
+  out.Uc.resize(static_cast<size_t>(Q * d));
+  out.un.resize(static_cast<size_t>(Q));
+  out.dropped.resize(static_cast<size_t>(Q));
   for (int64_t q = 0; q < Q; ++q) {
     double u2 = 0.0, w2 = 0.0;
     for (int64_t j = 0; j < d; ++j) {
@@ -610,14 +645,30 @@ bool float16_candidates(const detail::FeatureData& fd, int threads, const float*
       } else if (static_cast<double>(xf) != x) {
         return false;  // overflow: the full pass decides
       }
-      Uc[q * d + j] = xf;
+      out.Uc[q * d + j] = xf;
       u2 += x * x;
     }
-    un[q] = std::sqrt(u2) * (1.0 + 1e-9);
-    dropped[q] = sh.max_norm * std::sqrt(w2) * 1.01;
-    if (!(sh.max_norm * un[q] < 1e37)) return false;  // float32 sums could overflow
+    out.un[q] = std::sqrt(u2) * (1.0 + 1e-9);
+    out.dropped[q] = sh.max_norm * std::sqrt(w2) * 1.01;
+    if (!(sh.max_norm * out.un[q] < 1e37)) return false;  // float32 sums could overflow
   }
-  const double tiny = 2.0 * static_cast<double>(d + 64) * std::ldexp(1.0, -148);
+  return true;
+}
+
+// the bound of a float16 score v of row r for query q (|exact - v| <= it)
+inline double float16_error(const detail::Shadow& sh, const F16Queries& fq, int64_t r, int64_t q,
+                            double v) {
+  return sh.err_norm[r] * fq.un[q] + fq.dropped[q] + 2.3e-16 * std::fabs(v) + fq.tiny;
+}
+
+// Candidates through the float16 copy (false: declined).
+bool float16_candidates(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
+                        int64_t k, const std::vector<std::vector<int64_t>>& excl,
+                        std::vector<std::vector<int64_t>>& out) {
+  const int64_t n = fd.n, d = fd.d;
+  const detail::Shadow& sh = shadow_of(fd, threads);
+  F16Queries fq;
+  if (!float16_queries(sh, U, Q, d, fq)) return false;
   const int64_t bs = std::max<int64_t>(64, std::min<int64_t>(4096, (256 << 10) / (2 * d)));
   const int T = threads_for(static_cast<double>(n) * d * Q / 2.0, threads, (n + bs - 1) / bs);
   std::vector<std::vector<float>> bufs(static_cast<size_t>(T));
@@ -625,20 +676,61 @@ bool float16_candidates(const detail::FeatureData& fd, int threads, const float*
     auto& b = bufs[w];
     b.resize(static_cast<size_t>(r1 - r0));
     for (int64_t q = 0; q < Q; ++q) {
-      detail::shadow_scores(sh.h.data(), d, r0, r1, Uc.data() + q * d, b.data());
+      detail::shadow_scores(sh.h.data(), d, r0, r1, fq.Uc.data() + q * d, b.data());
       for (int64_t r = r0; r < r1; ++r) {
         const double v = b[r - r0];
         s[q * bs + (r - r0)] = v;
-        e[q * bs + (r - r0)] = sh.err_norm[r] * un[q] + dropped[q] + 2.3e-16 * std::fabs(v) + tiny;
+        e[q * bs + (r - r0)] = float16_error(sh, fq, r, q, v);
       }
     }
   };
   return candidates(n, Q, k, bs, T, excl, block, out);
 }
 
+// Narrows each query's candidate rows (a set that holds its top k) with the float16 copy: the
+// rows whose upper bound reaches the k-th largest lower bound among them. The k-th largest lower
+// bound of a set holding the top k is at most the k-th best exact score, so no top-k row is
+// dropped. false: declined (cand unchanged, still valid).
+bool float16_narrow(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
+                    int64_t k, std::vector<std::vector<int64_t>>& cand) {
+  const int64_t d = fd.d;
+  const detail::Shadow& sh = shadow_of(fd, threads);
+  F16Queries fq;
+  if (!float16_queries(sh, U, Q, d, fq)) return false;
+  std::vector<float> v;
+  std::vector<double> lo, hi, los;
+  for (int64_t q = 0; q < Q; ++q) {
+    auto& rows = cand[q];
+    const int64_t m = static_cast<int64_t>(rows.size());
+    if (m <= k) continue;
+    v.resize(static_cast<size_t>(m));
+    detail::shadow_rows(sh.h.data(), d, rows.data(), m, fq.Uc.data() + q * d, v.data());
+    lo.resize(static_cast<size_t>(m));
+    hi.resize(static_cast<size_t>(m));
+    for (int64_t t = 0; t < m; ++t) {
+      const double e = float16_error(sh, fq, rows[t], q, v[t]);
+      lo[t] = v[t] - e;
+      hi[t] = v[t] + e;
+    }
+    los = lo;
+    std::nth_element(los.begin(), los.begin() + (k - 1), los.end(), std::greater<double>());
+    const double bound = los[k - 1];
+    int64_t kept = 0;
+    for (int64_t t = 0; t < m; ++t)
+      if (hi[t] >= bound) rows[kept++] = rows[t];
+    rows.resize(static_cast<size_t>(kept));
+    fd.narrowed.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
 // The top-k through the copies: the int8 one first (a quarter of float32's bytes); where its
-// bound leaves more than N / 16 candidates (columns whose values it resolves too coarsely) the
-// float16 one, and after three such calls the float16 one only. Exact scores for the
+// bound leaves more than max(3k, N / 16) candidates the float16 copy narrows them (those rows
+// only: at most half of a full pass; a float16 row costs half the bytes of its exact rescoring,
+// and ~k rows are left, so narrowing pays from ~2.4k rows); where it leaves more than N / 2
+// (columns whose values it
+// resolves too coarsely) a full pass through the float16 copy, and after three such calls the
+// float16 one only. Exact scores for the
 // candidates, the top k of those. false when it declines (scores that could overflow, a scaled
 // query not exact in float32: the full pass decides).
 bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
@@ -649,13 +741,20 @@ bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U,
   bool ok = false;
   if (fd.int8_misses.load(std::memory_order_relaxed) < 3) {
     ok = int8_candidates(fd, threads, U, Q, k, excl, cand);
+    bool wide = false;
     if (ok)
-      for (const auto& c : cand)
-        if (static_cast<int64_t>(c.size()) > std::max<int64_t>(4 * k, n / 16)) {
+      for (const auto& c : cand) {
+        const int64_t m = static_cast<int64_t>(c.size());
+        if (m > n / 2) {  // the int8 bound resolves this matrix too coarsely: full float16 pass
           fd.int8_misses.fetch_add(1, std::memory_order_relaxed);
           ok = false;
           break;
         }
+        wide = wide || m > std::max<int64_t>(3 * k, n / 16);
+      }
+    // many candidates: the float16 copy narrows them (its rows only, not a full pass); where it
+    // declines, the int8 candidates are rescored as they are (they hold the top k too)
+    if (ok && wide) float16_narrow(fd, threads, U, Q, k, cand);
   }
   if (!ok && !float16_candidates(fd, threads, U, Q, k, excl, cand)) return false;
   std::vector<float> exact;

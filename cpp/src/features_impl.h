@@ -36,6 +36,7 @@ struct FeatureData {
   mutable std::once_flag shadow8_once;
   mutable std::unique_ptr<const Shadow8> shadow8;
   mutable std::atomic<int> int8_misses{0};  // calls where the int8 copy left too many rows
+  mutable std::atomic<int64_t> narrowed{0};  // queries whose int8 candidates float16 narrowed
 
   int64_t dim() const noexcept { return d; }
   Storage storage() const noexcept { return st; }
@@ -56,10 +57,14 @@ struct Shadow {
 
 // An int8 copy of a float32 matrix for the top-k prefilter (features.cpp): x = v / col_scale
 // (powers of two), q = round(x / scale) per row (scale = max|x| / 127, double), and per row
-// ||q scale|| and ||x - q scale|| + gamma ||x|| (+ margins), rounded up.
+// ||q scale||, ||x - q scale|| (+ margin) and gamma ||x||, rounded up. Columns holding one nonzero
+// value in every row (e.g. a bias column) are left out of q (q = 0 there) and enter the scores
+// exactly (const_x: their x, 0 elsewhere): a large query weight on them then does not multiply
+// the quantization error of the other columns.
 struct Shadow8 {
   std::vector<int8_t> q;
-  std::vector<double> col_scale, scale, dq_norm, err_norm;
+  std::vector<double> col_scale, scale, dq_norm, err_norm, gx_norm, const_x;
+  std::vector<int64_t> const_cols;
   double max_norm = 0.0;  // >= max over rows of ||x||
 };
 

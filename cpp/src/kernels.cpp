@@ -1,6 +1,6 @@
 // Score kernels. The core is compiled with -ffp-contract=off, so the generic path does
 // mul-then-add exactly as written; the AVX2 path uses explicit FMAs. One path is chosen per
-// process (CPU features, CROSSKNN_NO_SIMD), never per call.
+// process (CPU features, CROSSKNN_NO_SIMD, CROSSKNN_SIMD: simd_level()), never per call.
 #include "kernels.h"
 
 #include <algorithm>
@@ -379,6 +379,24 @@ __attribute__((target("avx2,fma,f16c"))) void shadow_avx2(const uint16_t* H, int
   }
 }
 
+// float16 rows given by id against one query (two 8-lane accumulators, as shadow_avx2's rows)
+__attribute__((target("avx2,fma,f16c"))) void shadow_rows_avx2(const uint16_t* H, int64_t d,
+                                                               const int64_t* rows, int64_t m,
+                                                               const float* u, float* out) {
+  for (int64_t t = 0; t < m; ++t) {
+    const uint16_t* h = H + rows[t] * d;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+      a0 = _mm256_fmadd_ps(load8(h + j), _mm256_loadu_ps(u + j), a0);
+      a1 = _mm256_fmadd_ps(load8(h + j + 8), _mm256_loadu_ps(u + j + 8), a1);
+    }
+    float v = hsum(a0, a1);
+    for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[jj]) * u[jj];
+    out[t] = v;
+  }
+}
+
 // one query, rows given by id: dot_tile<1> as scores_avx2_t uses it for a lone query
 __attribute__((target("avx2,fma,f16c"))) void gather_avx2(const FeatureData& f,
                                                           const int64_t* rows, int64_t m,
@@ -402,6 +420,174 @@ __attribute__((target("avx2,fma,f16c"))) void totals_avx2(const int8_t* V, int64
   for (; r < r1; ++r) dot_i8<1>(V + r * d, u, d, out + (r - r0));
 }
 
+// ---------------- AVX-512 (BW, VL; VNNI where present): int8 rows, exact integer sums ---------
+#define CROSSKNN_AVX512_I8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define CROSSKNN_AVX512_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+// 16 int32 lanes -> one int64 sum
+CROSSKNN_AVX512_I8 inline int64_t hsum_epi32(__m512i a) {
+  const __m512i w = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a)),
+                                     _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a, 1)));
+  return _mm512_reduce_add_epi64(w);
+}
+
+// One int8 row against one int16 query: 32 entries per step, sign-extended to int16, pairs
+// multiplied and added into int32 lanes (vpdpwssd with VNNI, else vpmaddwd + vpaddd), masked
+// loads for the last < 32; the lanes are summed into int64 every 4096 entries. The totals are
+// exact integers: the same values as every other path.
+template <bool Vnni>
+CROSSKNN_AVX512_VNNI inline __m512i madd_acc(__m512i acc, __m512i x, __m512i u) {
+  if (Vnni) return _mm512_dpwssd_epi32(acc, x, u);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(x, u));
+}
+
+template <bool Vnni>
+CROSSKNN_AVX512_VNNI int64_t dot_i8_512(const int8_t* v, const int16_t* u, int64_t d) {
+  int64_t total = 0;
+  int64_t j = 0;
+  while (j < d) {
+    // <= 4096 entries per int32 chunk: each lane of the two accumulators takes <= 64 pairs of
+    // products, |pair| <= 2 * 127 * 32767, so |lane| < 2^30
+    const int64_t end = std::min(d, j + 4096);
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+    for (; j + 64 <= end; j += 64) {
+      const __m512i x0 =
+          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j)));
+      const __m512i x1 =
+          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j + 32)));
+      a0 = madd_acc<Vnni>(a0, x0, _mm512_loadu_si512(u + j));
+      a1 = madd_acc<Vnni>(a1, x1, _mm512_loadu_si512(u + j + 32));
+    }
+    for (; j < end; j += 32) {
+      const int64_t left = std::min<int64_t>(32, end - j);
+      const __mmask32 mk = left == 32 ? ~__mmask32(0) : ((__mmask32(1) << left) - 1u);
+      const __m512i x = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mk, v + j));
+      a0 = madd_acc<Vnni>(a0, x, _mm512_maskz_loadu_epi16(mk, u + j));
+    }
+    total += hsum_epi32(_mm512_add_epi32(a0, a1));
+  }
+  return total;
+}
+
+template <bool Vnni>
+CROSSKNN_AVX512_VNNI void totals_avx512_t(const int8_t* V, int64_t d, int64_t r0, int64_t r1,
+                                          const int16_t* uq, int64_t* out) {
+  for (int64_t r = r0; r < r1; ++r) out[r - r0] = dot_i8_512<Vnni>(V + r * d, uq, d);
+}
+void totals_avx512(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
+                   int64_t* out) {
+  totals_avx512_t<false>(V, d, r0, r1, uq, out);
+}
+void totals_avx512_vnni(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
+                        int64_t* out) {
+  totals_avx512_t<true>(V, d, r0, r1, uq, out);
+}
+
+// float16 rows against one query for the prefilter (any order within its error bound): four
+// rows at a time, two 16-lane accumulators per row, 32 entries per step, masked loads for the
+// last < 32 (zeros add nothing); per score at most d / 32 + 2 FMAs and 5 adds per path.
+CROSSKNN_AVX512_I8 inline void shadow4_avx512(const uint16_t* const* h, int nr, int64_t d,
+                                              const float* u, float* out) {
+  __m512 a0[4], a1[4];
+  for (int t = 0; t < 4; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= d; j += 32) {
+    const __m512 u0 = _mm512_loadu_ps(u + j), u1 = _mm512_loadu_ps(u + j + 16);
+    for (int t = 0; t < nr; ++t) {
+      a0[t] = _mm512_fmadd_ps(
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h[t] + j))), u0,
+          a0[t]);
+      a1[t] = _mm512_fmadd_ps(
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h[t] + j + 16))),
+          u1, a1[t]);
+    }
+  }
+  for (; j < d; j += 16) {
+    const int64_t left = std::min<int64_t>(16, d - j);
+    const __mmask16 mk = static_cast<__mmask16>((1u << left) - 1u);
+    const __m512 uj = _mm512_maskz_loadu_ps(mk, u + j);
+    for (int t = 0; t < nr; ++t)
+      a0[t] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, h[t] + j)), uj, a0[t]);
+  }
+  for (int t = 0; t < nr; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+}
+
+CROSSKNN_AVX512_I8 void shadow_avx512(const uint16_t* H, int64_t d, int64_t r0, int64_t r1,
+                                      const float* u, float* out) {
+  const uint16_t* h[4];
+  for (int64_t r = r0; r < r1; r += 4) {
+    const int nr = static_cast<int>(std::min<int64_t>(4, r1 - r));
+    for (int t = 0; t < nr; ++t) h[t] = H + (r + t) * d;
+    shadow4_avx512(h, nr, d, u, out + (r - r0));
+  }
+}
+
+CROSSKNN_AVX512_I8 void shadow_rows_avx512(const uint16_t* H, int64_t d, const int64_t* rows,
+                                           int64_t m, const float* u, float* out) {
+  const uint16_t* h[4];
+  for (int64_t t0 = 0; t0 < m; t0 += 4) {
+    const int nr = static_cast<int>(std::min<int64_t>(4, m - t0));
+    for (int t = 0; t < nr; ++t) h[t] = H + rows[t0 + t] * d;
+    shadow4_avx512(h, nr, d, u, out + t0);
+  }
+}
+
+// Exact scores of rows given by id, two rows at a time (two memory streams in flight), each
+// with dot_tile<1>'s operations: its accumulators 0 | 1 and 2 | 3 are the halves of two 16-lane
+// registers (lane for lane the same FMAs), then the same 8-entry steps, reduction and tail.
+CROSSKNN_AVX512_I8 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+CROSSKNN_AVX512_I8 inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int NR, class T>
+CROSSKNN_AVX512_I8 inline void exact_rows_avx512(const T* const* v, const float* u, int64_t d,
+                                                 float* out) {
+  __m512 z01[NR], z23[NR];
+  for (int r = 0; r < NR; ++r) z01[r] = z23[r] = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= d; j += 32) {
+    const __m512 u0 = _mm512_loadu_ps(u + j), u1 = _mm512_loadu_ps(u + j + 16);
+    for (int r = 0; r < NR; ++r) {
+      z01[r] = _mm512_fmadd_ps(load16(v[r] + j), u0, z01[r]);
+      z23[r] = _mm512_fmadd_ps(load16(v[r] + j + 16), u1, z23[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    __m256 acc[4] = {_mm512_castps512_ps256(z01[r]), _mm512_extractf32x8_ps(z01[r], 1),
+                     _mm512_castps512_ps256(z23[r]), _mm512_extractf32x8_ps(z23[r], 1)};
+    int64_t jj = j;
+    for (int c = 0; jj + 8 <= d; jj += 8, ++c)
+      acc[c] = _mm256_fmadd_ps(load8(v[r] + jj), _mm256_loadu_ps(u + jj), acc[c]);
+    float t = hsum(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    for (; jj < d; ++jj) t = t + scalar_of(v[r][jj]) * u[jj];
+    out[r] = t;
+  }
+}
+
+template <class T>
+CROSSKNN_AVX512_I8 void gather_avx512_t(const T* V, int64_t d, const int64_t* rows, int64_t m,
+                                        const float* u, float* out) {
+  int64_t t = 0;
+  for (; t + 2 <= m; t += 2) {
+    const T* v[2] = {V + rows[t] * d, V + rows[t + 1] * d};
+    exact_rows_avx512<2>(v, u, d, out + t);
+  }
+  if (t < m) {
+    const T* v[1] = {V + rows[t] * d};
+    exact_rows_avx512<1>(v, u, d, out + t);
+  }
+}
+
+void gather_avx512(const FeatureData& f, const int64_t* rows, int64_t m, const float* u,
+                   float* out) {
+  if (f.storage() == Storage::Float32)
+    gather_avx512_t(f.f32(), f.dim(), rows, m, u, out);
+  else
+    gather_avx512_t(f.f16(), f.dim(), rows, m, u, out);
+}
+
 void scores_avx2(const FeatureData& f, int64_t r0, int64_t r1, const Queries& qs, float* out,
                  int64_t ld) {
   switch (f.storage()) {
@@ -419,6 +605,16 @@ using ScoreFn = void (*)(const FeatureData&, int64_t, int64_t, const Queries&, f
 using GatherFn = void (*)(const FeatureData&, const int64_t*, int64_t, const float*, float*);
 using TotalsFn = void (*)(const int8_t*, int64_t, int64_t, int64_t, const int16_t*, int64_t*);
 using ShadowFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const float*, float*);
+using ShadowRowsFn = void (*)(const uint16_t*, int64_t, const int64_t*, int64_t, const float*,
+                              float*);
+
+void shadow_rows_generic(const uint16_t* H, int64_t d, const int64_t* rows, int64_t m,
+                         const float* u, float* out) {
+  for (int64_t t = 0; t < m; ++t) {
+    const uint16_t* h = H + rows[t] * d;
+    out[t] = dot_generic([h](int64_t j) { return half_to_float(h[j]); }, u, d);
+  }
+}
 
 void shadow_generic(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
                     float* out) {
@@ -433,25 +629,47 @@ struct Dispatch {
   GatherFn gather = gather_generic;
   TotalsFn totals = totals_generic;
   ShadowFn shadow = shadow_generic;
+  ShadowRowsFn shadow_rows = shadow_rows_generic;
   const char* name = "generic";
   Dispatch() {
-    const char* env = std::getenv("CROSSKNN_NO_SIMD");
-    const bool no_simd = env && *env && std::strcmp(env, "0") != 0;
 #ifdef CROSSKNN_X86
-    __builtin_cpu_init();
-    if (!no_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    const SimdLevel level = simd_level();
+    if (level >= SimdLevel::Avx2) {
       fn = scores_avx2;
       gather = gather_avx2;
       totals = totals_avx2;
       shadow = shadow_avx2;
+      shadow_rows = shadow_rows_avx2;
       name = "avx2";
     }
-#else
-    (void)no_simd;
+    if (level >= SimdLevel::Avx512) {
+      totals = __builtin_cpu_supports("avx512vnni") ? totals_avx512_vnni : totals_avx512;
+      shadow = shadow_avx512;
+      shadow_rows = shadow_rows_avx512;
+      gather = gather_avx512;
+      name = "avx512";
+    }
 #endif
   }
 };
+
+SimdLevel detect_level() {
+  if (simd_disabled()) return SimdLevel::Generic;
+  const char* want = std::getenv("CROSSKNN_SIMD");  // generic | avx2 | avx512 (the default)
+#ifdef CROSSKNN_X86
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")))
+    return SimdLevel::Generic;
+  if (want && std::strcmp(want, "avx2") == 0) return SimdLevel::Avx2;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return SimdLevel::Avx512;
+  return SimdLevel::Avx2;
+#else
+  return SimdLevel::Generic;
+#endif
+}
 
 const Dispatch& dispatch() {
   static const Dispatch d;
@@ -504,7 +722,27 @@ void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const f
   dispatch().shadow(H, d, r0, r1, u, out);
 }
 
+void shadow_rows(const uint16_t* H, int64_t d, const int64_t* rows, int64_t m, const float* u,
+                 float* out) {
+  dispatch().shadow_rows(H, d, rows, m, u, out);
+}
+
 const char* kernel_name() noexcept { return dispatch().name; }
+
+bool simd_disabled() noexcept {
+  static const bool off = [] {
+    const char* env = std::getenv("CROSSKNN_NO_SIMD");
+    const char* want = std::getenv("CROSSKNN_SIMD");
+    return (env && *env && std::strcmp(env, "0") != 0) ||
+           (want && std::strcmp(want, "generic") == 0);
+  }();
+  return off;
+}
+
+SimdLevel simd_level() noexcept {
+  static const SimdLevel level = detect_level();
+  return level;
+}
 
 void parallel_for(int threads, int64_t n_tasks, const std::function<void(int, int64_t)>& body) {
   if (n_tasks <= 0) return;

@@ -43,7 +43,20 @@ void int8_totals(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16
 void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,
                    float* out);
 
-// Name of the kernel set in use ("avx2" or "generic"); CROSSKNN_NO_SIMD=1 forces "generic".
+// The SIMD level of this process, chosen once from the CPU and the environment:
+// CROSSKNN_NO_SIMD=1 (or CROSSKNN_SIMD=generic) forces Generic, CROSSKNN_SIMD=avx2 caps it at
+// Avx2 (the kernels before AVX-512, kept to compare against bit for bit). Every level gives the
+// same results (bit for bit, except the float32/float16 full scores of the generic path).
+enum class SimdLevel { Generic = 0, Avx2 = 1, Avx512 = 2 };
+SimdLevel simd_level() noexcept;
+// Whether the environment forces the portable path (CROSSKNN_NO_SIMD=1, CROSSKNN_SIMD=generic).
+bool simd_disabled() noexcept;
+
+// shadow_scores for the rows `rows[0..m)` (any order, repeats allowed): out[t] for rows[t].
+void shadow_rows(const uint16_t* H, int64_t d, const int64_t* rows, int64_t m, const float* u,
+                 float* out);
+
+// Name of the kernel set in use ("avx512", "avx2" or "generic").
 const char* kernel_name() noexcept;
 
 // float <-> IEEE half (round to nearest even)

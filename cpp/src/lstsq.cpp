@@ -1,6 +1,7 @@
 // Incremental least squares for one query's scored set A (see least_squares.h for the math).
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,31 @@ CROSSKNN_CLONES void axpy(double alpha, const double* x, double* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] += alpha * x[j];
 }
 
+// The same operations on the scored rows kept as float32 (their values are floats: converting
+// to double is exact, so these give the bits of dot / axpy on the rows as doubles).
+CROSSKNN_CLONES double dot(const float* a, const double* b, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) s[l] += static_cast<double>(a[j + l]) * b[j + l];
+  for (; j < n; ++j) s[0] += static_cast<double>(a[j]) * b[j];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+CROSSKNN_CLONES double dot(const float* a, const float* b, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l)
+      s[l] += static_cast<double>(a[j + l]) * static_cast<double>(b[j + l]);
+  for (; j < n; ++j) s[0] += static_cast<double>(a[j]) * static_cast<double>(b[j]);
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+CROSSKNN_CLONES void axpy(double alpha, const float* x, double* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] += alpha * static_cast<double>(x[j]);
+}
+
 // one Givens step of a rank-1 Cholesky update on row k of R (entries j > k)
 CROSSKNN_CLONES void givens_row(double* rk, double* x, int64_t n, double c, double s) {
   const double ic = 1.0 / c;
@@ -68,14 +94,17 @@ struct LeastSquares::State {
   int64_t m_ = 0;
   std::vector<int64_t> items_;
   std::unordered_set<int64_t> seen_;
-  std::vector<double> X_;  // m x d rows, double
-  std::vector<float> Xf_;  // the same rows as float32 (every storage's rows are float values)
+  // m x d scored rows as float32 (every storage's rows are float values, so this is exact and
+  // half the bytes of doubles); grown geometrically
+  std::vector<float> Xf_;
+  std::vector<double> rowbuf_;  // Features::rows output of one append
   std::vector<double> a_;
   bool primal_ = false;
   double delta_ = 0.0, scale_ = 0.0;  // scale_: max row norm^2 delta was derived from
-  // dual: L lower-triangular m x m, row-major with stride cap_ (grown by doubling)
+  // dual: L lower-triangular m x m, row-major with stride cap_ (grown by doubling; entries
+  // right of the diagonal are never written or read)
   // primal: R upper-triangular d x d, row-major (R^T R = X^T X + delta I)
-  std::vector<double> L_;
+  std::unique_ptr<double[]> L_;
   int64_t cap_ = 0;
   std::vector<double> R_;
   std::vector<double> prior_;
@@ -123,10 +152,12 @@ void LeastSquares::State::append(const int64_t* items, const double* targets, in
                                   ")");
   }
   const int64_t m0 = m_;
-  X_.resize(static_cast<size_t>((m0 + m) * d_));
-  f_.rows(items, m, X_.data() + m0 * d_);
-  Xf_.resize(X_.size());
-  for (int64_t t = m0 * d_; t < (m0 + m) * d_; ++t) Xf_[t] = static_cast<float>(X_[t]);
+  rowbuf_.resize(static_cast<size_t>(m * d_));
+  f_.rows(items, m, rowbuf_.data());
+  const size_t need = static_cast<size_t>((m0 + m) * d_);
+  if (Xf_.capacity() < need) Xf_.reserve(std::max(need, 2 * Xf_.capacity()));
+  Xf_.resize(need);
+  for (int64_t t = 0; t < m * d_; ++t) Xf_[m0 * d_ + t] = static_cast<float>(rowbuf_[t]);
   items_.insert(items_.end(), items, items + m);
   a_.insert(a_.end(), targets, targets + m);
   seen_.insert(fresh.begin(), fresh.end());
@@ -136,7 +167,7 @@ void LeastSquares::State::append(const int64_t* items, const double* targets, in
   if (ridge_ == 0.0) {
     double mx = 0.0;
     for (int64_t t = m0; t < m_; ++t) {
-      const double* x = X_.data() + t * d_;
+      const float* x = Xf_.data() + t * d_;
       mx = std::max(mx, dot(x, x, d_));
     }
     // delta follows the scale of the rows; a jump of more than 100x refactors with the new one
@@ -164,8 +195,7 @@ void LeastSquares::State::refactor_() {
     return;
   }
   primal_ = true;
-  L_.clear();
-  L_.shrink_to_fit();
+  L_.reset();
   cap_ = 0;
   // G = X^T X + delta I (upper triangle), then right-looking Cholesky G = R^T R in place
   const int64_t d = d_;
@@ -174,9 +204,12 @@ void LeastSquares::State::refactor_() {
   // while t runs (detail::gram_tiles), the rows left over as before. Skipping x_ti = 0 (the
   // loop below) and adding its +-0 products (the tiles) give the same bits: the sums start at
   // +0 and an exact cancellation rounds to +0, so no sum is ever -0.
-  const int64_t tiled = detail::gram_tiles(X_.data(), m_, d, R_.data());
+  const double work = static_cast<double>(m_) * static_cast<double>(d) * d / 2;
+  const std::vector<double> X(Xf_.begin(), Xf_.end());  // the rows as doubles, once
+  const int64_t tiled =
+      detail::gram_tiles(X.data(), m_, d, R_.data(), work < 1e7 ? 1 : f_.threads());
   for (int64_t t = 0; t < m_; ++t) {
-    const double* x = X_.data() + t * d;
+    const double* x = X.data() + t * d;
     for (int64_t i = tiled; i < d; ++i)
       if (x[i] != 0.0) axpy(x[i], x + i, R_.data() + i * d + i, d - i);
   }
@@ -212,47 +245,44 @@ void LeastSquares::State::extend_dual_(int64_t m0) {
     int64_t cap = std::max<int64_t>(16, cap_);
     while (cap < m_) cap *= 2;
     cap = std::min(cap, std::max<int64_t>(d_, m_));
-    std::vector<double> L(static_cast<size_t>(cap * cap), 0.0);
+    std::unique_ptr<double[]> L(new double[static_cast<size_t>(cap * cap)]);
     for (int64_t i = 0; i < m0; ++i)
-      std::copy(L_.begin() + i * cap_, L_.begin() + i * cap_ + i + 1, L.begin() + i * cap);
+      std::copy(L_.get() + i * cap_, L_.get() + i * cap_ + i + 1, L.get() + i * cap);
     L_.swap(L);
     cap_ = cap;
   }
   // rows i >= m0 of L with L L^T = X X^T + delta I: l_i = L[:i,:i]^-1 (X[:i] x_i).
-  // Groups of four new rows, on threads: their Gram entries x_j . x_i (j < i) and the part of
-  // the triangular solve over the old rows (j < m0) depend on no other new row; then the rest
-  // in row order. Every entry gets the operations of one dot() at a time.
+  // First the Gram entries x_j . x_i (j < i) of every new row, blocks of 16 rows on threads
+  // (detail::gram_rows_f: register tiles, L1-sized column chunks); then groups of four new rows,
+  // on threads: the part of the triangular solve over the old rows (j < m0) depends on no other
+  // new row; then the rest in row order. Every entry gets the operations of one dot() at a time.
   const int64_t nn = m_ - m0, n_groups = (nn + 3) / 4;
   const double work = static_cast<double>(nn) * static_cast<double>(m_) * (d_ + m0);
   const int T = work < 3e7 ? 1 : f_.threads();  // threads only for long appends
-  detail::parallel_for(T, n_groups, [&](int, int64_t g) {
-    const int64_t g0 = m0 + 4 * g, g1 = std::min(m_, g0 + 4);
-    const float* rows[4];
-    double* ls[4];
-    double out[4];
-    for (int64_t j = 0; j < g1 - 1; ++j) {
-      int na = 0;
-      for (int64_t i = std::max(g0, j + 1); i < g1; ++i) {
-        rows[na] = Xf_.data() + i * d_;
-        ls[na++] = L_.data() + i * cap_;
-      }
-      detail::dots_f(detail::DotOrder::Interleaved, rows, na, Xf_.data() + j * d_, d_, out);
-      for (int t = 0; t < na; ++t) ls[t][j] = out[t];
-    }
-    const int na = static_cast<int>(g1 - g0);
-    const double* lc[4];
-    for (int t = 0; t < na; ++t) lc[t] = ls[t] = L_.data() + (g0 + t) * cap_;
-    for (int64_t j = 0; j < m0; ++j) {
-      const double* lj = L_.data() + j * cap_;
-      detail::dots(detail::DotOrder::Interleaved, lc, na, lj, j, out);
-      for (int t = 0; t < na; ++t) ls[t][j] = (ls[t][j] - out[t]) / lj[j];
-    }
+  detail::parallel_for(T, (nn + 15) / 16, [&](int, int64_t g) {
+    const int64_t g0 = m0 + 16 * g, g1 = std::min(m_, g0 + 16);
+    detail::gram_rows_f(detail::DotOrder::Interleaved, Xf_.data(), d_, d_, g0, g1, g1 - 1,
+                        L_.get() + g0 * cap_, cap_);
   });
+  if (m0 > 0)
+    detail::parallel_for(T, n_groups, [&](int, int64_t g) {
+      const int64_t g0 = m0 + 4 * g, g1 = std::min(m_, g0 + 4);
+      const int na = static_cast<int>(g1 - g0);
+      const double* lc[4];
+      double* ls[4];
+      double out[4];
+      for (int t = 0; t < na; ++t) lc[t] = ls[t] = L_.get() + (g0 + t) * cap_;
+      for (int64_t j = 0; j < m0; ++j) {
+        const double* lj = L_.get() + j * cap_;
+        detail::dots(detail::DotOrder::Interleaved, lc, na, lj, j, out);
+        for (int t = 0; t < na; ++t) ls[t][j] = (ls[t][j] - out[t]) / lj[j];
+      }
+    });
   for (int64_t i = m0; i < m_; ++i) {
-    const double* xi = X_.data() + i * d_;
-    double* li = L_.data() + i * cap_;
+    const float* xi = Xf_.data() + i * d_;
+    double* li = L_.get() + i * cap_;
     for (int64_t j = m0; j < i; ++j) {
-      const double* lj = L_.data() + j * cap_;
+      const double* lj = L_.get() + j * cap_;
       li[j] = (li[j] - dot(lj, li, j)) / lj[j];
     }
     const double p = dot(xi, xi, d_) + delta_ - dot(li, li, i);
@@ -265,7 +295,7 @@ void LeastSquares::State::extend_primal_(int64_t m0) {
   const int64_t d = d_;
   std::vector<double> x(static_cast<size_t>(d));
   for (int64_t t = m0; t < m_; ++t) {
-    std::copy(X_.begin() + t * d, X_.begin() + (t + 1) * d, x.begin());
+    std::copy(Xf_.begin() + t * d, Xf_.begin() + (t + 1) * d, x.begin());
     for (int64_t k = 0; k < d; ++k) {
       if (x[k] == 0.0) continue;
       double* rk = R_.data() + k * d;
@@ -292,11 +322,11 @@ void LeastSquares::State::apply_inv_(double* v) const {
   } else {  // L y = v, then L^T z = y
     const int64_t m = m_;
     for (int64_t i = 0; i < m; ++i) {
-      const double* li = L_.data() + i * cap_;
+      const double* li = L_.get() + i * cap_;
       v[i] = (v[i] - dot(li, v, i)) / li[i];
     }
     for (int64_t i = m - 1; i >= 0; --i) {
-      const double* li = L_.data() + i * cap_;
+      const double* li = L_.get() + i * cap_;
       v[i] /= li[i];
       const double vi = v[i];
       if (vi != 0.0) axpy(-vi, li, v, i);
@@ -313,16 +343,16 @@ void LeastSquares::State::solve(double* u) const {
     const int steps = ridge_ > 0.0 ? 1 : 1 + refine_;
     for (int step = 0; step < steps; ++step) {
       if (step > 0)  // residual r = a - X u
-        for (int64_t t = 0; t < m; ++t) r[t] = a_[t] - dot(X_.data() + t * d, u, d);
+        for (int64_t t = 0; t < m; ++t) r[t] = a_[t] - dot(Xf_.data() + t * d, u, d);
       if (primal_) {  // du = (X^T X + delta I)^-1 X^T r
         std::fill(w.begin(), w.end(), 0.0);
-        for (int64_t t = 0; t < m; ++t) axpy(r[t], X_.data() + t * d, w.data(), d);
+        for (int64_t t = 0; t < m; ++t) axpy(r[t], Xf_.data() + t * d, w.data(), d);
         apply_inv_(w.data());
         for (int64_t j = 0; j < d; ++j) u[j] += w[j];
       } else {  // du = X^T (X X^T + delta I)^-1 r
         std::copy(r.begin(), r.end(), w.begin());
         apply_inv_(w.data());
-        for (int64_t t = 0; t < m; ++t) axpy(w[t], X_.data() + t * d, u, d);
+        for (int64_t t = 0; t < m; ++t) axpy(w[t], Xf_.data() + t * d, u, d);
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "../src/dots.h"
@@ -53,13 +54,44 @@ void test_dots() {
   }
 }
 
+// Gram entries of float32 rows (blocks of rows against all earlier rows) vs one plain dot each;
+// entries at j >= i or j >= j1 are left as they were
+void test_gram_rows() {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (int64_t n : {0, 1, 7, 8, 9, 255, 256, 257, 384, 1677}) {
+    const int64_t m = 41, ld = n + 3;
+    std::vector<float> X(m * ld);
+    for (auto& x : X) x = g(rng) * 2.f;
+    X[3 * ld] = 0.f;
+    if (n > 2) X[5 * ld + 2] = -0.f;
+    std::vector<double> Xd(X.begin(), X.end());
+    for (DotOrder o : {DotOrder::Interleaved, DotOrder::Pairwise}) {
+      for (auto [i0, i1, j1] : {std::tuple<int64_t, int64_t, int64_t>{0, 41, 40}, {7, 11, 7},
+                                {20, 41, 40}, {3, 37, 12}, {40, 41, 40}, {9, 26, 25}}) {
+        const int64_t ldo = m + 1;
+        std::vector<double> out((i1 - i0) * ldo, -7.0);
+        crossknn::detail::gram_rows_f(o, X.data(), ld, n, i0, i1, j1, out.data(), ldo);
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t j = 0; j < ldo; ++j) {
+            const double got = out[(i - i0) * ldo + j];
+            if (j < std::min(j1, i))
+              CHECK(same_bits(got, plain_dot(o, Xd.data() + i * ld, Xd.data() + j * ld, n)));
+            else
+              CHECK(got == -7.0);
+          }
+      }
+    }
+  }
+}
+
 void test_tiles() {
   std::mt19937_64 rng(11);
   std::normal_distribution<double> g(0.0, 1.0);
-  for (int64_t d : {3, 4, 13, 40}) {
+  for (int64_t d : {3, 4, 13, 40, 67, 131}) {
     const int64_t m = 29;
-    std::vector<double> X(m * d);
-    for (auto& x : X) x = g(rng);
+    std::vector<double> X(m * d);  // float values, as the solver's rows
+    for (auto& x : X) x = static_cast<float>(g(rng));
     for (int64_t t = 0; t < m; t += 5) X[t * d + (t % d)] = 0.0;  // zeros are skipped below
     // X^T X, upper triangle, entries in t order, zero products skipped (as the axpy loop)
     std::vector<double> want(d * d, 0.0), got(d * d, 0.0);
@@ -71,6 +103,10 @@ void test_tiles() {
     CHECK(rows % 4 == 0 && rows <= d);
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = i; j < d; ++j) CHECK(same_bits(got[i * d + j], want[i * d + j]));
+    std::vector<double> got3(d * d, 0.0);  // on three threads: the same bits
+    CHECK(crossknn::detail::gram_tiles(X.data(), m, d, got3.data(), 3) == rows);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = i; j < d; ++j) CHECK(same_bits(got3[i * d + j], want[i * d + j]));
     // one block of Cholesky updates from the finished rows k < i0
     const int64_t i0 = d >= 8 ? 4 : 0;
     std::vector<double> R(d * d), R2;
@@ -92,6 +128,7 @@ void test_tiles() {
 
 int main() {
   test_dots();
+  test_gram_rows();
   test_tiles();
   std::printf("dots: %d failures\n", failures);
   return failures != 0;

@@ -28,8 +28,10 @@ enum class Storage { Float32, Float16, Int8 };
 
 Storage parse_storage(const std::string& name);  // "float32" | "float16" | "int8"
 const char* storage_name(Storage s) noexcept;
-// Score kernel set in use: "avx2" or "generic" (chosen once per process; CROSSKNN_NO_SIMD=1
-// in the environment forces "generic").
+// Kernel set in use: "avx512", "avx2" or "generic" (chosen once per process from the CPU;
+// CROSSKNN_SIMD=avx2 caps it at the AVX2 kernels, CROSSKNN_NO_SIMD=1 or CROSSKNN_SIMD=generic
+// forces "generic"). Results are the same bits on every set, except float32 / float16 scores
+// on the generic path (last bits).
 const char* kernel_name() noexcept;
 
 // Exclusion lists for Q queries in CSR form: ids of query q are ids[offsets[q] .. offsets[q+1]).
