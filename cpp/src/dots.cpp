@@ -130,6 +130,32 @@ CROSSKNN_AVX512 void partial_avx512(const double* const* a, const double* b, int
     for (int t = 0; t < NA; ++t) out[t][0] += a[t][j] * b[j];
 }
 
+// partial_avx512's sums of NA rows against two vectors at once (2 NA independent chains)
+template <int NA>
+CROSSKNN_AVX512 void partial2_avx512(const double* const* a, const double* b0, const double* b1,
+                                     int64_t n, double (*out0)[8], double (*out1)[8]) {
+  __m512d acc0[NA], acc1[NA];
+  for (int t = 0; t < NA; ++t) acc0[t] = acc1[t] = _mm512_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m512d c0 = _mm512_loadu_pd(b0 + j), c1 = _mm512_loadu_pd(b1 + j);
+    for (int t = 0; t < NA; ++t) {
+      const __m512d x = _mm512_loadu_pd(a[t] + j);
+      acc0[t] = _mm512_add_pd(acc0[t], _mm512_mul_pd(x, c0));
+      acc1[t] = _mm512_add_pd(acc1[t], _mm512_mul_pd(x, c1));
+    }
+  }
+  for (int t = 0; t < NA; ++t) {
+    _mm512_storeu_pd(out0[t], acc0[t]);
+    _mm512_storeu_pd(out1[t], acc1[t]);
+  }
+  for (; j < n; ++j)
+    for (int t = 0; t < NA; ++t) {
+      out0[t][0] += a[t][j] * b0[j];
+      out1[t][0] += a[t][j] * b1[j];
+    }
+}
+
 // float32 inputs: the product of two floats is exact in double, so fma(a, b, s) rounds once,
 // exactly as s + a * b does: FMAs give the bits of the multiply-then-add sums
 template <int NA>
@@ -358,6 +384,35 @@ void dots(DotOrder order, const double* const* a, int na, const double* b, int64
     dots1(a + t, b, n, s);
     out[t] = reduce(order, s[0]);
   }
+}
+
+void dots2v(DotOrder order, const double* const* a, int na, const double* b0, const double* b1,
+            int64_t n, double* out0, double* out1) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (has_avx512()) {
+    double s0[4][8], s1[4][8];
+    switch (na) {
+      case 4:
+        partial2_avx512<4>(a, b0, b1, n, s0, s1);
+        break;
+      case 3:
+        partial2_avx512<3>(a, b0, b1, n, s0, s1);
+        break;
+      case 2:
+        partial2_avx512<2>(a, b0, b1, n, s0, s1);
+        break;
+      default:
+        partial2_avx512<1>(a, b0, b1, n, s0, s1);
+    }
+    for (int t = 0; t < na; ++t) {
+      out0[t] = reduce(order, s0[t]);
+      out1[t] = reduce(order, s1[t]);
+    }
+    return;
+  }
+#endif
+  dots(order, a, na, b0, n, out0);
+  dots(order, a, na, b1, n, out1);
 }
 
 void dots_f(DotOrder order, const float* const* a, int na, const float* b, int64_t n,

@@ -17,6 +17,11 @@ enum class DotOrder {
 void dots(DotOrder order, const double* const* a, int na, const double* b, int64_t n,
           double* out);
 
+// out0[t] = a[t] . b0 and out1[t] = a[t] . b1 (1 <= na <= 4): two dots() calls' results, bit for
+// bit; with AVX-512 the two vectors share each pass over `a` (twice the independent sums).
+void dots2v(DotOrder order, const double* const* a, int na, const double* b0, const double* b1,
+            int64_t n, double* out0, double* out1);
+
 // The same for float32 vectors (the products and sums in double, as dots() on the same values).
 void dots_f(DotOrder order, const float* const* a, int na, const float* b, int64_t n,
             double* out);

@@ -267,7 +267,21 @@ class PriorRidge {
       const int64_t g0 = n0 + 4 * g, g1 = std::min(n_, g0 + 4);
       const double* a[4];
       double out[4];
-      for (int64_t b = 0; b < g1; ++b) {
+      // the old rows b < g0 two at a time (every row of the group against both: twice the
+      // independent sums, the same bits), then the group's own triangle one b at a time
+      const int ng = static_cast<int>(g1 - g0);
+      for (int t = 0; t < ng; ++t) a[t] = zl.data() + (g0 + t - n0) * D1;
+      int64_t b = 0;
+      double out1[4];
+      for (; b + 1 < g0; b += 2) {
+        detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z_.data() + b * D1,
+                       Z_.data() + (b + 1) * D1, D1, out, out1);
+        for (int t = 0; t < ng; ++t) {
+          K[(g0 + t) * n_ + b] = out[t];
+          K[(g0 + t) * n_ + b + 1] = out1[t];
+        }
+      }
+      for (; b < g1; ++b) {
         int na = 0;
         int64_t first = std::max(g0, b);
         for (int64_t r = first; r < g1; ++r) a[na++] = zl.data() + (r - n0) * D1;

@@ -49,6 +49,17 @@ void test_dots() {
           CHECK(same_bits(outf[t], want));
           CHECK(same_bits(crossknn::detail::dot1(o, a[t], db.data(), n), want));
         }
+        // two vectors at once (PriorRidge's K rows): each the plain dot's bits; b1 holds
+        // doubles that are no floats (the multiply-then-add path, not an exact product)
+        std::vector<double> db1(db);
+        for (auto& x : db1) x = x * 1.1 + 1e-3;
+        double o0[4] = {-7, -7, -7, -7}, o1[4] = {-7, -7, -7, -7};
+        crossknn::detail::dots2v(o, a, na, db.data(), db1.data(), n, o0, o1);
+        for (int t = 0; t < na; ++t) {
+          CHECK(same_bits(o0[t], plain_dot(o, a[t], db.data(), n)));
+          CHECK(same_bits(o1[t], plain_dot(o, a[t], db1.data(), n)));
+        }
+        for (int t = na; t < 4; ++t) CHECK(o0[t] == -7.0 && o1[t] == -7.0);
       }
     }
   }
