@@ -426,7 +426,8 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "crossknn C++ core (round engine)";
   m.def("version", &crossknn::version, "Version of the C++ core.");
   m.def("kernel_name", &crossknn::kernel_name,
-        "Score kernel set in use: 'avx2' or 'generic' (CROSSKNN_NO_SIMD=1 forces 'generic').");
+        "Kernel set in use: 'avx512', 'avx2' or 'generic' (CROSSKNN_SIMD=avx2 or generic, or "
+        "CROSSKNN_NO_SIMD=1, forces an older set; every set gives the same bits).");
 
   m.def("query_seed", &crossknn::query_seed, py::arg("seed"), py::arg("query_id"),
         "crossknn.search.query_seed for integer ids, computed in C++.");
