@@ -343,6 +343,20 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2_i8(const FeatureData& 
 }
 
 // four float16 rows against one query: two 8-lane accumulators per row, j in steps of 16
+// one float16 row against one query: two 8-lane accumulators, then the scalar tail
+__attribute__((target("avx2,fma,f16c"))) inline float shadow_row_avx2(const uint16_t* h,
+                                                                      int64_t d, const float* u) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+      a0 = _mm256_fmadd_ps(load8(h + j), _mm256_loadu_ps(u + j), a0);
+      a1 = _mm256_fmadd_ps(load8(h + j + 8), _mm256_loadu_ps(u + j + 8), a1);
+    }
+    float v = hsum(a0, a1);
+    for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[jj]) * u[jj];
+  return v;
+}
+
 __attribute__((target("avx2,fma,f16c"))) void shadow_avx2(const uint16_t* H, int64_t d,
                                                           int64_t r0, int64_t r1,
                                                           const float* u, float* out) {
@@ -365,36 +379,14 @@ __attribute__((target("avx2,fma,f16c"))) void shadow_avx2(const uint16_t* H, int
       out[r + t - r0] = v;
     }
   }
-  for (; r < r1; ++r) {
-    const uint16_t* h = H + r * d;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= d; j += 16) {
-      a0 = _mm256_fmadd_ps(load8(h + j), _mm256_loadu_ps(u + j), a0);
-      a1 = _mm256_fmadd_ps(load8(h + j + 8), _mm256_loadu_ps(u + j + 8), a1);
-    }
-    float v = hsum(a0, a1);
-    for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[jj]) * u[jj];
-    out[r - r0] = v;
-  }
+  for (; r < r1; ++r) out[r - r0] = shadow_row_avx2(H + r * d, d, u);
 }
 
 // float16 rows given by id against one query (two 8-lane accumulators, as shadow_avx2's rows)
 __attribute__((target("avx2,fma,f16c"))) void shadow_rows_avx2(const uint16_t* H, int64_t d,
                                                                const int64_t* rows, int64_t m,
                                                                const float* u, float* out) {
-  for (int64_t t = 0; t < m; ++t) {
-    const uint16_t* h = H + rows[t] * d;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= d; j += 16) {
-      a0 = _mm256_fmadd_ps(load8(h + j), _mm256_loadu_ps(u + j), a0);
-      a1 = _mm256_fmadd_ps(load8(h + j + 8), _mm256_loadu_ps(u + j + 8), a1);
-    }
-    float v = hsum(a0, a1);
-    for (int64_t jj = j; jj < d; ++jj) v = v + half_to_float(h[jj]) * u[jj];
-    out[t] = v;
-  }
+  for (int64_t t = 0; t < m; ++t) out[t] = shadow_row_avx2(H + rows[t] * d, d, u);
 }
 
 // one query, rows given by id: dot_tile<1> as scores_avx2_t uses it for a lone query
