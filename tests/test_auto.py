@@ -199,7 +199,8 @@ def test_auto_beats_rnr_over_de_on_synthetic(synth_dir, monkeypatch):
     rnr = RNR(de).search(MatrixScorer(S), test, budget=40, k=10)
     rr = topk_recall(S, test, rnr.indices, 10).mean()
     r0, r8 = recall(0), recall(8 * 400)
-    # measured: 0.835 with 8 rows, 0.355 with none, 0.245 for RNR over the DE
+    # measured: 0.770 with 8 rows (fixed few-row choices; 0.835 cross-validated), 0.355 with none,
+    # 0.245 for RNR over the DE
     assert r8 >= rr + 0.3 and r8 >= r0 + 0.2 and r0 >= rr, (r8, r0, rr)
 
 
