@@ -312,6 +312,7 @@ VARIANTS = (
     "axn-plain",
     "auto",
     "auto-decay",
+    "auto-dirs",
 )
 _LOADED: dict = {}
 
@@ -333,7 +334,7 @@ def _matrix(name):
 def _variant(name, m, cur):
     from crossknn.retrievers import make_retriever
     from crossknn.search import RNR, make_method
-    from crossknn.search.auto import AUTO, AutoIndex
+    from crossknn.search.auto import AUTO, AutoIndex, query_directions
 
     de = make_retriever("de", item_vectors=m.de_items, query_vectors=m.de_queries)
     if name == "rnr":
@@ -365,6 +366,8 @@ def _variant(name, m, cur):
         rounds=5,
         first_share=0.3 if decay else None,
         decay=0.5 if decay else 0.0,
+        # auto-dirs: the query-subspace block (extra features with a zero prior)
+        query_dirs=query_directions(m.de_queries[m.train], 8) if name == "auto-dirs" else None,
     )
     return AUTO(idx, prior=m.de_queries, first=de)
 
