@@ -67,7 +67,8 @@ def priors(method, queries) -> list:
     for q in queries:
         v = method.prior(q) if callable(method.prior) else np.asarray(method.prior)[int(q)]
         v = np.asarray(v, np.float64).ravel()
-        out.append(np.r_[v, auto_row_prior(method.index, v), 0.0])
+        # the query-subspace block's prior entries are zeros, as is the intercept's
+        out.append(np.r_[v, auto_row_prior(method.index, v), np.zeros(method.index.n_dirs), 0.0])
     return out
 
 

@@ -59,7 +59,7 @@ def test_summary_line_says_what_was_spent_and_what_it_buys():
         3_633,
     )
     assert "58,128 CE calls for 16 complete rows" in line and "97 pairs/s" in line
-    assert "Top-10-Recall@100 0.93" in line and "AXN over DE 0.71" in line
+    assert "Top-10-Recall@100 0.94" in line and "AXN over DE 0.71" in line
     assert "1 row gave Top-10-Recall@100 0.79" in expected_gain(1)
     assert "16 rows gave" in expected_gain(31) and "32 rows gave" in expected_gain(33)
 

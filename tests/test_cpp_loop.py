@@ -313,6 +313,7 @@ VARIANTS = (
     "auto",
     "auto-decay",
     "auto-row-prior",
+    "auto-dirs",
 )
 _LOADED: dict = {}
 
@@ -334,7 +335,7 @@ def _matrix(name):
 def _variant(name, m, cur):
     from crossknn.retrievers import make_retriever
     from crossknn.search import RNR, make_method
-    from crossknn.search.auto import AUTO, AutoIndex
+    from crossknn.search.auto import AUTO, AutoIndex, query_directions
 
     de = make_retriever("de", item_vectors=m.de_items, query_vectors=m.de_queries)
     if name == "rnr":
@@ -369,6 +370,8 @@ def _variant(name, m, cur):
         decay=0.5 if decay else 0.0,
         row_vectors=m.de_queries[take] if row_prior else None,
         prior_alpha=3.0 if row_prior else 0.0,
+        # auto-dirs: the query-subspace block (extra features with a zero prior)
+        query_dirs=query_directions(m.de_queries[m.train], 8) if name == "auto-dirs" else None,
     )
     return AUTO(idx, prior=m.de_queries, first=de)
 

@@ -467,6 +467,6 @@ def _build_locked(
         ce_calls=ce_calls,
         info=info,
         stage=stage,
-        stale=("de_items", "R", "round_index", "auto_rows", "auto_row_vectors"),
+        stale=("de_items", "R", "round_index", "auto_rows", "auto_row_vectors", "auto_query_dirs"),
     )
     shutil.rmtree(work, ignore_errors=True)

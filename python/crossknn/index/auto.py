@@ -6,7 +6,8 @@ CE over the corpus and train queries given by the user, or pseudo-queries made f
 :class:`crossknn.search.auto.IndexCallBudget`. Stored in the corpus index as the arrays
 ``auto_rows`` (m x N, the complete CE rows) and ``auto_row_vectors`` (m x d, the row queries' DE
 vectors, for the row prior) and ``params["auto"]`` (the choices made). An index built before the
-row prior has no ``auto_row_vectors`` and searches with the plain DE prior.
+row prior has no ``auto_row_vectors`` and searches with the plain DE prior; one built before the
+query-subspace block has no ``auto_query_dirs`` and searches without it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
 
 __all__ = [
     "AUTO_ARRAY",
+    "AUTO_QUERY_DIRS",
     "AUTO_ROW_VECTORS",
     "DEFAULT_INDEX_MINUTES",
     "ITEMS_PER_ROW",
@@ -34,6 +36,7 @@ __all__ = [
 
 AUTO_ARRAY = "auto_rows"
 AUTO_ROW_VECTORS = "auto_row_vectors"
+AUTO_QUERY_DIRS = "auto_query_dirs"
 
 # The default index budget of ``crossknn build`` (no --index-calls): m complete CE rows, C = m x N,
 #   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, rows the CE scores in DEFAULT_INDEX_MINUTES at
@@ -44,8 +47,9 @@ ITEMS_PER_ROW = 100
 MAX_DEFAULT_ROWS = 32
 DEFAULT_INDEX_MINUTES = 10.0
 # measured on nfcorpus-minilm-gpu (323 test queries, DE first round, seed 0; bench/recall_bench.py
-# --nfcorpus; with the row prior): Top-10-Recall@100 of auto by complete rows read, and of AXN
-EXPECTED_K10_B100 = {0: 0.758, 1: 0.787, 16: 0.927, 32: 0.937, 167: 0.964}
+# --nfcorpus; row prior, query-subspace block): Top-10-Recall@100 of auto by complete rows read,
+# and of AXN
+EXPECTED_K10_B100 = {0: 0.758, 1: 0.787, 16: 0.935, 32: 0.937, 167: 0.964}
 AXN_K10_B100 = 0.707
 
 
@@ -149,6 +153,8 @@ def build_corpus_auto(
     )
     params = {**idx.meta(), "index_calls_limit": int(index_calls), "n_train_queries": len(qs)}
     arrays = {AUTO_ARRAY: idx.rows, AUTO_ROW_VECTORS: np.asarray(idx.row_vectors, np.float32)}
+    if idx.n_dirs:
+        arrays[AUTO_QUERY_DIRS] = idx.query_dirs
     return arrays, params, int(reader.calls)
 
 
@@ -162,6 +168,7 @@ def auto_index_of(index) -> AutoIndex | None:
     V = np.asarray(index["de_items"], np.float32)
     R = np.zeros((0, V.shape[0]), np.float32) if rows is None else np.asarray(rows, np.float32)
     W = index.arrays.get(AUTO_ROW_VECTORS)
+    A = index.arrays.get(AUTO_QUERY_DIRS)
     alpha = float(params.get("prior_alpha", 0.0)) if W is not None else 0.0
     return AutoIndex(
         V,
@@ -175,4 +182,5 @@ def auto_index_of(index) -> AutoIndex | None:
         row_vectors=None if W is None else np.asarray(W, np.float32),
         prior_alpha=alpha,
         prior_tau=float(params.get("prior_tau", 10.0)),
+        query_dirs=None if A is None else np.asarray(A, np.float32),
     )

@@ -5,28 +5,34 @@ Offline, the index reads at most ``C`` CE entries of the *train* queries, throug
 online): ``m = min(C // N, n_train)`` complete train rows, the medoids of ``m`` k-means clusters of
 the train queries' DE vectors (:func:`choose_rows`: representative queries, chosen before any CE
 call; ``row_choice="random"`` draws them uniformly instead). The item features are
-``X = [DE item vectors | the m rows, z-scored per row | 1]`` (N x (d + m + 1)).
+``X = [DE item vectors | the m rows, z-scored per row | V A | 1]`` (N x (d + m + r + 1)), where
+``A`` (d x r, :func:`query_directions`, r = :data:`QUERY_DIRS`, with m >= 2 rows) holds the top
+eigendirections of all train queries' DE vectors: the query-subspace block, no CE call.
 
 Online, each query's embedding is a ridge least squares of its scored CE scores pulled toward its
 DE query vector with a free per-query slope (no global CE -> DE score map is needed)::
 
     u = c * p0 + w,   (w, c) = argmin ||[X_A, X_A p0] (w, c) - a||^2 + sum_j rho_j w_j^2 + eps c^2
 
-with ``p0 = [DE query vector, row prior, 0]`` and ``rho = rho_D`` on the DE block, ``rho_R`` on the
-CE-row block; the C++ loop solves it (``Solve::PriorRidge`` in ``crossknn/search.h``). The row
-prior (:meth:`AUTO.priors`) guesses the query's CE-row block from its DE neighbours among the row
-queries: ``alpha * sd(V q) * softmax(tau * cos(q, q_j))`` over the m row queries ``q_j`` (their
-DE vectors are kept in the index), so a query near a row query starts from that query's CE row;
-``alpha = 0`` is the plain DE prior. The first
-round is the DE's top items (``first_share`` of B, or B / rounds), then TopK rounds over ``X u``;
-the final top-k is ranked by exact CE scores among every scored item.
+with ``p0 = [DE query vector, row prior, 0, 0]`` and ``rho = rho_D`` on the DE block, ``rho_R`` on
+the CE-row block, :data:`RHO_Q` on the query-subspace block (zero prior: with the DE block, a
+prior covariance ``diag(1 / rho_D) + A Aᵀ`` of the DE-block correction); the C++ loop solves it
+(``Solve::PriorRidge`` in ``crossknn/search.h``). The row prior (:meth:`AUTO.priors`) guesses the
+query's CE-row block from its DE neighbours among the row queries:
+``alpha * sd(V q) * softmax(tau * cos(q, q_j))`` over the m row queries ``q_j`` (their DE vectors
+are kept in the index), so a query near a row query starts from that query's CE row;
+``alpha = 0`` is the plain DE prior. The first round is the DE's top items (``first_share`` of B,
+or B / rounds), then TopK rounds over ``X u``; the final top-k is ranked by exact CE scores among
+every scored item.
 
-``rho_D``, ``rho_R`` and the number of rounds are chosen by K-fold cross-validation over the m
-complete rows (rows of a fold are searched with features built from the other rows only; their
-exact top-k is known because the rows are complete), with the row prior's ``alpha`` fixed at
-:data:`PRIOR_ALPHA` (chosen on pseudo splits of train rows: the cross-validation holds out medoid
-rows, which lie farther from the other row queries than a typical query does, so it undervalues
-the row prior). With fewer than two rows the defaults
+With ``2 <= m <`` :data:`CV_MIN_ROWS` rows the choices are fixed (:data:`FEW_ROWS`, measured on
+pseudo splits of train rows: the cross-validation over so few rows is noisy); from
+:data:`CV_MIN_ROWS` rows on ``rho_D``, ``rho_R`` and the number of rounds are chosen by K-fold
+cross-validation over the m complete rows (rows of a fold are searched with features built from
+the other rows only; their exact top-k is known because the rows are complete), with the row
+prior's ``alpha`` fixed at :data:`PRIOR_ALPHA` (chosen on pseudo splits of train rows: the
+cross-validation holds out medoid rows, which lie farther from the other row queries than a
+typical query does, so it undervalues the row prior). With fewer than two rows the defaults
 :data:`DEFAULTS` apply (a DE first round of 0.3 B). Test rows are never read.
 """
 
@@ -48,14 +54,18 @@ from crossknn.topk import topk_recall
 
 __all__ = [
     "AUTO",
+    "CV_MIN_ROWS",
     "DEFAULTS",
+    "FEW_ROWS",
     "PRIOR_ALPHA",
     "PRIOR_TAU",
+    "QUERY_DIRS",
     "ROW_CHOICES",
     "AutoIndex",
     "IndexCallBudget",
     "build_auto_index",
     "choose_rows",
+    "query_directions",
     "zrows",
 ]
 
@@ -85,11 +95,25 @@ GRID_DECAY = (0.0,)
 PRIOR_ALPHA = 3.0
 PRIOR_TAU = 10.0
 RHO_FREE = 1e-6  # penalty of the intercept column and of the free slope c
+# The query-subspace block: the top QUERY_DIRS eigendirections of the train queries' DE vectors
+# (second moment, uncentred), scaled so that their prior variances sum to QUERY_DIR_VAR times
+# their share of the trace, as extra item features V A with penalty RHO_Q and a zero prior: the
+# online correction of the DE block is cheaper along directions that queries occupy (prior
+# covariance diag(1 / rho_D) + A Aᵀ). Uses no CE call. On pseudo splits of nfcorpus-minilm-gpu's
+# train rows (docs/search.md): +0.007 mean recall at 1% of dense (m = 13), +0.001 at 10%.
+QUERY_DIRS = 32
+QUERY_DIR_VAR = 600.0
+RHO_Q = 1.0
+# (rho_D, rho_R, rounds, first share) with 2 <= m < CV_MIN_ROWS rows: fixed, not cross-validated.
+# With few rows the cross-validation (each fold's rows held out from an index of the others) is
+# noisy: on pseudo splits of nfcorpus-minilm-gpu's train rows these fixed choices were at or above
+# the cross-validated ones at m = 13 (three splits) and m = 32 (two), docs/search.md
+FEW_ROWS = (0.1, 1.0, 30, None)
+CV_MIN_ROWS = 64
 CV_BUDGETS = (50, 100, 200)
 CV_KS = (10, 50)
 # how the m complete rows are picked among the train queries (before any CE call)
 ROW_CHOICES = ("medoids", "random")
-_ZERO = np.zeros(1)  # the prior's entry of the intercept column
 
 
 class IndexCallBudget:
@@ -174,6 +198,8 @@ class AutoIndex:
     prior_tau: float = PRIOR_TAU
     row_ids: list = field(default_factory=list)
     cv: dict | None = None
+    # d x r directions of the query-subspace block (None or r = 0: none; see QUERY_DIRS)
+    query_dirs: np.ndarray | None = None
     # what row_prior reads for every query, computed once (see prior_tables); the arrays above are
     # not changed after construction
     _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
@@ -195,6 +221,14 @@ class AutoIndex:
                     f"(one per row); got shape {W.shape}"
                 )
             self.row_vectors = W
+        if self.query_dirs is not None:
+            A = np.asarray(self.query_dirs, np.float32)
+            if A.ndim != 2 or A.shape[0] != V.shape[1] or not np.all(np.isfinite(A)):
+                raise ValueError(
+                    f"query directions must be a finite ({V.shape[1]} x r) matrix; got shape "
+                    f"{A.shape}"
+                )
+            self.query_dirs = A
         if self.prior_alpha < 0 or self.prior_tau <= 0:
             raise ValueError(
                 f"need prior_alpha >= 0 and prior_tau > 0; got {self.prior_alpha}, {self.prior_tau}"
@@ -219,16 +253,27 @@ class AutoIndex:
     def n_rows(self) -> int:
         return self.rows.shape[0]
 
+    @property
+    def n_dirs(self) -> int:
+        return 0 if self.query_dirs is None else self.query_dirs.shape[1]
+
     def features(self) -> np.ndarray:
-        """``X = [V | zrows(R)ᵀ | 1]`` (N x (d + m + 1)), float32."""
+        """``X = [V | zrows(R)ᵀ | V A | 1]`` (N x (d + m + r + 1)), float32."""
         blocks = [self.item_vectors.astype(np.float64)]
         if self.n_rows:
             blocks.append(zrows(self.rows).T)
+        if self.n_dirs:
+            blocks.append(blocks[0] @ self.query_dirs.astype(np.float64))
         blocks.append(np.ones((self.n_items, 1)))
         return np.ascontiguousarray(np.hstack(blocks), np.float32)
 
     def penalties(self) -> np.ndarray:
-        return np.r_[np.full(self.dim, self.rho_d), np.full(self.n_rows, self.rho_r), RHO_FREE]
+        return np.r_[
+            np.full(self.dim, self.rho_d),
+            np.full(self.n_rows, self.rho_r),
+            np.full(self.n_dirs, RHO_Q),
+            RHO_FREE,
+        ]
 
     def meta(self) -> dict:
         return {
@@ -241,6 +286,7 @@ class AutoIndex:
             "prior_alpha": float(self.prior_alpha),
             "prior_tau": float(self.prior_tau),
             "index_calls": int(self.index_calls),
+            "query_dirs": self.n_dirs,
         }
 
     def prior_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -308,6 +354,8 @@ class AUTO(RoundMethod):
         self.features = ItemFeatures(index.features())
         self._inv_rho = np.ascontiguousarray(np.r_[1.0 / index.penalties(), 1.0 / RHO_FREE])
         self.prior = prior
+        # the prior's entries after the row block: the query-subspace block's and the intercept's
+        self._dir_zeros = np.zeros(index.n_dirs + 1)
         if index.prior_alpha > 0 and index.n_rows:  # the row prior's tables now, not in a query
             index.prior_tables()
 
@@ -329,7 +377,7 @@ class AUTO(RoundMethod):
                 raise ValueError(
                     f"DE query vector must have shape ({self.index.dim},); got {v.shape}"
                 )
-            out.append(np.concatenate((v, self.index.row_prior(v), _ZERO)))
+            out.append(np.concatenate((v, self.index.row_prior(v), self._dir_zeros)))
         return out
 
     def prior_ridge_penalties(self) -> tuple[np.ndarray, float]:
@@ -352,6 +400,7 @@ def build_auto_index(
     max_dev: int = 30,
     row_choice: str = "medoids",
     prior_alpha: float = PRIOR_ALPHA,
+    query_dirs: int = QUERY_DIRS,
     progress: bool = False,
 ) -> AutoIndex:
     """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
@@ -361,7 +410,9 @@ def build_auto_index(
     ``train_queries[j]`` (used for the cross-validated choices only); ``budgets`` / ``ks``: the
     cross-validation objective, mean Top-k-Recall@B (default :data:`CV_BUDGETS` x :data:`CV_KS`);
     ``row_choice``: ``"medoids"`` (default) or ``"random"``, see :func:`choose_rows`;
-    ``prior_alpha``: the row prior's weight (0: the plain DE prior), see :meth:`AUTO.priors`.
+    ``prior_alpha``: the row prior's weight (0: the plain DE prior), see :meth:`AUTO.priors`;
+    ``query_dirs``: directions of the query-subspace block from all ``train_query_vectors`` (0:
+    none), see :func:`query_directions`.
     """
     budgets = CV_BUDGETS if budgets is None else budgets
     ks = CV_KS if ks is None else ks
@@ -378,6 +429,7 @@ def build_auto_index(
     if reader.n_items != N:
         raise ValueError(f"the scorer has {reader.n_items} items, the item vectors {N}")
     m = int(min(int(index_calls) // N, len(train)))
+    A = query_directions(Q, query_dirs) if m >= 2 and query_dirs else None
     pos = choose_rows(Q, m, how=row_choice, seed=seed)
     all_items = np.arange(N, dtype=np.int64)
     R = np.empty((m, N), np.float32)
@@ -397,7 +449,9 @@ def build_auto_index(
     rho_d, rho_r, rounds, first = DEFAULTS
     decay = 0.0
     table = None
-    if m >= 2:
+    if 2 <= m < CV_MIN_ROWS:
+        rho_d, rho_r, rounds, first = FEW_ROWS
+    elif m >= CV_MIN_ROWS:
         (rho_d, rho_r, rounds, first, decay), table = _cross_validate(
             R,
             Q[pos],
@@ -408,6 +462,7 @@ def build_auto_index(
             max_dev=max_dev,
             seed=seed,
             alpha=prior_alpha,
+            query_dirs=A,
         )
     return AutoIndex(
         V,
@@ -422,6 +477,7 @@ def build_auto_index(
         prior_alpha=prior_alpha,
         row_ids=[train[p] for p in pos],
         cv=table,
+        query_dirs=A,
     )
 
 
@@ -468,7 +524,28 @@ def choose_rows(query_vectors, m: int, *, how: str = "medoids", seed: int = 0) -
     return np.sort(np.array(pos, np.int64))
 
 
-def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0):
+def query_directions(query_vectors, r: int = QUERY_DIRS, *, var: float = QUERY_DIR_VAR):
+    """The d x r' directions of the query-subspace block (r' = min(r, d, queries)): the top
+    eigenvectors of the queries' uncentred DE second moment ``C = QᵀQ / n``, column j scaled to
+    ``sqrt(var * eigenvalue_j / trace C)`` (its prior standard deviation). Uses no CE call."""
+    Q = np.asarray(query_vectors, np.float64)
+    if Q.ndim != 2 or not np.all(np.isfinite(Q)):
+        raise ValueError(f"query vectors must be a finite (n x d) matrix; got shape {Q.shape}")
+    if int(r) < 0 or var <= 0:
+        raise ValueError(f"need r >= 0 and var > 0; got r={r}, var={var}")
+    n, d = Q.shape
+    r = min(int(r), d, n)
+    C = Q.T @ Q / max(n, 1)
+    tr = float(np.trace(C))
+    if r == 0 or tr <= 0:
+        return np.zeros((d, 0), np.float32)
+    ev, vec = np.linalg.eigh(C)
+    ev, vec = ev[::-1][:r], vec[:, ::-1][:, :r]
+    vec = vec * np.where(vec[np.abs(vec).argmax(0), np.arange(r)] < 0, -1.0, 1.0)  # fixed signs
+    return (vec * np.sqrt(var * np.maximum(ev, 0.0) / tr)).astype(np.float32)
+
+
+def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0, query_dirs=None):
     """((rho_D, rho_R, rounds, first share, decay), {key: mean dev recall}) by K-fold CV over the
     complete rows with the row prior's weight ``alpha`` (queries are addressed by their position
     among the rows; ties -> the earlier grid entry)."""
@@ -505,6 +582,7 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0)
                 decay=decay,
                 row_vectors=Qr[keep],
                 prior_alpha=alpha,
+                query_dirs=query_dirs,
             )
             idx._cov = cov
             meth = AUTO(idx, prior=Qr, first=de)
