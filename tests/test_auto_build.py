@@ -43,6 +43,9 @@ def test_build_index_calls_makes_auto_the_default(env, capsys):
     auto = idx.params["auto"]
     assert auto["rows"] == 2 and auto["index_calls"] == 2 * N_ITEMS <= 95
     assert idx["auto_rows"].shape == (2, N_ITEMS)
+    # the row prior's item covariance is stored by the build (no O(N d^2) pass at every load)
+    V = np.asarray(idx["de_items"], np.float64)
+    np.testing.assert_allclose(idx["auto_item_cov"], np.cov(V, rowvar=False, bias=True), atol=1e-9)
     assert idx.ce_calls == len(TRAIN) * 8 + 2 * N_ITEMS  # calibration + auto rows
     ce = default_cross_encoder()
     ce.set_items(env["corpus"].texts)

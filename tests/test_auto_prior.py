@@ -3,12 +3,19 @@
 import numpy as np
 import pytest
 
-from crossknn.index.auto import AUTO_ROW_VECTORS, auto_index_of
+from crossknn.index.auto import AUTO_ITEM_COV, AUTO_ROW_VECTORS, auto_index_of
 from crossknn.index.files import Index
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import MatrixScorer
 from crossknn.search import auto as auto_mod
-from crossknn.search.auto import AUTO, PRIOR_ALPHA, AutoIndex, IndexCallBudget, build_auto_index
+from crossknn.search.auto import (
+    AUTO,
+    PRIOR_ALPHA,
+    AutoIndex,
+    IndexCallBudget,
+    build_auto_index,
+    item_covariance,
+)
 from crossknn.synthetic import synthetic_matrix
 from crossknn.topk import topk_recall
 
@@ -112,6 +119,15 @@ def test_build_keeps_the_row_vectors_and_the_default_alpha(monkeypatch):
     back = auto_index_of(Index("corpus", arrays, {}, params))
     assert back.prior_alpha == PRIOR_ALPHA
     np.testing.assert_array_equal(back.row_vectors, idx.row_vectors)
+    # without a stored covariance it is computed on first use; a stored one is used as it is
+    np.testing.assert_array_equal(back.prior_tables()[2], item_covariance(di))
+    arrays[AUTO_ITEM_COV] = np.full((di.shape[1], di.shape[1]), 0.5)
+    kept = auto_index_of(Index("corpus", arrays, {}, params))
+    assert np.all(kept.prior_tables()[2] == 0.5)
+    arrays[AUTO_ITEM_COV] = np.zeros((3, 3))
+    with pytest.raises(ValueError, match="item covariance must be a finite 8 x 8 matrix"):
+        auto_index_of(Index("corpus", arrays, {}, params))
+    del arrays[AUTO_ITEM_COV]
     del arrays[AUTO_ROW_VECTORS]
     old = auto_index_of(Index("corpus", arrays, {}, params))
     assert old.prior_alpha == 0.0 and old.row_vectors is None

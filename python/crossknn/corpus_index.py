@@ -467,6 +467,14 @@ def _build_locked(
         ce_calls=ce_calls,
         info=info,
         stage=stage,
-        stale=("de_items", "R", "round_index", "auto_rows", "auto_row_vectors", "auto_query_dirs"),
+        stale=(
+            "de_items",
+            "R",
+            "round_index",
+            "auto_rows",
+            "auto_row_vectors",
+            "auto_query_dirs",
+            "auto_item_cov",
+        ),
     )
     shutil.rmtree(work, ignore_errors=True)

@@ -7,7 +7,9 @@ CE over the corpus and train queries given by the user, or pseudo-queries made f
 ``auto_rows`` (m x N, the complete CE rows) and ``auto_row_vectors`` (m x d, the row queries' DE
 vectors, for the row prior) and ``params["auto"]`` (the choices made). An index built before the
 row prior has no ``auto_row_vectors`` and searches with the plain DE prior; one built before the
-query-subspace block has no ``auto_query_dirs`` and searches without it.
+query-subspace block has no ``auto_query_dirs`` and searches without it; ``auto_item_cov`` (the
+item vectors' covariance for the row prior, d x d) is computed at load where an older index lacks
+it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
 
 __all__ = [
     "AUTO_ARRAY",
+    "AUTO_ITEM_COV",
     "AUTO_QUERY_DIRS",
     "AUTO_ROW_VECTORS",
     "DEFAULT_INDEX_MINUTES",
@@ -37,6 +40,9 @@ __all__ = [
 AUTO_ARRAY = "auto_rows"
 AUTO_ROW_VECTORS = "auto_row_vectors"
 AUTO_QUERY_DIRS = "auto_query_dirs"
+# d x d float64, the item vectors' covariance for the row prior's spread (computed at build time:
+# O(N d^2), tens of seconds at a million items, which a search process would otherwise pay at load)
+AUTO_ITEM_COV = "auto_item_cov"
 
 # The default index budget of ``crossknn build`` (no --index-calls): m complete CE rows, C = m x N,
 #   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, rows the CE scores in DEFAULT_INDEX_MINUTES at
@@ -155,6 +161,8 @@ def build_corpus_auto(
     arrays = {AUTO_ARRAY: idx.rows, AUTO_ROW_VECTORS: np.asarray(idx.row_vectors, np.float32)}
     if idx.n_dirs:
         arrays[AUTO_QUERY_DIRS] = idx.query_dirs
+    if idx.prior_alpha > 0 and idx.n_rows:
+        arrays[AUTO_ITEM_COV] = idx.prior_tables()[2]
     return arrays, params, int(reader.calls)
 
 
@@ -169,6 +177,7 @@ def auto_index_of(index) -> AutoIndex | None:
     R = np.zeros((0, V.shape[0]), np.float32) if rows is None else np.asarray(rows, np.float32)
     W = index.arrays.get(AUTO_ROW_VECTORS)
     A = index.arrays.get(AUTO_QUERY_DIRS)
+    C = index.arrays.get(AUTO_ITEM_COV)  # absent in indexes built before it: computed at load
     alpha = float(params.get("prior_alpha", 0.0)) if W is not None else 0.0
     return AutoIndex(
         V,
@@ -183,4 +192,5 @@ def auto_index_of(index) -> AutoIndex | None:
         prior_alpha=alpha,
         prior_tau=float(params.get("prior_tau", 10.0)),
         query_dirs=None if A is None else np.asarray(A, np.float32),
+        item_cov=None if C is None else np.asarray(C, np.float64),
     )

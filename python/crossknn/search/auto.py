@@ -200,10 +200,13 @@ class AutoIndex:
     cv: dict | None = None
     # d x r directions of the query-subspace block (None or r = 0: none; see QUERY_DIRS)
     query_dirs: np.ndarray | None = None
+    # the covariance (d x d, float64) of the item vectors (item_covariance), when already known:
+    # stored by a corpus build, shared by the folds of the cross-validation; None: computed on
+    # first use (O(N d^2))
+    item_cov: np.ndarray | None = field(default=None, repr=False, compare=False)
     # what row_prior reads for every query, computed once (see prior_tables); the arrays above are
     # not changed after construction
     _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
-    _cov: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         V = np.asarray(self.item_vectors, np.float32)
@@ -229,6 +232,14 @@ class AutoIndex:
                     f"{A.shape}"
                 )
             self.query_dirs = A
+        if self.item_cov is not None:
+            C = np.asarray(self.item_cov, np.float64)
+            d = V.shape[1]
+            if C.shape != (d, d) or not np.all(np.isfinite(C)):
+                raise ValueError(
+                    f"the item covariance must be a finite {d} x {d} matrix; got shape {C.shape}"
+                )
+            self.item_cov = C
         if self.prior_alpha < 0 or self.prior_tau <= 0:
             raise ValueError(
                 f"need prior_alpha >= 0 and prior_tau > 0; got {self.prior_alpha}, {self.prior_tau}"
@@ -297,9 +308,9 @@ class AutoIndex:
             W = np.zeros((0, self.dim)) if self.row_vectors is None else self.row_vectors
             W = W.astype(np.float64)
             self._tables = (W, np.maximum(np.linalg.norm(W, axis=1), 1e-12))
-        if self._cov is None:
-            self._cov = item_covariance(self.item_vectors)
-        return (*self._tables, self._cov)
+        if self.item_cov is None:
+            self.item_cov = item_covariance(self.item_vectors)
+        return (*self._tables, self.item_cov)
 
     def row_prior(self, v: np.ndarray) -> np.ndarray:
         """The prior's CE-row block for DE query vector ``v``:
@@ -583,8 +594,8 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0,
                 row_vectors=Qr[keep],
                 prior_alpha=alpha,
                 query_dirs=query_dirs,
+                item_cov=cov,
             )
-            idx._cov = cov
             meth = AUTO(idx, prior=Qr, first=de)
             recs = []
             for B in budgets:
