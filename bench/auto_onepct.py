@@ -28,27 +28,15 @@ import time
 import numpy as np
 
 from _common import RESULTS, SHARED, machine, utc_now, write_json
+from auto_rows import BUDGETS, KS, recall  # the same six cells, one definition
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import MatrixScorer
 from crossknn.search import auto as auto_mod
 from crossknn.search.auto import AUTO, CV_MIN_ROWS, QUERY_DIRS, IndexCallBudget, build_auto_index
-from crossknn.topk import topk_recall
 
 MATRIX = SHARED / "matrices" / "nfcorpus-minilm-gpu"
-BUDGETS = (50, 100, 200)
-KS = (10, 50)
 CELLS = [f"k{k}B{b}" for k in KS for b in BUDGETS]
 PSEUDO_TEST = 300
-
-
-def recall(method, S, rows) -> dict[str, float]:
-    out = {}
-    for b in BUDGETS:
-        res = method.search(MatrixScorer(S), rows.tolist(), budget=b, k=max(KS), seed=0)
-        assert int(res.ce_calls.max()) <= b
-        for k in KS:
-            out[f"k{k}B{b}"] = float(topk_recall(S, rows, res.indices, k).mean())
-    return out
 
 
 def main() -> int:
