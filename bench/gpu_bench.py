@@ -21,8 +21,11 @@ recorded as skipped):
    split).
 4. ``serve``: ``crossknn serve`` on that index (a subprocess on loopback, stopped by its PID),
    closed-loop clients at concurrency 1/8/32/64, each level bounded in requests and seconds:
-   the search row fields plus ``errors`` (status -> count) and ``http_5xx``. Skipped with the
-   reason when fastapi/uvicorn are missing.
+   the search row fields plus ``errors`` (status -> count) and ``http_5xx``, ``warmup`` (what the
+   server's load-time warm-up did; None: ``--no-warmup``), ``p99_ms_second_half`` and
+   ``slow_by_tenth`` (where in the level the slow requests fell). On a GPU, servers in this order:
+   CUDA graphs + warm-up, the same with ``--no-warmup``, ``--workers 2``, ``--workers 4``, CUDA
+   graphs off. Skipped with the reason when fastapi/uvicorn are missing.
 
 Every finished row is written to the JSON at once (atomically), with the device (nvidia-smi),
 the versions and the commands run, so a run cut short keeps what it measured.
@@ -680,17 +683,19 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
     # the best precision first; fp32 (the index's) when the server refuses it; on a GPU with
     # CUDA graph replays ($CROSSKNN_CUDA_GRAPH=1) and without, one server process and more
     # (--workers)
-    variants = [("0", 1)]
+    # (CUDA graphs, workers, load-time warm-up); the graphs-off server last (measured twice in the
+    # eleventh session): the deadline skips it first
+    variants = [("0", 1, True)]
     if ctx["gpu"]:
-        variants = [("1", 1), ("0", 1), ("1", 2), ("1", 4)]
-    for graph, workers in variants:
+        variants = [("1", 1, True), ("1", 1, False), ("1", 2, True), ("1", 4, True), ("0", 1, True)]
+    for graph, workers, warm in variants:
         for precision in reversed(ctx["precisions"]):
-            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, graph, workers):
+            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, graph, workers, warm):
                 break
 
 
 def serve_rows(
-    rep, dl, ctx, args, queries, log_dir, precision: str, graph: str, workers: int
+    rep, dl, ctx, args, queries, log_dir, precision: str, graph: str, workers: int, warm: bool
 ) -> bool:
     """One server, the closed loop at each concurrency level; False where it failed."""
     if dl.left() < 40:
@@ -701,9 +706,11 @@ def serve_rows(
     )
     if workers > 1:
         extra += ["--workers", str(workers)]
+    if not warm:
+        extra += ["--no-warmup"]
     port = free_port()
     env = {"CROSSKNN_CUDA_GRAPH": graph}
-    name = f"serve-{precision}-g{graph}-w{workers}.log"
+    name = f"serve-{precision}-g{graph}-w{workers}{'' if warm else '-cold'}.log"
     server = Server(ctx["index"], port, extra, log_dir / name, env)
     rep.doc["commands"].append(f"CROSSKNN_CUDA_GRAPH={graph} " + shlex.join(server.cmd))
     rep.save()
