@@ -209,6 +209,17 @@ def test_bad_input(ce, cache):
     assert ce.predict([]).shape == (0,)
     assert ce.score("q", np.array([], dtype=np.int64)).shape == (0,)
     assert ce.score_batch([], []) == []
+    # score_batch checks each query's ids (a plain empty list is no float) and ranges them at once
+    got = ce.score_batch(["q", "r", "s"], [[3, 1], [], np.array([2])])
+    assert [g.shape for g in got] == [(2,), (0,), (1,)]
+    np.testing.assert_allclose(got[0], ce.score("q", np.array([3, 1])), atol=1e-6)
+    assert [g.shape for g in ce.score_batch(["q", "r"], [[], []])] == [(0,), (0,)]
+    with pytest.raises(TypeError, match="integer array"):
+        ce.score_batch(["q", "r"], [[1], [0.5]])
+    with pytest.raises(TypeError, match="1-D integer array"):
+        ce.score_batch(["q"], [np.zeros((2, 2), np.int64)])
+    with pytest.raises(IndexError, match="item index 5000 out of range for 1460"):
+        ce.score_batch(["q", "r"], [[1], [5000]])
     # documented: an empty segment pools to the zero vector -> score 0.0
     np.testing.assert_array_equal(ce.predict([("", "a text"), ("a query", "")]), [0.0, 0.0])
     fresh = OnnxCrossEncoder(ensure_model(cache_dir=cache))

@@ -418,11 +418,21 @@ class CrossEncoderBase(ModelBase):
         if not queries:
             return []
         store = self._store()
-        idx = [self._item_indices(x, len(store)) for x in items]
+        arrs = [np.asarray(x) for x in items]
+        for arr in arrs:  # each query's ids: 1-D integers (checked per array, ranged at once)
+            if arr.size and (arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer)):
+                self._item_indices(arr, len(store))  # raises its TypeError
+        sizes = np.fromiter((a.size for a in arrs), dtype=np.int64, count=len(arrs))
+        # an empty list (float64 to numpy) adds nothing and must not turn the ids into floats
+        ib = (
+            self._item_indices(np.concatenate([a.reshape(-1) for a in arrs if a.size]), len(store))
+            if sizes.any()
+            else np.zeros(0, np.int64)
+        )
         A = IdStore.concat(self._query_stores(queries))
-        ia = np.repeat(np.arange(len(queries), dtype=np.int64), [len(x) for x in idx])
-        flat = self._run_pairs(A, ia, store, np.concatenate(idx))
-        return list(np.split(flat, np.cumsum([len(x) for x in idx])[:-1]))
+        ia = np.repeat(np.arange(len(queries), dtype=np.int64), sizes)
+        flat = self._run_pairs(A, ia, store, ib)
+        return list(np.split(flat, np.cumsum(sizes)[:-1]))
 
 
 class DualEncoderBase(ModelBase):

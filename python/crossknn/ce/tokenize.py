@@ -124,7 +124,10 @@ class IdStore:
         out.cap = caps.pop()
         out.lengths = np.concatenate([s.lengths for s in stores])
         out.flat = np.concatenate([s.flat for s in stores])
-        sizes = np.concatenate([np.diff(s.offsets) for s in stores])
+        if all(len(s.lengths) == 1 for s in stores):  # one query each (serve's merged batches)
+            sizes = np.fromiter((s.flat.size for s in stores), dtype=np.int64, count=len(stores))
+        else:
+            sizes = np.concatenate([np.diff(s.offsets) for s in stores])
         out.offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=out.offsets[1:])
         return out
