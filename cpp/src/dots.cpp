@@ -32,6 +32,23 @@ inline void partial_generic(const double* const* a, const double* b, int64_t n,
     for (int l = 0; l < 8; ++l) out[t][l] = s[t][l];
 }
 
+// partial_generic's sums for float32 inputs (the products and sums in double)
+template <int NA>
+void partial_generic_f(const float* const* a, const float* b, int64_t n, double (*out)[8]) {
+  double s[NA][8];
+  for (int t = 0; t < NA; ++t)
+    for (int l = 0; l < 8; ++l) s[t][l] = 0.0;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int t = 0; t < NA; ++t)
+      for (int l = 0; l < 8; ++l)
+        s[t][l] += static_cast<double>(a[t][j + l]) * static_cast<double>(b[j + l]);
+  for (; j < n; ++j)
+    for (int t = 0; t < NA; ++t) s[t][0] += static_cast<double>(a[t][j]) * b[j];
+  for (int t = 0; t < NA; ++t)
+    for (int l = 0; l < 8; ++l) out[t][l] = s[t][l];
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 // the same sums with AVX: partial sums 0-3 and 4-7 in two registers, multiply then add (the core
 // is built with -ffp-contract=off: no FMA), so every partial sum is the generic one
@@ -229,18 +246,7 @@ void partial_f(const float* const* a, const float* b, int64_t n, double (*out)[8
     partial_avx_f<NA>(a, b, n, out);
     return;
   }
-  double s[NA][8];
-  for (int t = 0; t < NA; ++t)
-    for (int l = 0; l < 8; ++l) s[t][l] = 0.0;
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int t = 0; t < NA; ++t)
-      for (int l = 0; l < 8; ++l)
-        s[t][l] += static_cast<double>(a[t][j + l]) * static_cast<double>(b[j + l]);
-  for (; j < n; ++j)
-    for (int t = 0; t < NA; ++t) s[t][0] += static_cast<double>(a[t][j]) * b[j];
-  for (int t = 0; t < NA; ++t)
-    for (int l = 0; l < 8; ++l) out[t][l] = s[t][l];
+  partial_generic_f<NA>(a, b, n, out);
 }
 
 template <int NA>
@@ -259,18 +265,7 @@ void partial(const double* const* a, const double* b, int64_t n, double (*out)[8
 }
 template <int NA>
 void partial_f(const float* const* a, const float* b, int64_t n, double (*out)[8]) {
-  double s[NA][8];
-  for (int t = 0; t < NA; ++t)
-    for (int l = 0; l < 8; ++l) s[t][l] = 0.0;
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int t = 0; t < NA; ++t)
-      for (int l = 0; l < 8; ++l)
-        s[t][l] += static_cast<double>(a[t][j + l]) * static_cast<double>(b[j + l]);
-  for (; j < n; ++j)
-    for (int t = 0; t < NA; ++t) s[t][0] += static_cast<double>(a[t][j]) * b[j];
-  for (int t = 0; t < NA; ++t)
-    for (int l = 0; l < 8; ++l) out[t][l] = s[t][l];
+  partial_generic_f<NA>(a, b, n, out);
 }
 #endif
 
