@@ -506,6 +506,15 @@ PYBIND11_MODULE(_core, m) {
                     "reach the top k (float32 storage; same results as the full pass)")
       .def_property_readonly("prefilter_ready", &Features::prefilter_ready,
                              "whether the prefilter's float16 copy has been built")
+      .def_property("gram", &Features::gram, &Features::set_gram,
+                    "use the item Gram cache in least-squares rounds (same results; "
+                    "crossknn/features.h)")
+      .def("prepare_gram", &Features::prepare_gram, py::call_guard<py::gil_scoped_release>(),
+           "build the item Gram cache now if the matrix qualifies; True when it is ready")
+      .def_property_readonly("gram_ready", &Features::gram_ready,
+                             "whether the item Gram cache has been built")
+      .def_property_readonly("gram_top_k_calls", &Features::gram_top_k_calls,
+                             "round top-k calls (one query each) answered through the cache")
       .def("__repr__",
            [](const Features& f) {
              return "<crossknn._core.Features n_items=" + std::to_string(f.n_items()) +

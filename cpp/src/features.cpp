@@ -16,6 +16,7 @@
 
 #include "crossknn/npy.h"
 #include "features_impl.h"
+#include "gram.h"
 #include "kernels.h"
 
 namespace crossknn {
@@ -321,6 +322,14 @@ std::vector<std::vector<int64_t>> prepare_exclude(const ExcludeLists& ex, int64_
 }  // namespace
 
 bool Features::prefilter_ready() const noexcept { return data_->shadow_ready.load(); }
+
+bool Features::prepare_gram() const {
+  return gram_ && detail::build_gram(*data_, threads_) != nullptr;
+}
+
+bool Features::gram_ready() const noexcept { return detail::ready_gram(*data_) != nullptr; }
+
+int64_t Features::gram_top_k_calls() const noexcept { return data_->gram_topk.load(); }
 
 bool Features::default_prefilter() noexcept {
   static const bool on = [] {
@@ -724,39 +733,11 @@ bool float16_narrow(const detail::FeatureData& fd, int threads, const float* U, 
   return true;
 }
 
-// The top-k through the copies: the int8 one first (a quarter of float32's bytes); where its
-// bound leaves more than max(3k, N / 16) candidates the float16 copy narrows them (those rows
-// only: at most half of a full pass; a float16 row costs half the bytes of its exact rescoring,
-// and ~k rows are left, so narrowing pays from ~2.4k rows); where it leaves more than N / 2
-// (columns whose values it
-// resolves too coarsely) a full pass through the float16 copy, and after three such calls the
-// float16 one only. Exact scores for the
-// candidates, the top k of those. false when it declines (scores that could overflow, a scaled
-// query not exact in float32: the full pass decides).
-bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
-                     int64_t k, const std::vector<std::vector<int64_t>>& excl, float* out_s,
-                     int64_t* out_i) {
-  const int64_t n = fd.n, d = fd.d;
-  std::vector<std::vector<int64_t>> cand;
-  bool ok = false;
-  if (fd.int8_misses.load(std::memory_order_relaxed) < 3) {
-    ok = int8_candidates(fd, threads, U, Q, k, excl, cand);
-    bool wide = false;
-    if (ok)
-      for (const auto& c : cand) {
-        const int64_t m = static_cast<int64_t>(c.size());
-        if (m > n / 2) {  // the int8 bound resolves this matrix too coarsely: full float16 pass
-          fd.int8_misses.fetch_add(1, std::memory_order_relaxed);
-          ok = false;
-          break;
-        }
-        wide = wide || m > std::max<int64_t>(3 * k, n / 16);
-      }
-    // many candidates: the float16 copy narrows them (its rows only, not a full pass); where it
-    // declines, the int8 candidates are rescored as they are (they hold the top k too)
-    if (ok && wide) float16_narrow(fd, threads, U, Q, k, cand);
-  }
-  if (!ok && !float16_candidates(fd, threads, U, Q, k, excl, cand)) return false;
+// Exact scores of each query's candidate rows (a set holding its top k), the top k of those.
+// false when a score is not finite (the full pass decides).
+bool rescore_top_k(const detail::FeatureData& fd, const float* U, int64_t Q, int64_t k,
+                   const std::vector<std::vector<int64_t>>& cand, float* out_s, int64_t* out_i) {
+  const int64_t d = fd.d;
   std::vector<float> exact;
   std::vector<Entry> all;
   for (int64_t q = 0; q < Q; ++q) {
@@ -779,7 +760,61 @@ bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U,
   return true;
 }
 
+// The top-k through the copies: the int8 one first (a quarter of float32's bytes); where its
+// bound leaves more than max(3k, N / 16) candidates the float16 copy narrows them (those rows
+// only: at most half of a full pass; a float16 row costs half the bytes of its exact rescoring,
+// and ~k rows are left, so narrowing pays from ~2.4k rows); where it leaves more than N / 2
+// (columns whose values it
+// resolves too coarsely) a full pass through the float16 copy, and after three such calls the
+// float16 one only. Exact scores for the
+// candidates, the top k of those. false when it declines (scores that could overflow, a scaled
+// query not exact in float32: the full pass decides).
+bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
+                     int64_t k, const std::vector<std::vector<int64_t>>& excl, float* out_s,
+                     int64_t* out_i) {
+  const int64_t n = fd.n;
+  std::vector<std::vector<int64_t>> cand;
+  bool ok = false;
+  if (fd.int8_misses.load(std::memory_order_relaxed) < 3) {
+    ok = int8_candidates(fd, threads, U, Q, k, excl, cand);
+    bool wide = false;
+    if (ok)
+      for (const auto& c : cand) {
+        const int64_t m = static_cast<int64_t>(c.size());
+        if (m > n / 2) {  // the int8 bound resolves this matrix too coarsely: full float16 pass
+          fd.int8_misses.fetch_add(1, std::memory_order_relaxed);
+          ok = false;
+          break;
+        }
+        wide = wide || m > std::max<int64_t>(3 * k, n / 16);
+      }
+    // many candidates: the float16 copy narrows them (its rows only, not a full pass); where it
+    // declines, the int8 candidates are rescored as they are (they hold the top k too)
+    if (ok && wide) float16_narrow(fd, threads, U, Q, k, cand);
+  }
+  if (!ok && !float16_candidates(fd, threads, U, Q, k, excl, cand)) return false;
+  return rescore_top_k(fd, U, Q, k, cand, out_s, out_i);
+}
+
 }  // namespace
+
+namespace detail {
+
+double float32_score_gamma(int64_t d) { return rounding_gamma(d); }
+
+bool bounded_top_k(const FeatureData& fd, const float* u, int64_t k, const ExcludeLists& ex,
+                   int64_t bs, const BoundsFn& bounds, int64_t max_candidates, float* out_s,
+                   int64_t* out_i) {
+  const auto excl = prepare_exclude(ex, 1, fd.n, k);
+  if (k == 0) return true;
+  std::vector<std::vector<int64_t>> cand;
+  auto block = [&](int, int64_t r0, int64_t r1, double* s, double* e) { bounds(r0, r1, s, e); };
+  if (!candidates(fd.n, 1, k, bs, 1, excl, block, cand)) return false;
+  if (static_cast<int64_t>(cand[0].size()) > max_candidates) return false;
+  return rescore_top_k(fd, u, 1, k, cand, out_s, out_i);
+}
+
+}  // namespace detail
 
 void Features::top_k(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex,
                      float* out_scores, int64_t* out_idx) const {

@@ -13,6 +13,7 @@ namespace crossknn::detail {
 
 struct Shadow;
 struct Shadow8;
+struct ItemGram;
 
 struct FeatureData {
   int64_t n = 0, d = 0;
@@ -37,6 +38,12 @@ struct FeatureData {
   mutable std::unique_ptr<const Shadow8> shadow8;
   mutable std::atomic<int> int8_misses{0};  // calls where the int8 copy left too many rows
   mutable std::atomic<int64_t> narrowed{0};  // queries whose int8 candidates float16 narrowed
+  // the item Gram cache of the least-squares rounds (gram.h), built once and shared
+  mutable std::once_flag gram_once;
+  mutable std::unique_ptr<const ItemGram> gram;
+  mutable std::atomic<bool> gram_ready{false};
+  mutable std::atomic<int64_t> ls_searches{0};  // searches with least-squares rounds
+  mutable std::atomic<int64_t> gram_topk{0};    // query top-k calls the cache answered
 
   int64_t dim() const noexcept { return d; }
   Storage storage() const noexcept { return st; }
@@ -66,6 +73,13 @@ struct Shadow8 {
   std::vector<double> col_scale, scale, dq_norm, err_norm, gx_norm, const_x;
   std::vector<int64_t> const_cols;
   double max_norm = 0.0;  // >= max over rows of ||x||
+};
+
+// G = V V^T of a float32 matrix (gram.h): g is N x N row-major, g[i N + j] = x_i . x_j with the
+// operations of the least-squares solver's own Gram entries (dots_f, DotOrder::Interleaved: the
+// same bits, and symmetric as the products are exact); norm[i] >= ||x_i|| (rounded up).
+struct ItemGram {
+  std::vector<double> g, norm;
 };
 
 }  // namespace crossknn::detail

@@ -10,6 +10,8 @@
 
 #include "crossknn/least_squares.h"
 #include "dots.h"
+#include "features_impl.h"
+#include "gram.h"
 #include "kernels.h"
 
 namespace crossknn {
@@ -78,7 +80,7 @@ CROSSKNN_CLONES void givens_row(double* rk, double* x, int64_t n, double c, doub
 struct LeastSquares::State {
   State(const Features& features, double ridge, int refine, double jitter_rel);
   void append(const int64_t* items, const double* targets, int64_t m);
-  void solve(double* u) const;
+  bool solve(double* u, double* coef, double* err) const;
   void set_prior(const double* prior, double mix);
   std::vector<int64_t> items() const;
   std::vector<double> targets() const;
@@ -99,6 +101,7 @@ struct LeastSquares::State {
   std::vector<float> Xf_;
   std::vector<double> rowbuf_;  // Features::rows output of one append
   std::vector<double> a_;
+  std::vector<double> norm2_;  // x . x of each scored row (dot(): the bits extend_dual_ uses)
   bool primal_ = false;
   double delta_ = 0.0, scale_ = 0.0;  // scale_: max row norm^2 delta was derived from
   // dual: L lower-triangular m x m, row-major with stride cap_ (grown by doubling; entries
@@ -162,14 +165,15 @@ void LeastSquares::State::append(const int64_t* items, const double* targets, in
   a_.insert(a_.end(), targets, targets + m);
   seen_.insert(fresh.begin(), fresh.end());
   m_ = m0 + m;
+  for (int64_t t = m0; t < m_; ++t) {
+    const float* x = Xf_.data() + t * d_;
+    norm2_.push_back(dot(x, x, d_));
+  }
 
   bool rebuild = false;
   if (ridge_ == 0.0) {
     double mx = 0.0;
-    for (int64_t t = m0; t < m_; ++t) {
-      const float* x = Xf_.data() + t * d_;
-      mx = std::max(mx, dot(x, x, d_));
-    }
+    for (int64_t t = m0; t < m_; ++t) mx = std::max(mx, norm2_[t]);
     // delta follows the scale of the rows; a jump of more than 100x refactors with the new one
     if (mx > 0.0 && (scale_ == 0.0 || mx > 100.0 * scale_)) {
       scale_ = mx;
@@ -257,13 +261,23 @@ void LeastSquares::State::extend_dual_(int64_t m0) {
   // on threads: the part of the triangular solve over the old rows (j < m0) depends on no other
   // new row; then the rest in row order. Every entry gets the operations of one dot() at a time.
   const int64_t nn = m_ - m0, n_groups = (nn + 3) / 4;
-  const double work = static_cast<double>(nn) * static_cast<double>(m_) * (d_ + m0);
+  const detail::ItemGram* G = f_.gram() ? detail::ready_gram(detail::data(f_)) : nullptr;
+  const double work = static_cast<double>(nn) * static_cast<double>(m_) * (G ? m0 : d_ + m0);
   const int T = work < 3e7 ? 1 : f_.threads();  // threads only for long appends
-  detail::parallel_for(T, (nn + 15) / 16, [&](int, int64_t g) {
-    const int64_t g0 = m0 + 16 * g, g1 = std::min(m_, g0 + 16);
-    detail::gram_rows_f(detail::DotOrder::Interleaved, Xf_.data(), d_, d_, g0, g1, g1 - 1,
-                        L_.get() + g0 * cap_, cap_);
-  });
+  if (G) {  // the item Gram cache holds these entries, the same bits (gram.h)
+    const int64_t n = f_.n_items();
+    for (int64_t i = m0; i < m_; ++i) {
+      const double* gi = G->g.data() + items_[i] * n;
+      double* li = L_.get() + i * cap_;
+      for (int64_t j = 0; j < i; ++j) li[j] = gi[items_[j]];
+    }
+  } else {
+    detail::parallel_for(T, (nn + 15) / 16, [&](int, int64_t g) {
+      const int64_t g0 = m0 + 16 * g, g1 = std::min(m_, g0 + 16);
+      detail::gram_rows_f(detail::DotOrder::Interleaved, Xf_.data(), d_, d_, g0, g1, g1 - 1,
+                          L_.get() + g0 * cap_, cap_);
+    });
+  }
   if (m0 > 0)
     detail::parallel_for(T, n_groups, [&](int, int64_t g) {
       const int64_t g0 = m0 + 4 * g, g1 = std::min(m_, g0 + 4);
@@ -285,7 +299,7 @@ void LeastSquares::State::extend_dual_(int64_t m0) {
       const double* lj = L_.get() + j * cap_;
       li[j] = (li[j] - dot(lj, li, j)) / lj[j];
     }
-    const double p = dot(xi, xi, d_) + delta_ - dot(li, li, i);
+    const double p = norm2_[i] + delta_ - dot(li, li, i);
     li[i] = std::sqrt(std::max(p, delta_));  // Schur complement >= delta in exact arithmetic
   }
 }
@@ -334,13 +348,19 @@ void LeastSquares::State::apply_inv_(double* v) const {
   }
 }
 
-void LeastSquares::State::solve(double* u) const {
+bool LeastSquares::State::solve(double* u, double* coef, double* err) const {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t d = d_, m = m_;
+  const bool dual = coef && m > 0 && !primal_ && prior_.empty();
   std::fill(u, u + d, 0.0);
+  std::vector<double> W;  // sum over steps of |w_t|: the rounding bound of u's sums
+  if (dual) {
+    std::fill(coef, coef + m, 0.0);
+    W.assign(static_cast<size_t>(m), 0.0);
+  }
+  const int steps = ridge_ > 0.0 ? 1 : 1 + refine_;
   if (m > 0) {
     std::vector<double> r(a_), w(static_cast<size_t>(primal_ ? d : m));
-    const int steps = ridge_ > 0.0 ? 1 : 1 + refine_;
     for (int step = 0; step < steps; ++step) {
       if (step > 0)  // residual r = a - X u
         for (int64_t t = 0; t < m; ++t) r[t] = a_[t] - dot(Xf_.data() + t * d, u, d);
@@ -353,11 +373,25 @@ void LeastSquares::State::solve(double* u) const {
         std::copy(r.begin(), r.end(), w.begin());
         apply_inv_(w.data());
         for (int64_t t = 0; t < m; ++t) axpy(w[t], Xf_.data() + t * d, u, d);
+        if (dual)
+          for (int64_t t = 0; t < m; ++t) {
+            coef[t] += w[t];
+            W[t] += std::fabs(w[t]);
+          }
       }
     }
   }
   if (!prior_.empty())
     for (int64_t j = 0; j < d; ++j) u[j] = (1.0 - mix_) * u[j] + mix_ * prior_[j];
+  if (!dual) return false;
+  // each u_j sums steps * m products (axpy, in order), each coef_t steps values: |u - sum_t
+  // coef_t x_t| <= (gamma(steps m + 1) + gamma(steps)) sum_t W_t |x_t| entrywise
+  const double eps = std::ldexp(1.0, -53);
+  auto gamma = [&](double terms) { return terms * eps / (1.0 - terms * eps); };
+  double s = 0.0;
+  for (int64_t t = 0; t < m; ++t) s += W[t] * std::sqrt(norm2_[t]) * (1.0 + 1e-9);
+  *err = (gamma(static_cast<double>(steps) * m + 1) + gamma(steps)) * s * 1.01;
+  return true;
 }
 
 void LeastSquares::State::set_prior(const double* prior, double mix) {
@@ -385,7 +419,10 @@ LeastSquares& LeastSquares::operator=(LeastSquares&&) noexcept = default;
 void LeastSquares::append(const int64_t* items, const double* targets, int64_t m) {
   s_->append(items, targets, m);
 }
-void LeastSquares::solve(double* u) const { s_->solve(u); }
+void LeastSquares::solve(double* u) const { s_->solve(u, nullptr, nullptr); }
+bool LeastSquares::solve_dual(double* u, double* coef, double* err) const {
+  return s_->solve(u, coef, err);
+}
 void LeastSquares::set_prior(const double* prior, double mix) { s_->set_prior(prior, mix); }
 void LeastSquares::clear_prior() { s_->set_prior(nullptr, 0.0); }
 std::vector<int64_t> LeastSquares::items() const { return s_->items(); }

@@ -14,6 +14,8 @@
 
 #include "crossknn/least_squares.h"
 #include "dots.h"
+#include "features_impl.h"
+#include "gram.h"
 #include "kernels.h"
 #include "scored_sets.h"
 
@@ -457,6 +459,19 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   for (size_t r = 0; r < plan.size(); ++r)
     if (plan[r].kind != StepKind::First) last_solve = r;
   std::vector<LeastSquares> states;
+  // the item Gram cache (gram.h): built on the second search with least-squares rounds; a
+  // round's top-k goes through it for queries in the dual regime without a prior while it reads
+  // fewer bytes than the int8 pass (8 |A| <= d)
+  const detail::ItemGram* gram = nullptr;
+  if (rounds && o.solve == Solve::LeastSquares && features.gram()) {
+    const detail::FeatureData& fd = detail::data(features);
+    const int64_t calls = fd.ls_searches.fetch_add(1, std::memory_order_relaxed) + 1;
+    gram = calls >= 2 ? detail::build_gram(fd, features.threads()) : detail::ready_gram(fd);
+  }
+  std::vector<std::vector<double>> coefs(gram ? static_cast<size_t>(Q) : 0);
+  std::vector<double> coef_err(gram ? static_cast<size_t>(Q) : 0);
+  std::vector<char> in_span(gram ? static_cast<size_t>(Q) : 0);
+  std::vector<double> u_span(gram ? static_cast<size_t>(Q * d) : 0);  // u before float32
   std::vector<PriorRidge> ridges;
   std::vector<std::vector<double>> targets_of;  // Solve::Targets
   if (rounds && o.solve == Solve::LeastSquares) {
@@ -505,7 +520,12 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     } else {
       U.resize(static_cast<size_t>(Q * d));
       for (int64_t i = 0; i < Q; ++i) {
-        if (o.solve == Solve::LeastSquares) {
+        if (o.solve == Solve::LeastSquares && gram) {
+          coefs[i].resize(static_cast<size_t>(states[i].size()));
+          in_span[i] = states[i].solve_dual(u.data(), coefs[i].data(), &coef_err[i]) &&
+                       8 * states[i].size() <= d;
+          std::copy(u.begin(), u.end(), u_span.begin() + i * d);
+        } else if (o.solve == Solve::LeastSquares) {
           states[i].solve(u.data());
         } else if (o.solve == Solve::PriorRidge) {
           ridges[i].solve(u.data());
@@ -530,10 +550,27 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       keys.resize(static_cast<size_t>(Q * n));
       if (strategy == Strategy::TopK) {
         const ExcludeLists ex{ex_ids.data(), ex_off.data()};
-        if (o.selector)
+        const bool by_gram =
+            gram && !o.selector && std::all_of(in_span.begin(), in_span.end(), [](char c) {
+              return c != 0;
+            });
+        if (o.selector) {
           o.selector->top_k(U.data(), Q, n, ex, keys.data(), chosen.data());
-        else
+        } else if (by_gram) {
+          for (int64_t i = 0; i < Q; ++i) {
+            const int64_t off1[2] = {0, ex_off[i + 1] - ex_off[i]};
+            const ExcludeLists ex1{ex_ids.data() + ex_off[i], off1};
+            const std::vector<int64_t> span = states[i].items();
+            if (!detail::gram_top_k(detail::data(features), *gram, U.data() + i * d,
+                                    u_span.data() + i * d, span.data(), coefs[i].data(),
+                                    static_cast<int64_t>(span.size()), coef_err[i], n, ex1,
+                                    keys.data() + i * n, chosen.data() + i * n))
+              features.top_k(U.data() + i * d, 1, n, ex1, keys.data() + i * n,
+                             chosen.data() + i * n);
+          }
+        } else {
           features.top_k(U.data(), Q, n, ex, keys.data(), chosen.data());
+        }
       } else {
         for (int64_t i = 0; i < Q; ++i) {
           // one query (row 0, as Python's single calls): offsets {0, m} over its own ids

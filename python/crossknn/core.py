@@ -375,6 +375,27 @@ class ItemFeatures:
         """Bytes of the stored matrix (what one top-k pass reads)."""
         return self._f.nbytes
 
+    @property
+    def gram(self) -> bool:
+        """Whether least-squares rounds on these features may use the item Gram cache."""
+        return bool(self._f.gram)
+
+    @gram.setter
+    def gram(self, on: bool) -> None:
+        self._f.gram = bool(on)
+
+    @property
+    def gram_ready(self) -> bool:
+        """Whether the item Gram cache has been built (by these features or a copy)."""
+        return bool(self._f.gram_ready)
+
+    def prepare_gram(self) -> bool:
+        """Build the item Gram cache of least-squares rounds now (N^2 x 8 bytes, float32
+        matrices with dim >= 128 and N^2 x 8 bytes within CROSSKNN_GRAM_MB MiB, default 256);
+        otherwise it is built on the second search. True when it is ready. Search results are
+        the same with it or without."""
+        return bool(self._f.prepare_gram())
+
     def __repr__(self) -> str:
         return f"ItemFeatures(n_items={self.n_items}, dim={self.dim}, storage={self.storage!r})"
 

@@ -92,6 +92,18 @@ class Features {
   void set_prefilter(bool on) noexcept { prefilter_ = on; }
   bool prefilter() const noexcept { return prefilter_; }
   bool prefilter_ready() const noexcept;  // the float16 copy exists (shared by all handles)
+  // Item Gram cache of the least-squares rounds (search() with Solve::LeastSquares): G = V V^T
+  // in double (N^2 x 8 bytes, shared by all handles), for float32 matrices with d >= 128 and
+  // N^2 x 8 bytes <= CROSSKNN_GRAM_MB MiB (default 256; 0 turns it off). Built on the second
+  // such search (or by prepare_gram); then the solver's Gram entries are lookups, and a round's
+  // top-k, while a query has scored fewer items |A| than d / 8, bounds every score from |A|
+  // entries of G and rescores the candidates exactly. Results are the same bits with it or
+  // without; only the work changes. set_gram(false) keeps this handle off it.
+  void set_gram(bool on) noexcept { gram_ = on; }
+  bool gram() const noexcept { return gram_; }
+  bool prepare_gram() const;          // builds it if the matrix qualifies; true when it is ready
+  bool gram_ready() const noexcept;   // built (by any handle)
+  int64_t gram_top_k_calls() const noexcept;  // one query's round top-k answered through it
   // bytes of the stored matrix (what one pass of top_k reads without the prefilter)
   int64_t nbytes() const noexcept;
   // true when the matrix is the caller's memory or a file map (view_* / open_npy)
@@ -126,6 +138,7 @@ class Features {
   std::shared_ptr<const detail::FeatureData> data_;
   int threads_ = 1;
   bool prefilter_ = default_prefilter();
+  bool gram_ = true;
   static bool default_prefilter() noexcept;
 };
 

@@ -40,6 +40,11 @@ class LeastSquares {
   void append(const int64_t* items, const double* targets, int64_t m);
   // u (d doubles). With a prior set, u = (1 - mix) u_ls + mix prior. Empty state: u = 0 (mixed).
   void solve(double* u) const;
+  // solve() and, in the dual regime (0 < |A| < d) without a prior, u's coefficients over the
+  // scored rows in items() order: u = sum_t coef[t] V[items()[t]] + e, ||e|| <= *err (the
+  // rounding of solve's sums). coef holds size() doubles. false (coef, err not written) in the
+  // other cases; u is solve()'s, bit for bit, either way.
+  bool solve_dual(double* u, double* coef, double* err) const;
   void set_prior(const double* prior, double mix);  // prior == nullptr clears it
   void clear_prior();
 
