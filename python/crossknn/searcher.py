@@ -337,6 +337,13 @@ class Searcher:
             )
         return self._methods[key]
 
+    def prepare(self, method: str | None = None, *, budget: int = 100) -> list[str]:
+        """Build the method's engine caches now (see ``RoundMethod.prepare``); ``serve`` calls
+        it at load so that no request pays for them. Returns what is ready."""
+        method = method or self.method
+        self._check_method(method)
+        return self._make(method, self.rounds).prepare(int(budget))
+
     def tune_round_widths(
         self,
         queries: Sequence[str],

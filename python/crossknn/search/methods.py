@@ -179,6 +179,16 @@ class RoundMethod:
         """The item features the rounds use at this budget (default: the method's own)."""
         return self.features
 
+    def prepare(self, budget: int) -> list[str]:
+        """Build now what the core keeps in memory for this method's rounds, instead of on the
+        second search (a server's load): the item Gram cache of least-squares rounds
+        (crossknn/features.h, ``ItemFeatures.prepare_gram``). Returns the names of what is
+        ready; results never depend on it."""
+        feats = self.features_for(budget)
+        if self.solve != "lstsq" or feats is None:
+            return []
+        return ["gram"] if feats.prepare_gram() else []
+
     def priors(self, queries: Sequence) -> list[np.ndarray | None]:
         return [None] * len(queries)
 
