@@ -14,6 +14,7 @@ namespace crossknn::detail {
 struct Shadow;
 struct Shadow8;
 struct ItemGram;
+struct WeightedGram;
 
 struct FeatureData {
   int64_t n = 0, d = 0;
@@ -44,6 +45,11 @@ struct FeatureData {
   mutable std::atomic<bool> gram_ready{false};
   mutable std::atomic<int64_t> ls_searches{0};  // searches with least-squares rounds
   mutable std::atomic<int64_t> gram_topk{0};    // query top-k calls the cache answered
+  // the same for the PriorRidge solve's kernel entries (one inverse-penalty vector)
+  mutable std::once_flag wgram_once;
+  mutable std::unique_ptr<const WeightedGram> wgram;
+  mutable std::atomic<bool> wgram_ready{false};
+  mutable std::atomic<int64_t> pr_searches{0};
 
   int64_t dim() const noexcept { return d; }
   Storage storage() const noexcept { return st; }
@@ -80,6 +86,12 @@ struct Shadow8 {
 // same bits, and symmetric as the products are exact); norm[i] >= ||x_i|| (rounded up).
 struct ItemGram {
   std::vector<double> g, norm;
+};
+
+// M = (V diag(inv)) V^T for the PriorRidge solve (gram.h): m is N x N row-major, m[i N + j] =
+// dots(Pairwise, x_i o inv, x_j) over the d columns (the solve's own bits; not symmetric).
+struct WeightedGram {
+  std::vector<double> inv, m;
 };
 
 }  // namespace crossknn::detail

@@ -87,6 +87,58 @@ const ItemGram* build_gram(const FeatureData& fd, int threads) {
   return ready_gram(fd);
 }
 
+const WeightedGram* ready_weighted_gram(const FeatureData& fd, const double* inv) noexcept {
+  if (!fd.wgram_ready.load(std::memory_order_acquire)) return nullptr;
+  const WeightedGram* W = fd.wgram.get();
+  if (!W || !std::equal(W->inv.begin(), W->inv.end(), inv)) return nullptr;
+  return W;
+}
+
+const WeightedGram* build_weighted_gram(const FeatureData& fd, const double* inv, int threads) {
+  if (!qualifies(fd)) return nullptr;
+  std::call_once(fd.wgram_once, [&] {
+    const int64_t n = fd.n, d = fd.d;
+    std::unique_ptr<WeightedGram> W;
+    std::vector<double> X, XW;
+    try {
+      W = std::make_unique<WeightedGram>();
+      W->inv.assign(inv, inv + d);
+      W->m.resize(static_cast<size_t>(n * n));
+      X.resize(static_cast<size_t>(n * d));
+      XW.resize(static_cast<size_t>(n * d));
+    } catch (const std::bad_alloc&) {
+      return;  // no memory for it: the solve computes its entries
+    }
+    for (int64_t i = 0; i < n * d; ++i) {
+      X[i] = fd.p32[i];
+      XW[i] = X[i] * inv[i % d];  // the solve's zl = z o inv
+    }
+    // rows of four against two columns at a time (dots2v: the bits of dots())
+    parallel_for(threads, (n + 3) / 4, [&](int, int64_t g) {
+      const int64_t i0 = 4 * g, i1 = std::min(n, i0 + 4);
+      const int na = static_cast<int>(i1 - i0);
+      const double* a[4];
+      double o0[4], o1[4];
+      for (int t = 0; t < na; ++t) a[t] = XW.data() + (i0 + t) * d;
+      int64_t j = 0;
+      for (; j + 1 < n; j += 2) {
+        dots2v(DotOrder::Pairwise, a, na, X.data() + j * d, X.data() + (j + 1) * d, d, o0, o1);
+        for (int t = 0; t < na; ++t) {
+          W->m[static_cast<size_t>((i0 + t) * n + j)] = o0[t];
+          W->m[static_cast<size_t>((i0 + t) * n + j + 1)] = o1[t];
+        }
+      }
+      for (; j < n; ++j) {
+        dots(DotOrder::Pairwise, a, na, X.data() + j * d, d, o0);
+        for (int t = 0; t < na; ++t) W->m[static_cast<size_t>((i0 + t) * n + j)] = o0[t];
+      }
+    });
+    fd.wgram = std::move(W);
+    fd.wgram_ready.store(true, std::memory_order_release);
+  });
+  return ready_weighted_gram(fd, inv);
+}
+
 bool gram_top_k(const FeatureData& fd, const ItemGram& G, const float* U, const double* u,
                 const int64_t* span, const double* coef, int64_t m, double u_err, int64_t k,
                 const ExcludeLists& ex, float* out_s, int64_t* out_i) {

@@ -31,6 +31,11 @@ const ItemGram* ready_gram(const FeatureData& fd) noexcept;
 const ItemGram* build_gram(const FeatureData& fd, int threads);
 int64_t gram_limit_bytes() noexcept;
 
+// The PriorRidge solve's kernel entries x_i o inv . x_j (search.cpp) for the inverse penalties
+// inv (d values): the cache of the first inv it was built for (nullptr for another inv).
+const WeightedGram* ready_weighted_gram(const FeatureData& fd, const double* inv) noexcept;
+const WeightedGram* build_weighted_gram(const FeatureData& fd, const double* inv, int threads);
+
 // Top k of V U (one query, U = float32(u)) with u = sum_t coef[t] x_{span[t]} + e, ||e|| <=
 // u_err: the same items and float32 keys as Features::top_k(U, 1, k, ex). false: declined
 // (too many candidates, a non-finite score); the caller then runs Features::top_k.

@@ -233,8 +233,10 @@ inline double dot8(const double* a, const double* b, int64_t n) {
 // K + I grows with it (each step only factors the new rows).
 class PriorRidge {
  public:
-  PriorRidge(const Features& f, const double* prior, const std::vector<double>& inv, double decay)
-      : f_(f), d_(f.dim()), p0_(prior, prior + f.dim()), inv_(inv), decay_(decay) {}
+  // wg: the kernel entries' cache for these penalties (gram.h), or nullptr
+  PriorRidge(const Features& f, const double* prior, const std::vector<double>& inv, double decay,
+             const detail::WeightedGram* wg)
+      : f_(f), d_(f.dim()), p0_(prior, prior + f.dim()), inv_(inv), decay_(decay), wg_(wg) {}
 
   void append(const int64_t* items, const double* targets, int64_t m) {
     const int64_t D1 = d_ + 1, n0 = n_;
@@ -252,16 +254,29 @@ class PriorRidge {
       z[d_] = dot;
       a_.push_back(targets[t]);
     }
+    items_.insert(items_.end(), items, items + m);
     n_ = n0 + m;
     // K rows n0 .. n_ (lower triangle), stored n_ x n_ (re-laid out when it grows)
     std::vector<double> K(static_cast<size_t>(n_ * n_));
     for (int64_t r = 0; r < n0; ++r)
       std::copy(K_.begin() + r * n0, K_.begin() + r * n0 + r + 1, K.begin() + r * n_);
-    // the new rows of K, groups of four on threads (each entry one dot8's operations)
+    // the new rows of K: K_rb = (x_r o inv) . x_b (dots(), Pairwise, over the d feature
+    // columns) + the slope's term (z_r o inv)_d (z_b)_d; the first from the cache when there is
+    // one (the same bits), else groups of four rows on threads
     std::vector<double> zl(static_cast<size_t>(m * D1));
     for (int64_t r = n0; r < n_; ++r) {
       const double* zr = Z_.data() + r * D1;
       for (int64_t j = 0; j < D1; ++j) zl[(r - n0) * D1 + j] = zr[j] * inv_[j];
+    }
+    auto slope = [&](int64_t r, int64_t b) { return zl[(r - n0) * D1 + d_] * Z_[b * D1 + d_]; };
+    if (wg_) {
+      const int64_t N = f_.n_items();
+      for (int64_t r = n0; r < n_; ++r) {
+        const double* mr = wg_->m.data() + items_[r] * N;
+        for (int64_t b = 0; b <= r; ++b) K[r * n_ + b] = mr[items_[b]] + slope(r, b);
+      }
+      K_.swap(K);
+      return;
     }
     const int64_t n_groups = (m + 3) / 4;
     const int T = static_cast<double>(m) * n_ * D1 < 3e7 ? 1 : f_.threads();
@@ -277,18 +292,18 @@ class PriorRidge {
       double out1[4];
       for (; b + 1 < g0; b += 2) {
         detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z_.data() + b * D1,
-                       Z_.data() + (b + 1) * D1, D1, out, out1);
+                       Z_.data() + (b + 1) * D1, d_, out, out1);
         for (int t = 0; t < ng; ++t) {
-          K[(g0 + t) * n_ + b] = out[t];
-          K[(g0 + t) * n_ + b + 1] = out1[t];
+          K[(g0 + t) * n_ + b] = out[t] + slope(g0 + t, b);
+          K[(g0 + t) * n_ + b + 1] = out1[t] + slope(g0 + t, b + 1);
         }
       }
       for (; b < g1; ++b) {
         int na = 0;
         int64_t first = std::max(g0, b);
         for (int64_t r = first; r < g1; ++r) a[na++] = zl.data() + (r - n0) * D1;
-        detail::dots(detail::DotOrder::Pairwise, a, na, Z_.data() + b * D1, D1, out);
-        for (int t = 0; t < na; ++t) K[(first + t) * n_ + b] = out[t];
+        detail::dots(detail::DotOrder::Pairwise, a, na, Z_.data() + b * D1, d_, out);
+        for (int t = 0; t < na; ++t) K[(first + t) * n_ + b] = out[t] + slope(first + t, b);
       }
     });
     K_.swap(K);
@@ -370,8 +385,10 @@ class PriorRidge {
   int64_t d_;
   std::vector<double> p0_, inv_;
   double decay_;
+  const detail::WeightedGram* wg_;
   int64_t n_ = 0, lsize_ = 0;
   std::vector<double> Z_, K_, L_, a_, rows_;
+  std::vector<int64_t> items_;
 };
 
 }  // namespace
@@ -473,6 +490,13 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   std::vector<char> in_span(gram ? static_cast<size_t>(Q) : 0);
   std::vector<double> u_span(gram ? static_cast<size_t>(Q * d) : 0);  // u before float32
   std::vector<PriorRidge> ridges;
+  const detail::WeightedGram* wgram = nullptr;  // PriorRidge's cache, built as `gram` is
+  if (rounds && o.solve == Solve::PriorRidge && features.gram()) {
+    const detail::FeatureData& fd = detail::data(features);
+    const int64_t calls = fd.pr_searches.fetch_add(1, std::memory_order_relaxed) + 1;
+    wgram = calls >= 2 ? detail::build_weighted_gram(fd, o.inv_penalties.data(), features.threads())
+                       : detail::ready_weighted_gram(fd, o.inv_penalties.data());
+  }
   std::vector<std::vector<double>> targets_of;  // Solve::Targets
   if (rounds && o.solve == Solve::LeastSquares) {
     states.reserve(static_cast<size_t>(Q));
@@ -483,7 +507,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   } else if (rounds && o.solve == Solve::PriorRidge) {
     ridges.reserve(static_cast<size_t>(Q));
     for (int64_t i = 0; i < Q; ++i)
-      ridges.emplace_back(features, queries[i].prior, o.inv_penalties, o.penalty_decay);
+      ridges.emplace_back(features, queries[i].prior, o.inv_penalties, o.penalty_decay, wgram);
   } else if (rounds) {
     targets_of.resize(static_cast<size_t>(Q));
   }
