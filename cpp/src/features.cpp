@@ -810,6 +810,10 @@ bool bounded_top_k(const FeatureData& fd, const float* u, int64_t k, const Exclu
   std::vector<std::vector<int64_t>> cand;
   auto block = [&](int, int64_t r0, int64_t r1, double* s, double* e) { bounds(r0, r1, s, e); };
   if (!candidates(fd.n, 1, k, bs, 1, excl, block, cand)) return false;
+  // many rows: the float16 copy narrows them first (as prefilter_top_k does the int8 ones)
+  if (static_cast<int64_t>(cand[0].size()) > std::max<int64_t>(3 * k, fd.n / 16) &&
+      fd.st == Storage::Float32)
+    float16_narrow(fd, 1, u, 1, k, cand);
   if (static_cast<int64_t>(cand[0].size()) > max_candidates) return false;
   return rescore_top_k(fd, u, 1, k, cand, out_s, out_i);
 }
