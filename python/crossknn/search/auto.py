@@ -473,7 +473,7 @@ def build_auto_index(
     row_choice: str = "medoids",
     prior_alpha: float = PRIOR_ALPHA,
     query_dirs: int = QUERY_DIRS,
-    partial_items: int = PARTIAL_ITEMS,
+    partial_items: int | None = None,
     progress: bool = False,
 ) -> AutoIndex:
     """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
@@ -486,9 +486,11 @@ def build_auto_index(
     ``prior_alpha``: the row prior's weight (0: the plain DE prior), see :meth:`AUTO.priors`;
     ``query_dirs``: directions of the query-subspace block from all ``train_query_vectors`` (0:
     none), see :func:`query_directions`; ``partial_items``: entries a partial row of the
-    learned prior (0: none), see :func:`partial_plan` and :func:`learned_prior`.
+    learned prior (None: :data:`PARTIAL_ITEMS`; 0: none), see :func:`partial_plan` and
+    :func:`learned_prior`.
     """
     budgets = CV_BUDGETS if budgets is None else budgets
+    partial_items = PARTIAL_ITEMS if partial_items is None else int(partial_items)
     ks = CV_KS if ks is None else ks
     V = np.asarray(item_vectors, np.float32)
     Q = np.asarray(train_query_vectors, np.float32)
@@ -570,17 +572,16 @@ def partial_plan(index_calls: int, n_items: int, n_train: int, items: int = PART
     index calls buy. Without partial rows ``m = min(C // N, n_train)``; with ``2 <= m <``
     :data:`CV_MIN_ROWS` and ``items > 0``, :data:`PARTIAL_SHARE` of C is kept from the complete
     rows (m at least 2) and spent on partial rows of other train queries, when that buys at least
-    :data:`PARTIAL_MIN_ROWS` of them (else ``P = 0`` and m as without)."""
+    :data:`PARTIAL_MIN_ROWS` of them and ``items <= N / 2`` (else ``P = 0`` and m as without)."""
     C, N, n = int(index_calls), int(n_items), int(n_train)
     if C < 0 or N < 1 or n < 0 or int(items) < 0:
         raise ValueError(
             f"need index_calls >= 0, n_items >= 1, n_train >= 0, items >= 0; got {C}, {N}, {n}, "
             f"{items}"
         )
-    m = min(C // N, n)
-    if not (items and 2 <= m < CV_MIN_ROWS):
+    m, L = min(C // N, n), int(items)
+    if not (L and 2 <= m < CV_MIN_ROWS) or 2 * L > N:  # a partial row is at most half a row
         return m, 0
-    L = min(int(items), N)
     keep = max(2, min(int((1.0 - PARTIAL_SHARE) * C) // N, n))
     n_part = min((C - keep * N) // L, n - keep)
     return (keep, n_part) if n_part >= PARTIAL_MIN_ROWS else (m, 0)
