@@ -34,6 +34,14 @@ prior's ``alpha`` fixed at :data:`PRIOR_ALPHA` (chosen on pseudo splits of train
 cross-validation holds out medoid rows, which lie farther from the other row queries than a
 typical query does, so it undervalues the row prior). With fewer than two rows the defaults
 :data:`DEFAULTS` apply (a DE first round of 0.3 B). Test rows are never read.
+
+The learned prior (:func:`partial_plan`, :func:`learned_prior`): with ``2 <= m <``
+:data:`CV_MIN_ROWS`, :data:`PARTIAL_SHARE` of C is kept from the complete rows and spent on
+partial rows of other train queries (:data:`PARTIAL_ITEMS` entries each: the items ``auto``
+scores for that query with the row prior). Every fitted query (row and partial-row queries) gives
+its correction ``delta_j`` to the plain DE prior from the same ridge fit as the online solve, and
+a query's prior becomes its DE vector plus the softmax-weighted corrections of its DE neighbours
+among them (:meth:`AutoIndex.prior_vector`), in every block; no feature column is added.
 """
 
 from __future__ import annotations
@@ -227,6 +235,7 @@ class AutoIndex:
     # what row_prior reads for every query, computed once (see prior_tables); the arrays above are
     # not changed after construction
     _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _deltas64: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         V = np.asarray(self.item_vectors, np.float32)
@@ -341,15 +350,17 @@ class AutoIndex:
         }
 
     def prior_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(W, |W_j|, C)``, computed once per index: the row queries' DE vectors in float64
-        (the learned prior's queries' when it has one),
-        their norms (at least 1e-12) and the covariance ``C`` (d x d, float64) of the item
-        vectors, so that ``sd(V v) = sqrt(v C v)`` costs d^2 per query instead of reading V."""
+        """``(W, |W_j|, C)``, computed once per index: the row queries' DE vectors in float64 (the
+        fitted queries' when the index has a learned prior), their norms (at least 1e-12) and the
+        covariance ``C`` (d x d, float64) of the item vectors, so that ``sd(V v) = sqrt(v C v)``
+        costs d^2 per query instead of reading V."""
         if self._tables is None:
-            W = self.prior_vectors if self.prior_deltas is not None else self.row_vectors
+            learned = self.prior_deltas is not None
+            W = self.prior_vectors if learned else self.row_vectors
             W = np.zeros((0, self.dim)) if W is None else W
             W = W.astype(np.float64)
             self._tables = (W, np.maximum(np.linalg.norm(W, axis=1), 1e-12))
+            self._deltas64 = self.prior_deltas.astype(np.float64) if learned else None
         if self.item_cov is None:
             self.item_cov = item_covariance(self.item_vectors)
         return (*self._tables, self.item_cov)
@@ -384,7 +395,7 @@ class AutoIndex:
         cos = (W @ v) / (wn * max(float(np.linalg.norm(v)), 1e-12))
         w = np.exp(self.prior_tau * (cos - cos.max()))
         spread = float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
-        p = (spread / w.sum()) * (w @ self.prior_deltas.astype(np.float64))
+        p = (spread / w.sum()) * (w @ self._deltas64)
         p[: self.dim] += v
         return p
 
