@@ -127,8 +127,8 @@ CV_MIN_ROWS = 64
 # itself scores for them at budget PARTIAL_ITEMS; at least PARTIAL_MIN_ROWS of them, else none.
 # Measured on three pseudo splits of nfcorpus-minilm-gpu's train rows at 1% of dense (C = 50,026:
 # 13 complete rows + 27 partial rows of 100 entries vs 13 complete rows): mean of the six cells
-# 0.8141 -> 0.8281, above on 3 of 3 splits; 12 + 63 partial: 0.8247, 10 + 136: 0.8199; 50 or 25
-# entries a partial row: 0.8264, 0.8255 (bench/auto_partial.py, docs/search.md)
+# 0.8141 -> 0.8280, above on 3 of 3 splits; 12 rows + 64 partial: 0.8242, 10 + 136: 0.8196; 50 or
+# 25 entries a partial row: 0.8258, 0.8243 (bench/auto_partial.py, docs/search.md)
 PARTIAL_SHARE = 0.04
 PARTIAL_ITEMS = 100
 PARTIAL_MIN_ROWS = 8
