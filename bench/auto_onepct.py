@@ -32,7 +32,14 @@ from auto_rows import BUDGETS, KS, recall  # the same six cells, one definition
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import MatrixScorer
 from crossknn.search import auto as auto_mod
-from crossknn.search.auto import AUTO, CV_MIN_ROWS, QUERY_DIRS, IndexCallBudget, build_auto_index
+from crossknn.search.auto import (
+    AUTO,
+    CV_MIN_ROWS,
+    PARTIAL_ITEMS,
+    QUERY_DIRS,
+    IndexCallBudget,
+    build_auto_index,
+)
 
 MATRIX = SHARED / "matrices" / "nfcorpus-minilm-gpu"
 CELLS = [f"k{k}B{b}" for k in KS for b in BUDGETS]
@@ -48,9 +55,10 @@ def main() -> int:
     ap.add_argument(
         "--variants",
         nargs="+",
-        default=["0:2", f"{QUERY_DIRS}:{CV_MIN_ROWS}"],
-        help="DIRS:CV_MIN_ROWS pairs; 0:2 is the build before issue 29 item 3 (no query block, "
-        "cross-validation from two rows), the second the default now",
+        default=[f"{QUERY_DIRS}:{CV_MIN_ROWS}:0", f"{QUERY_DIRS}:{CV_MIN_ROWS}:{PARTIAL_ITEMS}"],
+        help="DIRS:CV_MIN_ROWS[:PARTIAL_ITEMS] (partial items 0 or left out: no learned prior); "
+        "0:2 is the build before issue 29 item 3 (no query block, cross-validation from two "
+        "rows), 32:64:0 the build before the learned prior, 32:64:100 the default now",
     )
     ap.add_argument("--json", default=str(RESULTS / "auto_onepct.json"))
     args = ap.parse_args()
@@ -67,24 +75,32 @@ def main() -> int:
         perm = np.random.default_rng([s, 4242]).permutation(train)
         runs.append((f"pseudo{s}", np.sort(perm[PSEUDO_TEST:]), np.sort(perm[:PSEUDO_TEST])))
     rows = []
-    head = f"{'split':<8} {'share':>5} {'variant':>7} {'rows':>4} {'calls':>7}  "
+    head = f"{'split':<8} {'share':>5} {'variant':>10} {'rows':>4} {'calls':>7}  "
     print(head + " ".join(CELLS))
     for name, tr, te in runs:
         for share in args.shares:
             C = int(share * tr.size * N)
             for variant in args.variants:
-                r, cv_min = (int(x) for x in variant.split(":"))
+                r, cv_min, *rest = (int(x) for x in variant.split(":"))
+                part = rest[0] if rest else 0
                 auto_mod.CV_MIN_ROWS = cv_min
                 t0 = time.perf_counter()
                 reader = IndexCallBudget(MatrixScorer(S), tr.tolist(), C)
                 idx = build_auto_index(
-                    reader, tr.tolist(), DI, DQ[tr], index_calls=C, seed=0, query_dirs=r
+                    reader,
+                    tr.tolist(),
+                    DI,
+                    DQ[tr],
+                    index_calls=C,
+                    seed=0,
+                    query_dirs=r,
+                    partial_items=part,
                 )
                 assert reader.calls <= C and not set(idx.row_ids) & set(te.tolist())
                 rec = recall(AUTO(idx, prior=DQ, first=de), S, te)
                 mean = float(np.mean(list(rec.values())))
                 print(
-                    f"{name:<8} {share:>5.3f} {variant:>7} {idx.n_rows:>4} {reader.calls:>7}  "
+                    f"{name:<8} {share:>5.3f} {variant:>10} {idx.n_rows:>4} {reader.calls:>7}  "
                     + " ".join(f"{rec[c]:.3f}" for c in CELLS)
                     + f"  mean={mean:.4f} rho=({idx.rho_d},{idx.rho_r}) R={idx.rounds}"
                     + f" [{time.perf_counter() - t0:.0f}s]",
@@ -98,6 +114,7 @@ def main() -> int:
                         "index_calls": int(reader.calls),
                         "variant": variant,
                         "cv_min_rows": cv_min,
+                        "partial_items": part,
                         "cross_validated": idx.cv is not None,
                         "recall": rec,
                         "mean": mean,

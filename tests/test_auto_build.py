@@ -135,3 +135,35 @@ def test_interrupted_auto_rows_resume(env, tmp_path):
     )
     assert np.array_equal(idx["auto_rows"], whole["auto_rows"])
     assert idx.params["auto"] == whole.params["auto"]
+
+
+def test_build_spends_partial_rows_on_the_learned_prior(env, monkeypatch, capsys):
+    """At few rows the CLI build spends 4% of C on partial rows of other (pseudo-)queries and
+    stores the learned prior; search reads it back (5 entries a partial row: 40 items here)."""
+    import crossknn.search.auto as auto_mod
+
+    monkeypatch.setattr(auto_mod, "PARTIAL_ITEMS", 5)
+    capsys.readouterr()
+    idx = _build(
+        env, env["root"] / "p", "--calibration-queries", "12", "--index-calls", str(4 * N_ITEMS)
+    )
+    auto = idx.params["auto"]
+    assert (auto["rows"], auto["partial_rows"]) == (3, 8)
+    assert auto["index_calls"] == 3 * N_ITEMS + 8 * 5 <= 4 * N_ITEMS
+    assert idx.ce_calls == 12 * 8 + auto["index_calls"]  # calibration + auto rows + partial rows
+    n = auto["learned_prior"]
+    assert 1 <= n <= 11 and idx["auto_prior_vectors"].shape == (n, idx["de_items"].shape[1])
+    assert idx["auto_prior_deltas"].shape[0] == n and "auto_item_cov" in idx.arrays
+    assert f"auto index: {auto['index_calls']} CE calls for 3 complete rows + 8 partial rows" in (
+        capsys.readouterr().out
+    )
+    s = Searcher(idx)
+    assert s.method == "auto"
+    hits = s.search(["the use of computers in libraries"], k=3, budget=10)
+    assert hits[0].ce_calls <= 10 and len(hits[0].ids) == 3
+    # a later build without the learned prior leaves none of its arrays behind
+    again = _build(
+        env, env["root"] / "p", "--calibration-queries", "12", "--index-calls", str(2 * N_ITEMS)
+    )
+    assert again.params["auto"]["partial_rows"] == 0
+    assert "auto_prior_vectors" not in again.arrays and "auto_prior_deltas" not in again.arrays

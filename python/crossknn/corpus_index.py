@@ -475,6 +475,8 @@ def _build_locked(
             "auto_row_vectors",
             "auto_query_dirs",
             "auto_item_cov",
+            "auto_prior_vectors",
+            "auto_prior_deltas",
         ),
     )
     shutil.rmtree(work, ignore_errors=True)

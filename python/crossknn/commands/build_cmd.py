@@ -238,7 +238,9 @@ def auto_summary(auto: dict | None, n_items: int) -> str:
         if rule
         else f"--index-calls {auto['index_calls_limit']:,}"
     )
+    part = int(auto.get("partial_rows", 0))
+    rows = f"{auto['rows']} complete rows" + (f" + {part} partial rows" if part else "")
     return (
-        f"auto index: {auto['index_calls']:,} CE calls for {auto['rows']} complete rows ({how}); "
+        f"auto index: {auto['index_calls']:,} CE calls for {rows} ({how}); "
         f"{expected_gain(int(auto['rows']))}; crossknn search uses auto"
     )

@@ -9,7 +9,9 @@ vectors, for the row prior) and ``params["auto"]`` (the choices made). An index 
 row prior has no ``auto_row_vectors`` and searches with the plain DE prior; one built before the
 query-subspace block has no ``auto_query_dirs`` and searches without it; ``auto_item_cov`` (the
 item vectors' covariance for the row prior, d x d) is computed at load where an older index lacks
-it.
+it. A build with few rows also stores the learned prior (``auto_prior_vectors``,
+``auto_prior_deltas``: the fitted queries' DE vectors and corrections, from partial rows of other
+train queries); an index without them searches with the row prior.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
 __all__ = [
     "AUTO_ARRAY",
     "AUTO_ITEM_COV",
+    "AUTO_PRIOR_DELTAS",
+    "AUTO_PRIOR_VECTORS",
     "AUTO_QUERY_DIRS",
     "AUTO_ROW_VECTORS",
     "DEFAULT_INDEX_MINUTES",
@@ -43,6 +47,10 @@ AUTO_QUERY_DIRS = "auto_query_dirs"
 # d x d float64, the item vectors' covariance for the row prior's spread (computed at build time:
 # O(N d^2), tens of seconds at a million items, which a search process would otherwise pay at load)
 AUTO_ITEM_COV = "auto_item_cov"
+# the learned prior (few rows; crossknn.search.auto.learned_prior): the fitted queries' DE vectors
+# (P x d) and their corrections (P x (d + m + r + 1)); an index without them uses the row prior
+AUTO_PRIOR_VECTORS = "auto_prior_vectors"
+AUTO_PRIOR_DELTAS = "auto_prior_deltas"
 
 # The default index budget of ``crossknn build`` (no --index-calls): m complete CE rows, C = m x N,
 #   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, rows the CE scores in DEFAULT_INDEX_MINUTES at
@@ -161,7 +169,10 @@ def build_corpus_auto(
     arrays = {AUTO_ARRAY: idx.rows, AUTO_ROW_VECTORS: np.asarray(idx.row_vectors, np.float32)}
     if idx.n_dirs:
         arrays[AUTO_QUERY_DIRS] = idx.query_dirs
-    if idx.prior_alpha > 0 and idx.n_rows:
+    if idx.prior_deltas is not None:
+        arrays[AUTO_PRIOR_VECTORS] = idx.prior_vectors
+        arrays[AUTO_PRIOR_DELTAS] = idx.prior_deltas
+    if (idx.prior_alpha > 0 and idx.n_rows) or idx.prior_deltas is not None:
         arrays[AUTO_ITEM_COV] = idx.prior_tables()[2]
     return arrays, params, int(reader.calls)
 
@@ -178,6 +189,7 @@ def auto_index_of(index) -> AutoIndex | None:
     W = index.arrays.get(AUTO_ROW_VECTORS)
     A = index.arrays.get(AUTO_QUERY_DIRS)
     C = index.arrays.get(AUTO_ITEM_COV)  # absent in indexes built before it: computed at load
+    P, D = index.arrays.get(AUTO_PRIOR_VECTORS), index.arrays.get(AUTO_PRIOR_DELTAS)
     alpha = float(params.get("prior_alpha", 0.0)) if W is not None else 0.0
     return AutoIndex(
         V,
@@ -193,4 +205,7 @@ def auto_index_of(index) -> AutoIndex | None:
         prior_tau=float(params.get("prior_tau", 10.0)),
         query_dirs=None if A is None else np.asarray(A, np.float32),
         item_cov=None if C is None else np.asarray(C, np.float64),
+        prior_vectors=None if P is None else np.asarray(P, np.float32),
+        prior_deltas=None if D is None else np.asarray(D, np.float32),
+        partial_rows=int(params.get("partial_rows", 0)),
     )

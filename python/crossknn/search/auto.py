@@ -34,12 +34,20 @@ prior's ``alpha`` fixed at :data:`PRIOR_ALPHA` (chosen on pseudo splits of train
 cross-validation holds out medoid rows, which lie farther from the other row queries than a
 typical query does, so it undervalues the row prior). With fewer than two rows the defaults
 :data:`DEFAULTS` apply (a DE first round of 0.3 B). Test rows are never read.
+
+The learned prior (:func:`partial_plan`, :func:`learned_prior`): with ``2 <= m <``
+:data:`CV_MIN_ROWS`, :data:`PARTIAL_SHARE` of C is kept from the complete rows and spent on
+partial rows of other train queries (:data:`PARTIAL_ITEMS` entries each: the items ``auto``
+scores for that query with the row prior). Every fitted query (row and partial-row queries) gives
+its correction ``delta_j`` to the plain DE prior from the same ridge fit as the online solve, and
+a query's prior becomes its DE vector plus the softmax-weighted corrections of its DE neighbours
+among them (:meth:`AutoIndex.prior_vector`), in every block; no feature column is added.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -57,6 +65,9 @@ __all__ = [
     "CV_MIN_ROWS",
     "DEFAULTS",
     "FEW_ROWS",
+    "PARTIAL_ITEMS",
+    "PARTIAL_MIN_ROWS",
+    "PARTIAL_SHARE",
     "PRIOR_ALPHA",
     "PRIOR_TAU",
     "QUERY_DIRS",
@@ -65,6 +76,7 @@ __all__ = [
     "IndexCallBudget",
     "build_auto_index",
     "choose_rows",
+    "fit_prior_ridge",
     "query_directions",
     "zrows",
 ]
@@ -110,6 +122,16 @@ RHO_Q = 1.0
 # the cross-validated ones at m = 13 (three splits) and m = 32 (two), docs/search.md
 FEW_ROWS = (0.1, 1.0, 30, None)
 CV_MIN_ROWS = 64
+# The learned prior (with 2 <= m < CV_MIN_ROWS rows): PARTIAL_SHARE of C is kept from the complete
+# rows for partial rows, PARTIAL_ITEMS entries each of other train queries, the items ``auto``
+# itself scores for them at budget PARTIAL_ITEMS; at least PARTIAL_MIN_ROWS of them, else none.
+# Measured on three pseudo splits of nfcorpus-minilm-gpu's train rows at 1% of dense (C = 50,026:
+# 13 complete rows + 27 partial rows of 100 entries vs 13 complete rows): mean of the six cells
+# 0.8141 -> 0.8280, above on 3 of 3 splits; 12 rows + 64 partial: 0.8242, 10 + 136: 0.8196; 50 or
+# 25 entries a partial row: 0.8258, 0.8243 (bench/auto_partial.py, docs/search.md)
+PARTIAL_SHARE = 0.04
+PARTIAL_ITEMS = 100
+PARTIAL_MIN_ROWS = 8
 CV_BUDGETS = (50, 100, 200)
 CV_KS = (10, 50)
 # how the m complete rows are picked among the train queries (before any CE call)
@@ -204,9 +226,16 @@ class AutoIndex:
     # stored by a corpus build, shared by the folds of the cross-validation; None: computed on
     # first use (O(N d^2))
     item_cov: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # the learned prior (:meth:`prior_vector`; None: the row prior): the DE vectors (P x d) of
+    # the queries whose CE entries the build fitted (row queries and partial-row queries) and
+    # their fitted corrections to the plain DE prior per unit DE-score spread (P x (d + m + r + 1))
+    prior_vectors: np.ndarray | None = None
+    prior_deltas: np.ndarray | None = None
+    partial_rows: int = 0  # partial rows read for the learned prior (their entries in index_calls)
     # what row_prior reads for every query, computed once (see prior_tables); the arrays above are
     # not changed after construction
     _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _deltas64: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         V = np.asarray(self.item_vectors, np.float32)
@@ -240,6 +269,24 @@ class AutoIndex:
                     f"the item covariance must be a finite {d} x {d} matrix; got shape {C.shape}"
                 )
             self.item_cov = C
+        if (self.prior_vectors is None) != (self.prior_deltas is None):
+            raise ValueError("the learned prior needs both prior_vectors and prior_deltas")
+        if self.prior_deltas is not None:
+            P = np.asarray(self.prior_vectors, np.float32)
+            D = np.asarray(self.prior_deltas, np.float32)
+            width = V.shape[1] + R.shape[0] + self.n_dirs + 1
+            if (
+                P.ndim != 2
+                or P.shape[1:] != (V.shape[1],)
+                or D.shape != (P.shape[0], width)
+                or P.shape[0] == 0
+                or not (np.all(np.isfinite(P)) and np.all(np.isfinite(D)))
+            ):
+                raise ValueError(
+                    f"the learned prior needs finite P x {V.shape[1]} vectors and P x {width} "
+                    f"deltas (P >= 1); got shapes {P.shape} and {D.shape}"
+                )
+            self.prior_vectors, self.prior_deltas = P, D
         if self.prior_alpha < 0 or self.prior_tau <= 0:
             raise ValueError(
                 f"need prior_alpha >= 0 and prior_tau > 0; got {self.prior_alpha}, {self.prior_tau}"
@@ -298,16 +345,22 @@ class AutoIndex:
             "prior_tau": float(self.prior_tau),
             "index_calls": int(self.index_calls),
             "query_dirs": self.n_dirs,
+            "learned_prior": 0 if self.prior_deltas is None else int(self.prior_deltas.shape[0]),
+            "partial_rows": int(self.partial_rows),
         }
 
     def prior_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(W, |W_j|, C)``, computed once per index: the row queries' DE vectors in float64,
-        their norms (at least 1e-12) and the covariance ``C`` (d x d, float64) of the item
-        vectors, so that ``sd(V v) = sqrt(v C v)`` costs d^2 per query instead of reading V."""
+        """``(W, |W_j|, C)``, computed once per index: the row queries' DE vectors in float64 (the
+        fitted queries' when the index has a learned prior), their norms (at least 1e-12) and the
+        covariance ``C`` (d x d, float64) of the item vectors, so that ``sd(V v) = sqrt(v C v)``
+        costs d^2 per query instead of reading V."""
         if self._tables is None:
-            W = np.zeros((0, self.dim)) if self.row_vectors is None else self.row_vectors
+            learned = self.prior_deltas is not None
+            W = self.prior_vectors if learned else self.row_vectors
+            W = np.zeros((0, self.dim)) if W is None else W
             W = W.astype(np.float64)
             self._tables = (W, np.maximum(np.linalg.norm(W, axis=1), 1e-12))
+            self._deltas64 = self.prior_deltas.astype(np.float64) if learned else None
         if self.item_cov is None:
             self.item_cov = item_covariance(self.item_vectors)
         return (*self._tables, self.item_cov)
@@ -317,7 +370,7 @@ class AutoIndex:
         ``alpha * sd(V v) * softmax(tau * cos(v, row query j))`` (zeros when alpha is 0); the
         spread as ``sqrt(v C v)`` (:meth:`prior_tables`), equal to ``np.std(V v)`` up to
         float64 rounding."""
-        if self.prior_alpha == 0 or self.n_rows == 0:
+        if self.prior_alpha == 0 or self.n_rows == 0 or self.prior_deltas is not None:
             return np.zeros(self.n_rows)
         W, wn, C = self.prior_tables()
         nv = float(np.linalg.norm(v))
@@ -325,6 +378,26 @@ class AutoIndex:
         w = np.exp(self.prior_tau * (cos - cos.max()))
         spread = float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
         return self.prior_alpha * spread * w / w.sum()
+
+    def prior_vector(self, v: np.ndarray) -> np.ndarray:
+        """The prior ``p0`` (d + m + r + 1) of DE query vector ``v`` (float64, shape (d,)).
+
+        Without a learned prior: ``[v, row_prior(v), 0, 0]``. With one (``prior_deltas``):
+        ``[v, 0, 0, 0] + sd(V v) * sum_j softmax(tau * cos(v, v_j)) delta_j`` over the fitted
+        queries j: each ``delta_j`` is how the fit of query j's CE entries departs from its plain
+        DE prior, per unit spread of its DE scores, so a query borrows the corrections of the
+        fitted queries nearest it in DE space (all blocks: DE, CE rows, query subspace,
+        intercept). About P (d + m + r) operations a query."""
+        v = np.asarray(v, np.float64)
+        if self.prior_deltas is None:
+            return np.concatenate((v, self.row_prior(v), np.zeros(self.n_dirs + 1)))
+        W, wn, C = self.prior_tables()
+        cos = (W @ v) / (wn * max(float(np.linalg.norm(v)), 1e-12))
+        w = np.exp(self.prior_tau * (cos - cos.max()))
+        spread = float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
+        p = (spread / w.sum()) * (w @ self._deltas64)
+        p[: self.dim] += v
+        return p
 
 
 def item_covariance(V) -> np.ndarray:
@@ -365,9 +438,8 @@ class AUTO(RoundMethod):
         self.features = ItemFeatures(index.features())
         self._inv_rho = np.ascontiguousarray(np.r_[1.0 / index.penalties(), 1.0 / RHO_FREE])
         self.prior = prior
-        # the prior's entries after the row block: the query-subspace block's and the intercept's
-        self._dir_zeros = np.zeros(index.n_dirs + 1)
-        if index.prior_alpha > 0 and index.n_rows:  # the row prior's tables now, not in a query
+        learned = index.prior_deltas is not None
+        if learned or (index.prior_alpha > 0 and index.n_rows):  # tables now, not in a query
             index.prior_tables()
 
     def plan(self, budget):
@@ -388,7 +460,7 @@ class AUTO(RoundMethod):
                 raise ValueError(
                     f"DE query vector must have shape ({self.index.dim},); got {v.shape}"
                 )
-            out.append(np.concatenate((v, self.index.row_prior(v), self._dir_zeros)))
+            out.append(self.index.prior_vector(v))
         return out
 
     def prior_ridge_penalties(self) -> tuple[np.ndarray, float]:
@@ -412,6 +484,7 @@ def build_auto_index(
     row_choice: str = "medoids",
     prior_alpha: float = PRIOR_ALPHA,
     query_dirs: int = QUERY_DIRS,
+    partial_items: int | None = None,
     progress: bool = False,
 ) -> AutoIndex:
     """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
@@ -423,9 +496,12 @@ def build_auto_index(
     ``row_choice``: ``"medoids"`` (default) or ``"random"``, see :func:`choose_rows`;
     ``prior_alpha``: the row prior's weight (0: the plain DE prior), see :meth:`AUTO.priors`;
     ``query_dirs``: directions of the query-subspace block from all ``train_query_vectors`` (0:
-    none), see :func:`query_directions`.
+    none), see :func:`query_directions`; ``partial_items``: entries a partial row of the
+    learned prior (None: :data:`PARTIAL_ITEMS`; 0: none), see :func:`partial_plan` and
+    :func:`learned_prior`.
     """
     budgets = CV_BUDGETS if budgets is None else budgets
+    partial_items = PARTIAL_ITEMS if partial_items is None else int(partial_items)
     ks = CV_KS if ks is None else ks
     V = np.asarray(item_vectors, np.float32)
     Q = np.asarray(train_query_vectors, np.float32)
@@ -439,7 +515,7 @@ def build_auto_index(
     N = V.shape[0]
     if reader.n_items != N:
         raise ValueError(f"the scorer has {reader.n_items} items, the item vectors {N}")
-    m = int(min(int(index_calls) // N, len(train)))
+    m, n_part = partial_plan(int(index_calls), N, len(train), partial_items)
     A = query_directions(Q, query_dirs) if m >= 2 and query_dirs else None
     pos = choose_rows(Q, m, how=row_choice, seed=seed)
     all_items = np.arange(N, dtype=np.int64)
@@ -475,7 +551,7 @@ def build_auto_index(
             alpha=prior_alpha,
             query_dirs=A,
         )
-    return AutoIndex(
+    idx = AutoIndex(
         V,
         R,
         rho_d=rho_d,
@@ -490,6 +566,110 @@ def build_auto_index(
         cv=table,
         query_dirs=A,
     )
+    if n_part == 0:
+        return idx
+    fit = learned_prior(reader, train, Q, idx, pos, n_part, items=partial_items, seed=seed)
+    return replace(
+        idx,
+        prior_vectors=None if fit is None else fit[0],
+        prior_deltas=None if fit is None else fit[1],
+        partial_rows=n_part,
+        index_calls=reader.calls,
+    )
+
+
+def partial_plan(index_calls: int, n_items: int, n_train: int, items: int = PARTIAL_ITEMS):
+    """``(m, P)``: the complete rows and the partial rows (``items`` entries each) that ``C``
+    index calls buy. Without partial rows ``m = min(C // N, n_train)``; with ``2 <= m <``
+    :data:`CV_MIN_ROWS` and ``items > 0``, :data:`PARTIAL_SHARE` of C is kept from the complete
+    rows (m at least 2) and spent on partial rows of other train queries, when that buys at least
+    :data:`PARTIAL_MIN_ROWS` of them and ``items <= N / 2`` (else ``P = 0`` and m as without)."""
+    C, N, n = int(index_calls), int(n_items), int(n_train)
+    if C < 0 or N < 1 or n < 0 or int(items) < 0:
+        raise ValueError(
+            f"need index_calls >= 0, n_items >= 1, n_train >= 0, items >= 0; got {C}, {N}, {n}, "
+            f"{items}"
+        )
+    m, L = min(C // N, n), int(items)
+    if not (L and 2 <= m < CV_MIN_ROWS) or 2 * L > N:  # a partial row is at most half a row
+        return m, 0
+    keep = max(2, min(int((1.0 - PARTIAL_SHARE) * C) // N, n))
+    n_part = min((C - keep * N) // L, n - keep)
+    return (keep, n_part) if n_part >= PARTIAL_MIN_ROWS else (m, 0)
+
+
+class _Recorder:
+    """A scorer over train query positions that reads through ``reader`` and keeps, per
+    position, the items asked and their scores (the entries one search read)."""
+
+    def __init__(self, reader: IndexCallBudget, train: list) -> None:
+        self.reader, self.train, self.n_items = reader, train, reader.n_items
+        self.seen: dict[int, tuple[list, list]] = {}
+
+    def score_batch(self, queries: list, items: list) -> list[np.ndarray]:
+        out = self.reader.score_batch([self.train[int(q)] for q in queries], items)
+        for q, it, sc in zip(queries, items, out, strict=True):
+            rec = self.seen.setdefault(int(q), ([], []))
+            rec[0].append(np.asarray(it, np.int64).ravel())
+            rec[1].append(np.asarray(sc, np.float64).ravel())
+        return out
+
+
+def fit_prior_ridge(X, a, p0, penalties, eps: float = RHO_FREE) -> tuple[np.ndarray, float]:
+    """``(w, c)`` of the ridge pulled to ``p0`` with a free slope (the online solve, in numpy):
+    ``argmin ||X w + c X p0 - a||^2 + sum penalties_j w_j^2 + eps c^2`` over the L rows of X
+    (L x F) and their scores ``a``; solved in its L x L dual form (L is a partial row's size)."""
+    X = np.asarray(X, np.float64)
+    a = np.asarray(a, np.float64).ravel()
+    Z = np.hstack([X, (X @ np.asarray(p0, np.float64))[:, None]])
+    ZD = Z / np.r_[np.asarray(penalties, np.float64), eps]
+    theta = ZD.T @ np.linalg.solve(ZD @ Z.T + np.eye(a.size), a)
+    return theta[:-1], float(theta[-1])
+
+
+def learned_prior(
+    reader, train, Q, index: AutoIndex, pos, n_part: int, *, items: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(prior_vectors, prior_deltas)`` of the learned prior (:meth:`AutoIndex.prior_vector`).
+
+    ``n_part`` train queries other than the row queries ``pos`` (uniform, seeded) are searched by
+    ``auto`` over ``index`` (its row prior) with budget ``items`` through ``reader``: their
+    partial rows, ``items`` CE entries each, where ``auto`` looks; the row queries are searched
+    the same way from their complete rows (no new entry). Each query's entries are fitted by
+    :func:`fit_prior_ridge` with its prior ``p0``: ``t = p0 + w / c`` is the query's estimated
+    embedding in the prior's scale, and ``delta = (t - [v, 0, 0, 0]) / sd(V v)``. Queries whose
+    fitted slope c is not positive (CE against the DE) are left out; None when that leaves none.
+    """
+    train = list(train)
+    pos = np.asarray(pos, np.int64)
+    rest = np.setdiff1d(np.arange(len(train)), pos)
+    rng = np.random.default_rng([int(seed), 77])
+    part = np.sort(rng.choice(rest, int(n_part), replace=False))
+    fitted = np.concatenate((pos, part)).astype(np.int64)
+    rec = _Recorder(reader, train)
+    de = make_retriever("de", item_vectors=index.item_vectors, query_vectors=Q)
+    meth = AUTO(index, prior=Q, first=de)
+    b = min(int(items), index.n_items)
+    meth.search(rec, fitted.tolist(), budget=b, k=min(10, b), seed=seed)
+    X = index.features().astype(np.float64)
+    pen = index.penalties()
+    C = index.prior_tables()[2]
+    vecs, deltas = [], []
+    for q, p0 in zip(fitted.tolist(), meth.priors(fitted.tolist()), strict=True):
+        its, sc = rec.seen[q]
+        its, first = np.unique(np.concatenate(its), return_index=True)
+        w, c = fit_prior_ridge(X[its], np.concatenate(sc)[first], p0, pen)
+        v = np.asarray(Q[q], np.float64)
+        spread = float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
+        if not (c > 0 and spread > 0):
+            continue
+        t = p0 + w / c
+        t[: index.dim] -= v
+        vecs.append(v)
+        deltas.append(t / spread)
+    if not vecs:  # the CE runs against the DE for every fitted query: keep the row prior
+        return None
+    return np.array(vecs, np.float32), np.array(deltas, np.float32)
 
 
 def choose_rows(query_vectors, m: int, *, how: str = "medoids", seed: int = 0) -> np.ndarray:
