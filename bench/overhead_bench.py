@@ -22,7 +22,9 @@ the DE first stage's top-k runs in the loop; budget checks, final ranking) and `
 (everything outside the core's phases: ``search_rounds`` — the plan, the first stage's query
 vectors, the priors — and the binding). ``loop=cpp-noprefilter`` is the C++ loop with the exact
 top-k prefilter of the item matrices turned off (``Features.prefilter``), run next to the others
-for every query: what the prefilter alone saves.
+for every query: what the prefilter alone saves; ``loop=cpp-nocache`` the same with the item Gram
+caches unused (``Features.gram``): what they save. Before timing, each method's caches are built
+as ``serve``'s warm-up builds them (``method.prepare(budget)``; ``--no-prepare``: not).
 Methods: auto (index of 10% of |train| x N train CE entries, 5 rounds), axn (DE first round,
 prior mix 0.5, CE score map), adacur (dense CUR index of every train row: 1,677 features on
 nfcorpus, random first round), rnr (DE top-B). Writes bench/results/overhead_bench.json: rows
@@ -141,6 +143,7 @@ def one(loop: str, method, ce: NullCE, q: int, budget: int, item_ids) -> dict:
     feats = core_features(method, budget) if loop != "python" else []
     for f in feats:
         f.prefilter = loop != "cpp-noprefilter"
+        f.gram = loop != "cpp-nocache"
     ce.seconds = 0.0
     _core.search_profile(True)
     t0 = time.perf_counter()
@@ -154,6 +157,7 @@ def one(loop: str, method, ce: NullCE, q: int, budget: int, item_ids) -> dict:
     t2 = time.perf_counter()
     for f in feats:
         f.prefilter = True
+        f.gram = True
     total = t2 - t0
     ph = {k: prof[k] * 1e3 for k in PHASES}
     core = sum(ph.values())
@@ -180,6 +184,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--methods", nargs="+", default=["auto", "axn", "adacur", "rnr"])
     ap.add_argument("--out", default=str(RESULTS / "overhead_bench.json"))
+    ap.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="do not build the engine's caches first (the item Gram caches: Searcher.prepare, "
+        "what serve's warm-up does); they are then built, or not, as a search goes",
+    )
     args = ap.parse_args(argv)
 
     m = load_score_matrix(args.matrix)
@@ -189,11 +199,12 @@ def main(argv=None) -> int:
     queries = m.test[: args.queries].tolist()
     ce = NullCE(m.scores)
     rows = []
-    loops = ("python", "cpp", "cpp-noprefilter")
+    loops = ("python", "cpp", "cpp-noprefilter", "cpp-nocache")
     load_before = [round(x, 2) for x in os.getloadavg()]
     for meth in args.methods:
         method = ms[meth]
         for budget in args.budgets:
+            prepared = [] if args.no_prepare else method.prepare(budget)
             # warm-up (features, the prefilter's copies, caches) for every loop
             for loop in loops:
                 for _ in range(2):
@@ -225,22 +236,25 @@ def main(argv=None) -> int:
                     "ce_ms_p50": pct("ce", 50),
                     "n_queries": len(queries),
                     "same_items_as_python": same[loop],
+                    "caches_prepared": prepared,
                 }
                 if loop != "python":
                     for key in ("cpp_solve", "cpp_topk", "cpp_update", "callback", "cpp_other"):
                         row[f"{key}_ms_p50"] = pct(key, 50)
                     row["python_ms_p50"] = pct("python", 50)
                 rows.append(row)
-            py, cp, nf = rows[-3], rows[-2], rows[-1]
+            py, cp, nf, nc = rows[-4], rows[-3], rows[-2], rows[-1]
             print(
                 f"{name} {meth:7s} B={budget:4d}  other p50/p99 ms: python "
                 f"{py['other_ms_p50']:7.3f}/{py['other_ms_p99']:7.3f}  cpp "
                 f"{cp['other_ms_p50']:7.3f}/{cp['other_ms_p99']:7.3f}  ratio "
                 f"{cp['other_ms_p50'] / max(py['other_ms_p50'], 1e-9):.2f}  "
-                f"(no prefilter {nf['other_ms_p50']:.3f}; solve {cp['cpp_solve_ms_p50']:.3f} "
+                f"(no prefilter {nf['other_ms_p50']:.3f}; no cache {nc['other_ms_p50']:.3f}; "
+                f"solve {cp['cpp_solve_ms_p50']:.3f} "
                 f"top-k {cp['cpp_topk_ms_p50']:.3f} update {cp['cpp_update_ms_p50']:.3f} "
                 f"callback {cp['callback_ms_p50']:.3f} python {cp['python_ms_p50']:.3f} "
-                f"assembly {cp['assembly_ms_p50']:.3f}; same items {same['cpp']}/{len(queries)})",
+                f"assembly {cp['assembly_ms_p50']:.3f}; same items {same['cpp']}/"
+                f"{same['cpp-nocache']} of {len(queries)}; caches {prepared})",
                 flush=True,
             )
     goals = []
@@ -275,7 +289,9 @@ def main(argv=None) -> int:
                 note="other = wall - null-CE time per query, one query at a time; loop=python is "
                 "the reference loop of tests/ref_rounds.py (the code before the C++ loop), "
                 "loop=cpp the product path, loop=cpp-noprefilter the product path with the top-k "
-                "prefilter off; all back to back per query; *_ms_p50 phase columns from the "
+                "prefilter off, loop=cpp-nocache with the item Gram caches off (their use, not "
+                "their memory); caches_prepared: what method.prepare(budget) built first (as "
+                "serve's warm-up); all back to back per query; *_ms_p50 phase columns from the "
                 "core's CROSSKNN_PROFILE timers",
                 load_average_before=load_before,
             ),

@@ -509,8 +509,26 @@ PYBIND11_MODULE(_core, m) {
       .def_property("gram", &Features::gram, &Features::set_gram,
                     "use the item Gram cache in least-squares rounds (same results; "
                     "crossknn/features.h)")
-      .def("prepare_gram", &Features::prepare_gram, py::call_guard<py::gil_scoped_release>(),
-           "build the item Gram cache now if the matrix qualifies; True when it is ready")
+      .def(
+          "prepare_gram",
+          [](const Features& f, py::object inv) {
+            if (inv.is_none()) {
+              py::gil_scoped_release nogil;
+              return f.prepare_gram();
+            }
+            auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(inv);
+            if (!a || a.ndim() != 1 || a.shape(0) < f.dim())
+              throw py::value_error("inv must be a 1-D array of at least dim = " +
+                                    std::to_string(f.dim()) + " inverse penalties");
+            for (int64_t j = 0; j < f.dim(); ++j)
+              if (!(a.data()[j] > 0.0) || !std::isfinite(a.data()[j]))
+                throw py::value_error("inverse penalties must be finite and > 0");
+            py::gil_scoped_release nogil;
+            return f.prepare_gram(a.data());
+          },
+          py::arg("inv") = py::none(),
+          "build the item Gram cache now (inv: the PriorRidge cache for these inverse "
+          "penalties) if the matrix qualifies; True when it is ready")
       .def_property_readonly("gram_ready", &Features::gram_ready,
                              "whether the item Gram cache has been built")
       .def_property_readonly("gram_top_k_calls", &Features::gram_top_k_calls,

@@ -1,8 +1,9 @@
 """The item Gram cache of the least-squares rounds (cpp/src/gram.h): a search with it scores
 the same items in the same order, with the same top-k, as the same search without it, on
 matrices built to make ties and near-ties (repeated rows, low rank), for single queries and
-batches, Split plans and ridge; the cache is really used (its top-k counter moves), built on
-the second search, and refused where the matrix does not qualify."""
+batches, Split plans and ridge; the cache is really used (its top-k counter moves), built once
+enough searches ran (PriorRidge's only on request), and refused where the matrix does not
+qualify."""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ def _matrix(n, d, rank, seed, repeats=0):
 
 def _search(feats, S, plan, qids, **kw):
     def score(qs, items):
-        return [S[qids[q], np.asarray(it)] for q, it in zip(qs, items)]
+        return [S[qids[q], np.asarray(it)] for q, it in zip(qs, items, strict=True)]
 
     budget = sum(n for _, n in plan)
+    if kw.get("priors") is not None:  # one prior row per query of this call
+        kw = dict(kw, priors=np.ascontiguousarray(kw["priors"][qids]))
     return _core.run_search(feats._f, score, plan, qids, budget=budget, k=10, **kw)
 
 
@@ -43,7 +46,7 @@ def _same(a, b):
     for key in ("indices", "scores", "ce_calls"):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
     assert len(a["scored_items"]) == len(b["scored_items"])
-    for x, y in zip(a["scored_items"], b["scored_items"]):
+    for x, y in zip(a["scored_items"], b["scored_items"], strict=True):
         np.testing.assert_array_equal(x, y)
 
 
@@ -103,14 +106,36 @@ def test_with_a_prior_mix_the_solver_still_matches():
     _same(a, b)
 
 
-def test_built_on_the_second_least_squares_search():
+def test_built_once_enough_least_squares_searches_ran():
     V, S = _matrix(300, 200, 8, seed=11)
     f = ItemFeatures(V)
     plan = [("first", 5)] + [("round", 5)] * 2
-    _search(f, S, plan, [0])
+    for q in range(63):  # max(64, N / 8) = 64 searches pay for the build
+        _search(f, S, plan, [q % 40])
     assert not f.gram_ready
-    _search(f, S, plan, [1])
+    _search(f, S, plan, [0])
     assert f.gram_ready
+
+
+def test_prior_ridge_cache_same_results_and_only_on_request():
+    V, S = _matrix(600, 300, 16, seed=17, repeats=40)
+    rng = np.random.default_rng(2)
+    inv = np.r_[rng.uniform(0.2, 5.0, 300), 2.0]
+    priors = rng.standard_normal((40, 300))
+    plan = [("first", 10)] + [("round", 10)] * 4
+    kw = dict(solve="prior_ridge", inv_penalties=inv, priors=priors)
+    on, off = ItemFeatures(V), ItemFeatures(V)
+    off.gram = False
+    before = [_search(on, S, plan, [q], **kw) for q in range(40)]
+    for f in (on, off):  # many PriorRidge searches build nothing by themselves
+        assert not f.gram_ready
+    assert on.prepare_gram(inv) and not off.prepare_gram(inv)
+    for q in range(40):
+        _same(_search(on, S, plan, [q], **kw), before[q])
+        _same(_search(off, S, plan, [q], **kw), before[q])
+    _same(_search(on, S, plan, list(range(40)), **kw), _search(off, S, plan, list(range(40)), **kw))
+    with pytest.raises(ValueError, match="inverse penalties"):
+        on.prepare_gram(np.r_[inv[:-2], -1.0, 1.0])
 
 
 @pytest.mark.parametrize(

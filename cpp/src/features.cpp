@@ -323,8 +323,10 @@ std::vector<std::vector<int64_t>> prepare_exclude(const ExcludeLists& ex, int64_
 
 bool Features::prefilter_ready() const noexcept { return data_->shadow_ready.load(); }
 
-bool Features::prepare_gram() const {
-  return gram_ && detail::build_gram(*data_, threads_) != nullptr;
+bool Features::prepare_gram(const double* inv) const {
+  if (!gram_) return false;
+  if (inv) return detail::build_weighted_gram(*data_, inv, threads_) != nullptr;
+  return detail::build_gram(*data_, threads_) != nullptr;
 }
 
 bool Features::gram_ready() const noexcept { return detail::ready_gram(*data_) != nullptr; }

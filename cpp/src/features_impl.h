@@ -49,7 +49,6 @@ struct FeatureData {
   mutable std::once_flag wgram_once;
   mutable std::unique_ptr<const WeightedGram> wgram;
   mutable std::atomic<bool> wgram_ready{false};
-  mutable std::atomic<int64_t> pr_searches{0};
 
   int64_t dim() const noexcept { return d; }
   Storage storage() const noexcept { return st; }

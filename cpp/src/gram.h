@@ -14,8 +14,8 @@
 // with that kernel: the same items and keys as Features::top_k.
 //
 // Memory: G is built once per matrix (shared by all handles) for float32 storage when N^2 x 8
-// bytes fit CROSSKNN_GRAM_MB (MiB; default 256, 0 turns the cache off), on the second search
-// with least-squares rounds (or on Features::prepare_gram).
+// bytes fit CROSSKNN_GRAM_MB (MiB; default 256, 0 turns the cache off), once max(64, N / 8)
+// searches with least-squares rounds have run (or on Features::prepare_gram).
 #include <cstdint>
 #include <functional>
 

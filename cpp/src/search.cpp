@@ -476,27 +476,26 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   for (size_t r = 0; r < plan.size(); ++r)
     if (plan[r].kind != StepKind::First) last_solve = r;
   std::vector<LeastSquares> states;
-  // the item Gram cache (gram.h): built on the second search with least-squares rounds; a
+  // the item Gram cache (gram.h): built once max(64, N / 8) searches with least-squares rounds
+  // have run on these features (or by Features::prepare_gram); a
   // round's top-k goes through it for queries in the dual regime without a prior while it reads
   // fewer bytes than the int8 pass (8 |A| <= d)
   const detail::ItemGram* gram = nullptr;
   if (rounds && o.solve == Solve::LeastSquares && features.gram()) {
     const detail::FeatureData& fd = detail::data(features);
     const int64_t calls = fd.ls_searches.fetch_add(1, std::memory_order_relaxed) + 1;
-    gram = calls >= 2 ? detail::build_gram(fd, features.threads()) : detail::ready_gram(fd);
+    gram = calls >= std::max<int64_t>(64, n_items / 8) ? detail::build_gram(fd, features.threads())
+                                                        : detail::ready_gram(fd);
   }
   std::vector<std::vector<double>> coefs(gram ? static_cast<size_t>(Q) : 0);
   std::vector<double> coef_err(gram ? static_cast<size_t>(Q) : 0);
   std::vector<char> in_span(gram ? static_cast<size_t>(Q) : 0);
   std::vector<double> u_span(gram ? static_cast<size_t>(Q * d) : 0);  // u before float32
   std::vector<PriorRidge> ridges;
-  const detail::WeightedGram* wgram = nullptr;  // PriorRidge's cache, built as `gram` is
-  if (rounds && o.solve == Solve::PriorRidge && features.gram()) {
-    const detail::FeatureData& fd = detail::data(features);
-    const int64_t calls = fd.pr_searches.fetch_add(1, std::memory_order_relaxed) + 1;
-    wgram = calls >= 2 ? detail::build_weighted_gram(fd, o.inv_penalties.data(), features.threads())
-                       : detail::ready_weighted_gram(fd, o.inv_penalties.data());
-  }
+  const detail::WeightedGram* wgram =  // PriorRidge's cache (Features::prepare_gram(inv))
+      rounds && o.solve == Solve::PriorRidge && features.gram()
+          ? detail::ready_weighted_gram(detail::data(features), o.inv_penalties.data())
+          : nullptr;
   std::vector<std::vector<double>> targets_of;  // Solve::Targets
   if (rounds && o.solve == Solve::LeastSquares) {
     states.reserve(static_cast<size_t>(Q));

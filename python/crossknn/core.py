@@ -389,12 +389,15 @@ class ItemFeatures:
         """Whether the item Gram cache has been built (by these features or a copy)."""
         return bool(self._f.gram_ready)
 
-    def prepare_gram(self) -> bool:
-        """Build the item Gram cache of least-squares rounds now (N^2 x 8 bytes, float32
+    def prepare_gram(self, inv_penalties=None) -> bool:
+        """Build the item Gram cache of least-squares rounds now (N^2 x 8 bytes; float32
         matrices with dim >= 128 and N^2 x 8 bytes within CROSSKNN_GRAM_MB MiB, default 256);
-        otherwise it is built on the second search. True when it is ready. Search results are
-        the same with it or without."""
-        return bool(self._f.prepare_gram())
+        otherwise it is built once max(64, N / 8) such searches have run. ``inv_penalties``: the
+        PriorRidge solve's cache (``auto``) for these inverse penalties instead, built only
+        here. True when it is ready. Search results are the same with it or without."""
+        if inv_penalties is None:
+            return bool(self._f.prepare_gram())
+        return bool(self._f.prepare_gram(np.asarray(inv_penalties, np.float64)))
 
     def __repr__(self) -> str:
         return f"ItemFeatures(n_items={self.n_items}, dim={self.dim}, storage={self.storage!r})"

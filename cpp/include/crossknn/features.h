@@ -92,18 +92,23 @@ class Features {
   void set_prefilter(bool on) noexcept { prefilter_ = on; }
   bool prefilter() const noexcept { return prefilter_; }
   bool prefilter_ready() const noexcept;  // the float16 copy exists (shared by all handles)
-  // Item Gram cache of the least-squares rounds (search() with Solve::LeastSquares): G = V V^T
-  // in double (N^2 x 8 bytes, shared by all handles), for float32 matrices with d >= 128 and
-  // N^2 x 8 bytes <= CROSSKNN_GRAM_MB MiB (default 256; 0 turns it off). Built on the second
-  // such search (or by prepare_gram); then the solver's Gram entries are lookups, and a round's
-  // top-k, while a query has scored fewer items |A| than d / 8, bounds every score from |A|
-  // entries of G and rescores the candidates exactly. Results are the same bits with it or
-  // without; only the work changes. set_gram(false) keeps this handle off it.
+  // Item Gram caches of the least-squares rounds (cpp/src/gram.h): G = V V^T in double (N^2 x 8
+  // bytes, shared by all handles) for search() with Solve::LeastSquares, and M = (V diag(inv))
+  // V^T for the PriorRidge solve with inverse penalties inv (its first d values); float32
+  // matrices with d >= 128 and N^2 x 8 bytes <= CROSSKNN_GRAM_MB MiB (default 256; 0 turns them
+  // off). G is built by prepare_gram() or on its own once max(64, N / 8) least-squares searches
+  // have run on the matrix (about where its build time is paid back); M only by
+  // prepare_gram(inv) (its gain per search is small next to its build). With G the solver's Gram
+  // entries are lookups and a round's top-k, while a query has scored at most d / 8 items and
+  // has no prior, bounds every score from |A| entries of G and rescores the candidates exactly;
+  // with M PriorRidge's kernel rows are lookups. Results are the same bits with them or without;
+  // only the work changes. set_gram(false) keeps this handle off both.
   void set_gram(bool on) noexcept { gram_ = on; }
   bool gram() const noexcept { return gram_; }
-  bool prepare_gram() const;          // builds it if the matrix qualifies; true when it is ready
-  bool gram_ready() const noexcept;   // built (by any handle)
-  int64_t gram_top_k_calls() const noexcept;  // one query's round top-k answered through it
+  // builds G (inv == nullptr) or M for inv (d values) if the matrix qualifies; true when ready
+  bool prepare_gram(const double* inv = nullptr) const;
+  bool gram_ready() const noexcept;           // G built (by any handle)
+  int64_t gram_top_k_calls() const noexcept;  // one query's round top-k answered through G
   // bytes of the stored matrix (what one pass of top_k reads without the prefilter)
   int64_t nbytes() const noexcept;
   // true when the matrix is the caller's memory or a file map (view_* / open_npy)

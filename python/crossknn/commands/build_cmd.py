@@ -242,5 +242,5 @@ def auto_summary(auto: dict | None, n_items: int) -> str:
     rows = f"{auto['rows']} complete rows" + (f" + {part} partial rows" if part else "")
     return (
         f"auto index: {auto['index_calls']:,} CE calls for {rows} ({how}); "
-        f"{expected_gain(int(auto['rows']))}; crossknn search uses auto"
+        f"{expected_gain(int(auto['index_calls']), n_items)}; crossknn search uses auto"
     )

@@ -463,6 +463,11 @@ class AUTO(RoundMethod):
             out.append(self.index.prior_vector(v))
         return out
 
+    def prepare(self, budget: int) -> list[str]:
+        """The PriorRidge solve's kernel cache for this index's penalties (``RoundMethod.prepare``;
+        built only here: ``ItemFeatures.prepare_gram``)."""
+        return ["gram"] if self.features.prepare_gram(self._inv_rho) else []
+
     def prior_ridge_penalties(self) -> tuple[np.ndarray, float]:
         """``(1 / rho, decay)`` of the core's PriorRidge solve: d + m + 1 feature penalties and the
         free slope's, last (``crossknn/search.h``)."""
