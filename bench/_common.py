@@ -66,3 +66,10 @@ def write_json(path: str | os.PathLike, obj) -> Path:
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"))
     print(f"wrote {path}")
     return path
+
+
+def write_rows(path: str | os.PathLike, matrix, rows: list) -> Path:
+    """A bench's result rows over one score matrix, with when and where they were measured."""
+    return write_json(
+        path, {"when": utc_now(), "machine": machine("numpy"), "matrix": str(matrix), "rows": rows}
+    )

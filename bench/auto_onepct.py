@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from _common import RESULTS, SHARED, machine, utc_now, write_json
+from _common import RESULTS, SHARED, write_rows
 from auto_rows import BUDGETS, KS, recall  # the same six cells, one definition
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import MatrixScorer
@@ -121,10 +121,7 @@ def main() -> int:
                         **{k: v for k, v in idx.meta().items() if k != "index_calls"},
                     }
                 )
-    write_json(
-        args.json,
-        {"when": utc_now(), "machine": machine("numpy"), "matrix": str(args.matrix), "rows": rows},
-    )
+    write_rows(args.json, args.matrix, rows)
     return 0
 
 

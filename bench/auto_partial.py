@@ -16,14 +16,14 @@ About 20 s a build and 5 s a search of the three budgets on one core.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import replace
 
 import numpy as np
 
-from _common import RESULTS, SHARED, machine, utc_now, write_json
+from _common import RESULTS, SHARED, write_rows
 from auto_rows import BUDGETS, KS, recall
+from crossknn.matrix import load_score_matrix
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import MatrixScorer
 from crossknn.search import auto as auto_mod
@@ -42,12 +42,9 @@ def main() -> int:
     ap.add_argument("--splits", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--json", default=str(RESULTS / "auto_partial.json"))
     args = ap.parse_args()
-    d = args.matrix.rstrip("/") + "/"
-    S = np.load(d + "scores.npy").astype(np.float32)
-    DQ = np.load(d + "de_queries.npy").astype(np.float32)
-    DI = np.load(d + "de_items.npy").astype(np.float32)
-    train = np.array(json.load(open(d + "splits.json"))["train"], np.int64)
-    N = S.shape[1]
+    mat = load_score_matrix(args.matrix)
+    S, DQ, DI = mat.scores, mat.de_queries.astype(np.float32), mat.de_items.astype(np.float32)
+    train, N = np.asarray(mat.train, np.int64), mat.n_items
     de = make_retriever("de", item_vectors=DI, query_vectors=DQ)
     rows = []
     print(f"{'split':<8} {'share':>5} {'items':>5} {'m':>3} {'P':>4} {'tau':>4} {'calls':>6}  ")
@@ -91,10 +88,7 @@ def main() -> int:
                         "mean": mean,
                     }
                 )
-    write_json(
-        args.json,
-        {"when": utc_now(), "machine": machine("numpy"), "matrix": str(args.matrix), "rows": rows},
-    )
+    write_rows(args.json, args.matrix, rows)
     return 0
 
 
