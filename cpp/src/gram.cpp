@@ -29,7 +29,7 @@ int64_t gram_limit_bytes() noexcept {
 
 namespace {
 
-// The span passes over rows of G / M (memory-bound, when vectorized): compiled for AVX-512,
+// The span pass over rows of G (memory-bound, when vectorized): compiled for AVX-512,
 // AVX2 and the baseline, the loader picks one per process (GCC target_clones). Only bounds come
 // out of them (the exact scores are the rescoring kernel's), so their rounding needs no fixed
 // order.
@@ -55,10 +55,10 @@ CROSSKNN_SPAN_CLONES void span_rows(const double* const* g, const double* c, int
 // below ~128 columns the solver's dots are cheap and the int8 pass is narrow: no cache
 constexpr int64_t kMinDim = 128;
 
-// bytes_per_entry: 8 (one N x N matrix of doubles)
-bool qualifies(const FeatureData& fd, double bytes_per_entry) noexcept {
+// an N x N matrix of doubles within the limit
+bool qualifies(const FeatureData& fd) noexcept {
   if (fd.st != Storage::Float32 || fd.n < 1 || fd.d < kMinDim) return false;
-  const double bytes = static_cast<double>(fd.n) * static_cast<double>(fd.n) * bytes_per_entry;
+  const double bytes = static_cast<double>(fd.n) * static_cast<double>(fd.n) * 8.0;
   return bytes <= static_cast<double>(gram_limit_bytes());
 }
 
@@ -69,7 +69,7 @@ const ItemGram* ready_gram(const FeatureData& fd) noexcept {
 }
 
 const ItemGram* build_gram(const FeatureData& fd, int threads) {
-  if (!qualifies(fd, 8.0)) return nullptr;
+  if (!qualifies(fd)) return nullptr;
   std::call_once(fd.gram_once, [&] {
     const int64_t n = fd.n, d = fd.d;
     std::unique_ptr<ItemGram> G;
@@ -119,7 +119,7 @@ const WeightedGram* ready_weighted_gram(const FeatureData& fd, const double* inv
 }
 
 const WeightedGram* build_weighted_gram(const FeatureData& fd, const double* inv, int threads) {
-  if (!qualifies(fd, 8.0)) return nullptr;
+  if (!qualifies(fd)) return nullptr;
   std::call_once(fd.wgram_once, [&] {
     const int64_t n = fd.n, d = fd.d;
     std::unique_ptr<WeightedGram> W;

@@ -477,9 +477,9 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     if (plan[r].kind != StepKind::First) last_solve = r;
   std::vector<LeastSquares> states;
   // the item Gram cache (gram.h): built once max(64, N / 8) searches with least-squares rounds
-  // have run on these features (or by Features::prepare_gram); a
-  // round's top-k goes through it for queries in the dual regime without a prior while it reads
-  // fewer bytes than the int8 pass (8 |A| <= d)
+  // have run on these features (or by Features::prepare_gram); a round's top-k goes through it
+  // for queries in the dual regime without a prior while it reads fewer bytes than the int8
+  // pass (8 |A| <= d)
   const detail::ItemGram* gram = nullptr;
   if (rounds && o.solve == Solve::LeastSquares && features.gram()) {
     const detail::FeatureData& fd = detail::data(features);
