@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "crossknn/features.h"
+#include "huge_pages.h"
 
 namespace crossknn::detail {
 
@@ -24,9 +25,9 @@ struct FeatureData {
   const uint16_t* p16 = nullptr;
   const int8_t* p8 = nullptr;
   const float* pscale = nullptr;
-  std::vector<float> own32;
-  std::vector<uint16_t> own16;
-  std::vector<int8_t> own8;
+  HugeVector<float> own32;  // the passes' data: huge pages where offered (huge_pages.h)
+  HugeVector<uint16_t> own16;
+  HugeVector<int8_t> own8;
   std::vector<float> own_scale;
   std::shared_ptr<const void> owner;
   bool view = false;
@@ -62,7 +63,7 @@ struct FeatureData {
 // (col_scale: powers of two, exact) rounded to float16, and per row a bound on the distance of
 // the float16 score from the exact one, per unit of ||u col_scale||.
 struct Shadow {
-  std::vector<uint16_t> h;
+  HugeVector<uint16_t> h;
   std::vector<double> col_scale, err_norm;
   double max_norm = 0.0;  // >= max over rows of ||x||
 };
@@ -74,7 +75,7 @@ struct Shadow {
 // exactly (const_x: their x, 0 elsewhere): a large query weight on them then does not multiply
 // the quantization error of the other columns.
 struct Shadow8 {
-  std::vector<int8_t> q;
+  HugeVector<int8_t> q;
   std::vector<double> col_scale, scale, dq_norm, err_norm, gx_norm, const_x;
   std::vector<int64_t> const_cols;
   double max_norm = 0.0;  // >= max over rows of ||x||
@@ -84,13 +85,15 @@ struct Shadow8 {
 // operations of the least-squares solver's own Gram entries (dots_f, DotOrder::Interleaved: the
 // same bits, and symmetric as the products are exact); norm[i] >= ||x_i|| (rounded up).
 struct ItemGram {
-  std::vector<double> g, norm;
+  HugeVector<double> g;  // read at random: huge pages (huge_pages.h)
+  std::vector<double> norm;
 };
 
 // M = (V diag(inv)) V^T for the PriorRidge solve (gram.h): m is N x N row-major, m[i N + j] =
 // dots(Pairwise, x_i o inv, x_j) over the d columns (the solve's own bits; not symmetric).
 struct WeightedGram {
-  std::vector<double> inv, m;
+  std::vector<double> inv;
+  HugeVector<double> m;
 };
 
 }  // namespace crossknn::detail
