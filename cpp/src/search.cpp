@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -230,16 +231,25 @@ inline double dot8(const double* a, const double* b, int64_t n) {
 
 // One query's PriorRidge state (Solve::PriorRidge in search.h). Rows z_a = [x_a, x_a . p0] are
 // kept; K = Z diag(inv) Z^T grows by one row per scored item; with decay 0 the Cholesky factor of
-// K + I grows with it (each step only factors the new rows).
+// K + I grows with it (each step only factors the new rows). Storage for `capacity` scored items
+// (the plan's total) is taken once: K and L keep that leading dimension, so that a step writes
+// its new rows in place instead of re-laying the old ones out.
 class PriorRidge {
  public:
   // wg: the kernel entries' cache for these penalties (gram.h), or nullptr
   PriorRidge(const Features& f, const double* prior, const std::vector<double>& inv, double decay,
-             const detail::WeightedGram* wg)
-      : f_(f), d_(f.dim()), p0_(prior, prior + f.dim()), inv_(inv), decay_(decay), wg_(wg) {}
+             const detail::WeightedGram* wg, int64_t capacity)
+      : f_(f),
+        d_(f.dim()),
+        p0_(prior, prior + f.dim()),
+        inv_(inv),
+        decay_(decay),
+        wg_(wg),
+        cap_(std::max<int64_t>(capacity, 1)) {}
 
   void append(const int64_t* items, const double* targets, int64_t m) {
     const int64_t D1 = d_ + 1, n0 = n_;
+    grow(n0 + m);
     rows_.resize(static_cast<size_t>(m * d_));
     f_.rows(items, m, rows_.data());
     Z_.resize(static_cast<size_t>((n0 + m) * D1));
@@ -256,26 +266,24 @@ class PriorRidge {
     }
     items_.insert(items_.end(), items, items + m);
     n_ = n0 + m;
-    // K rows n0 .. n_ (lower triangle), stored n_ x n_ (re-laid out when it grows)
-    std::vector<double> K(static_cast<size_t>(n_ * n_));
-    for (int64_t r = 0; r < n0; ++r)
-      std::copy(K_.begin() + r * n0, K_.begin() + r * n0 + r + 1, K.begin() + r * n_);
-    // the new rows of K: K_rb = (x_r o inv) . x_b (dots(), Pairwise, over the d feature
-    // columns) + the slope's term (z_r o inv)_d (z_b)_d; the first from the cache when there is
-    // one (the same bits), else groups of four rows on threads
-    std::vector<double> zl(static_cast<size_t>(m * D1));
+    // the new rows of K (lower triangle, leading dimension cap_): K_rb = (x_r o inv) . x_b
+    // (dots(), Pairwise, over the d feature columns) + the slope's term (z_r o inv)_d (z_b)_d;
+    // the first from the cache when there is one (the same bits), else groups of four rows on
+    // threads
+    double* K = K_.get();
+    const int64_t ld = cap_;
+    zl_.resize(static_cast<size_t>(m * D1));
     for (int64_t r = n0; r < n_; ++r) {
       const double* zr = Z_.data() + r * D1;
-      for (int64_t j = 0; j < D1; ++j) zl[(r - n0) * D1 + j] = zr[j] * inv_[j];
+      for (int64_t j = 0; j < D1; ++j) zl_[(r - n0) * D1 + j] = zr[j] * inv_[j];
     }
-    auto slope = [&](int64_t r, int64_t b) { return zl[(r - n0) * D1 + d_] * Z_[b * D1 + d_]; };
+    auto slope = [&](int64_t r, int64_t b) { return zl_[(r - n0) * D1 + d_] * Z_[b * D1 + d_]; };
     if (wg_) {
       const int64_t N = f_.n_items();
       for (int64_t r = n0; r < n_; ++r) {
         const double* mr = wg_->m.data() + items_[r] * N;
-        for (int64_t b = 0; b <= r; ++b) K[r * n_ + b] = mr[items_[b]] + slope(r, b);
+        for (int64_t b = 0; b <= r; ++b) K[r * ld + b] = mr[items_[b]] + slope(r, b);
       }
-      K_.swap(K);
       return;
     }
     const int64_t n_groups = (m + 3) / 4;
@@ -287,26 +295,25 @@ class PriorRidge {
       // the old rows b < g0 two at a time (every row of the group against both: twice the
       // independent sums, the same bits), then the group's own triangle one b at a time
       const int ng = static_cast<int>(g1 - g0);
-      for (int t = 0; t < ng; ++t) a[t] = zl.data() + (g0 + t - n0) * D1;
+      for (int t = 0; t < ng; ++t) a[t] = zl_.data() + (g0 + t - n0) * D1;
       int64_t b = 0;
       double out1[4];
       for (; b + 1 < g0; b += 2) {
         detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z_.data() + b * D1,
                        Z_.data() + (b + 1) * D1, d_, out, out1);
         for (int t = 0; t < ng; ++t) {
-          K[(g0 + t) * n_ + b] = out[t] + slope(g0 + t, b);
-          K[(g0 + t) * n_ + b + 1] = out1[t] + slope(g0 + t, b + 1);
+          K[(g0 + t) * ld + b] = out[t] + slope(g0 + t, b);
+          K[(g0 + t) * ld + b + 1] = out1[t] + slope(g0 + t, b + 1);
         }
       }
       for (; b < g1; ++b) {
         int na = 0;
         int64_t first = std::max(g0, b);
-        for (int64_t r = first; r < g1; ++r) a[na++] = zl.data() + (r - n0) * D1;
+        for (int64_t r = first; r < g1; ++r) a[na++] = zl_.data() + (r - n0) * D1;
         detail::dots(detail::DotOrder::Pairwise, a, na, Z_.data() + b * D1, d_, out);
-        for (int t = 0; t < na; ++t) K[(first + t) * n_ + b] = out[t] + slope(first + t, b);
+        for (int t = 0; t < na; ++t) K[(first + t) * ld + b] = out[t] + slope(first + t, b);
       }
     });
-    K_.swap(K);
   }
 
   void solve(double* u) {
@@ -315,18 +322,20 @@ class PriorRidge {
       return;
     }
     const double s = decay_ != 0.0 ? std::pow(static_cast<double>(n_) / 10.0, decay_) : 1.0;
-    if (decay_ != 0.0 || static_cast<int64_t>(L_.size()) != n_ * n_) factor(s);
+    if (decay_ != 0.0 || lsize_ != n_) factor(s);
     // L L^T x = a
+    const int64_t ld = cap_;
+    const double* L = L_.get();
     std::vector<double> x(a_);
     for (int64_t i = 0; i < n_; ++i) {
       double v = x[i];
-      for (int64_t j = 0; j < i; ++j) v -= L_[i * n_ + j] * x[j];
-      x[i] = v / L_[i * n_ + i];
+      for (int64_t j = 0; j < i; ++j) v -= L[i * ld + j] * x[j];
+      x[i] = v / L[i * ld + i];
     }
     for (int64_t i = n_ - 1; i >= 0; --i) {
       double v = x[i];
-      for (int64_t j = i + 1; j < n_; ++j) v -= L_[j * n_ + i] * x[j];
-      x[i] = v / L_[i * n_ + i];
+      for (int64_t j = i + 1; j < n_; ++j) v -= L[j * ld + i] * x[j];
+      x[i] = v / L[i * ld + i];
     }
     const int64_t D1 = d_ + 1;
     std::vector<double> w(static_cast<size_t>(D1), 0.0);
@@ -340,12 +349,29 @@ class PriorRidge {
   }
 
  private:
+  // room for n rows: K and L at leading dimension cap_ (grown, copied once, only past the plan)
+  // (not zeroed: an entry is written before it is read)
+  void grow(int64_t n) {
+    if (!K_ || n > cap_) {
+      const int64_t old = K_ ? cap_ : 0;
+      const int64_t cap = std::max(cap_, n);
+      for (auto* M : {&K_, &L_}) {
+        std::unique_ptr<double[]> next(new double[static_cast<size_t>(cap * cap)]);
+        for (int64_t r = 0; r < std::min(old, n_); ++r)
+          std::copy(M->get() + r * old, M->get() + r * old + r + 1, next.get() + r * cap);
+        M->swap(next);
+      }
+      cap_ = cap;
+      Z_.reserve(static_cast<size_t>(cap * (d_ + 1)));
+    }
+  }
+
   // Cholesky of s K + I: incremental from the rows factored so far when s == 1 (decay 0)
   void factor(double s) {
     const int64_t done = (decay_ == 0.0 && lsize_ > 0) ? lsize_ : 0;
-    std::vector<double> L(static_cast<size_t>(n_ * n_), 0.0);
-    for (int64_t r = 0; r < done; ++r)
-      std::copy(L_.begin() + r * done, L_.begin() + r * done + r + 1, L.begin() + r * n_);
+    const int64_t ld = cap_;
+    double* L = L_.get();
+    const double* K = K_.get();
     // rows >= done over the columns < done: independent rows, groups of four on threads
     const int64_t nn = n_ - done, n_groups = (nn + 3) / 4;
     const int T = static_cast<double>(nn) * done * done < 3e7 ? 1 : f_.threads();
@@ -355,29 +381,28 @@ class PriorRidge {
         const int na = static_cast<int>(g1 - g0);
         const double* a[4];
         double out[4];
-        for (int t = 0; t < na; ++t) a[t] = L.data() + (g0 + t) * n_;
+        for (int t = 0; t < na; ++t) a[t] = L + (g0 + t) * ld;
         for (int64_t j = 0; j < done; ++j) {
-          const double* lj = L.data() + j * n_;
+          const double* lj = L + j * ld;
           detail::dots(detail::DotOrder::Pairwise, a, na, lj, j, out);
           for (int t = 0; t < na; ++t) {
             const int64_t i = g0 + t;
-            L[i * n_ + j] = (s * K_[i * n_ + j] + 0.0 - out[t]) / lj[j];  // as below
+            L[i * ld + j] = (s * K[i * ld + j] + 0.0 - out[t]) / lj[j];  // as below
           }
         }
       });
     for (int64_t i = done; i < n_; ++i) {
       for (int64_t j = done > 0 ? done : 0; j <= i; ++j) {
-        const double v = s * K_[i * n_ + j] + (i == j ? 1.0 : 0.0) -
-                         dot8(L.data() + i * n_, L.data() + j * n_, j);
+        const double v =
+            s * K[i * ld + j] + (i == j ? 1.0 : 0.0) - dot8(L + i * ld, L + j * ld, j);
         if (i == j) {
           // s K + I has eigenvalues >= 1: v > 0 up to rounding; keep it positive
-          L[i * n_ + i] = std::sqrt(std::max(v, 1e-300));
+          L[i * ld + i] = std::sqrt(std::max(v, 1e-300));
         } else {
-          L[i * n_ + j] = v / L[j * n_ + j];
+          L[i * ld + j] = v / L[j * ld + j];
         }
       }
     }
-    L_.swap(L);
     lsize_ = n_;
   }
 
@@ -386,8 +411,10 @@ class PriorRidge {
   std::vector<double> p0_, inv_;
   double decay_;
   const detail::WeightedGram* wg_;
+  int64_t cap_;
   int64_t n_ = 0, lsize_ = 0;
-  std::vector<double> Z_, K_, L_, a_, rows_;
+  std::vector<double> Z_, a_, rows_, zl_;
+  std::unique_ptr<double[]> K_, L_;  // cap_ x cap_, lower triangles
   std::vector<int64_t> items_;
 };
 
@@ -492,6 +519,8 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   std::vector<char> in_span(gram ? static_cast<size_t>(Q) : 0);
   std::vector<double> u_span(gram ? static_cast<size_t>(Q * d) : 0);  // u before float32
   std::vector<PriorRidge> ridges;
+  int64_t planned = 0;  // items the plan scores per query (PriorRidge's storage)
+  for (const Step& st : plan) planned += st.n;
   const detail::WeightedGram* wgram =  // PriorRidge's cache (Features::prepare_gram(inv))
       rounds && o.solve == Solve::PriorRidge && features.gram()
           ? detail::ready_weighted_gram(detail::data(features), o.inv_penalties.data())
@@ -506,7 +535,8 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   } else if (rounds && o.solve == Solve::PriorRidge) {
     ridges.reserve(static_cast<size_t>(Q));
     for (int64_t i = 0; i < Q; ++i)
-      ridges.emplace_back(features, queries[i].prior, o.inv_penalties, o.penalty_decay, wgram);
+      ridges.emplace_back(features, queries[i].prior, o.inv_penalties, o.penalty_decay, wgram,
+                          planned);
   } else if (rounds) {
     targets_of.resize(static_cast<size_t>(Q));
   }
