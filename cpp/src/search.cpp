@@ -229,6 +229,23 @@ inline double dot8(const double* a, const double* b, int64_t n) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
+// w += Z^T x over n rows of length D1 (PriorRidge::solve): each w[j] sums its products in row
+// order, so any vector width gives the same bits (no FMA: -ffp-contract=off). Compiled for
+// AVX-512, AVX2 and the baseline; the loader picks one per process (GCC target_clones).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CROSSKNN_RIDGE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CROSSKNN_RIDGE_CLONES
+#endif
+CROSSKNN_RIDGE_CLONES void add_rows_times(const double* __restrict Z, int64_t n, int64_t D1,
+                                          const double* __restrict x, double* __restrict w) {
+  for (int64_t a = 0; a < n; ++a) {
+    const double* __restrict z = Z + a * D1;
+    const double xa = x[a];
+    for (int64_t j = 0; j < D1; ++j) w[j] += z[j] * xa;
+  }
+}
+
 // One query's PriorRidge state (Solve::PriorRidge in search.h). Rows z_a = [x_a, x_a . p0] are
 // kept; K = Z diag(inv) Z^T grows by one row per scored item; with decay 0 the Cholesky factor of
 // K + I grows with it (each step only factors the new rows). Storage for `capacity` scored items
@@ -245,11 +262,18 @@ class PriorRidge {
         inv_(inv),
         decay_(decay),
         wg_(wg),
-        cap_(std::max<int64_t>(capacity, 1)) {}
+        cap_(std::max<int64_t>(capacity, 1)),
+        // not zeroed: an entry is written before it is read
+        K_(new double[static_cast<size_t>(cap_ * cap_)]),
+        L_(new double[static_cast<size_t>(cap_ * cap_)]) {
+    Z_.reserve(static_cast<size_t>(cap_ * (d_ + 1)));
+  }
 
   void append(const int64_t* items, const double* targets, int64_t m) {
     const int64_t D1 = d_ + 1, n0 = n_;
-    grow(n0 + m);
+    if (n0 + m > cap_)  // the loop's budget accounting keeps a query within its plan
+      throw std::logic_error("PriorRidge: " + std::to_string(n0 + m) +
+                             " scored items exceed the plan's " + std::to_string(cap_));
     rows_.resize(static_cast<size_t>(m * d_));
     f_.rows(items, m, rows_.data());
     Z_.resize(static_cast<size_t>((n0 + m) * D1));
@@ -339,33 +363,12 @@ class PriorRidge {
     }
     const int64_t D1 = d_ + 1;
     std::vector<double> w(static_cast<size_t>(D1), 0.0);
-    for (int64_t a = 0; a < n_; ++a) {
-      const double* z = Z_.data() + a * D1;
-      const double xa = x[a];
-      for (int64_t j = 0; j < D1; ++j) w[j] += z[j] * xa;
-    }
+    add_rows_times(Z_.data(), n_, D1, x.data(), w.data());
     for (int64_t j = 0; j < D1; ++j) w[j] *= s * inv_[j];
     for (int64_t j = 0; j < d_; ++j) u[j] = w[j] + w[d_] * p0_[j];
   }
 
  private:
-  // room for n rows: K and L at leading dimension cap_ (grown, copied once, only past the plan)
-  // (not zeroed: an entry is written before it is read)
-  void grow(int64_t n) {
-    if (!K_ || n > cap_) {
-      const int64_t old = K_ ? cap_ : 0;
-      const int64_t cap = std::max(cap_, n);
-      for (auto* M : {&K_, &L_}) {
-        std::unique_ptr<double[]> next(new double[static_cast<size_t>(cap * cap)]);
-        for (int64_t r = 0; r < std::min(old, n_); ++r)
-          std::copy(M->get() + r * old, M->get() + r * old + r + 1, next.get() + r * cap);
-        M->swap(next);
-      }
-      cap_ = cap;
-      Z_.reserve(static_cast<size_t>(cap * (d_ + 1)));
-    }
-  }
-
   // Cholesky of s K + I: incremental from the rows factored so far when s == 1 (decay 0)
   void factor(double s) {
     const int64_t done = (decay_ == 0.0 && lsize_ > 0) ? lsize_ : 0;
@@ -413,8 +416,8 @@ class PriorRidge {
   const detail::WeightedGram* wg_;
   int64_t cap_;
   int64_t n_ = 0, lsize_ = 0;
-  std::vector<double> Z_, a_, rows_, zl_;
   std::unique_ptr<double[]> K_, L_;  // cap_ x cap_, lower triangles
+  std::vector<double> Z_, a_, rows_, zl_;
   std::vector<int64_t> items_;
 };
 
