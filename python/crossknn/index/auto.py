@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from crossknn.fileio import atomic_save_npy, sha256_texts
-from crossknn.search.auto import AutoIndex, IndexCallBudget, build_auto_index
+from crossknn.search.auto import PRIOR_KERNEL_TAU, AutoIndex, IndexCallBudget, build_auto_index
 
 __all__ = [
     "AUTO_ARRAY",
@@ -210,4 +210,7 @@ def auto_index_of(index) -> AutoIndex | None:
         prior_vectors=None if P is None else np.asarray(P, np.float32),
         prior_deltas=None if D is None else np.asarray(D, np.float32),
         partial_rows=int(params.get("partial_rows", 0)),
+        # absent in indexes built before the kernel ridge: the softmax average, as they searched
+        prior_ridge=float(params.get("prior_ridge", 0.0)),
+        prior_kernel_tau=float(params.get("prior_kernel_tau", PRIOR_KERNEL_TAU)),
     )
