@@ -138,7 +138,7 @@ def search_with(idx, spec, DQ, de):
 
 
 def _key(r) -> tuple:
-    prior = r.get("prior", f"softmax:tau={r['prior_tau']:g}")
+    prior = r["prior"] if "prior" in r else f"softmax:tau={r['prior_tau']:g}"
     return (r["split"], r["partial_share"], r["partial_items"], r["index_calls_limit"], prior)
 
 
@@ -213,7 +213,8 @@ def main() -> int:
         new = {_key(r) for r in rows}
         kept = []
         for r in json.loads(Path(args.json).read_text())["rows"]:
-            r.setdefault("prior", f"softmax:tau={r['prior_tau']:g}")  # rows before the field
+            if "prior" not in r:  # rows before the field
+                r["prior"] = f"softmax:tau={r['prior_tau']:g}"
             if _key(r) not in new:
                 kept.append(r)
         rows = kept + rows
