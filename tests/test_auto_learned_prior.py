@@ -1,5 +1,7 @@
 """``auto``'s learned prior: partial rows of other train queries, fitted, borrowed by neighbours."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,8 @@ from crossknn.search import auto as auto_mod
 from crossknn.search.auto import (
     AUTO,
     PARTIAL_ITEMS,
+    PRIOR_KERNEL_TAU,
+    PRIOR_RIDGE,
     AutoIndex,
     IndexCallBudget,
     build_auto_index,
@@ -95,15 +99,34 @@ def test_build_reads_partial_rows_within_the_budget():
         reader.score(int(test[0]), [0])
     with pytest.raises(BudgetExceededError):
         reader.score(int(np.setdiff1d(train, idx.row_ids)[0]), np.arange(400))
-    # the prior: the DE vector plus the neighbours' corrections scaled to the query's spread
+    # the prior: the DE vector plus the kernel ridge regression of the fitted queries'
+    # corrections on their DE vectors, scaled to the query's spread
+    assert (idx.prior_ridge, idx.prior_kernel_tau) == (PRIOR_RIDGE, PRIOR_KERNEL_TAU) == (0.1, 2)
     v = Q[test[0]].astype(np.float64)
     p = AUTO(idx, prior=Q).priors([int(test[0])])[0]
     W = idx.prior_vectors.astype(np.float64)
-    cos = W @ v / (np.linalg.norm(W, axis=1) * np.linalg.norm(v))
-    w = np.exp(idx.prior_tau * (cos - cos.max()))
-    ref = np.std(V.astype(np.float64) @ v) * (w / w.sum()) @ idx.prior_deltas
+    Wn = W / np.linalg.norm(W, axis=1, keepdims=True)
+    D = idx.prior_deltas.astype(np.float64)
+    kern = np.exp(2.0 * (Wn @ Wn.T - 1.0))
+    dual = np.linalg.solve(kern + 0.1 * np.eye(n), D - D.mean(0))
+    k = np.exp(2.0 * (Wn @ (v / np.linalg.norm(v)) - 1.0))
+    spread = np.std(V.astype(np.float64) @ v)
+    ref = spread * (D.mean(0) + k @ dual)
     ref[:16] += v
     np.testing.assert_allclose(p, ref, rtol=1e-5, atol=1e-9)
+    # it interpolates: a fitted query's own prior is close to its own correction
+    u = W[n // 2]
+    own = AUTO(idx, prior=W).priors([n // 2])[0]
+    own[:16] -= u
+    err = np.abs(own / np.std(V.astype(np.float64) @ u) - D[n // 2]).max()
+    assert err < 0.2 * np.abs(D[n // 2]).max()
+    # prior_ridge = 0 (the indexes built before the kernel ridge): the softmax average
+    old = replace(idx, prior_ridge=0.0)
+    cos = W @ v / (np.linalg.norm(W, axis=1) * np.linalg.norm(v))
+    w = np.exp(old.prior_tau * (cos - cos.max()))
+    ref = spread * (w / w.sum()) @ D
+    ref[:16] += v
+    np.testing.assert_allclose(AUTO(old, prior=Q).priors([int(test[0])])[0], ref, rtol=1e-5)
     assert idx.row_prior(v).shape == (3,) and not idx.row_prior(v).any()  # replaced
 
 
@@ -157,6 +180,19 @@ def test_default_partial_items_and_the_corpus_round_trip(monkeypatch):
     qs = list(range(10))
     for a, b in zip(AUTO(back, prior=Q).priors(qs), AUTO(idx, prior=Q).priors(qs), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert (back.prior_ridge, back.prior_kernel_tau) == (0.1, 2.0)
+    # an index built before the kernel ridge (no prior_ridge in its params) searches as it did:
+    # the softmax average of the corrections
+    new_keys = ("prior_ridge", "prior_kernel_tau")
+    before = {k: v for k, v in params["auto"].items() if k not in new_keys}
+    prev = auto_index_of(Index("corpus", arrays, {}, {"auto": before}))
+    assert prev.prior_ridge == 0.0
+    for a, b in zip(
+        AUTO(prev, prior=Q).priors(qs),
+        AUTO(replace(idx, prior_ridge=0.0), prior=Q).priors(qs),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
     # an index without the learned prior's arrays searches with the row prior
     del arrays[AUTO_PRIOR_VECTORS], arrays[AUTO_PRIOR_DELTAS]
     old = auto_index_of(Index("corpus", arrays, {}, params))
@@ -174,6 +210,10 @@ def test_learned_prior_input_errors():
     bad[1, 2] = np.nan
     with pytest.raises(ValueError, match=r"finite P x 16 vectors"):
         AutoIndex(V, R, prior_vectors=Q[:5], prior_deltas=bad)
+    with pytest.raises(ValueError, match=r"need prior_ridge >= 0 and prior_kernel_tau > 0; got -1"):
+        AutoIndex(V, R, prior_vectors=Q[:5], prior_deltas=np.zeros((5, 20)), prior_ridge=-1)
     ok = AutoIndex(V, R, prior_vectors=Q[:5], prior_deltas=np.zeros((5, 20)))
     v = Q[7].astype(np.float64)
     np.testing.assert_allclose(ok.prior_vector(v), np.r_[v, np.zeros(4)])  # zero corrections
+    ok = AutoIndex(V, R, prior_vectors=Q[:5], prior_deltas=np.zeros((5, 20)), prior_ridge=0.1)
+    np.testing.assert_allclose(ok.prior_vector(v), np.r_[v, np.zeros(4)])
