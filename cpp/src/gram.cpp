@@ -8,6 +8,7 @@
 #include <new>
 #include <vector>
 
+#include "clones.h"
 #include "dots.h"
 #include "kernels.h"
 
@@ -29,18 +30,11 @@ int64_t gram_limit_bytes() noexcept {
 
 namespace {
 
-// The span pass over rows of G (memory-bound, when vectorized): compiled for AVX-512,
-// AVX2 and the baseline, the loader picks one per process (GCC target_clones). Only bounds come
-// out of them (the exact scores are the rescoring kernel's), so their rounding needs no fixed
-// order.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CROSSKNN_SPAN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CROSSKNN_SPAN_CLONES
-#endif
+// The span pass over rows of G (memory-bound, when vectorized; clones.h). Only bounds come out
+// of it (the exact scores are the rescoring kernel's), so its rounding needs no fixed order.
 
 // s += sum_t c_t g_t (double rows; up to four at a time)
-CROSSKNN_SPAN_CLONES void span_rows(const double* const* g, const double* c, int nr, int64_t nb,
+CROSSKNN_CLONES_AVX512 void span_rows(const double* const* g, const double* c, int nr, int64_t nb,
                                     double* s) {
   if (nr == 4) {
     const double c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];

@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "crossknn/least_squares.h"
+#include "clones.h"
 #include "dots.h"
 #include "features_impl.h"
 #include "gram.h"
@@ -230,14 +231,8 @@ inline double dot8(const double* a, const double* b, int64_t n) {
 }
 
 // w += Z^T x over n rows of length D1 (PriorRidge::solve): each w[j] sums its products in row
-// order, so any vector width gives the same bits (no FMA: -ffp-contract=off). Compiled for
-// AVX-512, AVX2 and the baseline; the loader picks one per process (GCC target_clones).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CROSSKNN_RIDGE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CROSSKNN_RIDGE_CLONES
-#endif
-CROSSKNN_RIDGE_CLONES void add_rows_times(const double* __restrict Z, int64_t n, int64_t D1,
+// order, so any vector width gives the same bits (clones.h)
+CROSSKNN_CLONES_AVX512 void add_rows_times(const double* __restrict Z, int64_t n, int64_t D1,
                                           const double* __restrict x, double* __restrict w) {
   for (int64_t a = 0; a < n; ++a) {
     const double* __restrict z = Z + a * D1;
@@ -522,8 +517,6 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   std::vector<char> in_span(gram ? static_cast<size_t>(Q) : 0);
   std::vector<double> u_span(gram ? static_cast<size_t>(Q * d) : 0);  // u before float32
   std::vector<PriorRidge> ridges;
-  int64_t planned = 0;  // items the plan scores per query (PriorRidge's storage)
-  for (const Step& st : plan) planned += st.n;
   const detail::WeightedGram* wgram =  // PriorRidge's cache (Features::prepare_gram(inv))
       rounds && o.solve == Solve::PriorRidge && features.gram()
           ? detail::ready_weighted_gram(detail::data(features), o.inv_penalties.data())
@@ -537,6 +530,8 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     }
   } else if (rounds && o.solve == Solve::PriorRidge) {
     ridges.reserve(static_cast<size_t>(Q));
+    int64_t planned = 0;  // items the plan scores per query (PriorRidge's storage)
+    for (const Step& st : plan) planned += st.n;
     for (int64_t i = 0; i < Q; ++i)
       ridges.emplace_back(features, queries[i].prior, o.inv_penalties, o.penalty_decay, wgram,
                           planned);
