@@ -23,9 +23,13 @@ recorded as skipped):
    closed-loop clients at concurrency 1/8/32/64, each level bounded in requests and seconds:
    the search row fields plus ``errors`` (status -> count) and ``http_5xx``, ``warmup`` (what the
    server's load-time warm-up did; None: ``--no-warmup``), ``p99_ms_second_half`` and
-   ``slow_by_tenth`` (where in the level the slow requests fell). On a GPU, servers in this order:
-   CUDA graphs + warm-up, the same with ``--no-warmup``, ``--workers 2``, ``--workers 4``, CUDA
-   graphs off. Skipped with the reason when fastapi/uvicorn are missing.
+   ``slow_by_tenth`` (where in the level the slow requests fell), and from the server's
+   /metrics where a request's time went (``lock_wait_ms``, ``engine_ms``, ``ce_queue_ms``,
+   ``ce_run_ms``, ``ce_wake_ms``; per batch ``session_ms_per_batch``). On a GPU, one server per
+   ``--serve-variants`` entry (``variant`` in the row: the default server, ``group8``
+   (``--group-queries 8``), ``oldest`` (``--engine-order oldest``), ``w4`` (``--workers 4``),
+   ``cold`` (``--no-warmup``)...), with py-spy dumps of the server's threads at concurrency 32
+   where py-spy is installed. Skipped with the reason when fastapi/uvicorn are missing.
 
 Every finished row is written to the JSON at once (atomically), with the device (nvidia-smi),
 the versions and the commands run, so a run cut short keeps what it measured.
@@ -473,37 +477,83 @@ def get_json(port: int, path: str, timeout: float = 5.0):
 
 
 _COUNTERS = ("crossknn_ce_batches_total", "crossknn_ce_pairs_total", "crossknn_ce_seconds_total")
+# where a request's time went (per request, from /metrics; see docs/serve.md)
+_SPLIT = {
+    "lock_wait_ms": "crossknn_engine_lock_wait_seconds_total",
+    "engine_ms": "crossknn_engine_seconds_total",
+    "ce_queue_ms": "crossknn_ce_queue_seconds_total",
+    "ce_run_ms": "crossknn_ce_run_seconds_total",
+    "ce_wake_ms": "crossknn_ce_wake_seconds_total",
+}
+_SESSION = "crossknn_ce_session_seconds"
+_QUERIES = "crossknn_queries_total"
 
 
 def ce_counters(port: int) -> dict[str, float]:
-    """The CE worker's counters from /metrics (Prometheus text): batches, pairs, busy seconds."""
+    """The service's counters from /metrics (Prometheus text): the CE worker's batches, pairs
+    and busy seconds, the seconds inside session runs, queries, and the request time split."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5.0)
     try:
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
     finally:
         conn.close()
+    wanted = {*_COUNTERS, *_SPLIT.values(), _SESSION, _QUERIES}
     out = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in _COUNTERS:
+        if name in wanted:
             out[name] = float(value)
     return out
 
 
 def batch_stats(before: dict, after: dict, wall: float) -> dict:
     """What the CE worker did during one level: mean pairs per merged batch, mean seconds per
-    batch, and the share of the wall time it was busy (near 1: the CE worker is the limit)."""
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in _COUNTERS}
-    batches = d["crossknn_ce_batches_total"]
-    return {
+    batch (``session_ms_per_batch`` of it inside the session run: the device call), the share of
+    the wall time it was busy (near 1: the CE worker is the limit); and per request, mean ms
+    waiting for the engine lock (or a query group), in engine steps, CE pairs queued, their
+    batch running, and waking up after it."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in {*before, *after}}
+    batches = d.get("crossknn_ce_batches_total", 0.0)
+    out = {
         "ce_batches": int(batches),
         "pairs_per_batch": round(d["crossknn_ce_pairs_total"] / batches, 1) if batches else None,
         "ms_per_batch": round(1e3 * d["crossknn_ce_seconds_total"] / batches, 2)
         if batches
         else None,
+        "session_ms_per_batch": round(1e3 * d[_SESSION] / batches, 2)
+        if batches and _SESSION in d
+        else None,
         "ce_busy": round(d["crossknn_ce_seconds_total"] / wall, 3) if wall > 0 else None,
     }
+    queries = d.get(_QUERIES, 0.0)
+    for key, name in _SPLIT.items():
+        out[key] = round(1e3 * d[name] / queries, 2) if queries and name in d else None
+    return out
+
+
+def py_spy_dump(pid: int, path: Path, delay: float, times: int = 2) -> threading.Thread | None:
+    """With py-spy on PATH: ``times`` dumps of every thread of the server, ``delay`` s into a
+    level, 1 s apart, appended to ``path`` (where the threads stand under load)."""
+    import shutil
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+
+    def run() -> None:
+        time.sleep(delay)
+        with open(path, "a") as f:
+            for _ in range(times):
+                r = subprocess.run(
+                    [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+                )
+                f.write(f"== py-spy dump (exit {r.returncode})\n{r.stdout}{r.stderr}\n")
+                time.sleep(1.0)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 class Server:
@@ -680,55 +730,80 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
         return
     queries = ctx["search_queries"]
     log_dir = Path(ctx["work"])
-    # the best precision first; fp32 (the index's) when the server refuses it; on a GPU with
-    # CUDA graph replays ($CROSSKNN_CUDA_GRAPH=1) and without, one server process and more
-    # (--workers)
-    # (CUDA graphs, workers, load-time warm-up); the graphs-off server last (measured twice in the
-    # eleventh session): the deadline skips it first
-    variants = [("0", 1, True)]
+    # on a CPU one server; on a GPU, most important first (the deadline skips the last): the
+    # default server, concurrent requests searched in lockstep (--group-queries), the engine
+    # lock by request age (--engine-order oldest), more processes, no load-time warm-up
+    variants = [Variant("default")]
     if ctx["gpu"]:
-        variants = [("1", 1, True), ("1", 1, False), ("1", 2, True), ("1", 4, True), ("0", 1, True)]
-    for graph, workers, warm in variants:
+        variants = [Variant(v) for v in args.serve_variants.split(",") if v.strip()]
+    for v in variants:
         for precision in reversed(ctx["precisions"]):
-            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, graph, workers, warm):
+            if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, v):
                 break
 
 
-def serve_rows(
-    rep, dl, ctx, args, queries, log_dir, precision: str, graph: str, workers: int, warm: bool
-) -> bool:
+class Variant:
+    """A server setting by name: ``default``, ``groupN`` (--group-queries N), ``oldest``
+    (--engine-order oldest), ``wN`` (--workers N), ``cold`` (--no-warmup), ``nograph`` (CUDA
+    graphs off), joined by ``+`` (``group8+oldest``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name.strip()
+        self.extra: list[str] = []
+        self.graph, self.workers, self.warm = "1", 1, True
+        for part in self.name.split("+"):
+            if part == "default":
+                continue
+            if part.startswith("group") and part[5:].isdigit():
+                self.extra += ["--group-queries", part[5:]]
+            elif part == "oldest":
+                self.extra += ["--engine-order", "oldest"]
+            elif part.startswith("w") and part[1:].isdigit():
+                self.workers = int(part[1:])
+            elif part == "cold":
+                self.warm = False
+            elif part == "nograph":
+                self.graph = "0"
+            else:
+                raise ValueError(f"unknown serve variant {part!r} in {self.name!r}")
+
+
+def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant) -> bool:
     """One server, the closed loop at each concurrency level; False where it failed."""
     if dl.left() < 40:
-        rep.note("skipped", "serve", f"{precision} cuda_graph={graph}: deadline")
+        rep.note("skipped", "serve", f"{precision} {v.name}: deadline")
         return True
     extra = ["--provider", args.provider] + (
         ["--precision", precision] if precision != "fp32" else []
     )
-    if workers > 1:
-        extra += ["--workers", str(workers)]
-    if not warm:
+    if v.workers > 1:
+        extra += ["--workers", str(v.workers)]
+    if not v.warm:
         extra += ["--no-warmup"]
+    extra += v.extra
     port = free_port()
-    env = {"CROSSKNN_CUDA_GRAPH": graph}
-    name = f"serve-{precision}-g{graph}-w{workers}{'' if warm else '-cold'}.log"
-    server = Server(ctx["index"], port, extra, log_dir / name, env)
-    rep.doc["commands"].append(f"CROSSKNN_CUDA_GRAPH={graph} " + shlex.join(server.cmd))
+    env = {"CROSSKNN_CUDA_GRAPH": v.graph}
+    tag = v.name.replace("+", "-")
+    server = Server(ctx["index"], port, extra, log_dir / f"serve-{precision}-{tag}.log", env)
+    rep.doc["commands"].append(f"CROSSKNN_CUDA_GRAPH={v.graph} " + shlex.join(server.cmd))
     rep.save()
     try:
         info = server.wait_ready(
-            min(180.0, dl.left() - 30), streak=1 if workers == 1 else 8 * workers
+            min(180.0, dl.left() - 30), streak=1 if v.workers == 1 else 8 * v.workers
         )
         for q in queries[:3]:  # warm up
             closed_loop(port, 1, [q], 1, 60, args.budget)
         for conc in ctx["levels"]:
             if dl.left() < 12:
-                rep.note("skipped", "serve", f"{precision} concurrency {conc}: deadline")
+                rep.note("skipped", "serve", f"{precision} {v.name} concurrency {conc}: deadline")
                 continue
             n = ctx["serve_requests"] * (1 if conc == 1 else 4 if conc <= 8 else 10)
             seconds = min(args.level_seconds, dl.left() - 10)
             before = ce_counters(port)
+            if conc == 32 and v.workers == 1:
+                py_spy_dump(server.proc.pid, log_dir / f"pyspy-{tag}.log", 1.0)
             r = closed_loop(port, conc, queries, n, seconds, args.budget)
-            if workers == 1:  # (with workers, /metrics is one worker's)
+            if v.workers == 1:  # (with workers, /metrics is one worker's)
                 r.update(batch_stats(before, ce_counters(port), r["wall_s"]))
             rep.row(
                 "serve",
@@ -739,14 +814,15 @@ def serve_rows(
                     "budget": args.budget,
                     "concurrency": conc,
                     **r,
-                    "cuda_graph": graph == "1",
-                    "workers": workers,
+                    "variant": v.name,
+                    "cuda_graph": v.graph == "1",
+                    "workers": v.workers,
                     "warmup": info.get("warmup"),
                 },
             )
         return True
     except Exception as exc:
-        rep.note("errors", "serve", f"{precision} cuda_graph={graph}: {type(exc).__name__}: {exc}")
+        rep.note("errors", "serve", f"{precision} {v.name}: {type(exc).__name__}: {exc}")
         return False
     finally:
         server.stop()
@@ -770,8 +846,8 @@ def table(doc: dict) -> None:
         )
     print("\nsearch (ms per query)")
     print(
-        f"{'mode':8}{'provider':26}{'prec':>6}{'graph':>6}{'wrk':>5}{'conc':>6}{'q/s':>9}{'p50':>9}"
-        f"{'p99':>9}{'ce':>8}{'other':>8}"
+        f"{'mode':8}{'provider':26}{'prec':>6}{'variant':>15}{'conc':>6}{'q/s':>9}{'p50':>9}"
+        f"{'p99':>9}{'ce':>8}{'other':>8}{'lock':>8}"
     )
     for kind in ("search", "serve"):
         for r in doc.get(kind, []):
@@ -781,10 +857,10 @@ def table(doc: dict) -> None:
 
             print(
                 f"{kind:8}{str(r['provider']):26}{str(r['precision']):>6}"
-                f"{'on' if r.get('cuda_graph') else 'off':>6}{r.get('workers', ''):>5}"
+                f"{r.get('variant', 'graph' if r.get('cuda_graph') else 'no graph'):>15}"
                 f"{r['concurrency']:>6}"
                 f"{f(r['queries_per_s'], 9)}{f(r['p50_ms'], 9)}{f(r['p99_ms'], 9)}"
-                f"{f(r['ce_ms'], 8)}{f(r['other_ms'], 8)}"
+                f"{f(r['ce_ms'], 8)}{f(r['other_ms'], 8)}{f(r.get('lock_wait_ms'), 8)}"
             )
     for key in ("errors", "skipped"):
         for e in doc.get(key, []):
@@ -798,6 +874,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small counts (a smoke run on a CPU)")
     ap.add_argument("--max-seconds", type=float, default=270.0, help="global deadline (s)")
     ap.add_argument("--sections", default="ce,torch,search,serve")
+    ap.add_argument(
+        "--serve-variants",
+        default="default,group8,oldest,group32,w4,cold,group8+oldest",
+        help="on a GPU, the servers of the serve section in this order (see Variant)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="CE/DE threads (default: all)")
     ap.add_argument("--budget", type=int, default=None, help="CE calls per query (100; quick 20)")
     ap.add_argument("--out", type=Path, default=None)

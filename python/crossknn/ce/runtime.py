@@ -332,6 +332,7 @@ class _Session:
         self.io_binding = False if io_binding is None else bool(io_binding)
         self._device = "cuda" if gpu else "cpu"
         self._local = threading.local()  # per thread: {output shape: device OrtValue}
+        self.run_seconds = 0.0  # inside run(): the session (device) call and its copies
         self.graph = self._graph_runner() if self.provider in with_graph else None
         self._run_options = None if self.graph is None else self.graph.skip_options
         for why in self.skipped:
@@ -361,6 +362,13 @@ class _Session:
         return runner
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        t = time.perf_counter()
+        try:
+            return self._run(feeds)
+        finally:
+            self.run_seconds += time.perf_counter() - t
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
         if self.graph is not None:
             got = self.graph.run(feeds)  # None: larger than the captured buckets
@@ -563,6 +571,12 @@ class _OnnxModel:
         """The model folder's variant that runs (``precision``, but "fp32" for fp16): what an
         index records, so an index built with fp16 reopens the fp32 graph on the CPU."""
         return self._s.variant
+
+    @property
+    def session_seconds(self) -> float:
+        """Seconds spent inside session runs so far (the device call, its launches and copies;
+        what a call spends beyond it is host work)."""
+        return self._s.run_seconds
 
 
 class OnnxCrossEncoder(_OnnxModel, CrossEncoderBase):

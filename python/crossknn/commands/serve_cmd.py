@@ -52,6 +52,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="longest wait to fill a CE batch (default 2 ms)",
     )
     p.add_argument(
+        "--engine-order",
+        choices=("any", "oldest"),
+        default="any",
+        help="which waiting request runs its next engine step: any (a plain lock, the default) "
+        "or oldest (the request admitted first)",
+    )
+    p.add_argument(
+        "--group-queries",
+        type=int,
+        default=1,
+        metavar="N",
+        help="search concurrent requests' queries in lockstep, up to N in one group (one pass "
+        "over the items per round for all of them, one CE call per round); 1 = every request "
+        "alone (the default)",
+    )
+    p.add_argument(
         "--no-warmup",
         dest="warmup",
         action="store_false",
@@ -164,6 +180,8 @@ def config_from_args(args: argparse.Namespace):
         threads=args.threads,
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,
+        engine_order=args.engine_order,
+        group_queries=args.group_queries,
         warmup=args.warmup,
         max_queue=args.max_queue,
         timeout_s=args.timeout_s,

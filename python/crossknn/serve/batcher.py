@@ -54,6 +54,10 @@ class Job:
     error: BaseException | None = None
     texts: list[str] | None = None  # a text job: pairs (queries[0], texts[i]), items = arange
     done: threading.Event = field(default_factory=threading.Event)
+    # perf_counter times: submitted, its first batch started, its last piece finished
+    t_submit: float = 0.0
+    t_start: float | None = None
+    t_done: float | None = None
 
     @property
     def n_pairs(self) -> int:
@@ -150,7 +154,7 @@ class Batcher:
             raise ValueError(f"queries and items differ in length: {len(queries)} vs {len(items)}")
         job = Job(queries, items, is_cancelled, texts=texts)
         job.out = [np.empty(len(x), np.float32) for x in items]
-        now = time.perf_counter()
+        now = job.t_submit = time.perf_counter()
         step = self.max_batch_pairs if self.merging else None
         pieces = []
         for q, x in enumerate(items):
@@ -215,6 +219,7 @@ class Batcher:
         job = piece.job
         job.remaining -= 1
         if job.remaining == 0:
+            job.t_done = time.perf_counter()
             job.done.set()
 
     def _run_items(self, pieces: list[_Piece]) -> list[np.ndarray]:
@@ -245,6 +250,9 @@ class Batcher:
             if not live:
                 continue
             t = time.perf_counter()
+            for p in live:
+                if p.job.t_start is None:
+                    p.job.t_start = t
             for group, run in (
                 ([p for p in live if p.job.texts is None], self._run_items),
                 ([p for p in live if p.job.texts is not None], self._run_texts),

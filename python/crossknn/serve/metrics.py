@@ -96,7 +96,34 @@ class Metrics:
         )
         self.engine_seconds = Counter(
             "crossknn_engine_seconds",
-            "seconds requests spent outside the CE (engine rounds, DE query vectors, top-k)",
+            "seconds requests ran engine steps (rounds, DE query vectors, top-k): their time "
+            "outside the CE and outside the engine lock's queue",
+            registry=r,
+        )
+        self.engine_lock_wait_seconds = Counter(
+            "crossknn_engine_lock_wait_seconds",
+            "seconds requests waited for the engine lock (another request's engine step)",
+            registry=r,
+        )
+        self.ce_queue_seconds = Counter(
+            "crossknn_ce_queue_seconds",
+            "seconds requests' CE pairs waited for their batch to start",
+            registry=r,
+        )
+        self.ce_run_seconds = Counter(
+            "crossknn_ce_run_seconds",
+            "seconds from the start of a request's CE batch to the end of its pairs",
+            registry=r,
+        )
+        self.ce_wake_seconds = Counter(
+            "crossknn_ce_wake_seconds",
+            "seconds from the end of a request's CE pairs until its thread ran again",
+            registry=r,
+        )
+        self.ce_session_seconds = Gauge(
+            "crossknn_ce_session_seconds",
+            "seconds the CE spent inside its runtime's session runs (the device call; the rest "
+            "of crossknn_ce_seconds is host work: pairs, padding, feeds, copies)",
             registry=r,
         )
         self.inflight = Gauge(

@@ -31,13 +31,22 @@ _local = threading.local()
 class RequestContext:
     """One request's deadline, cancellation flag and time split, bound to its worker thread."""
 
-    def __init__(self, deadline: float, engine_lock: threading.Lock) -> None:
+    def __init__(self, deadline: float, engine_lock) -> None:
         self.deadline = float(deadline)  # time.monotonic() clock
         self.engine_lock = engine_lock
+        # the engine lock's order (crossknn.serve.engine_lock "oldest"): admitted first, first
+        self.priority = time.monotonic()
         self.holds_engine = False
         self.cancelled = False
         self.reason = ""
+        # where the request's time went (seconds, summed over its CE jobs): waiting for the
+        # engine lock; its CE pairs queued before their batch started; that batch (or batches)
+        # running; from the job's end until this thread ran again
         self.ce_wait_seconds = 0.0
+        self.lock_wait_seconds = 0.0
+        self.ce_queue_seconds = 0.0
+        self.ce_run_seconds = 0.0
+        self.ce_wake_seconds = 0.0
         self.ce_pairs = 0
         self._job: Job | None = None
         self._mu = threading.Lock()
@@ -51,6 +60,14 @@ class RequestContext:
         if job is not None:
             job.done.set()
 
+    def attach(self, waiter) -> None:
+        """``waiter`` (anything with a ``done`` event; None: detach) is woken by :meth:`cancel`
+        (at once if the request is cancelled already)."""
+        with self._mu:
+            self._job = waiter
+        if waiter is not None and self.cancelled:
+            waiter.done.set()
+
     def check(self) -> None:
         if self.cancelled:
             raise Cancelled(self.reason)
@@ -59,10 +76,19 @@ class RequestContext:
             raise Cancelled("timeout")
 
     # the worker-thread binding -----------------------------------------------------------
+    def _take_engine(self) -> None:
+        t = time.perf_counter()
+        take = getattr(self.engine_lock, "acquire_for", None)
+        if take is not None:
+            take(self.priority)
+        else:
+            self.engine_lock.acquire()
+        self.lock_wait_seconds += time.perf_counter() - t
+        self.holds_engine = True
+
     def __enter__(self) -> RequestContext:
         _local.ctx = self
-        self.engine_lock.acquire()
-        self.holds_engine = True
+        self._take_engine()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -88,12 +114,17 @@ class RequestContext:
                 self.cancel("timeout")
             return job.wait(0)
         finally:
-            self.ce_wait_seconds += time.perf_counter() - t
+            now = time.perf_counter()
+            self.ce_wait_seconds += now - t
+            if job.t_done is not None:
+                start = job.t_start if job.t_start is not None else job.t_done
+                self.ce_queue_seconds += start - job.t_submit
+                self.ce_run_seconds += job.t_done - start
+                self.ce_wake_seconds += max(now - job.t_done, 0.0)
             with self._mu:
                 self._job = None
             if released:
-                self.engine_lock.acquire()
-                self.holds_engine = True
+                self._take_engine()
 
 
 def current_request() -> RequestContext | None:

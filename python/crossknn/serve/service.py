@@ -27,6 +27,8 @@ from crossknn.ce.interface import DualEncoder, ModelInfo
 from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
 from crossknn.serve.batcher import Batcher
+from crossknn.serve.engine_lock import ENGINE_ORDERS, engine_lock
+from crossknn.serve.groups import QueryGroups
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
 from crossknn.serve.schema import RerankRequest, SearchRequest
@@ -61,6 +63,13 @@ class ServeConfig:
     # default (CPU 256; a GPU 2048: one device-sized call for every request's round)
     max_batch_pairs: int | None = None
     max_wait_ms: float = 2.0
+    # which waiting request's engine step runs next (crossknn.serve.engine_lock): "any" (a plain
+    # lock) or "oldest" (the request admitted first)
+    engine_order: str = "any"
+    # concurrent requests searched in lockstep (crossknn.serve.groups): at most this many queries
+    # in one group (<= 1: every request searched alone), run by group_threads threads
+    group_queries: int = 1
+    group_threads: int = 2
     # on a GPU: capture every CUDA graph bucket of a merged batch and grow the device memory to
     # the largest batch at load, so that no request pays a batch shape's first use
     warmup: bool = True
@@ -95,6 +104,9 @@ class ServeConfig:
             ("shards", self.shards >= 0),
             ("max_rerank_texts", self.max_rerank_texts >= 1),
             ("round_index", self.round_index in ("auto", "exact", "ivf", "hnsw")),
+            ("engine_order", self.engine_order in ENGINE_ORDERS),
+            ("group_queries", self.group_queries >= 0),
+            ("group_threads", self.group_threads >= 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -142,7 +154,8 @@ class SearchService:
         self.batcher: Batcher | None = None
         self.ce = None
         self.de = None
-        self.engine_lock = threading.Lock()
+        self.engine_lock = engine_lock(config.engine_order)
+        self.groups: QueryGroups | None = None  # made at load (config.group_queries > 1)
         self.executor = ThreadPoolExecutor(
             max_workers=config.max_queue, thread_name_prefix="crossknn-req"
         )
@@ -217,7 +230,15 @@ class SearchService:
         if c.warmup:  # the engine's caches too (the item Gram cache: ~1 s at 3.6k x 1.7k items)
             self.warmup = {**(self.warmup or {}), "engine": searcher.prepare()}
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
+        if c.group_queries > 1:
+            self.groups = QueryGroups(
+                self._search_group,
+                self.engine_lock,
+                max_queries=c.group_queries,
+                threads=c.group_threads,
+            )
         self.batched_ce = batched
+        self.metrics.ce_session_seconds.set_function(lambda: getattr(ce, "session_seconds", 0.0))
         self._measure_service_time()
         # everything loaded so far lives as long as the server: out of the cyclic collector's
         # reach, so its full collections scan only what requests allocate (a full collection
@@ -310,27 +331,61 @@ class SearchService:
         if isinstance(cache, dict) and len(cache) > QUERY_VECTOR_CACHE:
             cache.clear()
 
+    def _group_key(self, req: SearchRequest) -> tuple:
+        """What requests must share to be searched in one lockstep group."""
+        return (req.method, req.k, req.budget, req.rounds or self.config.rounds, req.seed)
+
+    def _search_group(self, reqs: list[SearchRequest], ctx: RequestContext) -> list[list]:
+        """One lockstep search of every query of ``reqs`` (same group key), in a group thread
+        holding the engine lock; the hits of each request."""
+        ctx.check()
+        self._trim_caches()
+        first = reqs[0]
+        texts = [t for r in reqs for t in r.texts()]
+        hits = self.searcher.search(
+            texts,
+            k=first.k,
+            budget=first.budget,
+            method=first.method,
+            rounds=first.rounds or self.config.rounds,
+            seed=first.seed,
+            query_batch=len(texts),
+        )
+        out, lo = [], 0
+        for r in reqs:
+            n = len(r.texts())
+            out.append(hits[lo : lo + n])
+            lo += n
+        return out
+
     def search(self, req: SearchRequest, ctx: RequestContext) -> dict[str, Any]:
         """The answer of ``crossknn search --json`` for ``req``; runs in a request thread."""
         if self.searcher is None:
             raise RuntimeError("the service is not loaded")
         t = time.perf_counter()
-        with ctx:
-            ctx.check()
-            self._trim_caches()
-            hits = self.searcher.search(
-                req.texts(),
-                k=req.k,
-                budget=req.budget,
-                method=req.method,
-                rounds=req.rounds or self.config.rounds,
-                seed=req.seed,
-                exact=req.exact,
-            )
+        if self.groups is not None and not req.exact:
+            hits = self.groups.search(self._group_key(req), len(req.texts()), ctx, req)
+        else:
+            with ctx:
+                ctx.check()
+                self._trim_caches()
+                hits = self.searcher.search(
+                    req.texts(),
+                    k=req.k,
+                    budget=req.budget,
+                    method=req.method,
+                    rounds=req.rounds or self.config.rounds,
+                    seed=req.seed,
+                    exact=req.exact,
+                )
         wall = time.perf_counter() - t
         m = self.metrics
         m.ce_wait_seconds.inc(ctx.ce_wait_seconds)
-        m.engine_seconds.inc(max(wall - ctx.ce_wait_seconds, 0.0))
+        m.engine_seconds.inc(max(wall - ctx.ce_wait_seconds - ctx.lock_wait_seconds, 0.0))
+        m.engine_lock_wait_seconds.inc(ctx.lock_wait_seconds)
+        m.ce_queue_seconds.inc(ctx.ce_queue_seconds)
+        m.ce_run_seconds.inc(ctx.ce_run_seconds)
+        m.ce_wake_seconds.inc(ctx.ce_wake_seconds)
         m.queries.inc(len(hits))
         out = [h.to_dict() for h in hits]
         if req.return_documents:
@@ -412,5 +467,7 @@ class SearchService:
     def close(self, timeout: float = 10.0) -> None:
         """After the HTTP server has drained: finish request threads, stop the CE worker."""
         self.executor.shutdown(wait=True, cancel_futures=True)
+        if self.groups is not None:
+            self.groups.stop(timeout)
         if self.batcher is not None:
             self.batcher.stop(timeout)
