@@ -287,8 +287,8 @@ def torch_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
 
     from crossknn.ce.feeds import pair_feeds
     from crossknn.ce.graphs import JointCE, load_model
+    from crossknn.ce.model_base import length_batches
     from crossknn.ce.models import minilm_checkpoint_dir
-    from crossknn.ce.runtime import length_batches
     from crossknn.ce.tokenize import IdStore, longest_first
 
     gpu = ctx["gpu"] and torch.cuda.is_available()
@@ -743,7 +743,8 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
 
 
 class Variant:
-    """A server setting by name: ``default``, ``groupN`` (--group-queries N), ``oldest``
+    """A server setting by name: ``default``, ``groupN`` (--group-queries N; ``groupNxT``: and
+    --group-threads T), ``oldest``
     (--engine-order oldest), ``wN`` (--workers N), ``cold`` (--no-warmup), ``nograph`` (CUDA
     graphs off), joined by ``+`` (``group8+oldest``)."""
 
@@ -754,8 +755,11 @@ class Variant:
         for part in self.name.split("+"):
             if part == "default":
                 continue
-            if part.startswith("group") and part[5:].isdigit():
-                self.extra += ["--group-queries", part[5:]]
+            if part.startswith("group") and part[5:].replace("x", "", 1).isdigit():
+                queries, _, threads = part[5:].partition("x")
+                self.extra += ["--group-queries", queries]
+                if threads:
+                    self.extra += ["--group-threads", threads]
             elif part == "oldest":
                 self.extra += ["--engine-order", "oldest"]
             elif part.startswith("w") and part[1:].isdigit():

@@ -13,6 +13,7 @@
 #          $CROSSKNN_DATA/scifact, else scifact/ of BUNDLE/data/beir.tar.xz extracted to /tmp;
 #          without one the bench records the error and stops)
 # SECTIONS the bench's sections (default all: ce,torch,search,serve)
+# SERVE_VARIANTS  the serve section's servers (gpu_bench.py --serve-variants)
 # MAX_SECONDS  the bench's global deadline (default 270); the export of the embedded models
 #          (first use, about a minute) and the install happen before it starts
 set -uo pipefail
@@ -72,7 +73,7 @@ echo "data: ${DATA:-none found}" >&2
 export GPU_BENCH_SETUP="$SETUP"
 run timeout $((MAX_SECONDS + 60)) "$PY" bench/gpu_bench.py --max-seconds "$MAX_SECONDS" \
   --data "${DATA:-shared/data/scifact}" --out "$OUT/gpu_bench.json" --work "$WORK" \
-  ${SECTIONS:+--sections "$SECTIONS"}
+  ${SECTIONS:+--sections "$SECTIONS"} ${SERVE_VARIANTS:+--serve-variants "$SERVE_VARIANTS"}
 rc=$?
 cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
 echo "results in $OUT (bench exit $rc)" >&2

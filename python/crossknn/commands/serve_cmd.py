@@ -68,6 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "alone (the default)",
     )
     p.add_argument(
+        "--group-threads",
+        type=int,
+        default=2,
+        metavar="T",
+        help="threads running query groups (with --group-queries > 1): while one group's CE "
+        "batch runs, another's engine step does (default 2)",
+    )
+    p.add_argument(
         "--no-warmup",
         dest="warmup",
         action="store_false",
@@ -182,6 +190,7 @@ def config_from_args(args: argparse.Namespace):
         max_wait_ms=args.max_wait_ms,
         engine_order=args.engine_order,
         group_queries=args.group_queries,
+        group_threads=args.group_threads,
         warmup=args.warmup,
         max_queue=args.max_queue,
         timeout_s=args.timeout_s,
