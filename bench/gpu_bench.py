@@ -26,10 +26,12 @@ recorded as skipped):
    ``slow_by_tenth`` (where in the level the slow requests fell), and from the server's
    /metrics where a request's time went (``lock_wait_ms``, ``engine_ms``, ``ce_queue_ms``,
    ``ce_run_ms``, ``ce_wake_ms``; per batch ``session_ms_per_batch``). On a GPU, one server per
-   ``--serve-variants`` entry (``variant`` in the row: the default server, ``group8``
-   (``--group-queries 8``), ``oldest`` (``--engine-order oldest``), ``w4`` (``--workers 4``),
-   ``cold`` (``--no-warmup``)...), with py-spy dumps of the server's threads at concurrency 32
-   where py-spy is installed. Skipped with the reason when fastapi/uvicorn are missing.
+   ``--serve-variants`` entry (``variant`` in the row: the default server, ``group1+any``
+   (every request searched alone, a plain engine lock: the server before query groups),
+   ``group1`` (alone, the engine lock by request age), ``group8`` (``--group-queries 8``),
+   ``w4`` (``--workers 4``), ``cold`` (``--no-warmup``)...), with py-spy dumps of the server's
+   threads at concurrency 32 where py-spy is installed. Skipped with the reason when
+   fastapi/uvicorn are missing.
 
 Every finished row is written to the JSON at once (atomically), with the device (nvidia-smi),
 the versions and the commands run, so a run cut short keeps what it measured.
@@ -743,10 +745,10 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
 
 
 class Variant:
-    """A server setting by name: ``default``, ``groupN`` (--group-queries N; ``groupNxT``: and
-    --group-threads T), ``oldest``
-    (--engine-order oldest), ``wN`` (--workers N), ``cold`` (--no-warmup), ``nograph`` (CUDA
-    graphs off), joined by ``+`` (``group8+oldest``)."""
+    """A server setting by name: ``default``, ``groupN`` (--group-queries N), ``oldest``
+    (--engine-order oldest; ``any``: a plain lock, with ``group1``), ``wN``
+    (--workers N), ``cold`` (--no-warmup), ``nograph`` (CUDA graphs off), joined by ``+``
+    (``group8+oldest``)."""
 
     def __init__(self, name: str) -> None:
         self.name = name.strip()
@@ -755,13 +757,10 @@ class Variant:
         for part in self.name.split("+"):
             if part == "default":
                 continue
-            if part.startswith("group") and part[5:].replace("x", "", 1).isdigit():
-                queries, _, threads = part[5:].partition("x")
-                self.extra += ["--group-queries", queries]
-                if threads:
-                    self.extra += ["--group-threads", threads]
-            elif part == "oldest":
-                self.extra += ["--engine-order", "oldest"]
+            if part.startswith("group") and part[5:].isdigit():
+                self.extra += ["--group-queries", part[5:]]
+            elif part in ("oldest", "any"):
+                self.extra += ["--engine-order", part]
             elif part.startswith("w") and part[1:].isdigit():
                 self.workers = int(part[1:])
             elif part == "cold":
@@ -880,7 +879,7 @@ def main() -> int:
     ap.add_argument("--sections", default="ce,torch,search,serve")
     ap.add_argument(
         "--serve-variants",
-        default="default,group8,oldest,group32,w4,cold,group8+oldest",
+        default="default,group1+any,group1,group8,w4,cold",
         help="on a GPU, the servers of the serve section in this order (see Variant)",
     )
     ap.add_argument("--threads", type=int, default=None, help="CE/DE threads (default: all)")

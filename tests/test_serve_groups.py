@@ -1,5 +1,5 @@
-"""Query groups (concurrent requests searched in lockstep) and the engine lock's order: the
-units with fakes, then the real service against the in-process searcher."""
+"""Query groups (requests waiting together for the engine start as one lockstep search) and
+the engine lock's order: the units with fakes, then the real service against the searcher."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from crossknn.serve.batcher import Cancelled  # noqa: E402
-from crossknn.serve.engine_lock import EngineLock, engine_lock  # noqa: E402
+from crossknn.serve.engine_lock import EngineLock, Waiter, engine_lock  # noqa: E402
 from crossknn.serve.groups import QueryGroups  # noqa: E402
 from crossknn.serve.proxy import RequestContext  # noqa: E402
 
@@ -36,11 +36,11 @@ def test_engine_lock_goes_to_the_oldest_waiter():
         lock.release()
 
     threads = []
-    for p in (3.0, 1.0, 2.0):  # queued youngest first
+    for i, p in enumerate((3.0, 1.0, 2.0)):  # queued youngest first
         t = threading.Thread(target=waiter, args=(p,))
         t.start()
         threads.append(t)
-        _wait_until(lambda n=len(threads): lock.waiting == n)
+        _wait_until(lambda n=i + 1: lock.waiting == n)
     lock.release()
     for t in threads:
         t.join(5)
@@ -51,103 +51,136 @@ def test_engine_lock_goes_to_the_oldest_waiter():
         engine_lock("fifo")
 
 
+def test_a_withdrawn_waiter_gets_false_and_the_lock_skips_it():
+    lock = EngineLock()
+    lock.acquire()
+    early, queued = Waiter(), Waiter()
+    assert lock.withdraw(early)  # withdrawn before it asked: it never waits
+    assert lock.acquire_for(0.0, early) is False
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", lock.acquire_for(1.0, queued)))
+    t.start()
+    _wait_until(lambda: lock.waiting == 1)
+    assert lock.withdraw(queued)
+    t.join(5)
+    assert got["r"] is False and lock.waiting == 0
+    lock.release()  # nobody left: free again
+    held = Waiter()
+    assert lock.acquire_for(2.0, held) is True
+    assert lock.withdraw(held) is False  # it holds the lock: too late to withdraw
+    lock.release()
+
+
 def _ctx(lock, seconds: float = 10.0) -> RequestContext:
     return RequestContext(time.monotonic() + seconds, lock)
 
 
+def _queue(pool, groups, lock, keys, run_payload=lambda i: i, ctxs=None):
+    """Submit one request per key while the engine lock is held elsewhere, each queued (in
+    admission order) before the next is submitted; the futures."""
+    futs = []
+    for i, k in enumerate(keys):
+        ctx = ctxs[i] if ctxs else _ctx(lock)
+        futs.append(pool.submit(groups.search, k, 1, ctx, run_payload(i)))
+        _wait_until(lambda n=i + 1: lock.waiting == n)
+    return futs
+
+
 class Recorder:
-    """run(payloads, ctx): blocks the first group until ``gate`` is set; answers payload * 10."""
+    """run(payloads, ctx): records each group; answers payload * 10."""
 
     def __init__(self) -> None:
         self.groups: list[list[int]] = []
-        self.gate = threading.Event()
-        self.started = threading.Event()
 
     def __call__(self, payloads, ctx):
         self.groups.append(list(payloads))
-        self.started.set()
-        if len(self.groups) == 1:
-            assert self.gate.wait(5)
         ctx.check()
         return [p * 10 for p in payloads]
 
 
-def test_waiting_requests_of_one_kind_share_a_group():
+def test_requests_waiting_together_start_as_one_group():
     rec = Recorder()
-    lock = engine_lock("oldest")
-    groups = QueryGroups(rec, lock, max_queries=4, threads=1)
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            first = pool.submit(groups.search, ("a",), 1, _ctx(lock), 0)
-            assert rec.started.wait(5)  # the group thread is busy with request 0
-            keys = [("a",), ("b",), ("a",), ("a",), ("a",), ("a",), ("b",)]
-            futs = [
-                pool.submit(groups.search, k, 1, _ctx(lock), i + 1) for i, k in enumerate(keys)
-            ]
-            _wait_until(lambda: len(groups._pending) == len(keys))
-            rec.gate.set()
-            assert first.result(5) == 0
-            assert [f.result(5) for f in futs] == [10 * (i + 1) for i in range(len(keys))]
-        # after request 0: the oldest "a" with three more (max 4 queries), then "b" x2, then "a"
-        assert rec.groups == [[0], [1, 3, 4, 5], [2, 7], [6]]
-        assert groups.groups == 4 and groups.grouped_queries == 8
-    finally:
-        groups.stop()
+    lock = EngineLock()
+    groups = QueryGroups(rec, lock, max_queries=4)
+    keys = [("a",), ("b",), ("a",), ("a",), ("a",), ("a",), ("b",)]
+    lock.acquire()  # the engine is busy (another request's step): newcomers wait to start
+    with ThreadPoolExecutor(8) as pool:
+        futs = _queue(pool, groups, lock, keys)
+        lock.release()
+        assert [f.result(5) for f in futs] == [10 * i for i in range(len(keys))]
+    # the oldest "a" leads three more (max 4 queries); then the oldest left, "b", leads the
+    # other "b"; the last "a" starts alone
+    assert rec.groups == [[0, 2, 3, 4], [1, 6], [5]]
+    assert groups.groups == 3 and groups.grouped_queries == 6
+    # a request that finds the engine free starts at once, alone
+    assert groups.search(("a",), 1, _ctx(lock), 9) == 90
+    assert rec.groups[-1] == [9]
+    with pytest.raises(TypeError, match="oldest"):
+        QueryGroups(rec, engine_lock("any"))
+    with pytest.raises(ValueError, match="max_queries"):
+        QueryGroups(rec, lock, max_queries=0)
 
 
-def test_a_cancelled_request_leaves_its_group_at_once():
-    rec = Recorder()
-    lock = engine_lock("any")
-    groups = QueryGroups(rec, lock, threads=1)
-    try:
-        with ThreadPoolExecutor(4) as pool:
-            first = pool.submit(groups.search, ("a",), 1, _ctx(lock), 0)
-            assert rec.started.wait(5)
-            ctx = _ctx(lock)
-            gone = pool.submit(groups.search, ("a",), 1, ctx, 1)
-            kept = pool.submit(groups.search, ("a",), 1, _ctx(lock), 2)
-            _wait_until(lambda: len(groups._pending) == 2)
-            ctx.cancel("client gone")
-            with pytest.raises(Cancelled, match="client gone"):
-                gone.result(5)  # answered while the group thread is still busy
-            assert not first.done()
-            rec.gate.set()
-            assert first.result(5) == 0 and kept.result(5) == 20
-        assert rec.groups == [[0], [2]]  # the cancelled one was never run
-        # a request past its deadline while queued: cancelled with "timeout"
-        late = _ctx(lock, seconds=0.05)
-        rec.gate.clear()
-        rec.groups.clear()  # the next group blocks again
-        with ThreadPoolExecutor(2) as pool:
-            blocker = pool.submit(groups.search, ("a",), 1, _ctx(lock), 5)
-            _wait_until(lambda: len(rec.groups) == 1)
-            with pytest.raises(Cancelled, match="timeout"):
-                groups.search(("a",), 1, late, 6)
-            rec.gate.set()
-            assert blocker.result(5) == 50
-    finally:
-        groups.stop()
-
-
-def test_a_failing_group_fails_its_requests_and_the_thread_goes_on():
-    calls = []
+def test_a_cancelled_follower_answers_at_once_and_the_group_goes_on():
+    started, gate = threading.Event(), threading.Event()
+    seen = []
 
     def run(payloads, ctx):
-        calls.append(payloads)
-        if payloads == ["bad"]:
-            raise ValueError("no such method")
-        return [p.upper() for p in payloads]
+        seen.append(list(payloads))
+        started.set()
+        assert gate.wait(5)
+        ctx.check()
+        return [p * 10 for p in payloads]
 
-    lock = engine_lock("any")
-    groups = QueryGroups(run, lock, threads=1)
-    try:
-        with pytest.raises(ValueError, match="no such method"):
-            groups.search(("x",), 1, _ctx(lock), "bad")
-        assert groups.search(("x",), 1, _ctx(lock), "good") == "GOOD"
-    finally:
-        groups.stop()
-    with pytest.raises(ValueError, match="max_queries"):
-        QueryGroups(run, lock, max_queries=0)
+    lock = EngineLock()
+    groups = QueryGroups(run, lock)
+    ctxs = [_ctx(lock), _ctx(lock)]
+    lock.acquire()
+    with ThreadPoolExecutor(4) as pool:
+        leader, follower = _queue(pool, groups, lock, [("a",), ("a",)], lambda i: i + 1, ctxs)
+        lock.release()
+        assert started.wait(5)  # the leader runs the group of both
+        ctxs[1].cancel("client gone")
+        with pytest.raises(Cancelled, match="client gone"):
+            follower.result(5)  # answered while the group still runs
+        assert not leader.done()
+        gate.set()
+        assert leader.result(5) == 10
+    assert seen == [[1, 2]]
+    # every request of a group cancelled: the group stops at its next check
+    started.clear()
+    gate.clear()
+    ctxs = [_ctx(lock), _ctx(lock)]
+    lock.acquire()
+    with ThreadPoolExecutor(4) as pool:
+        futs = _queue(pool, groups, lock, [("a",), ("a",)], ctxs=ctxs)
+        lock.release()
+        assert started.wait(5)
+        for c in ctxs:
+            c.cancel("timeout")
+        gate.set()
+        for f in futs:
+            with pytest.raises(Cancelled):
+                f.result(5)
+    assert lock.acquire_for(0.0) is True  # the leader let go of the engine
+    lock.release()
+
+
+def test_a_failing_group_fails_all_its_requests():
+    def run(payloads, ctx):
+        raise ValueError("no such method")
+
+    lock = EngineLock()
+    groups = QueryGroups(run, lock)
+    lock.acquire()
+    with ThreadPoolExecutor(2) as pool:
+        futs = _queue(pool, groups, lock, [("x",), ("x",)])
+        lock.release()
+        for f in futs:
+            with pytest.raises(ValueError, match="no such method"):
+                f.result(5)
+    assert lock.acquire_for(0.0) is True
+    lock.release()
 
 
 # -- the real service: grouped answers equal the searcher's own -------------------------------
@@ -178,12 +211,11 @@ def test_grouped_service_answers_equal_searching_each_alone(model_cache, tmp_pat
     alone = crossknn.Searcher(tmp_path / "idx")
     want = {q: alone.search([q], k=5, budget=30)[0] for q in QUERIES}
 
-    svc = SearchService(
-        ServeConfig(index=str(tmp_path / "idx"), group_queries=8, engine_order="oldest")
-    )
+    svc = SearchService(ServeConfig(index=str(tmp_path / "idx"), group_queries=8))
     svc.load()
     try:
         assert svc.groups is not None
+        lock = svc.engine_lock
 
         def one(q: str) -> dict:
             req = SearchRequest(query=q, k=5, budget=30)
@@ -194,8 +226,15 @@ def test_grouped_service_answers_equal_searching_each_alone(model_cache, tmp_pat
             finally:
                 svc.release(decision.ticket, ctx)
 
-        with ThreadPoolExecutor(len(QUERIES)) as pool:
-            answers = list(pool.map(one, QUERIES * 2))
+        # 16 requests arrive while the engine is busy: they start as two groups of 8
+        lock.acquire()
+        with ThreadPoolExecutor(2 * len(QUERIES)) as pool:
+            futs = []
+            for i, q in enumerate(QUERIES * 2):
+                futs.append(pool.submit(one, q))
+                _wait_until(lambda n=i + 1: lock.waiting == n)
+            lock.release()
+            answers = [f.result(120) for f in futs]
         for q, ans in zip(QUERIES * 2, answers, strict=True):
             hit = ans["hits"][0]
             assert hit["query"] == q
@@ -204,9 +243,11 @@ def test_grouped_service_answers_equal_searching_each_alone(model_cache, tmp_pat
                 [r["score"] for r in hit["results"]], want[q].scores, rtol=1e-6
             )
             assert hit["ce_calls"] == want[q].ce_calls
-        # 16 concurrent requests of one kind: fewer groups than requests
-        assert svc.groups.grouped_queries >= 16
-        assert svc.groups.groups < 16
+        assert svc.groups.grouped_queries == 16
+        # and one that finds the engine free starts at once, alone, with the same answer
+        again = one(QUERIES[0])["hits"][0]
+        assert [r["id"] for r in again["results"]] == want[QUERIES[0]].ids
+        assert svc.groups.grouped_queries == 16
         text = svc.metrics.render().decode()
         for name in ("crossknn_engine_lock_wait_seconds_total", "crossknn_ce_queue_seconds_total"):
             assert name in text

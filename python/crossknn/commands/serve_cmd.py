@@ -53,27 +53,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--engine-order",
-        choices=("any", "oldest"),
-        default="any",
-        help="which waiting request runs its next engine step: any (a plain lock, the default) "
-        "or oldest (the request admitted first)",
+        choices=("oldest", "any"),
+        default="oldest",
+        help="which waiting request (or query group) runs its next engine step: oldest (the "
+        "request admitted first; the default) or any (a plain lock)",
     )
     p.add_argument(
         "--group-queries",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="search concurrent requests' queries in lockstep, up to N in one group (one pass "
-        "over the items per round for all of them, one CE call per round); 1 = every request "
-        "alone (the default)",
-    )
-    p.add_argument(
-        "--group-threads",
-        type=int,
-        default=2,
-        metavar="T",
-        help="threads running query groups (with --group-queries > 1): while one group's CE "
-        "batch runs, another's engine step does (default 2)",
+        help="requests that wait together for the engine start as one lockstep search of up to "
+        "N queries (one pass over the items per round for all of them, one CE call per round); "
+        "1 = every request alone (default 32; 1 with --engine-order any)",
     )
     p.add_argument(
         "--no-warmup",
@@ -189,8 +181,9 @@ def config_from_args(args: argparse.Namespace):
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,
         engine_order=args.engine_order,
-        group_queries=args.group_queries,
-        group_threads=args.group_threads,
+        group_queries=(32 if args.engine_order == "oldest" else 1)
+        if args.group_queries is None
+        else args.group_queries,
         warmup=args.warmup,
         max_queue=args.max_queue,
         timeout_s=args.timeout_s,

@@ -17,13 +17,14 @@ own threads from being multiplied by the number of requests.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
 
 from crossknn.serve.batcher import Batcher, Cancelled, Job
 
-__all__ = ["BatchedCE", "RequestContext", "current_request"]
+__all__ = ["BatchedCE", "RequestContext", "bind", "current_request"]
 
 _local = threading.local()
 
@@ -129,6 +130,20 @@ class RequestContext:
 
 def current_request() -> RequestContext | None:
     return getattr(_local, "ctx", None)
+
+
+@contextlib.contextmanager
+def bind(ctx: RequestContext, *, holding: bool):
+    """Bind ``ctx`` to this thread (the CE proxy finds it) without taking the engine lock:
+    ``holding`` says whether this thread holds it already (it is held again on exit, and not
+    released: the caller that took it releases it)."""
+    _local.ctx = ctx
+    ctx.holds_engine = holding
+    try:
+        yield ctx
+    finally:
+        ctx.holds_engine = False
+        _local.ctx = None
 
 
 class BatchedCE:

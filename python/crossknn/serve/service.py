@@ -63,13 +63,13 @@ class ServeConfig:
     # default (CPU 256; a GPU 2048: one device-sized call for every request's round)
     max_batch_pairs: int | None = None
     max_wait_ms: float = 2.0
-    # which waiting request's engine step runs next (crossknn.serve.engine_lock): "any" (a plain
-    # lock) or "oldest" (the request admitted first)
-    engine_order: str = "any"
-    # concurrent requests searched in lockstep (crossknn.serve.groups): at most this many queries
-    # in one group (<= 1: every request searched alone), run by group_threads threads
-    group_queries: int = 1
-    group_threads: int = 2
+    # which waiting request's (or query group's) engine step runs next
+    # (crossknn.serve.engine_lock): "oldest" (the request admitted first) or "any" (a plain lock)
+    engine_order: str = "oldest"
+    # requests waiting together for the engine start as one lockstep search
+    # (crossknn.serve.groups): at most this many queries in one group (<= 1: every request
+    # searched alone); needs engine_order "oldest" (docs/serve.md: measured on an H200)
+    group_queries: int = 32
     # on a GPU: capture every CUDA graph bucket of a merged batch and grow the device memory to
     # the largest batch at load, so that no request pays a batch shape's first use
     warmup: bool = True
@@ -106,12 +106,16 @@ class ServeConfig:
             ("round_index", self.round_index in ("auto", "exact", "ivf", "hnsw")),
             ("engine_order", self.engine_order in ENGINE_ORDERS),
             ("group_queries", self.group_queries >= 0),
-            ("group_threads", self.group_threads >= 1),
         ]
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"serve: {name}={getattr(self, name)!r} is out of range")
 
+        if self.group_queries > 1 and self.engine_order != "oldest":
+            raise ValueError(
+                f"serve: query groups (group_queries={self.group_queries}) need "
+                f"engine_order='oldest'; got {self.engine_order!r} (or set group_queries=1)"
+            )
         for name in ("precision", "de_precision"):
             value = getattr(self, name)
             if value is not None and value not in RUN_PRECISIONS:
@@ -232,10 +236,7 @@ class SearchService:
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
         if c.group_queries > 1:
             self.groups = QueryGroups(
-                self._search_group,
-                self.engine_lock,
-                max_queries=c.group_queries,
-                threads=c.group_threads,
+                self._search_group, self.engine_lock, max_queries=c.group_queries
             )
         self.batched_ce = batched
         self.metrics.ce_session_seconds.set_function(lambda: getattr(ce, "session_seconds", 0.0))
@@ -467,7 +468,5 @@ class SearchService:
     def close(self, timeout: float = 10.0) -> None:
         """After the HTTP server has drained: finish request threads, stop the CE worker."""
         self.executor.shutdown(wait=True, cancel_futures=True)
-        if self.groups is not None:
-            self.groups.stop(timeout)
         if self.batcher is not None:
             self.batcher.stop(timeout)
