@@ -735,13 +735,15 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
     # on a CPU one server; on a GPU, most important first (the deadline skips the last): the
     # default server, concurrent requests searched in lockstep (--group-queries), the engine
     # lock by request age (--engine-order oldest), more processes, no load-time warm-up
-    variants = [Variant("default")]
-    if ctx["gpu"]:
-        variants = [Variant(v) for v in args.serve_variants.split(",") if v.strip()]
+    names = args.serve_variants or (GPU_SERVE_VARIANTS if ctx["gpu"] else "default")
+    variants = [Variant(v) for v in names.split(",") if v.strip()]
     for v in variants:
         for precision in reversed(ctx["precisions"]):
             if serve_rows(rep, dl, ctx, args, queries, log_dir, precision, v):
                 break
+
+
+GPU_SERVE_VARIANTS = "default,group1+any,group1,w4,cold"
 
 
 class Variant:
@@ -879,8 +881,9 @@ def main() -> int:
     ap.add_argument("--sections", default="ce,torch,search,serve")
     ap.add_argument(
         "--serve-variants",
-        default="default,group1+any,group1,group8,w4,cold",
-        help="on a GPU, the servers of the serve section in this order (see Variant)",
+        default=None,
+        help="the servers of the serve section in this order (see Variant; default on a GPU: "
+        f"{GPU_SERVE_VARIANTS}; on a CPU: default)",
     )
     ap.add_argument("--threads", type=int, default=None, help="CE/DE threads (default: all)")
     ap.add_argument("--budget", type=int, default=None, help="CE calls per query (100; quick 20)")

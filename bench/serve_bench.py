@@ -21,6 +21,10 @@ second. Goal: 0 x 5xx, every admitted request answered within its deadline (``n_
 goodput >= 90% of the sustainable rate, ``/healthz`` 200 throughout.
 
     python bench/serve_bench.py --only overload
+
+The query-group rows (``"groups"``; ``--only groups``): the default server (requests waiting
+together for the engine start as one lockstep search) and one with ``--group-queries 1
+--engine-order any`` (the server before query groups), side by side at each level.
 """
 
 from __future__ import annotations
@@ -217,6 +221,28 @@ def closed_loop(url: str, conc: int, n: int, seconds: float, body: dict) -> dict
         "http_overhead_p50_ms": round(float(np.median(overhead)) * 1000, 2) if overhead else None,
         "wall_s": round(wall, 1),
     }
+
+
+def run_groups(index: Path, root: Path, args, body, common) -> dict:
+    """Query groups on this CPU, side by side in one run: the default server (requests waiting
+    together for the engine start as one lockstep search, the engine lock by request age)
+    against every request alone with a plain lock (the server before query groups), both with
+    cross-request batching, at each level."""
+    out: dict = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} logical cores, load average at start "
+        f"{os.getloadavg()[0]:.1f} (compare the rows of one run)",
+        "request": body,
+        "rows": [],
+    }
+    for groups, flags in ((True, []), (False, ["--group-queries", "1", "--engine-order", "any"])):
+        server = Server(index, root, "--max-batch-pairs", "256", "--max-queue", "128",
+                        "--timeout-s", "600", "--admit-within", "0", *flags, *common)  # fmt: skip
+        try:
+            print(f"server, query groups {'on' if groups else 'off'}", flush=True)
+            out["rows"] += run_levels(server, args.levels, args, body, True, {"groups": groups})
+        finally:
+            server.stop()
+    return out
 
 
 def run_levels(server: Server, levels, args, body, batching: bool, extra=None) -> list[dict]:
@@ -570,9 +596,10 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "serve_bench.json"))
     p.add_argument(
         "--only",
-        choices=("all", "overload"),
+        choices=("all", "overload", "groups"),
         default="all",
-        help="overload: run only the overload rows, keeping the rest of --out",
+        help="overload: run only the overload rows, keeping the rest of --out; groups: only the "
+        "query groups on/off rows (the 'groups' entry)",
     )
     p.add_argument("--sustain-concurrency", type=int, default=16)
     p.add_argument("--sustain-seconds", type=float, default=40.0)
@@ -600,6 +627,14 @@ def main() -> int:
     common = ["--threads", str(args.threads)] if args.threads else []
     t0 = time.time()
     out = Path(args.out)
+    if args.only == "groups":
+        result = json.loads(out.read_text()) if out.is_file() else {}
+        result["groups"] = run_groups(index, root, args, body, common)
+        result["groups"]["wall_s"] = round(time.time() - t0, 1)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out} (groups)")
+        return 0
     if args.only == "overload":
         result = json.loads(out.read_text()) if out.is_file() else {}
         over = run_overload(index, root, args, body, common)
@@ -641,6 +676,7 @@ def main() -> int:
     finally:
         on.stop()
     off = Server(index, root, "--max-batch-pairs", "0", "--max-queue", "128",
+                 "--group-queries", "1", "--engine-order", "any",
                  "--timeout-s", "600", *common)  # fmt: skip
     try:
         print("server, cross-request batching off", flush=True)

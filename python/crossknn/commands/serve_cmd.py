@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="requests that wait together for the engine start as one lockstep search of up to "
         "N queries (one pass over the items per round for all of them, one CE call per round); "
-        "1 = every request alone (default 32; 1 with --engine-order any)",
+        "1 = every request alone (default 8; 1 with --engine-order any)",
     )
     p.add_argument(
         "--no-warmup",
@@ -181,7 +181,7 @@ def config_from_args(args: argparse.Namespace):
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,
         engine_order=args.engine_order,
-        group_queries=(32 if args.engine_order == "oldest" else 1)
+        group_queries=(8 if args.engine_order == "oldest" else 1)
         if args.group_queries is None
         else args.group_queries,
         warmup=args.warmup,

@@ -100,26 +100,17 @@ class Metrics:
             "outside the CE and outside the engine lock's queue",
             registry=r,
         )
-        self.engine_lock_wait_seconds = Counter(
-            "crossknn_engine_lock_wait_seconds",
-            "seconds requests waited for the engine lock (another request's engine step)",
-            registry=r,
-        )
-        self.ce_queue_seconds = Counter(
-            "crossknn_ce_queue_seconds",
-            "seconds requests' CE pairs waited for their batch to start",
-            registry=r,
-        )
-        self.ce_run_seconds = Counter(
-            "crossknn_ce_run_seconds",
-            "seconds from the start of a request's CE batch to the end of its pairs",
-            registry=r,
-        )
-        self.ce_wake_seconds = Counter(
-            "crossknn_ce_wake_seconds",
-            "seconds from the end of a request's CE pairs until its thread ran again",
-            registry=r,
-        )
+        # where a request's time went besides its engine steps (seconds, summed over requests)
+        split = {
+            "engine_lock_wait": "requests waited for the engine lock (another request's or "
+            "group's engine step; a follower's wait for its group to start included)",
+            "ce_queue": "requests' CE pairs waited for their batch to start",
+            "ce_run": "from the start of a request's CE batch to the end of its pairs",
+            "ce_wake": "from the end of a request's CE pairs until its thread ran again",
+        }
+        for name, what in split.items():
+            counter = Counter(f"crossknn_{name}_seconds", f"seconds {what}", registry=r)
+            setattr(self, f"{name}_seconds", counter)
         self.ce_session_seconds = Gauge(
             "crossknn_ce_session_seconds",
             "seconds the CE spent inside its runtime's session runs (the device call; the rest "

@@ -69,7 +69,7 @@ class ServeConfig:
     # requests waiting together for the engine start as one lockstep search
     # (crossknn.serve.groups): at most this many queries in one group (<= 1: every request
     # searched alone); needs engine_order "oldest" (docs/serve.md: measured on an H200)
-    group_queries: int = 32
+    group_queries: int = 8
     # on a GPU: capture every CUDA graph bucket of a merged batch and grow the device memory to
     # the largest batch at load, so that no request pays a batch shape's first use
     warmup: bool = True
