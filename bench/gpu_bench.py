@@ -28,10 +28,10 @@ recorded as skipped):
    ``ce_run_ms``, ``ce_wake_ms``; per batch ``session_ms_per_batch``). On a GPU, one server per
    ``--serve-variants`` entry (``variant`` in the row: the default server, ``group1+any``
    (every request searched alone, a plain engine lock: the server before query groups),
-   ``group1`` (alone, the engine lock by request age), ``group8`` (``--group-queries 8``),
-   ``w4`` (``--workers 4``), ``cold`` (``--no-warmup``)...), with py-spy dumps of the server's
-   threads at concurrency 32 where py-spy is installed. Skipped with the reason when
-   fastapi/uvicorn are missing.
+   ``bp256`` (merged batches capped at the CUDA graph limit), ``w4`` (``--workers 4``), ``cold``
+   (``--no-warmup``)...), with py-spy dumps of the server's threads at concurrency 32 where
+   py-spy is installed (they pause the server: not for the rows a table reports). Skipped with
+   the reason when fastapi/uvicorn are missing.
 
 Every finished row is written to the JSON at once (atomically), with the device (nvidia-smi),
 the versions and the commands run, so a run cut short keeps what it measured.
@@ -743,14 +743,16 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                 break
 
 
-GPU_SERVE_VARIANTS = "default,group1+any,group1,w4,cold"
+# bp256: merged CE batches capped at the CUDA graph limit (every batch a captured, warmed graph):
+# the next suspect for the start-of-level tail (docs/serve.md)
+GPU_SERVE_VARIANTS = "default,group1+any,bp256,w4,cold"
 
 
 class Variant:
     """A server setting by name: ``default``, ``groupN`` (--group-queries N), ``oldest``
     (--engine-order oldest; ``any``: a plain lock, with ``group1``), ``wN``
-    (--workers N), ``cold`` (--no-warmup), ``nograph`` (CUDA graphs off), joined by ``+``
-    (``group8+oldest``)."""
+    (--workers N), ``bpN`` (--max-batch-pairs N), ``cold`` (--no-warmup), ``nograph`` (CUDA
+    graphs off), joined by ``+`` (``group1+any``)."""
 
     def __init__(self, name: str) -> None:
         self.name = name.strip()
@@ -761,6 +763,8 @@ class Variant:
                 continue
             if part.startswith("group") and part[5:].isdigit():
                 self.extra += ["--group-queries", part[5:]]
+            elif part.startswith("bp") and part[2:].isdigit():
+                self.extra += ["--max-batch-pairs", part[2:]]
             elif part in ("oldest", "any"):
                 self.extra += ["--engine-order", part]
             elif part.startswith("w") and part[1:].isdigit():
