@@ -29,8 +29,8 @@ recorded as skipped):
    ``--serve-variants`` entry (``variant`` in the row: the default server, ``group1+any``
    (every request searched alone, a plain engine lock: the server before query groups),
    ``bp256`` (merged batches capped at the CUDA graph limit), ``w4`` (``--workers 4``), ``cold``
-   (``--no-warmup``)...), with py-spy dumps of the server's threads at concurrency 32 where
-   py-spy is installed (they pause the server: not for the rows a table reports). Skipped with
+   (``--no-warmup``)...); ``--py-spy``: dumps of the server's threads at concurrency 32 (they
+   pause the server: not for the rows a table reports). Skipped with
    the reason when fastapi/uvicorn are missing.
 
 Every finished row is written to the JSON at once (atomically), with the device (nvidia-smi),
@@ -809,7 +809,7 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant)
             n = ctx["serve_requests"] * (1 if conc == 1 else 4 if conc <= 8 else 10)
             seconds = min(args.level_seconds, dl.left() - 10)
             before = ce_counters(port)
-            if conc == 32 and v.workers == 1:
+            if args.py_spy and conc == 32 and v.workers == 1:
                 py_spy_dump(server.proc.pid, log_dir / f"pyspy-{tag}.log", 1.0)
             r = closed_loop(port, conc, queries, n, seconds, args.budget)
             if v.workers == 1:  # (with workers, /metrics is one worker's)
@@ -883,6 +883,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small counts (a smoke run on a CPU)")
     ap.add_argument("--max-seconds", type=float, default=270.0, help="global deadline (s)")
     ap.add_argument("--sections", default="ce,torch,search,serve")
+    ap.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="py-spy dumps of each server's threads at concurrency 32 (py-spy on PATH; a dump "
+        "pauses the server, so its p99 there is not for a table)",
+    )
     ap.add_argument(
         "--serve-variants",
         default=None,
