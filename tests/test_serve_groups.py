@@ -254,6 +254,7 @@ def test_grouped_service_answers_equal_searching_each_alone(model_cache, tmp_pat
         text = svc.metrics.render().decode()
         for name in ("crossknn_engine_lock_wait_seconds_total", "crossknn_ce_queue_seconds_total"):
             assert name in text
+        assert "crossknn_grouped_queries 16.0" in text
     finally:
         svc.close()
 

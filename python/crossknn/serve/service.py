@@ -235,9 +235,11 @@ class SearchService:
             self.warmup = {**(self.warmup or {}), "engine": searcher.prepare()}
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
         if c.group_queries > 1:
-            self.groups = QueryGroups(
+            groups = self.groups = QueryGroups(
                 self._search_group, self.engine_lock, max_queries=c.group_queries
             )
+            self.metrics.groups.set_function(lambda: groups.groups)
+            self.metrics.grouped_queries.set_function(lambda: groups.grouped_queries)
         self.batched_ce = batched
         self.metrics.ce_session_seconds.set_function(lambda: getattr(ce, "session_seconds", 0.0))
         self._measure_service_time()
