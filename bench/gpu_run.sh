@@ -14,6 +14,7 @@
 #          without one the bench records the error and stops)
 # SECTIONS the bench's sections (default all: ce,torch,search,serve)
 # SERVE_VARIANTS  the serve section's servers (gpu_bench.py --serve-variants)
+# GPU_BENCH_EXTRA  more gpu_bench.py options (e.g. --py-spy)
 # MAX_SECONDS  the bench's global deadline (default 270); the export of the embedded models
 #          (first use, about a minute) and the install happen before it starts
 set -uo pipefail
@@ -73,7 +74,8 @@ echo "data: ${DATA:-none found}" >&2
 export GPU_BENCH_SETUP="$SETUP"
 run timeout $((MAX_SECONDS + 60)) "$PY" bench/gpu_bench.py --max-seconds "$MAX_SECONDS" \
   --data "${DATA:-shared/data/scifact}" --out "$OUT/gpu_bench.json" --work "$WORK" \
-  ${SECTIONS:+--sections "$SECTIONS"} ${SERVE_VARIANTS:+--serve-variants "$SERVE_VARIANTS"}
+  ${SECTIONS:+--sections "$SECTIONS"} ${SERVE_VARIANTS:+--serve-variants "$SERVE_VARIANTS"} \
+  ${GPU_BENCH_EXTRA:-}
 rc=$?
 cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
 echo "results in $OUT (bench exit $rc)" >&2
