@@ -91,6 +91,7 @@ class QueryGroups:
         self.max_queries = int(max_queries)
         self._mu = threading.Lock()
         self._starting: list[_Member] = []  # waiting for the engine lock to start
+        # (both counted by the leader with the engine lock held: one at a time)
         self.groups = 0  # searches run (a lone request is a group of one)
         self.grouped_queries = 0  # queries in groups of two or more requests
 

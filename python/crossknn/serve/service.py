@@ -339,8 +339,8 @@ class SearchService:
         return (req.method, req.k, req.budget, req.rounds or self.config.rounds, req.seed)
 
     def _search_group(self, reqs: list[SearchRequest], ctx: RequestContext) -> list[list]:
-        """One lockstep search of every query of ``reqs`` (same group key), in a group thread
-        holding the engine lock; the hits of each request."""
+        """One lockstep search of every query of ``reqs`` (same group key), in the leading
+        request's thread, holding the engine lock; the hits of each request."""
         ctx.check()
         self._trim_caches()
         first = reqs[0]
