@@ -111,22 +111,23 @@ class Metrics:
         for name, what in split.items():
             counter = Counter(f"crossknn_{name}_seconds", f"seconds {what}", registry=r)
             setattr(self, f"{name}_seconds", counter)
-        self.groups = Gauge(
-            "crossknn_search_groups",
-            "searches run by the engine (a lockstep group of requests, or a request alone)",
-            registry=r,
-        )
-        self.grouped_queries = Gauge(
-            "crossknn_grouped_queries",
-            "queries searched in lockstep groups of two or more requests",
-            registry=r,
-        )
-        self.ce_session_seconds = Gauge(
-            "crossknn_ce_session_seconds",
-            "seconds the CE spent inside its runtime's session runs (the device call; the rest "
-            "of crossknn_ce_seconds is host work: pairs, padding, feeds, copies)",
-            registry=r,
-        )
+        gauges = {  # read at scrape time (set_function, by the service)
+            "groups": (
+                "crossknn_search_groups",
+                "searches run by the engine (a lockstep group of requests, or a request alone)",
+            ),
+            "grouped_queries": (
+                "crossknn_grouped_queries",
+                "queries searched in lockstep groups of two or more requests",
+            ),
+            "ce_session_seconds": (
+                "crossknn_ce_session_seconds",
+                "seconds the CE spent inside its runtime's session runs (the device call; the "
+                "rest of crossknn_ce_seconds is host work: pairs, padding, feeds, copies)",
+            ),
+        }
+        for attr, (name, what) in gauges.items():
+            setattr(self, attr, Gauge(name, what, registry=r))
         self.inflight = Gauge(
             "crossknn_queue_depth", "requests admitted and not finished", registry=r
         )
