@@ -151,3 +151,101 @@ def test_check_texts_names_the_bad_entry():
 def test_longest_first_rejects_negative_room():
     with pytest.raises(ValueError, match="no room"):
         longest_first(np.array([1]), np.array([1]), -1)
+
+
+# -- long texts tokenized only as far as a truncation can look ---------------------------------
+def _odd_texts() -> list[str]:
+    """Texts where words and tokens part ways: doubled and leading spaces (empty words), tabs
+    and newlines (whitespace that is not a space), control characters next to spaces (removed by
+    the normalizer, so a word can vanish), one giant word, punctuation runs."""
+    long_words = " ".join(f"w{i}" for i in range(400))
+    return [
+        "  " + "  ".join(["alpha"] * 300),
+        "\t".join(["tab"] * 300) + " " + long_words,
+        " ".join(["\x00"] * 200) + " " + long_words,
+        " ".join(["x\x1cy"] * 300),
+        "a" * 5000 + " " + long_words,
+        " ".join(["(!?)"] * 200),
+        "\u00a0".join(["nbsp"] * 300) + " tail",
+    ]
+
+
+@pytest.mark.parametrize("min_tokens", [1, 7, 126, 300])
+def test_prefix_tokenization_is_a_long_enough_prefix(plan, min_tokens):
+    assert plan.prefix_safe  # BertPreTokenizer + BertNormalizer
+    texts = _real_texts(30) + _odd_texts() + ["", "one", "two words"]
+    full = plan.encode(texts)
+    part = plan.encode(texts, min_tokens)
+    cut = 0
+    for f, p in zip(full, part, strict=True):
+        assert f[: len(p)] == p
+        assert len(p) >= min_tokens or p == f
+        cut += len(p) < len(f)
+    assert cut > 0  # some texts were in fact cut
+
+
+@pytest.mark.parametrize("max_length", [32, 127, 128, 257])
+def test_pairs_from_document_prefixes_match_tokenizers_encode(plan, max_length):
+    texts = _real_texts(41) + _odd_texts()
+    rng = np.random.default_rng(max_length)
+    # short queries, long ones (both sides overflow: which side gets the odd token), an empty one
+    queries = (
+        [" ".join(t.split()[: int(rng.integers(1, 40))]) for t in texts[:20]]
+        + texts[20:30]
+        + _odd_texts()[:3]
+        + [""]
+    )
+    docs = texts[-len(queries) :]
+    room = max_length - plan.pair.n_special
+    A = IdStore(plan.encode(queries), room)
+    bound = max(room, int(A.lengths.max()))
+    B = IdStore(plan.encode(docs, bound + 1), room)
+    ia = ib = np.arange(len(queries))
+    ta, tb = longest_first(A.lengths, B.lengths, room)
+    feeds = assemble_pairs(plan.pair, plan.pad_id, A, ia, ta, B, ib, tb)
+    ref = _reference(max_length)
+    for r, (q, d) in enumerate(zip(queries, docs, strict=True)):
+        enc = ref.encode(q, d)
+        n = len(enc.ids)
+        assert feeds["attention_mask"][r].sum() == n, r
+        np.testing.assert_array_equal(feeds["input_ids"][r, :n], enc.ids)
+        np.testing.assert_array_equal(feeds["token_type_ids"][r, :n], enc.type_ids)
+
+
+def test_a_tokenizer_that_does_not_split_at_spaces_is_tokenized_whole(tmp_path):
+    tok = tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    other = TokenizerPlan(path)
+    assert not other.prefix_safe
+    texts = _real_texts(5)
+    assert other.encode(texts, 3) == other.encode(texts)
+
+
+@pytest.mark.slow
+def test_models_score_long_documents_as_with_whole_texts(model_cache, monkeypatch):
+    """predict, rank and the DE's encode with documents tokenized up to a word past what
+    truncation looks at give the same numbers as with whole texts."""
+    from crossknn.ce.models import default_cross_encoder, default_dual_encoder
+
+    monkeypatch.setenv("CROSSKNN_CACHE", str(model_cache))
+    ce = default_cross_encoder(threads=2, max_length=64)
+    de = default_dual_encoder(threads=2)
+    docs = [t for t in _real_texts(60) if len(t.split()) > 70][:8] + _odd_texts()[:2]
+    queries = ["how to read a file", " ".join(_odd_texts()[1].split()[:90])]  # a long one too
+    pairs = [(q, d) for q in queries for d in docs]
+
+    def run():
+        return (
+            ce.predict(pairs),
+            [r["score"] for r in ce.rank(queries[0], docs)],
+            de.encode(docs),
+        )
+
+    got = run()
+    for model in (ce, de):
+        monkeypatch.setattr(model._plan, "prefix_safe", False)
+    want = run()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

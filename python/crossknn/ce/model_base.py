@@ -226,12 +226,17 @@ class ModelBase:
             self.max_length,
         )
 
-    def _encode_store(self, texts: list[str], progress: bool = False) -> IdStore:
+    def _encode_store(
+        self, texts: list[str], progress: bool = False, longer_than: int | None = None
+    ) -> IdStore:
+        """``longer_than``: the texts are truncated (and compared) only against this bound or
+        less here, so a long text is tokenized up to a word past it (TokenizerPlan.encode)."""
         ids: list[list[int]] = []
         chunks = range(0, len(texts), _ENCODE_CHUNK)
         bar = progress and len(texts) > _ENCODE_CHUNK
+        need = None if longer_than is None else int(longer_than) + 1
         for start in progress_bar(chunks, bar, "tokenize", len(chunks)):
-            ids.extend(self._plan.encode(texts[start : start + _ENCODE_CHUNK]))
+            ids.extend(self._plan.encode(texts[start : start + _ENCODE_CHUNK], need))
         return IdStore(ids, self._room)
 
 
@@ -352,8 +357,16 @@ class CrossEncoderBase(ModelBase):
         """Scores of ``(query, document)`` string pairs in input order, and whether one pair
         (not a list) was given."""
         qs, ds, ia, ib, single = pair_indices(pairs)
-        A, B = self._encode_store(qs), self._encode_store(ds)
+        A = self._encode_store(qs)
+        B = self._documents_store(ds, A)
         return self._run_pairs(A, ia, B, ib, **kw), single
+
+    def _documents_store(self, documents: list[str], queries: IdStore) -> IdStore:
+        """The documents' ids for pairs with these queries only. ``longest_first`` compares a
+        document's length with the room and with its query's length; a length above both
+        decides as the full one, so a long document is tokenized only that far."""
+        bound = max(self._room, int(queries.lengths.max()) if len(queries) else 0)
+        return self._encode_store(documents, longer_than=bound)
 
     def _rank(
         self,
@@ -370,10 +383,11 @@ class CrossEncoderBase(ModelBase):
         documents, doc_ids = check_rank_args(query, documents, top_k, doc_ids, self.num_labels)
         if top_k == 0:
             return []
+        A = self._query_store(query)
         scores = self._run_pairs(
-            self._query_store(query),
+            A,
             np.zeros(len(documents), dtype=np.int64),
-            self._encode_store(documents),
+            self._documents_store(documents, A),
             np.arange(len(documents), dtype=np.int64),
             **kw,
         )
@@ -462,7 +476,7 @@ class DualEncoderBase(ModelBase):
         bs = self.batch_size if batch_size is None else batch_size
         check_positive("batch_size", bs)
         progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
-        store = self._encode_store(texts, progress)
+        store = self._encode_store(texts, progress, longer_than=self._room)
         kept = np.minimum(store.lengths, self._room)
         n_cut = int(np.count_nonzero(kept < store.lengths))
         if n_cut:

@@ -96,7 +96,9 @@ def _split_template(enc, pair: bool) -> _Template:
 class IdStore:
     """Token ids of many texts in one flat array (CSR), kept up to ``cap`` tokens per text.
 
-    ``lengths`` are the full (untruncated) lengths: truncation of a pair depends on them.
+    ``lengths`` are the full (untruncated) lengths: truncation of a pair depends on them. (Texts
+    tokenized up to a word, :meth:`TokenizerPlan.encode` with ``min_tokens``: a length above
+    every bound the truncation compares it with, so that it decides as with the full length.)
     """
 
     __slots__ = ("flat", "offsets", "lengths", "cap")
@@ -138,6 +140,15 @@ class IdStore:
         return self.flat[start : start + n]
 
 
+# tokenizers whose ids of a text cut at a plain space are a prefix of the whole text's: the
+# pre-tokenizer splits words at spaces; the normalizer maps characters one by one (no merging
+# across a space)
+_SPACE_SPLITTING = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
+_CHAR_NORMALIZERS = frozenset(
+    {"NoneType", "BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents"}
+)
+
+
 class TokenizerPlan:
     """A fast tokenizer without truncation/padding plus its single and pair templates."""
 
@@ -164,13 +175,42 @@ class TokenizerPlan:
         if pad is None:
             pad = tok.token_to_id("<pad>")
         self.pad_id = int(pad) if pad is not None else 0
+        # the ids of a text cut at a plain space are a prefix of the whole text's ids when the
+        # pre-tokenizer splits words at spaces and the normalizer works character by character
+        self.prefix_safe = (
+            type(tok.pre_tokenizer).__name__ in _SPACE_SPLITTING
+            and type(tok.normalizer).__name__ in _CHAR_NORMALIZERS
+        )
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, without special tokens and without truncation."""
+    def encode(self, texts: list[str], min_tokens: int | None = None) -> list[list[int]]:
+        """Token ids of each text, without special tokens and without truncation.
+
+        ``min_tokens``: only the ids a truncation to fewer tokens can keep or compare are needed.
+        A text of more than ``min_tokens`` space-separated words is then tokenized up to that
+        word: its ids are a prefix of the whole text's (:attr:`prefix_safe` tokenizers only),
+        at least ``min_tokens`` of them (each word gives one or more; where one did not, the
+        whole text is tokenized), so the first ``min_tokens`` ids are the same and the length
+        exceeds any bound below ``min_tokens``. A long document costs its first words, not its
+        whole length."""
         if not texts:
             return []
         check_encodable(texts, "text")  # a single query (rank, score) comes here unchecked
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        if min_tokens is None or not self.prefix_safe:
+            return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        cut, parts = [], []
+        for t in texts:
+            words = t.split(" ", min_tokens)
+            if len(words) > min_tokens:  # cut before the space after word min_tokens
+                parts.append(len(cut))
+                t = t[: len(t) - len(words[-1]) - 1]
+            cut.append(t)
+        ids = [e.ids for e in self._tok.encode_batch(cut, add_special_tokens=False)]
+        short = [i for i in parts if len(ids[i]) < min_tokens]  # empty words: the whole text
+        if short:
+            whole = self._tok.encode_batch([texts[i] for i in short], add_special_tokens=False)
+            for i, e in zip(short, whole, strict=True):
+                ids[i] = e.ids
+        return ids
 
 
 def _blank(lengths: np.ndarray, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
