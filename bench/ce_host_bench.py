@@ -35,6 +35,7 @@ Prints a table and writes bench/results/ce_host_bench.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -127,9 +128,10 @@ def ce_calls(ce, timed: Timed, queries, n_items: int, pairs: int, calls: int, se
     return {name: medians(r) for name, r in rows.items()}
 
 
-def stub_rows(ce, queries, n_items: int, pairs: int, calls: int, seed: int) -> dict:
-    """The same calls with ``InferenceSession.run`` replaced by a no-op returning zeros: the host
-    cost alone, free of the cache and scheduler effects of a real session run next to it."""
+@contextlib.contextmanager
+def noop_session(ce):
+    """``InferenceSession.run`` of ``ce`` replaced by a no-op returning zeros (the host cost
+    alone), the real one restored on exit."""
     sess = ce._s.session
     real = sess.run
 
@@ -138,20 +140,28 @@ def stub_rows(ce, queries, n_items: int, pairs: int, calls: int, seed: int) -> d
 
     sess.run = noop
     try:
-        rng = np.random.default_rng(seed)
-        plan = [
-            (queries[i % len(queries)], rng.choice(n_items, pairs, replace=False))
-            for i in range(calls)
-        ]
-        rows = {v: [] for v in VARIANTS}
-        for q, items in plan:
-            for name, fn in VARIANTS.items():
-                ce._pair_feeds = fn
-                t = time.perf_counter()
-                ce.score(q, items)
-                rows[name].append((time.perf_counter() - t) * 1e3)
+        yield
     finally:
         sess.run = real
+
+
+def stub_rows(ce, queries, n_items: int, pairs: int, calls: int, seed: int) -> dict:
+    """The same calls with ``InferenceSession.run`` replaced by a no-op returning zeros: the host
+    cost alone, free of the cache and scheduler effects of a real session run next to it."""
+    rng = np.random.default_rng(seed)
+    plan = [
+        (queries[i % len(queries)], rng.choice(n_items, pairs, replace=False)) for i in range(calls)
+    ]
+    rows = {v: [] for v in VARIANTS}
+    try:
+        with noop_session(ce):
+            for q, items in plan:
+                for name, fn in VARIANTS.items():
+                    ce._pair_feeds = fn
+                    t = time.perf_counter()
+                    ce.score(q, items)
+                    rows[name].append((time.perf_counter() - t) * 1e3)
+    finally:
         ce._pair_feeds = VARIANTS["after"]
     return {name: {"host_ms": round(statistics.median(v), 4)} for name, v in rows.items()}
 
@@ -222,25 +232,18 @@ def predict_rows(ce, items, queries, n_pairs: int, reps: int) -> dict:
     no-op: the host side of an uncached call (tokenizing both sides, truncation, inputs).
     ``whole``: every text tokenized whole; ``prefix``: a document only up to a word past what
     truncation looks at (the runtime's default); interleaved, best of ``reps``, pairs/s."""
-    sess = ce._s.session
-    real = sess.run
-
-    def noop(names, feeds, *a, **k):
-        return [np.zeros(len(feeds["input_ids"]), dtype=np.float32)]
-
     pairs = [(queries[i % len(queries)], items[i % len(items)]) for i in range(n_pairs)]
     safe = ce._plan.prefix_safe
     best = {"whole": float("inf"), "prefix": float("inf")}
-    sess.run = noop
     try:
-        for _ in range(reps):
-            for name, on in (("whole", False), ("prefix", True)):
-                ce._plan.prefix_safe = on and safe
-                t = time.perf_counter()
-                ce.predict(pairs, batch_size=256)
-                best[name] = min(best[name], time.perf_counter() - t)
+        with noop_session(ce):
+            for _ in range(reps):
+                for name, on in (("whole", False), ("prefix", True)):
+                    ce._plan.prefix_safe = on and safe
+                    t = time.perf_counter()
+                    ce.predict(pairs, batch_size=256)
+                    best[name] = min(best[name], time.perf_counter() - t)
     finally:
-        sess.run = real
         ce._plan.prefix_safe = safe
     out = {name: {"pairs_per_s": round(n_pairs / t)} for name, t in best.items()}
     out["speedup"] = round(best["whole"] / best["prefix"], 2)

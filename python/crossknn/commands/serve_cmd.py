@@ -181,9 +181,7 @@ def config_from_args(args: argparse.Namespace):
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,
         engine_order=args.engine_order,
-        group_queries=(8 if args.engine_order == "oldest" else 1)
-        if args.group_queries is None
-        else args.group_queries,
+        group_queries=args.group_queries,
         warmup=args.warmup,
         max_queue=args.max_queue,
         timeout_s=args.timeout_s,

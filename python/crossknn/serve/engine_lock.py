@@ -27,17 +27,13 @@ _NEW, _WAITING, _GRANTED, _WITHDRAWN = range(4)
 
 
 class Waiter:
-    """One request's place in the queue of an :class:`EngineLock` (reusable after a grant)."""
+    """One request's place in the queue of an :class:`EngineLock` (one acquisition)."""
 
     __slots__ = ("gate", "state")
 
     def __init__(self) -> None:
         self.gate = threading.Lock()
         self.state = _NEW
-
-    @property
-    def withdrawn(self) -> bool:
-        return self.state == _WITHDRAWN
 
 
 class _AnyOrder:

@@ -37,6 +37,8 @@ __all__ = ["ServeConfig", "SearchService"]
 
 log = logging.getLogger("crossknn.serve")
 
+# the most queries in one lockstep group by default (docs/serve.md, "On a GPU")
+GROUP_QUERIES = 8
 # DE query vectors the searcher keeps between requests (each ~1.5 KB); cleared beyond this
 QUERY_VECTOR_CACHE = 10_000
 # the search run once at load to measure the service time (and warm the models up)
@@ -68,8 +70,9 @@ class ServeConfig:
     engine_order: str = "oldest"
     # requests waiting together for the engine start as one lockstep search
     # (crossknn.serve.groups): at most this many queries in one group (<= 1: every request
-    # searched alone); needs engine_order "oldest" (docs/serve.md: measured on an H200)
-    group_queries: int = 8
+    # searched alone); needs engine_order "oldest". None: 8 with "oldest", 1 with "any"
+    # (docs/serve.md: measured on an H200)
+    group_queries: int | None = None
     # on a GPU: capture every CUDA graph bucket of a merged batch and grow the device memory to
     # the largest batch at load, so that no request pays a batch shape's first use
     warmup: bool = True
@@ -91,6 +94,8 @@ class ServeConfig:
     cors: tuple[str, ...] = ()  # origins allowed by CORS (none: no CORS headers)
 
     def __post_init__(self) -> None:
+        if self.group_queries is None:
+            self.group_queries = GROUP_QUERIES if self.engine_order == "oldest" else 1
         checks = [
             ("max_batch_pairs", self.max_batch_pairs is None or self.max_batch_pairs >= 0),
             ("max_wait_ms", self.max_wait_ms >= 0),
