@@ -103,10 +103,11 @@ class Deadline:
         return self.end - time.monotonic()
 
 
-def gpu_name() -> str | None:
+def gpu_name(query: str = "name,memory.total,driver_version") -> str | None:
+    """``nvidia-smi``'s answer for the first GPU (None: no GPU or no nvidia-smi)."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=20,
@@ -770,13 +771,15 @@ GPU_SERVE_VARIANTS = "default,group1+any,bp256,w4,cold"
 class Variant:
     """A server setting by name: ``default``, ``groupN`` (--group-queries N), ``oldest``
     (--engine-order oldest; ``any``: a plain lock, with ``group1``), ``wN``
-    (--workers N), ``bpN`` (--max-batch-pairs N), ``cold`` (--no-warmup), ``nograph`` (CUDA
-    graphs off), joined by ``+`` (``group1+any``)."""
+    (--workers N), ``bpN`` (--max-batch-pairs N), ``cewN`` (--ce-workers N), ``grN`` (CUDA
+    graphs up to N rows: ``$CROSSKNN_CUDA_GRAPH_ROWS``), ``cold`` (--no-warmup), ``nograph``
+    (CUDA graphs off), joined by ``+`` (``group1+any``)."""
 
     def __init__(self, name: str) -> None:
         self.name = name.strip()
         self.extra: list[str] = []
         self.graph, self.workers, self.warm = "1", 1, True
+        self.env: dict[str, str] = {}
         for part in self.name.split("+"):
             if part == "default":
                 continue
@@ -784,6 +787,10 @@ class Variant:
                 self.extra += ["--group-queries", part[5:]]
             elif part.startswith("bp") and part[2:].isdigit():
                 self.extra += ["--max-batch-pairs", part[2:]]
+            elif part.startswith("cew") and part[3:].isdigit():
+                self.extra += ["--ce-workers", part[3:]]
+            elif part.startswith("gr") and part[2:].isdigit():
+                self.env["CROSSKNN_CUDA_GRAPH_ROWS"] = part[2:]
             elif part in ("oldest", "any"):
                 self.extra += ["--engine-order", part]
             elif part.startswith("w") and part[1:].isdigit():
@@ -810,10 +817,11 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant)
         extra += ["--no-warmup"]
     extra += v.extra
     port = free_port()
-    env = {"CROSSKNN_CUDA_GRAPH": v.graph}
+    env = {"CROSSKNN_CUDA_GRAPH": v.graph, **v.env}
     tag = v.name.replace("+", "-")
     server = Server(ctx["index"], port, extra, log_dir / f"serve-{precision}-{tag}.log", env)
-    rep.doc["commands"].append(f"CROSSKNN_CUDA_GRAPH={v.graph} " + shlex.join(server.cmd))
+    shown = " ".join(f"{k}={x}" for k, x in env.items())
+    rep.doc["commands"].append(f"{shown} " + shlex.join(server.cmd))
     rep.save()
     try:
         info = server.wait_ready(
@@ -821,6 +829,7 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant)
         )
         for q in queries[:3]:  # warm up
             closed_loop(port, 1, [q], 1, 60, args.budget)
+        gpu_memory = gpu_name("memory.used") if ctx["gpu"] else None  # graphs captured: in use
         for conc in ctx["levels"]:
             if dl.left() < 12:
                 rep.note("skipped", "serve", f"{precision} {v.name} concurrency {conc}: deadline")
@@ -848,6 +857,8 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant)
                     "cuda_graph": v.graph == "1",
                     "workers": v.workers,
                     "warmup": info.get("warmup"),
+                    "batcher": info.get("batcher"),
+                    "gpu_memory_used": gpu_memory,
                 },
             )
         return True
@@ -915,6 +926,13 @@ def main() -> int:
         default=None,
         help="the servers of the serve section in this order (see Variant; default on a GPU: "
         f"{GPU_SERVE_VARIANTS}; on a CPU: default)",
+    )
+    ap.add_argument(
+        "--serve-requests",
+        type=int,
+        default=None,
+        help="requests per serve level: this many at concurrency 1, x4 at 8, x10 at 32 and 64 "
+        "(default 100; quick 2), each level also bounded by 10 s",
     )
     ap.add_argument("--threads", type=int, default=None, help="CE/DE threads (default: all)")
     ap.add_argument("--budget", type=int, default=None, help="CE calls per query (100; quick 20)")
@@ -990,7 +1008,7 @@ def main() -> int:
         ctx["search_queries"] = queries
         ctx["batches"] = [16, 40] if quick else [16, 256, 1024]
         ctx["levels"] = [1, 8] if quick else [1, 8, 32, 64]
-        ctx["serve_requests"] = 2 if quick else 100
+        ctx["serve_requests"] = args.serve_requests or (2 if quick else 100)
         rep.doc["settings"].update(
             items=len(texts),
             queries=len(queries),

@@ -6,6 +6,8 @@
 #
 #   SECTIONS=search,serve SERVE_VARIANTS=default,group1+any MAX_SECONDS=170 bash bench/gpu_device.sh
 #
+# GPU_BENCH_EXTRA: more gpu_bench.py options (e.g. "--serve-requests 200").
+#
 # PY_SPY=1 with a py-spy wheel in /tmp/stage/data: py-spy dumps of each server under load.
 set -u
 cd /tmp/src || exit 2
@@ -20,7 +22,7 @@ if [ "${PY_SPY:-0}" = 1 ] && ls /tmp/stage/data/py_spy-*.whl >/dev/null 2>&1; th
   export PATH
   EXTRA=(--py-spy)
 fi
-export GPU_BENCH_EXTRA="${EXTRA[*]:-}"
+export GPU_BENCH_EXTRA="${GPU_BENCH_EXTRA:-} ${EXTRA[*]:-}"
 BUNDLE=/tmp/stage OUT=${OUT:?set OUT} MAX_SECONDS=${MAX_SECONDS:-270} \
   timeout $((${MAX_SECONDS:-270} + 200)) bash bench/gpu_run.sh
 echo "== gpu_run.sh exit $? ($(date +%T))"

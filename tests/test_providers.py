@@ -403,6 +403,21 @@ def test_cuda_graph_default_reads_the_environment(monkeypatch):
         runtime.cuda_graph_default()
 
 
+def test_cuda_graph_rows_read_the_environment(monkeypatch):
+    from crossknn.ce.cuda_graph import MAX_ROWS, all_buckets, max_rows_default
+
+    monkeypatch.delenv("CROSSKNN_CUDA_GRAPH_ROWS", raising=False)
+    assert max_rows_default() == MAX_ROWS == 256
+    monkeypatch.setenv("CROSSKNN_CUDA_GRAPH_ROWS", "512")
+    assert max_rows_default() == 512
+    # rows 8..64 by 8, then 96..512 by 32: 22 row buckets, each at 32..128 columns
+    assert len(all_buckets(512, 128)) == 22 * 4 and all_buckets(512, 128)[-1] == (512, 128)
+    for bad in ("100", "32", "lots"):
+        monkeypatch.setenv("CROSSKNN_CUDA_GRAPH_ROWS", bad)
+        with pytest.raises(ValueError, match=f"a multiple of 32 >= 64; got '{bad}'"):
+            max_rows_default()
+
+
 # -- bulk assembly -------------------------------------------------------------------------
 def _check_same(ref: dict, got: dict) -> None:
     assert ref.keys() == got.keys()

@@ -62,7 +62,7 @@ def test_merges_jobs_into_batches_and_scatters_back():
         assert max(ce.calls) <= 64
         assert sum(ce.calls) == 160
         assert len(ce.calls) < 8
-        assert ce.threads == {"crossknn-ce"}  # only the worker thread runs the CE
+        assert ce.threads == {"crossknn-ce-0"}  # only the worker thread runs the CE
     finally:
         b.stop()
 
@@ -76,6 +76,43 @@ def test_a_job_larger_than_the_batch_is_cut():
         assert max(ce.calls) <= 16 and sum(ce.calls) == 100
     finally:
         b.stop()
+
+
+class OverlapCE(FakeCE):
+    """A FakeCE that records how many of its calls ran at the same time."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay=delay)
+        self._lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+
+    def score_batch(self, queries, items):
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            return super().score_batch(queries, items)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def test_two_workers_overlap_their_calls_and_answer_every_job():
+    ce = OverlapCE(delay=0.02)
+    b = Batcher(ce, max_batch_pairs=16, max_wait_s=0.0, workers=2)
+    try:
+        # 12 jobs of 2 x 10 pairs in batches of 16: pieces of one job end on either worker
+        _many(b, 12, 10)
+        items = np.arange(200)  # one job cut into 13 pieces
+        np.testing.assert_array_equal(b.submit(["abc"], [items]).wait(5)[0], expected("abc", items))
+        assert sum(ce.calls) == 240 + 200 and max(ce.calls) <= 16
+        assert ce.most == 2  # one worker's call ran while the other's did
+        assert ce.threads == {"crossknn-ce-0", "crossknn-ce-1"}
+    finally:
+        b.stop()
+    with pytest.raises(ValueError, match="workers must be >= 1; got 0"):
+        Batcher(ce, workers=0)
 
 
 def test_no_merging_runs_one_job_per_call():
@@ -153,3 +190,13 @@ def test_engine_lock_is_released_while_waiting_for_the_ce():
         assert not lock.locked()
     finally:
         b.stop()
+
+
+def test_ce_workers_resolve_by_provider_and_are_checked():
+    from crossknn.serve.service import CE_WORKERS_GPU, ServeConfig, ce_workers
+
+    assert ce_workers(None, "CPUExecutionProvider") == 1 and ce_workers(None, None) == 1
+    assert ce_workers(None, "CUDAExecutionProvider") == CE_WORKERS_GPU
+    assert ce_workers(2, "CPUExecutionProvider") == 2
+    with pytest.raises(ValueError, match=r"serve: ce_workers=0 is out of range"):
+        ServeConfig(index="x", ce_workers=0)

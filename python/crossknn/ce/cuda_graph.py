@@ -27,13 +27,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 
 import numpy as np
 
-__all__ = ["MAX_ROWS", "GraphRunner", "all_buckets", "bucket", "dummy_feeds", "run_lock"]
+__all__ = [
+    "MAX_ROWS",
+    "GraphRunner",
+    "all_buckets",
+    "bucket",
+    "dummy_feeds",
+    "max_rows_default",
+    "run_lock",
+]
 
-#: the largest batch (rows) run through a captured graph
+#: the largest batch (rows) run through a captured graph (``$CROSSKNN_CUDA_GRAPH_ROWS`` overrides)
 MAX_ROWS = 256
 _MIN_ROWS = 8
 _FINE_ROWS = 64
@@ -49,6 +58,20 @@ _ACTIVE: list[bool] = []
 def run_lock():
     """The process-wide lock of CUDA session runs once CUDA graphs are in use, else a no-op."""
     return _LOCK if _ACTIVE else contextlib.nullcontext()
+
+
+def max_rows_default() -> int:
+    """The most rows of a captured graph: ``$CROSSKNN_CUDA_GRAPH_ROWS`` (a multiple of 32, at
+    least 64), else :data:`MAX_ROWS`."""
+    env = os.environ.get("CROSSKNN_CUDA_GRAPH_ROWS", "").strip()
+    if not env:
+        return MAX_ROWS
+    if not env.isdigit() or int(env) < _FINE_ROWS or int(env) % _COARSE_STEP:
+        raise ValueError(
+            f"CROSSKNN_CUDA_GRAPH_ROWS must be a multiple of {_COARSE_STEP} >= {_FINE_ROWS}; "
+            f"got {env!r}"
+        )
+    return int(env)
 
 
 def bucket(rows: int, columns: int, max_rows: int = MAX_ROWS) -> tuple[int, int] | None:
@@ -115,7 +138,7 @@ class GraphRunner:
         inputs: list[str],
         output: str,
         tail: tuple[int, ...],
-        max_rows: int = MAX_ROWS,
+        max_rows: int | None = None,
         device: str = "cuda",
     ) -> None:
         # onnxruntime: loaded only where a model runs (CPU or GPU wheel)
@@ -126,10 +149,10 @@ class GraphRunner:
         self.inputs = list(inputs)
         self.output = output
         self.tail = tuple(int(t) for t in tail)
-        self.max_rows = int(max_rows)
+        self.max_rows = max_rows_default() if max_rows is None else int(max_rows)
         self.device = device
         self._buckets: dict[tuple[int, int], _Bucket] = {}
-        if device == "cuda" and max_rows > 0 and not _ACTIVE:
+        if device == "cuda" and self.max_rows > 0 and not _ACTIVE:
             _ACTIVE.append(True)
         self.skip_options = ort.RunOptions()
         self.skip_options.add_run_config_entry("gpu_graph_id", "-1")

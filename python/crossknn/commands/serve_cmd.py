@@ -52,6 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="longest wait to fill a CE batch (default 2 ms)",
     )
     p.add_argument(
+        "--ce-workers",
+        type=int,
+        default=None,
+        metavar="T",
+        help="threads of the CE batcher: 2 on a GPU pipelines it (one prepares the next batch "
+        "while the other's runs); default 1",
+    )
+    p.add_argument(
         "--engine-order",
         choices=("oldest", "any"),
         default="oldest",
@@ -180,6 +188,7 @@ def config_from_args(args: argparse.Namespace):
         threads=args.threads,
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,
+        ce_workers=args.ce_workers,
         engine_order=args.engine_order,
         group_queries=args.group_queries,
         warmup=args.warmup,

@@ -18,8 +18,15 @@ of item indices: its pieces queue with the others, and every batch runs its text
 ``score_batch`` call of its item pieces.
 
 A job whose request was cancelled (timeout, client gone) is dropped before its pairs are run.
-Only this thread calls the CE, so the CE's intra-op thread count, fixed once when it was
-loaded, is all the CPU the CE ever takes, whatever the number of concurrent requests.
+With one worker (``workers=1``, the CPU default) only this thread calls the CE, so the CE's
+intra-op thread count, fixed once when it was loaded, is all the CPU the CE ever takes, whatever
+the number of concurrent requests.
+
+``workers=2`` (for a GPU) pipelines the host and the device: while one worker's batch runs on the
+device (the session run releases the interpreter lock; the device runs one batch at a time), the
+other forms the next batch and prepares its inputs (pairs gathered from the token cache, padding,
+the copy of the scores back). One worker at a time forms a batch, so batches still merge
+everything that is pending.
 """
 
 from __future__ import annotations
@@ -107,7 +114,10 @@ class Batcher:
         on_drop: Callable[[int], None] | None = None,
         active: Callable[[], int] | None = None,
         name: str = "crossknn-ce",
+        workers: int = 1,
     ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1; got {workers}")
         if max_batch_pairs < 0:
             raise ValueError(f"max_batch_pairs must be >= 0 (0: no merging); got {max_batch_pairs}")
         if max_wait_s < 0:
@@ -121,9 +131,16 @@ class Batcher:
         self._pending: deque[_Piece] = deque()
         self._pending_pairs = 0
         self._cv = threading.Condition()
+        self._forming = threading.Lock()  # one worker at a time forms a batch
+        self._done_lock = threading.Lock()  # a job's pieces may finish on different workers
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.workers = int(workers)
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
+        for t in self._threads:
+            t.start()
 
     @property
     def merging(self) -> bool:
@@ -178,11 +195,17 @@ class Batcher:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-        self._thread.join(timeout)
+        end = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if end is None else max(0.0, end - time.monotonic()))
 
     # -- worker side ----------------------------------------------------------------------------
     def _take(self) -> list[_Piece] | None:
         """The next batch of pieces (None: stopped and nothing left)."""
+        with self._forming:
+            return self._form()
+
+    def _form(self) -> list[_Piece] | None:
         with self._cv:
             while not self._pending:
                 if self._stop:
@@ -217,8 +240,10 @@ class Batcher:
 
     def _finish(self, piece: _Piece) -> None:
         job = piece.job
-        job.remaining -= 1
-        if job.remaining == 0:
+        with self._done_lock:
+            job.remaining -= 1
+            last = job.remaining == 0
+        if last:
             job.t_done = time.perf_counter()
             job.done.set()
 

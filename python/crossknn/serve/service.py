@@ -65,6 +65,9 @@ class ServeConfig:
     # default (CPU 256; a GPU 2048: one device-sized call for every request's round)
     max_batch_pairs: int | None = None
     max_wait_ms: float = 2.0
+    # threads of the CE batcher (crossknn.serve.batcher): 2 pipelines a GPU (one forms and
+    # prepares the next batch while the other's runs); None: 1 on a CPU, CE_WORKERS_GPU on a GPU
+    ce_workers: int | None = None
     # which waiting request's (or query group's) engine step runs next
     # (crossknn.serve.engine_lock): "oldest" (the request admitted first) or "any" (a plain lock)
     engine_order: str = "oldest"
@@ -99,6 +102,7 @@ class ServeConfig:
         checks = [
             ("max_batch_pairs", self.max_batch_pairs is None or self.max_batch_pairs >= 0),
             ("max_wait_ms", self.max_wait_ms >= 0),
+            ("ce_workers", self.ce_workers is None or 1 <= self.ce_workers <= 8),
             ("max_queue", self.max_queue >= 1),
             ("timeout_s", self.timeout_s > 0),
             ("admit_within", 0 <= self.admit_within <= 1),
@@ -130,11 +134,26 @@ class ServeConfig:
 CPU_BATCH_PAIRS, GPU_BATCH_PAIRS = 256, 2048
 
 
+CE_WORKERS_GPU = 1
+
+
+def _on_cpu(provider: str | None) -> bool:
+    return provider in (None, "CPUExecutionProvider", "cpu")
+
+
 def merged_pairs(configured: int | None, provider: str | None) -> int:
     """The batcher's ``max_batch_pairs``: as configured, else by where the CE runs."""
     if configured is not None:
         return int(configured)
-    return CPU_BATCH_PAIRS if provider in (None, "CPUExecutionProvider", "cpu") else GPU_BATCH_PAIRS
+    return CPU_BATCH_PAIRS if _on_cpu(provider) else GPU_BATCH_PAIRS
+
+
+def ce_workers(configured: int | None, provider: str | None) -> int:
+    """The batcher's worker threads: as configured, else by where the CE runs (on a CPU one, so
+    that the CE's intra-op threads are all the CPU it takes)."""
+    if configured is not None:
+        return int(configured)
+    return 1 if _on_cpu(provider) else CE_WORKERS_GPU
 
 
 def _model_info(m: ModelInfo) -> dict[str, Any]:
@@ -212,6 +231,7 @@ class SearchService:
                 on_batch=m.on_batch,
                 on_drop=m.on_drop,
                 active=lambda: self.admission.in_server,
+                workers=ce_workers(c.ce_workers, ce.provider),
             )
             if c.warmup:
                 # the largest merged batch one session run can take
@@ -462,6 +482,11 @@ class SearchService:
             out["provider"] = self.ce.provider
             out["load_seconds"] = round(self.load_seconds or 0.0, 2)
             out["warmup"] = self.warmup
+        if self.batcher is not None:  # what the defaults resolved to on this provider
+            out["batcher"] = {
+                "max_batch_pairs": self.batcher.max_batch_pairs,
+                "workers": self.batcher.workers,
+            }
         if self.searcher is not None:  # what the rounds scan: exact, a FAISS index or shards
             rf = self.searcher.round_features
             out["round_features"] = {
