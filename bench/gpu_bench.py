@@ -502,13 +502,21 @@ def ce_counters(port: int) -> dict[str, float]:
         text = conn.getresponse().read().decode()
     finally:
         conn.close()
-    wanted = {*_COUNTERS, *_SPLIT.values(), _SESSION, _QUERIES}
+    wanted = {*_COUNTERS, *_SPLIT.values(), _SESSION, _QUERIES, *_LATENCY.values()}
     out = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name in wanted:
             out[name] = float(value)
     return out
+
+
+# the server's own request latency histogram: requests at most 150 / 250 ms, and all of them
+_LATENCY = {
+    "le150": 'crossknn_request_latency_seconds_bucket{le="0.15"}',
+    "le250": 'crossknn_request_latency_seconds_bucket{le="0.25"}',
+    "all": "crossknn_request_latency_seconds_count",
+}
 
 
 def batch_stats(before: dict, after: dict, wall: float) -> dict:
@@ -533,6 +541,10 @@ def batch_stats(before: dict, after: dict, wall: float) -> dict:
     queries = d.get(_QUERIES, 0.0)
     for key, name in _SPLIT.items():
         out[key] = round(1e3 * d[name] / queries, 2) if queries and name in d else None
+    if _LATENCY["all"] in d:  # as the server timed them (the clients' uncounted first ones too)
+        n = d[_LATENCY["all"]]
+        out["server_over_150ms"] = int(n - d.get(_LATENCY["le150"], n))
+        out["server_over_250ms"] = int(n - d.get(_LATENCY["le250"], n))
     return out
 
 
@@ -682,12 +694,15 @@ def closed_loop(
     """``conc`` clients, each sending its next request when its last is answered, until ``n``
     requests are done or ``seconds`` passed (a 429/503 client waits 50 ms), after one uncounted
     request each and a barrier (see :func:`_clients`). The clients are threads of up to 8
-    processes (forked; they only speak HTTP), so that the load generator's own interpreter lock
-    does not add to the latencies it measures. The wall time runs from the first measured
-    request's start to the last one's end."""
+    processes, so that the load generator's own interpreter lock does not add to the latencies
+    it measures. The processes are fresh interpreters (spawned, not forked: a child forked from
+    this process, with PyTorch, CUDA and the models in it, pays copy-on-write faults and GC
+    passes over the parent's objects in its first requests, which the clients would time as the
+    server's). The wall time runs from the first measured request's start to the last one's
+    end."""
     import multiprocessing
 
-    mp = multiprocessing.get_context("fork")
+    mp = multiprocessing.get_context("spawn")
     procs = min(conc, 8)
     out = mp.Queue()
     ready = mp.Barrier(conc)
@@ -718,6 +733,7 @@ def closed_loop(
     t0_wall = min((r[4] for r in ok), default=0.0)
     span = max((r[4] for r in ok), default=0.0) - t0_wall
     late = [r[1] * 1e3 for r in ok if r[4] - t0_wall >= span / 2]
+    over = {ms: sum(r[1] * 1e3 > ms for r in ok) for ms in (150, 250)}
     slow = [0] * 10
     p50 = pct(lat, 50)
     for r in ok:
@@ -736,6 +752,8 @@ def closed_loop(
         "wall_s": round(wall, 2),
         "p99_ms_second_half": pct(np.array(late), 99) if late else None,
         "slow_by_tenth": slow,
+        "client_over_150ms": over[150],
+        "client_over_250ms": over[250],
     }
 
 
