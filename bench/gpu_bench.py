@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import platform
+import queue
 import shlex
 import signal
 import socket
@@ -622,6 +623,26 @@ class Server:
         self.log.close()
 
 
+def server_timing(value: str | None) -> dict[str, float]:
+    """``{name: ms}`` from a ``Server-Timing`` header (crossknn serve's time split)."""
+    out: dict[str, float] = {}
+    for part in (value or "").split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        try:
+            out[name] = float(dur)
+        except ValueError:
+            continue
+    return out
+
+
+def _split(rows: list) -> dict[str, float] | None:
+    """Mean server time split (ms) of these requests (their ``Server-Timing``)."""
+    timed = [r[5] for r in rows if r[5]]
+    if not timed:
+        return None
+    return {k: round(float(np.mean([t.get(k, 0.0) for t in timed])), 2) for k in timed[0]}
+
+
 def _clients(port, workers, queries, n, seconds, budget, out, ready) -> None:
     """Closed-loop clients ``workers`` (threads of this process) sharing ``n`` requests for at
     most ``seconds``; their results go to ``out`` (a queue: this runs in a client process).
@@ -659,6 +680,7 @@ def _clients(port, workers, queries, n, seconds, budget, out, ready) -> None:
                 t = time.perf_counter()
                 started = time.time()  # comparable across the client processes
                 ce = other = None
+                timing: dict[str, float] = {}
                 try:
                     conn.request("POST", "/search", body, {"Content-Type": "application/json"})
                     resp = conn.getresponse()
@@ -668,13 +690,14 @@ def _clients(port, workers, queries, n, seconds, budget, out, ready) -> None:
                         h = json.loads(data)["hits"][0]
                         ce = h.get("ce_s", h.get("seconds_ce"))
                         other = h.get("other_s", h.get("seconds_other"))
+                        timing = server_timing(resp.getheader("Server-Timing"))
                 except (OSError, http.client.HTTPException, ValueError):
                     code = -1
                     conn.close()
                     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
                 lat = time.perf_counter() - t
                 with lock:
-                    results.append((code, lat, ce, other, started))
+                    results.append((code, lat, ce, other, started, timing))
                 if code in (429, 503):
                     time.sleep(0.05)
         finally:
@@ -718,8 +741,21 @@ def closed_loop(
     for proc in ps:
         proc.start()
     results: list = []
-    for _ in ps:
-        results.extend(out.get(timeout=seconds + 300))
+    give_up = time.monotonic() + seconds + 300
+    got = 0
+    while got < len(ps):
+        try:
+            results.extend(out.get(timeout=1.0))
+            got += 1
+        except queue.Empty:
+            # a client process that died without answering (e.g. it could not start) fails the
+            # level now instead of at the timeout
+            dead = [p.exitcode for p in ps if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > give_up:
+                for proc in ps:
+                    proc.kill()
+                why = f"exit codes {dead}" if dead else "timeout"
+                raise RuntimeError(f"load clients failed ({why}) at concurrency {conc}") from None
     for proc in ps:
         proc.join(30)
     wall = max(r[4] + r[1] for r in results) - min(r[4] for r in results) if results else 0.0
@@ -754,6 +790,11 @@ def closed_loop(
         "slow_by_tenth": slow,
         "client_over_150ms": over[150],
         "client_over_250ms": over[250],
+        # where the time of a request went on the server: all, the slowest 1%, and the first
+        # `conc` requests (the clients start together at the barrier)
+        "split_ms": _split(ok),
+        "split_ms_slowest_1pct": _split(sorted(ok, key=lambda r: -r[1])[: max(1, len(ok) // 100)]),
+        "split_ms_first_wave": _split(sorted(ok, key=lambda r: r[4])[:conc]),
     }
 
 

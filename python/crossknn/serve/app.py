@@ -351,7 +351,7 @@ def create_app(
             log.exception("crossknn serve: %s failed", what)
             return _error(500, "internal error (logged)")
         metrics.latency.observe(time.perf_counter() - t0)
-        return JSONResponse(result)
+        return JSONResponse(result, headers={"Server-Timing": ctx.server_timing(t0)})
 
     def parse_search(body: bytes) -> SearchRequest:
         req = parse_search_request(

@@ -48,6 +48,9 @@ class RequestContext:
         self.ce_queue_seconds = 0.0
         self.ce_run_seconds = 0.0
         self.ce_wake_seconds = 0.0
+        # perf_counter when the search began in its thread (None: not yet), and its engine time
+        self.t_started: float | None = None
+        self.engine_seconds = 0.0
         self.ce_pairs = 0
         self._job: Job | None = None
         self._mu = threading.Lock()
@@ -68,6 +71,25 @@ class RequestContext:
             self._job = waiter
         if waiter is not None and self.cancelled:
             waiter.done.set()
+
+    def server_timing(self, t_received: float) -> str:
+        """The request's time split as an HTTP ``Server-Timing`` header value (ms): ``start``
+        from its arrival (``t_received``, perf_counter) to its search starting in a thread
+        (body, admission, a free thread), then ``lock`` waiting for the engine (or its query
+        group), ``engine`` steps, its CE pairs queued (``ce_queue``), their batches running
+        (``ce_run``), waking after them (``ce_wake``), and ``total``."""
+        now = time.perf_counter()
+        start = (self.t_started if self.t_started is not None else now) - t_received
+        parts = (
+            ("start", start),
+            ("lock", self.lock_wait_seconds),
+            ("engine", self.engine_seconds),
+            ("ce_queue", self.ce_queue_seconds),
+            ("ce_run", self.ce_run_seconds),
+            ("ce_wake", self.ce_wake_seconds),
+            ("total", now - t_received),
+        )
+        return ", ".join(f"{name};dur={1e3 * max(sec, 0.0):.2f}" for name, sec in parts)
 
     def check(self) -> None:
         if self.cancelled:

@@ -390,7 +390,7 @@ class SearchService:
         """The answer of ``crossknn search --json`` for ``req``; runs in a request thread."""
         if self.searcher is None:
             raise RuntimeError("the service is not loaded")
-        t = time.perf_counter()
+        t = ctx.t_started = time.perf_counter()
         if self.groups is not None and not req.exact:
             hits = self.groups.search(self._group_key(req), len(req.texts()), ctx, req)
         else:
@@ -409,7 +409,8 @@ class SearchService:
         wall = time.perf_counter() - t
         m = self.metrics
         m.ce_wait_seconds.inc(ctx.ce_wait_seconds)
-        m.engine_seconds.inc(max(wall - ctx.ce_wait_seconds - ctx.lock_wait_seconds, 0.0))
+        ctx.engine_seconds = max(wall - ctx.ce_wait_seconds - ctx.lock_wait_seconds, 0.0)
+        m.engine_seconds.inc(ctx.engine_seconds)
         m.engine_lock_wait_seconds.inc(ctx.lock_wait_seconds)
         m.ce_queue_seconds.inc(ctx.ce_queue_seconds)
         m.ce_run_seconds.inc(ctx.ce_run_seconds)
@@ -433,6 +434,7 @@ class SearchService:
         TEI-shaped, or Cohere-shaped when the request used ``documents``."""
         if self.searcher is None:
             raise RuntimeError("the service is not loaded")
+        ctx.t_started = time.perf_counter()
         texts = req.all_texts()
         with ctx:
             ctx.check()
