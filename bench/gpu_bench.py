@@ -822,9 +822,9 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                 break
 
 
-# bp256: merged CE batches capped at the CUDA graph limit (every batch a captured, warmed graph):
-# the next suspect for the start-of-level tail (docs/serve.md)
-GPU_SERVE_VARIANTS = "default,group1+any,bp256,w4,cold"
+# bp2048+cew1: the GPU defaults before the sixteenth session (merged batches up to 2048 pairs,
+# one CE worker); group1+any: requests searched alone under a plain lock (docs/serve.md)
+GPU_SERVE_VARIANTS = "default,bp2048+cew1,group1+any,w4,cold"
 
 
 class Variant:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -144,6 +145,26 @@ def _same(out: dict, hits) -> None:
         assert [r["id"] for r in got["results"]] == want.ids
         np.testing.assert_allclose([r["score"] for r in got["results"]], want.scores, atol=1e-5)
         assert got["ce_calls"] == want.ce_calls
+
+
+def test_server_timing_splits_the_request_time(server):
+    """Each answer's Server-Timing header: where its time went, in ms, adding up to its total."""
+    body = json.dumps({"query": QUERIES[1], "k": 5, "budget": 20}).encode()
+    req = urllib.request.Request(
+        server.url + "/search", body, {"Content-Type": "application/json"}, method="POST"
+    )
+    t = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        header = resp.headers["Server-Timing"]
+    elapsed_ms = 1e3 * (time.perf_counter() - t)
+    parts = {}
+    for part in header.split(", "):
+        name, _, dur = part.partition(";dur=")
+        parts[name] = float(dur)
+    names = ["start", "lock", "engine", "ce_queue", "ce_run", "ce_wake", "total"]
+    assert list(parts) == names and all(v >= 0 for v in parts.values())
+    assert parts["ce_run"] > 0 and parts["engine"] > 0  # 20 CE pairs were scored
+    assert sum(parts[n] for n in names[:-1]) <= parts["total"] + 0.1 <= elapsed_ms + 0.1
 
 
 def test_search_equals_in_process_searcher(server, searcher):

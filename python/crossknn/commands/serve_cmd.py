@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="P",
         help="most CE pairs merged into one batch across requests; "
-        "0 = no cross-request batching (default: 256 on a CPU, 2048 on a GPU)",
+        "0 = no cross-request batching (default 256)",
     )
     p.add_argument(
         "--max-wait-ms",
@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="T",
-        help="threads of the CE batcher: 2 on a GPU pipelines it (one prepares the next batch "
-        "while the other's runs); default 1",
+        help="threads of the CE batcher: 2 pipelines a GPU (one prepares the next batch while "
+        "the other's runs); default 1 on a CPU, 2 on a GPU",
     )
     p.add_argument(
         "--engine-order",
