@@ -491,6 +491,7 @@ _SPLIT = {
     "ce_wake_ms": "crossknn_ce_wake_seconds_total",
 }
 _SESSION = "crossknn_ce_session_seconds"
+_DE_SESSION = "crossknn_de_session_seconds"
 _QUERIES = "crossknn_queries_total"
 
 
@@ -503,7 +504,7 @@ def ce_counters(port: int) -> dict[str, float]:
         text = conn.getresponse().read().decode()
     finally:
         conn.close()
-    wanted = {*_COUNTERS, *_SPLIT.values(), _SESSION, _QUERIES, *_LATENCY.values()}
+    wanted = {*_COUNTERS, *_SPLIT.values(), _SESSION, _DE_SESSION, _QUERIES, *_LATENCY.values()}
     out = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
@@ -547,6 +548,45 @@ def batch_stats(before: dict, after: dict, wall: float) -> dict:
         out["server_over_150ms"] = int(n - d.get(_LATENCY["le150"], n))
         out["server_over_250ms"] = int(n - d.get(_LATENCY["le250"], n))
     return out
+
+
+class CeSeries:
+    """The CE worker's counters sampled every ``step`` s for the first ``seconds`` of a level
+    (a thread polling /metrics): per interval its batches, pairs, busy ms, and the ms the CE and
+    the DE spent in session runs, so that the start of a level can be told from its steady
+    state (the first wave of requests: docs/serve.md)."""
+
+    def __init__(self, port: int, seconds: float = 5.0, step: float = 0.1) -> None:
+        self.port, self.seconds, self.step = port, seconds, step
+        self.samples: list[tuple[float, dict]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < self.seconds:
+            try:
+                self.samples.append((time.perf_counter() - t0, ce_counters(self.port)))
+            except OSError:
+                return
+            time.sleep(self.step)
+
+    def rows(self) -> list[dict]:
+        self._thread.join(self.seconds + 5)
+        out = []
+        for (_, a), (t1, b) in zip(self.samples, self.samples[1:], strict=False):
+            d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
+            out.append(
+                {
+                    "t_s": round(t1, 2),
+                    "batches": int(d.get("crossknn_ce_batches_total", 0)),
+                    "pairs": int(d.get("crossknn_ce_pairs_total", 0)),
+                    "ce_busy_ms": round(1e3 * d.get("crossknn_ce_seconds_total", 0.0), 1),
+                    "ce_session_ms": round(1e3 * d.get(_SESSION, 0.0), 1),
+                    "de_session_ms": round(1e3 * d.get(_DE_SESSION, 0.0), 1),
+                }
+            )
+        return out
 
 
 def py_spy_dump(pid: int, path: Path, delay: float, times: int = 2) -> threading.Thread | None:
@@ -899,7 +939,10 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant)
             if args.py_spy and conc == 32 and v.workers == 1:
                 py_spy_dump(server.proc.pid, log_dir / f"pyspy-{tag}.log", 1.0)
             t_window = time.perf_counter()
+            series = CeSeries(port) if ctx["gpu"] and conc > 1 and v.workers == 1 else None
             r = closed_loop(port, conc, queries, n, seconds, args.budget)
+            if series is not None:  # (starts with the clients' processes and first requests)
+                r["ce_series"] = series.rows()
             if v.workers == 1:  # (with workers, /metrics is one worker's; the counters' window
                 # includes each client's uncounted first request)
                 r.update(batch_stats(before, ce_counters(port), time.perf_counter() - t_window))

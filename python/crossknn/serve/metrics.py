@@ -125,6 +125,12 @@ class Metrics:
                 "seconds the CE spent inside its runtime's session runs (the device call; the "
                 "rest of crossknn_ce_seconds is host work: pairs, padding, feeds, copies)",
             ),
+            "de_session_seconds": (
+                "crossknn_de_session_seconds",
+                "seconds the DE spent inside its runtime's session runs (query vectors; on a GPU "
+                "with CUDA graphs every session run of the process takes one lock, so these "
+                "seconds also delay the CE's)",
+            ),
         }
         for attr, (name, what) in gauges.items():
             setattr(self, attr, Gauge(name, what, registry=r))

@@ -270,6 +270,7 @@ class SearchService:
             self.metrics.grouped_queries.set_function(lambda: groups.grouped_queries)
         self.batched_ce = batched
         self.metrics.ce_session_seconds.set_function(lambda: getattr(ce, "session_seconds", 0.0))
+        self.metrics.de_session_seconds.set_function(lambda: getattr(de, "session_seconds", 0.0))
         self._measure_service_time()
         # everything loaded so far lives as long as the server: out of the cyclic collector's
         # reach, so its full collections scan only what requests allocate (a full collection
