@@ -239,6 +239,17 @@ class ModelBase:
             ids.extend(self._plan.encode(texts[start : start + _ENCODE_CHUNK], need))
         return IdStore(ids, self._room)
 
+    def warmup(self, max_pairs: int | None = None) -> dict[str, Any]:
+        """Pay a GPU's first-use costs of batch shapes (CUDA graph captures, memory growth) for
+        batches of up to ``max_pairs`` pairs (a DE: texts; default ``batch_size``) of up to
+        ``max_length`` tokens before the first request (``crossknn serve`` calls it for the CE
+        and the DE); nothing on the CPU.
+        ``{"buckets": graphs captured, "seconds": ...}``."""
+        rows = self.batch_size if max_pairs is None else max_pairs
+        check_positive("max_pairs", rows)
+        rows = max(1, min(int(rows), self.max_batch_tokens // self.max_length))
+        return self._s.warmup(rows, self.max_length)
+
 
 class CrossEncoderBase(ModelBase):
     """Pairs from cached ids through the session: the item store, the query LRU cache and the
@@ -342,16 +353,6 @@ class CrossEncoderBase(ModelBase):
         if apply_activation and self.activation == "sigmoid":
             out = (1.0 / (1.0 + np.exp(-out.astype(np.float64)))).astype(np.float32)
         return out
-
-    def warmup(self, max_pairs: int | None = None) -> dict[str, Any]:
-        """Pay a GPU's first-use costs of batch shapes (CUDA graph captures, memory growth) for
-        batches of up to ``max_pairs`` pairs (default ``batch_size``) of up to ``max_length``
-        tokens before the first request (``crossknn serve`` calls it); nothing on the CPU.
-        ``{"buckets": graphs captured, "seconds": ...}``."""
-        rows = self.batch_size if max_pairs is None else max_pairs
-        check_positive("max_pairs", rows)
-        rows = max(1, min(int(rows), self.max_batch_tokens // self.max_length))
-        return self._s.warmup(rows, self.max_length)
 
     def _score_pairs(self, pairs, **kw) -> tuple[np.ndarray, bool]:
         """Scores of ``(query, document)`` string pairs in input order, and whether one pair

@@ -77,8 +77,9 @@ class ServeConfig:
     # searched alone); needs engine_order "oldest". None: 8 with "oldest", 1 with "any"
     # (docs/serve.md: measured on an H200)
     group_queries: int | None = None
-    # on a GPU: capture every CUDA graph bucket of a merged batch and grow the device memory to
-    # the largest batch at load, so that no request pays a batch shape's first use
+    # on a GPU: capture every CUDA graph bucket of a merged batch (and of the DE's query
+    # batches) and grow the device memory to the largest batch at load, so that no request pays
+    # a batch shape's first use
     warmup: bool = True
     max_queue: int = 64
     timeout_s: float = 30.0
@@ -240,6 +241,11 @@ class SearchService:
                 # the largest merged batch one session run can take
                 pairs = min(batcher.max_batch_pairs or ce.batch_size, ce.batch_size)
                 self.warmup = ce.warmup(pairs)
+                # and the DE's query batches (a query group's new queries), which on a GPU
+                # share the process's one session-run lock with the CE: a capture there would
+                # hold every CE batch back
+                if callable(getattr(de, "warmup", None)):
+                    self.warmup["de"] = de.warmup(max(c.group_queries, 1))
             try:
                 batched = BatchedCE(ce, batcher)
                 searcher = crossknn.Searcher(
