@@ -462,10 +462,54 @@ CROSSKNN_AVX512_VNNI int64_t dot_i8_512(const int8_t* v, const int16_t* u, int64
   return total;
 }
 
+// Four rows against the query at once (d <= 4096): one load of the query's 32 entries per step
+// serves the four rows, whose four chains of multiply-adds are independent (one row alone waits
+// on its accumulators: on the 2-core Xeon 3,633 rows of 585 entries took 72 us one row at a time
+// and 55 us four at a time, 384 entries 40 and 25 us). Each lane of a row's one accumulator takes
+// <= 128 pairs of products, |lane| < 2^30: the same exact totals.
+CROSSKNN_AVX512_I8 inline __m512i widen32(const int8_t* v) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)));
+}
+CROSSKNN_AVX512_I8 inline __m512i widen32(__mmask32 mk, const int8_t* v) {
+  return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mk, v));
+}
+
+template <bool Vnni>
+CROSSKNN_AVX512_VNNI void dot4_i8_512(const int8_t* v0, int64_t d, const int16_t* u,
+                                      int64_t* out) {
+  const int8_t* v1 = v0 + d;
+  const int8_t* v2 = v1 + d;
+  const int8_t* v3 = v2 + d;
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t j = 0;
+  for (; j + 32 <= d; j += 32) {
+    const __m512i uu = _mm512_loadu_si512(u + j);
+    a0 = madd_acc<Vnni>(a0, widen32(v0 + j), uu);
+    a1 = madd_acc<Vnni>(a1, widen32(v1 + j), uu);
+    a2 = madd_acc<Vnni>(a2, widen32(v2 + j), uu);
+    a3 = madd_acc<Vnni>(a3, widen32(v3 + j), uu);
+  }
+  if (j < d) {
+    const __mmask32 mk = (__mmask32(1) << (d - j)) - 1u;
+    const __m512i uu = _mm512_maskz_loadu_epi16(mk, u + j);
+    a0 = madd_acc<Vnni>(a0, widen32(mk, v0 + j), uu);
+    a1 = madd_acc<Vnni>(a1, widen32(mk, v1 + j), uu);
+    a2 = madd_acc<Vnni>(a2, widen32(mk, v2 + j), uu);
+    a3 = madd_acc<Vnni>(a3, widen32(mk, v3 + j), uu);
+  }
+  out[0] = hsum_epi32(a0);
+  out[1] = hsum_epi32(a1);
+  out[2] = hsum_epi32(a2);
+  out[3] = hsum_epi32(a3);
+}
+
 template <bool Vnni>
 CROSSKNN_AVX512_VNNI void totals_avx512_t(const int8_t* V, int64_t d, int64_t r0, int64_t r1,
                                           const int16_t* uq, int64_t* out) {
-  for (int64_t r = r0; r < r1; ++r) out[r - r0] = dot_i8_512<Vnni>(V + r * d, uq, d);
+  int64_t r = r0;
+  if (d <= 4096)
+    for (; r + 4 <= r1; r += 4) dot4_i8_512<Vnni>(V + r * d, d, uq, out + (r - r0));
+  for (; r < r1; ++r) out[r - r0] = dot_i8_512<Vnni>(V + r * d, uq, d);
 }
 void totals_avx512(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
                    int64_t* out) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../src/features_impl.h"
+#include "../src/kernels.h"
 #include "check.h"
 #include "crossknn/features.h"
 
@@ -49,7 +50,35 @@ void test_constant_columns() {
   CHECK(fd.int8_misses.load() == 0);
 }
 
+// The int8 copy's integer totals (kernels.cpp, four rows at a time where d <= 4096, one at a
+// time otherwise and for the last rows of a block) equal the plain sum, at extreme values
+// (|x| = 127, |u| = 32767: the int32 lanes' worst case) and at odd widths and row ranges.
+void test_int8_totals() {
+  std::mt19937_64 rng(5);
+  for (int64_t d : {1, 31, 32, 33, 63, 64, 65, 585, 4095, 4096, 4097, 9000}) {
+    const int64_t n = 11;
+    std::vector<int8_t> V(n * d);
+    std::vector<int16_t> u(d);
+    for (int extreme = 0; extreme < 2; ++extreme) {
+      for (auto& x : V) x = extreme ? int8_t(127) : int8_t(static_cast<int>(rng() % 255) - 127);
+      for (auto& x : u)
+        x = extreme ? int16_t(32767) : int16_t(static_cast<int>(rng() % 65535) - 32767);
+      for (int64_t r0 : {0, 1, 3}) {
+        std::vector<int64_t> got(n - r0);
+        crossknn::detail::int8_totals(V.data(), d, r0, n, u.data(), got.data());
+        for (int64_t r = r0; r < n; ++r) {
+          int64_t want = 0;
+          for (int64_t j = 0; j < d; ++j) want += int64_t(V[r * d + j]) * u[j];
+          CHECK(got[r - r0] == want);
+        }
+      }
+    }
+  }
+  std::printf("int8 totals: equal to the plain sums (%s)\n", crossknn::kernel_name());
+}
+
 int main(int argc, char** argv) {
+  test_int8_totals();
   test_constant_columns();
   const double rel = argc > 1 ? std::atof(argv[1]) : 2e-3;
   const int64_t n = 4000, d = 96, k = 20, Q = 3;
