@@ -393,6 +393,41 @@ def test_graph_runner_pads_to_buckets_without_changing_a_score(tiny_joint):
     assert runner.run(big) is None
 
 
+def test_pinned_graphs_replay_only_in_the_threads_that_warmed_up(tiny_joint):
+    """onnxruntime keeps CUDA graphs per thread: a warm-up counts for its own thread, and once
+    pinned, a thread that did not warm a bucket up runs that batch without a graph (None here:
+    the session's plain run) instead of capturing its own (run on a CPU session, where the
+    bookkeeping is the same)."""
+    import threading
+
+    import onnxruntime as ort
+
+    from crossknn.ce.cuda_graph import GraphRunner, dummy_feeds
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(tiny_joint / "model.onnx"), so, providers=[CPU])
+    names = [i.name for i in session.get_inputs()]
+    runner = GraphRunner(session, names, "scores", (), max_rows=16, device="cpu")
+    feeds = dummy_feeds(names, 5, 20)  # bucket (8, 32)
+
+    def in_thread(fn):
+        out = []
+        t = threading.Thread(target=lambda: out.append(fn()))
+        t.start()
+        t.join()
+        return out[0]
+
+    assert in_thread(lambda: runner.warm(16, 32)) == 2  # buckets (8, 32), (16, 32) there
+    assert runner.warm(16, 32) == 2  # and again here: another thread's warm-up is not ours
+    assert runner.warm(16, 32) == 0  # (warmed here already)
+    runner.pin()
+    assert runner.run(feeds) is not None  # this thread warmed (8, 32) up
+    assert in_thread(lambda: runner.run(feeds)) is None  # a new thread: no graph
+    assert runner.run(dummy_feeds(names, 5, 40)) is None  # (8, 64): not warmed anywhere
+    assert in_thread(lambda: runner.warm(8, 32)) == 1  # a thread may still warm itself up
+
+
 def test_cuda_graph_default_reads_the_environment(monkeypatch):
     monkeypatch.setenv("CROSSKNN_CUDA_GRAPH", "1")
     assert runtime.cuda_graph_default() is True

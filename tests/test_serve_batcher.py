@@ -200,3 +200,33 @@ def test_ce_workers_resolve_by_provider_and_are_checked():
     assert ce_workers(2, "CPUExecutionProvider") == 2
     with pytest.raises(ValueError, match=r"serve: ce_workers=0 is out of range"):
         ServeConfig(index="x", ce_workers=0)
+
+
+def test_each_worker_warms_up_in_its_own_thread_before_its_first_batch():
+    ce = FakeCE()
+    seen: list[str] = []
+
+    def warmup():
+        seen.append(threading.current_thread().name)
+        return {"thread": threading.current_thread().name}
+
+    b = Batcher(ce, max_batch_pairs=16, max_wait_s=0.0, workers=2, warmup=warmup)
+    try:
+        got = b.wait_warm(5)
+        assert sorted(g["thread"] for g in got) == ["crossknn-ce-0", "crossknn-ce-1"]
+        assert sorted(seen) == ["crossknn-ce-0", "crossknn-ce-1"]
+        _many(b, 4, 10)  # then the workers serve as before
+    finally:
+        b.stop()
+    assert Batcher(ce).wait_warm(1) == []  # no warm-up: nothing to wait for
+
+    def broken():
+        raise RuntimeError("no device")
+
+    b = Batcher(ce, warmup=broken)
+    try:
+        with pytest.raises(RuntimeError, match="no device"):
+            b.wait_warm(5)
+        _many(b, 2, 5)  # a failed warm-up does not stop the worker
+    finally:
+        b.stop()

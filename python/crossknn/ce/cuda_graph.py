@@ -15,6 +15,14 @@ columns carry attention mask 0 (and pool mask 0), padded rows repeat the batch's
 are dropped. Larger batches run without a graph (``gpu_graph_id`` -1), where launches are a
 small share anyway.
 
+onnxruntime keeps captured graphs per thread (its CUDA provider's per-thread context): a graph
+captured in one thread is not replayed in another, which runs its own regular runs and capture
+on its first batch of that shape. So a warm-up must run in the threads that will run the
+batches (``crossknn serve``: each CE worker thread warms itself up before its first batch), and
+:attr:`GraphRunner.lazy` False (:meth:`GraphRunner.pin`) keeps every other thread off graphs: it
+runs its batches without one instead of capturing (the request threads that encode queries with
+the DE would otherwise each capture their own graphs, holding every CE batch back meanwhile).
+
 A capture records the CUDA stream of the capturing thread, and CUDA refuses (or silently spoils)
 a capture while another thread of the process calls an unsafe CUDA API, e.g. the copies of another
 session's run (on an H200, ``crossknn serve`` with a DE query encoded during a CE capture failed
@@ -152,6 +160,11 @@ class GraphRunner:
         self.max_rows = max_rows_default() if max_rows is None else int(max_rows)
         self.device = device
         self._buckets: dict[tuple[int, int], _Bucket] = {}
+        # the buckets this thread has run (onnxruntime's graphs are per thread: see above)
+        self._local = threading.local()
+        # True: any thread captures a bucket on its first batch of that shape; False (pin()):
+        # only the buckets a thread has warmed up replay in it, other batches run without a graph
+        self.lazy = True
         if device == "cuda" and self.max_rows > 0 and not _ACTIVE:
             _ACTIVE.append(True)
         self.skip_options = ort.RunOptions()
@@ -163,6 +176,21 @@ class GraphRunner:
     def buckets(self) -> list[tuple[int, int]]:
         return sorted(self._buckets)
 
+    def _mine(self) -> set[tuple[int, int]]:
+        """The buckets the calling thread has run (captured, on a GPU)."""
+        keys = getattr(self._local, "keys", None)
+        if keys is None:
+            keys = self._local.keys = set()
+        return keys
+
+    def warmed_here(self, key: tuple[int, int]) -> bool:
+        return key in self._mine()
+
+    def pin(self) -> None:
+        """From now on only the threads that warmed a bucket up replay its graph; every other
+        batch runs without a graph (no capture in threads that were not warmed up)."""
+        self.lazy = False
+
     def warm(self, max_rows: int, max_columns: int, runs: int = 3) -> int:
         """Make (capture) every bucket up to ``max_rows`` x ``max_columns`` now, ``runs`` runs
         each (onnxruntime captures after its first runs), instead of on a request's first batch
@@ -171,21 +199,23 @@ class GraphRunner:
         for key in all_buckets(min(max_rows, self.max_rows), max_columns):
             if self.max_rows == 0:  # a capture failed: graphs are off
                 break
-            if key in self._buckets:
+            if self.warmed_here(key):  # (per thread: another thread's capture is not ours)
                 continue
             feeds = dummy_feeds(self.inputs, *key)
             for _ in range(runs):
-                if self.run(feeds) is None:
+                if self.run(feeds, warming=True) is None:
                     break
-            made += key in self._buckets
+            made += self.warmed_here(key)
         return made
 
-    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
+    def run(self, feeds: dict[str, np.ndarray], *, warming: bool = False) -> np.ndarray | None:
         first = feeds[self.inputs[0]]
         n, cols = first.shape
         key = bucket(n, cols, self.max_rows)
         if key is None:
             return None
+        if not (self.lazy or warming or self.warmed_here(key)):
+            return None  # pinned: this thread did not warm this bucket up; no graph here
         with _LOCK:
             b = self._buckets.get(key)
             try:
@@ -222,4 +252,5 @@ class GraphRunner:
                 return None
             b.runs += 1
             self.replays += 1
+            self._mine().add(key)
             return b.out.numpy()[:n].copy()

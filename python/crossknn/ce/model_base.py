@@ -239,11 +239,21 @@ class ModelBase:
             ids.extend(self._plan.encode(texts[start : start + _ENCODE_CHUNK], need))
         return IdStore(ids, self._room)
 
+    def pin_graphs(self) -> None:
+        """On a GPU with CUDA graphs: from now on only the threads that called :meth:`warmup`
+        replay graphs; any other thread runs its batches without one instead of capturing its
+        own (onnxruntime keeps graphs per thread). ``crossknn serve`` warms each CE worker thread
+        up and pins both models, so that request threads never capture. A no-op elsewhere."""
+        pin = getattr(self._s, "pin_graphs", None)
+        if pin is not None:
+            pin()
+
     def warmup(self, max_pairs: int | None = None) -> dict[str, Any]:
         """Pay a GPU's first-use costs of batch shapes (CUDA graph captures, memory growth) for
         batches of up to ``max_pairs`` pairs (a DE: texts; default ``batch_size``) of up to
-        ``max_length`` tokens before the first request (``crossknn serve`` calls it for the CE
-        and the DE); nothing on the CPU.
+        ``max_length`` tokens before the first request, in the calling thread (onnxruntime keeps
+        CUDA graphs per thread: ``crossknn serve`` calls it in each CE worker thread); nothing
+        on the CPU.
         ``{"buckets": graphs captured, "seconds": ...}``."""
         rows = self.batch_size if max_pairs is None else max_pairs
         check_positive("max_pairs", rows)

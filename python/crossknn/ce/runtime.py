@@ -419,6 +419,13 @@ class _Session:
         )
         return {"buckets": made, "seconds": round(seconds, 3)}
 
+    def pin_graphs(self) -> None:
+        """Only the threads that warmed up (:meth:`warmup`) replay CUDA graphs from now on; other
+        threads run their batches without one (:meth:`crossknn.ce.cuda_graph.GraphRunner.pin`).
+        A no-op without graphs."""
+        if self.graph is not None:
+            self.graph.pin()
+
     @property
     def source(self) -> str | None:
         """The Hugging Face folder the model was exported from (per its manifest), if known."""

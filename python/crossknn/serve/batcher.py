@@ -37,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -115,6 +116,7 @@ class Batcher:
         active: Callable[[], int] | None = None,
         name: str = "crossknn-ce",
         workers: int = 1,
+        warmup: Callable[[], Any] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1; got {workers}")
@@ -135,12 +137,31 @@ class Batcher:
         self._done_lock = threading.Lock()  # a job's pieces may finish on different workers
         self._stop = False
         self.workers = int(workers)
+        # run by each worker thread before its first batch (a GPU's CUDA graphs are per thread)
+        self._warmup = warmup
+        self._warm: list[Any] = []
+        self._warm_done = threading.Semaphore(0)
         self._threads = [
             threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
             for i in range(self.workers)
         ]
         for t in self._threads:
             t.start()
+
+    def wait_warm(self, timeout: float | None = None) -> list[Any]:
+        """What ``warmup`` returned in each worker thread, once all of them ran it (an exception
+        raised there is raised here); ``[]`` without a warm-up."""
+        if self._warmup is None:
+            return []
+        end = None if timeout is None else time.monotonic() + timeout
+        for _ in range(self.workers):
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not self._warm_done.acquire(timeout=left):
+                raise TimeoutError(f"the CE workers' warm-up did not finish in {timeout} s")
+        for got in self._warm:
+            if isinstance(got, BaseException):
+                raise got
+        return list(self._warm)
 
     @property
     def merging(self) -> bool:
@@ -259,6 +280,14 @@ class Batcher:
         return np.split(flat, np.cumsum([p.n for p in pieces])[:-1])
 
     def _loop(self) -> None:
+        if self._warmup is not None:
+            try:
+                got = self._warmup()
+            except BaseException as exc:  # reported by wait_warm; the worker still serves
+                log.exception("crossknn.serve: the CE worker's warm-up failed")
+                got = exc
+            self._warm.append(got)
+            self._warm_done.release()
         while True:
             batch = self._take()
             if batch is None:

@@ -228,25 +228,32 @@ class SearchService:
             )
             index.check_models(ce=ce, de=de)
             m = self.metrics
+            max_pairs = merged_pairs(c.max_batch_pairs, ce.provider)
+            # the largest merged batch one session run can take
+            pairs = min(max_pairs or ce.batch_size, ce.batch_size)
             batcher = Batcher(
                 ce,
-                max_batch_pairs=merged_pairs(c.max_batch_pairs, ce.provider),
+                max_batch_pairs=max_pairs,
                 max_wait_s=c.max_wait_ms / 1000.0,
                 on_batch=m.on_batch,
                 on_drop=m.on_drop,
                 active=lambda: self.admission.in_server,
                 workers=ce_workers(c.ce_workers, ce.provider),
+                # in each CE worker thread: onnxruntime keeps CUDA graphs per thread, so a
+                # warm-up in this (loading) thread would leave the workers to capture their own
+                # graphs on their first batches of each shape, under load
+                warmup=(lambda: ce.warmup(pairs)) if c.warmup else None,
             )
-            if c.warmup:
-                # the largest merged batch one session run can take
-                pairs = min(batcher.max_batch_pairs or ce.batch_size, ce.batch_size)
-                self.warmup = ce.warmup(pairs)
-                # and the DE's query batches (a query group's new queries), which on a GPU
-                # share the process's one session-run lock with the CE: a capture there would
-                # hold every CE batch back
-                if callable(getattr(de, "warmup", None)):
-                    self.warmup["de"] = de.warmup(max(c.group_queries, 1))
             try:
+                if c.warmup:
+                    warm = batcher.wait_warm(timeout=600.0)
+                    self.warmup = {**warm[0], "threads": len(warm)}
+                # from now on no other thread captures graphs: the DE's query batches run in
+                # the request threads, which would each capture their own (holding the CE back)
+                for model in (ce, de):
+                    pin = getattr(model, "pin_graphs", None)
+                    if pin is not None:
+                        pin()
                 batched = BatchedCE(ce, batcher)
                 searcher = crossknn.Searcher(
                     index,
