@@ -249,8 +249,9 @@ class SearchService:
                     warm = batcher.wait_warm(timeout=600.0)
                     self.warmup = {**warm[0], "threads": len(warm)}
                 # from now on no other thread captures graphs: the DE's query batches run in
-                # the request threads, which would each capture their own (holding the CE back)
-                for model in (ce, de):
+                # the request threads, which would each capture their own (holding the CE back);
+                # without a warm-up the CE workers capture theirs on first use (--no-warmup)
+                for model in (ce, de) if c.warmup else (de,):
                     pin = getattr(model, "pin_graphs", None)
                     if pin is not None:
                         pin()
