@@ -862,9 +862,11 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                 break
 
 
-# bp2048+cew1: the GPU defaults before the sixteenth session (merged batches up to 2048 pairs,
-# one CE worker); group1+any: requests searched alone under a plain lock (docs/serve.md)
-GPU_SERVE_VARIANTS = "default,bp2048+cew1,group1+any,w4,cold"
+# cold: no warm-up, the CE workers capture each shape's graph on its first batch (what the
+# warm-up in the loading thread amounted to before the sixteenth session: onnxruntime keeps
+# graphs per thread); bp2048+cew1: the GPU batching defaults before it; group1+any: requests
+# searched alone under a plain lock (docs/serve.md)
+GPU_SERVE_VARIANTS = "default,cold,bp2048+cew1,group1+any,w4"
 
 
 class Variant:
