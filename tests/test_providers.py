@@ -341,6 +341,18 @@ def test_cuda_sessions_run_the_fused_graph(tiny_joint, fake_cuda):
     assert not plain._s.fused and fake_cuda[-1][0] == "model.onnx"
 
 
+def test_cuda_graphs_can_be_left_off_or_pinned(tiny_joint, fake_cuda):
+    """``cuda_graph=False`` (serve's DE: it runs in request threads) opens a session without a
+    graph runner; ``pin_graphs`` stops lazy captures in threads that did not warm up."""
+    plain = OnnxCrossEncoder(tiny_joint, provider="cuda", io_binding=False, cuda_graph=False)
+    assert plain._s.graph is None
+    plain.pin_graphs()  # a no-op without graphs
+    graphed = OnnxCrossEncoder(tiny_joint, provider="cuda", io_binding=False, cuda_graph=True)
+    assert graphed._s.graph is not None and graphed._s.graph.lazy
+    graphed.pin_graphs()
+    assert not graphed._s.graph.lazy
+
+
 def test_a_cuda_graph_that_cannot_be_made_falls_back_to_plain_runs(tiny_joint, fake_cuda):
     """CUDA graphs are on by default; where their buffers or capture fail (here: the "CUDA"
     session is a CPU one, so no CUDA memory), the runs go on without them and say why."""

@@ -341,15 +341,18 @@ def open_index_models(
     de_model: str | os.PathLike | None = None,
     precision: str | None = None,
     de_precision: str | None = None,
+    de_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> tuple[CrossEncoder, DualEncoder]:
     """``(ce, de)`` to search ``index`` with: the models it records, or ``model`` / ``de_model``
     folders. ``precision`` / ``de_precision`` (default: the recorded ones) must name the
     recorded variant, or be fp16 where fp32 is recorded (the same graph in half precision).
     ``options`` are the runtime options (``provider``, ``threads``, ``batch_size``,
-    ``max_batch_tokens``); the DE gets them without ``batch_size`` (which counts CE pairs).
+    ``max_batch_tokens``); the DE gets them without ``batch_size`` (which counts CE pairs),
+    and ``de_options`` on top (e.g. ``cuda_graph`` for the ONNX backend).
     The caller checks the models against the index (``index.check_models``)."""
     de_opts = {k: v for k, v in options.items() if k != "batch_size"}
+    de_opts.update(de_options or {})
     de = open_index_model(index, "de", de_model, de_precision, de_opts)
     ce = open_index_model(index, "ce", model, precision, dict(options))
     return ce, de

@@ -225,6 +225,10 @@ class SearchService:
                 threads=threads,
                 backend=c.backend,
                 max_batch_tokens=c.max_batch_tokens,
+                # the DE's query vectors are encoded in request threads: without CUDA graphs,
+                # onnxruntime's CUDA provider does not keep a context (handles, graphs) for
+                # each of them, and none of them captures while the CE workers wait
+                de_options={"cuda_graph": False} if c.backend == "onnx" else None,
             )
             index.check_models(ce=ce, de=de)
             m = self.metrics
@@ -249,8 +253,9 @@ class SearchService:
                     warm = batcher.wait_warm(timeout=600.0)
                     self.warmup = {**warm[0], "threads": len(warm)}
                 # from now on no other thread captures graphs: the DE's query batches run in
-                # the request threads, which would each capture their own (holding the CE back);
-                # without a warm-up the CE workers capture theirs on first use (--no-warmup)
+                # the request threads, which would each capture their own (holding the CE back;
+                # the ONNX DE has none, another backend's is pinned too); without a warm-up
+                # the CE workers capture theirs on first use (--no-warmup)
                 for model in (ce, de) if c.warmup else (de,):
                     pin = getattr(model, "pin_graphs", None)
                     if pin is not None:
