@@ -243,22 +243,11 @@ class ModelBase:
         """On a GPU with CUDA graphs: from now on only the threads that called :meth:`warmup`
         replay graphs; any other thread runs its batches without one instead of capturing its
         own (onnxruntime keeps graphs per thread). ``crossknn serve`` warms each CE worker thread
-        up and pins both models, so that request threads never capture. A no-op elsewhere."""
+        up and pins the CE (its ONNX DE has no graphs), so that request threads never capture.
+        A no-op elsewhere."""
         pin = getattr(self._s, "pin_graphs", None)
         if pin is not None:
             pin()
-
-    def warmup(self, max_pairs: int | None = None) -> dict[str, Any]:
-        """Pay a GPU's first-use costs of batch shapes (CUDA graph captures, memory growth) for
-        batches of up to ``max_pairs`` pairs (a DE: texts; default ``batch_size``) of up to
-        ``max_length`` tokens before the first request, in the calling thread (onnxruntime keeps
-        CUDA graphs per thread: ``crossknn serve`` calls it in each CE worker thread); nothing
-        on the CPU.
-        ``{"buckets": graphs captured, "seconds": ...}``."""
-        rows = self.batch_size if max_pairs is None else max_pairs
-        check_positive("max_pairs", rows)
-        rows = max(1, min(int(rows), self.max_batch_tokens // self.max_length))
-        return self._s.warmup(rows, self.max_length)
 
 
 class CrossEncoderBase(ModelBase):
@@ -363,6 +352,18 @@ class CrossEncoderBase(ModelBase):
         if apply_activation and self.activation == "sigmoid":
             out = (1.0 / (1.0 + np.exp(-out.astype(np.float64)))).astype(np.float32)
         return out
+
+    def warmup(self, max_pairs: int | None = None) -> dict[str, Any]:
+        """Pay a GPU's first-use costs of batch shapes (CUDA graph captures, memory growth) for
+        batches of up to ``max_pairs`` pairs (default ``batch_size``) of up to
+        ``max_length`` tokens before the first request, in the calling thread (onnxruntime keeps
+        CUDA graphs per thread: ``crossknn serve`` calls it in each CE worker thread); nothing
+        on the CPU.
+        ``{"buckets": graphs captured, "seconds": ...}``."""
+        rows = self.batch_size if max_pairs is None else max_pairs
+        check_positive("max_pairs", rows)
+        rows = max(1, min(int(rows), self.max_batch_tokens // self.max_length))
+        return self._s.warmup(rows, self.max_length)
 
     def _score_pairs(self, pairs, **kw) -> tuple[np.ndarray, bool]:
         """Scores of ``(query, document)`` string pairs in input order, and whether one pair

@@ -77,9 +77,9 @@ class ServeConfig:
     # searched alone); needs engine_order "oldest". None: 8 with "oldest", 1 with "any"
     # (docs/serve.md: measured on an H200)
     group_queries: int | None = None
-    # on a GPU: capture every CUDA graph bucket of a merged batch (and of the DE's query
-    # batches) and grow the device memory to the largest batch at load, so that no request pays
-    # a batch shape's first use
+    # on a GPU: capture every CUDA graph bucket of a merged batch and grow the device memory to
+    # the largest batch at load, in each CE worker thread (graphs are per thread), so that no
+    # request pays a batch shape's first use
     warmup: bool = True
     max_queue: int = 64
     timeout_s: float = 30.0
