@@ -264,6 +264,26 @@ void Features::rows(const int64_t* items, int64_t m, double* out) const {
   }
 }
 
+void Features::rows(const int64_t* items, int64_t m, float* out) const {
+  const detail::FeatureData& fd = *data_;
+  const int64_t n_ = fd.n, d_ = fd.d;
+  for (int64_t t = 0; t < m; ++t) check_item(items[t], n_);
+  for (int64_t t = 0; t < m; ++t) {
+    const int64_t r = items[t];
+    float* o = out + t * d_;
+    switch (fd.st) {
+      case Storage::Float32:
+        std::memcpy(o, fd.p32 + r * d_, static_cast<size_t>(d_) * sizeof(float));
+        break;
+      case Storage::Float16:
+        for (int64_t j = 0; j < d_; ++j) o[j] = detail::half_to_float(fd.p16[r * d_ + j]);
+        break;
+      default:
+        for (int64_t j = 0; j < d_; ++j) o[j] = static_cast<float>(fd.p8[r * d_ + j]) * fd.pscale[r];
+    }
+  }
+}
+
 namespace {
 
 struct Entry {
@@ -505,6 +525,8 @@ bool candidates(int64_t n, int64_t Q, int64_t k, int64_t bs, int T,
   };
   std::vector<std::vector<Lists>> lists(T, std::vector<Lists>(Q));
   std::vector<std::vector<double>> sbuf(T), ebuf(T);
+  std::vector<std::vector<int32_t>> ibuf(T);
+  constexpr int64_t kChunk = 64;
   const auto gt = std::greater<double>();
   parallel_for(T, n_blocks, [&](int w, int64_t b) {
     const int64_t r0 = b * bs, r1 = std::min(n, r0 + bs), nb = r1 - r0;
@@ -512,32 +534,38 @@ bool candidates(int64_t n, int64_t Q, int64_t k, int64_t bs, int T,
     sv.resize(static_cast<size_t>(bs * Q));
     ev.resize(static_cast<size_t>(bs * Q));
     block(w, r0, r1, sv.data(), ev.data());
+    auto& pass = ibuf[w];
+    pass.resize(static_cast<size_t>(kChunk));
     for (int64_t q = 0; q < Q; ++q) {
       const auto& e = excl[q];
       auto it = std::lower_bound(e.begin(), e.end(), r0);
-      int64_t next_ex = it == e.end() ? n : *it;
       Lists& L = lists[w][q];
       double thr = static_cast<int64_t>(L.lo.size()) < k ? -HUGE_VAL : L.lo.front();
-      for (int64_t x = 0; x < nb; ++x) {
-        const int64_t r = r0 + x;
-        if (r == next_ex) {
-          ++it;
-          next_ex = it == e.end() ? n : *it;
-          continue;
-        }
-        const double sc = sv[q * bs + x], err = ev[q * bs + x];
-        const double lo = sc - err, hi = sc + err;
-        if (hi < thr) continue;
-        L.cand.emplace_back(r, hi);
-        if (static_cast<int64_t>(L.lo.size()) < k) {
-          L.lo.push_back(lo);
-          std::push_heap(L.lo.begin(), L.lo.end(), gt);
-          if (static_cast<int64_t>(L.lo.size()) == k) thr = L.lo.front();
-        } else if (lo > L.lo.front()) {
-          std::pop_heap(L.lo.begin(), L.lo.end(), gt);
-          L.lo.back() = lo;
-          std::push_heap(L.lo.begin(), L.lo.end(), gt);
-          thr = L.lo.front();
+      const double* sq = sv.data() + q * bs;
+      const double* eq = ev.data() + q * bs;
+      // chunks of rows: the ones whose upper bound reaches the threshold so far (it only rises,
+      // so the rows left out would be skipped below too), then those one by one
+      for (int64_t c0 = 0; c0 < nb; c0 += kChunk) {
+        const int64_t m =
+            detail::rows_reaching(sq + c0, eq + c0, std::min(kChunk, nb - c0), thr, pass.data());
+        for (int64_t t = 0; t < m; ++t) {
+          const int64_t x = c0 + pass[t], r = r0 + x;
+          while (it != e.end() && *it < r) ++it;
+          if (it != e.end() && *it == r) continue;  // excluded
+          const double sc = sq[x], err = eq[x];
+          const double lo = sc - err, hi = sc + err;
+          if (hi < thr) continue;
+          L.cand.emplace_back(r, hi);
+          if (static_cast<int64_t>(L.lo.size()) < k) {
+            L.lo.push_back(lo);
+            std::push_heap(L.lo.begin(), L.lo.end(), gt);
+            if (static_cast<int64_t>(L.lo.size()) == k) thr = L.lo.front();
+          } else if (lo > L.lo.front()) {
+            std::pop_heap(L.lo.begin(), L.lo.end(), gt);
+            L.lo.back() = lo;
+            std::push_heap(L.lo.begin(), L.lo.end(), gt);
+            thr = L.lo.front();
+          }
         }
       }
     }
@@ -617,15 +645,10 @@ bool int8_candidates(const detail::FeatureData& fd, int threads, const float* U,
     t.resize(static_cast<size_t>(r1 - r0));
     for (int64_t q = 0; q < Q; ++q) {
       detail::int8_totals(sh.q.data(), d, r0, r1, uq.data() + q * d, t.data());
-      for (int64_t r = r0; r < r1; ++r) {
-        const double a = static_cast<double>(t[r - r0]) * sh.scale[r] * su[q];
-        const double v = a + cs[q];
-        s[q * bs + (r - r0)] = v;
-        e[q * bs + (r - r0)] =
-            (sh.dq_norm[r] * wn[q] + sh.err_norm[r] * unq[q] + sh.gx_norm[r] * un[q]) *
-                (1.0 + 1e-9) +
-            4.5e-16 * std::fabs(a) + 2.3e-16 * std::fabs(v) + ce[q] + tiny;
-      }
+      const detail::Int8Bound bq{su[q], cs[q], wn[q], unq[q], un[q], ce[q], tiny};
+      detail::int8_bounds(t.data(), r1 - r0, sh.scale.data() + r0, sh.dq_norm.data() + r0,
+                          sh.err_norm.data() + r0, sh.gx_norm.data() + r0, bq, s + q * bs,
+                          e + q * bs);
     }
   };
   return candidates(n, Q, k, bs, T, excl, block, out);

@@ -147,6 +147,26 @@ void totals_generic(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const in
   }
 }
 
+void bounds_generic(const int64_t* t, int64_t nb, const double* scale, const double* dq,
+                    const double* err, const double* gx, const Int8Bound& b, double* s,
+                    double* e) {
+  for (int64_t x = 0; x < nb; ++x) {
+    const double a = static_cast<double>(t[x]) * scale[x] * b.su;
+    const double v = a + b.cs;
+    s[x] = v;
+    e[x] = (dq[x] * b.wn + err[x] * b.unq + gx[x] * b.un) * (1.0 + 1e-9) +
+           4.5e-16 * std::fabs(a) + 2.3e-16 * std::fabs(v) + b.ce + b.tiny;
+  }
+}
+
+int64_t reaching_generic(const double* s, const double* e, int64_t nb, double thr,
+                         int32_t* idx) {
+  int64_t m = 0;
+  for (int64_t x = 0; x < nb; ++x)
+    if (!(s[x] + e[x] < thr)) idx[m++] = static_cast<int32_t>(x);
+  return m;
+}
+
 #ifdef CROSSKNN_X86
 // ---------------- AVX2 path (float32 / float16 via FMA; int8 via integer madd) --------------
 __attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) {
@@ -520,6 +540,52 @@ void totals_avx512_vnni(const int8_t* V, int64_t d, int64_t r0, int64_t r1, cons
   totals_avx512_t<true>(V, d, r0, r1, uq, out);
 }
 
+// int8_bounds eight rows at a time: the generic path's operations lane for lane (the core
+// builds with -ffp-contract=off: no fused multiply-adds), so the same bits.
+CROSSKNN_AVX512_I8 void bounds_avx512(const int64_t* t, int64_t nb, const double* scale,
+                                      const double* dq, const double* err, const double* gx,
+                                      const Int8Bound& b, double* s, double* e) {
+  const __m512d su = _mm512_set1_pd(b.su), cs = _mm512_set1_pd(b.cs), wn = _mm512_set1_pd(b.wn),
+                unq = _mm512_set1_pd(b.unq), un = _mm512_set1_pd(b.un),
+                safety = _mm512_set1_pd(1.0 + 1e-9), ka = _mm512_set1_pd(4.5e-16),
+                kv = _mm512_set1_pd(2.3e-16), ce = _mm512_set1_pd(b.ce),
+                tiny = _mm512_set1_pd(b.tiny);
+  int64_t x = 0;
+  for (; x + 8 <= nb; x += 8) {
+    const __m512d tt = _mm512_cvtepi64_pd(_mm512_loadu_si512(t + x));
+    const __m512d a = _mm512_mul_pd(_mm512_mul_pd(tt, _mm512_loadu_pd(scale + x)), su);
+    const __m512d v = _mm512_add_pd(a, cs);
+    __m512d r = _mm512_add_pd(
+        _mm512_add_pd(_mm512_mul_pd(_mm512_loadu_pd(dq + x), wn),
+                      _mm512_mul_pd(_mm512_loadu_pd(err + x), unq)),
+        _mm512_mul_pd(_mm512_loadu_pd(gx + x), un));
+    r = _mm512_add_pd(_mm512_mul_pd(r, safety), _mm512_mul_pd(ka, _mm512_abs_pd(a)));
+    r = _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(r, _mm512_mul_pd(kv, _mm512_abs_pd(v))), ce),
+                      tiny);
+    _mm512_storeu_pd(s + x, v);
+    _mm512_storeu_pd(e + x, r);
+  }
+  if (x < nb) bounds_generic(t + x, nb - x, scale + x, dq + x, err + x, gx + x, b, s + x, e + x);
+}
+
+CROSSKNN_AVX512_I8 int64_t reaching_avx512(const double* s, const double* e, int64_t nb,
+                                           double thr, int32_t* idx) {
+  const __m512d th = _mm512_set1_pd(thr);
+  int64_t m = 0, x = 0;
+  for (; x + 8 <= nb; x += 8) {
+    const __m512d hi = _mm512_add_pd(_mm512_loadu_pd(s + x), _mm512_loadu_pd(e + x));
+    // not (hi < thr): NaN bounds reach it too, as in the generic path
+    unsigned mk = _mm512_cmp_pd_mask(hi, th, _CMP_NLT_UQ);
+    while (mk) {
+      idx[m++] = static_cast<int32_t>(x + __builtin_ctz(mk));
+      mk &= mk - 1;
+    }
+  }
+  for (; x < nb; ++x)
+    if (!(s[x] + e[x] < thr)) idx[m++] = static_cast<int32_t>(x);
+  return m;
+}
+
 // float16 rows against one query for the prefilter (any order within its error bound): four
 // rows at a time, two 16-lane accumulators per row, 32 entries per step, masked loads for the
 // last < 32 (zeros add nothing); per score at most d / 32 + 2 FMAs and 5 adds per path.
@@ -641,6 +707,9 @@ using ScoreFn = void (*)(const FeatureData&, int64_t, int64_t, const Queries&, f
 using GatherFn = void (*)(const FeatureData&, const int64_t*, int64_t, const float*, float*);
 using TotalsFn = void (*)(const int8_t*, int64_t, int64_t, int64_t, const int16_t*, int64_t*);
 using ShadowFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const float*, float*);
+using BoundsFn = void (*)(const int64_t*, int64_t, const double*, const double*, const double*,
+                          const double*, const Int8Bound&, double*, double*);
+using ReachingFn = int64_t (*)(const double*, const double*, int64_t, double, int32_t*);
 using ShadowRowsFn = void (*)(const uint16_t*, int64_t, const int64_t*, int64_t, const float*,
                               float*);
 
@@ -666,6 +735,8 @@ struct Dispatch {
   TotalsFn totals = totals_generic;
   ShadowFn shadow = shadow_generic;
   ShadowRowsFn shadow_rows = shadow_rows_generic;
+  BoundsFn bounds = bounds_generic;
+  ReachingFn reaching = reaching_generic;
   const char* name = "generic";
   Dispatch() {
 #ifdef CROSSKNN_X86
@@ -680,6 +751,8 @@ struct Dispatch {
     }
     if (level >= SimdLevel::Avx512) {
       totals = __builtin_cpu_supports("avx512vnni") ? totals_avx512_vnni : totals_avx512;
+      bounds = bounds_avx512;
+      reaching = reaching_avx512;
       shadow = shadow_avx512;
       shadow_rows = shadow_rows_avx512;
       gather = gather_avx512;
@@ -751,6 +824,15 @@ void gather_scores(const FeatureData& f, const int64_t* rows, int64_t m, const f
 void int8_totals(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
                  int64_t* out) {
   dispatch().totals(V, d, r0, r1, uq, out);
+}
+
+void int8_bounds(const int64_t* t, int64_t nb, const double* scale, const double* dq,
+                 const double* err, const double* gx, const Int8Bound& b, double* s, double* e) {
+  dispatch().bounds(t, nb, scale, dq, err, gx, b, s, e);
+}
+
+int64_t rows_reaching(const double* s, const double* e, int64_t nb, double thr, int32_t* idx) {
+  return dispatch().reaching(s, e, nb, thr, idx);
 }
 
 void shadow_scores(const uint16_t* H, int64_t d, int64_t r0, int64_t r1, const float* u,

@@ -37,6 +37,23 @@ void gather_scores(const FeatureData& f, const int64_t* rows, int64_t m, const f
 void int8_totals(const int8_t* V, int64_t d, int64_t r0, int64_t r1, const int16_t* uq,
                  int64_t* out);
 
+// The int8 prefilter's approximate score and error bound of rows [0, nb) for one query
+// (features.cpp, int8_candidates, derives the bound): from the exact integer totals t,
+//   s_x = t_x * scale_x * su + cs
+//   e_x = (dq_x * wn + err_x * unq + gx_x * un) * (1 + 1e-9) + 4.5e-16 |a_x| + 2.3e-16 |s_x|
+//         + ce + tiny,   a_x = t_x * scale_x * su,
+// each operation as written, left to right (the same bits on every kernel path).
+struct Int8Bound {
+  double su, cs, wn, unq, un, ce, tiny;
+};
+void int8_bounds(const int64_t* t, int64_t nb, const double* scale, const double* dq,
+                 const double* err, const double* gx, const Int8Bound& b, double* s, double* e);
+
+// The rows x in [0, nb) whose upper bound s_x + e_x reaches thr, ascending, into idx (room for
+// nb); returns how many. The prefilter's candidates pass through it: most rows fail once a
+// query's threshold is known, and those cost a vector compare instead of a branch.
+int64_t rows_reaching(const double* s, const double* e, int64_t nb, double thr, int32_t* idx);
+
 // Scores of rows [r0, r1) of a float16 matrix (n x d) for one query, for the top-k prefilter:
 // any summation order whose paths have at most d + 64 rounded operations (the prefilter's error
 // bound), here four rows at a time; out[r - r0].

@@ -230,19 +230,34 @@ inline double dot8(const double* a, const double* b, int64_t n) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-// w += Z^T x over n rows of length D1 (PriorRidge::solve): each w[j] sums its products in row
-// order, so any vector width gives the same bits (clones.h)
-CROSSKNN_CLONES_AVX512 void add_rows_times(const double* __restrict Z, int64_t n, int64_t D1,
-                                          const double* __restrict x, double* __restrict w) {
+// sum_j a[j] b[j] of float32 a (each widened to double first) with dot8's order: the bits of
+// dot8 over the double copy of a
+inline double dot8(const float* a, const double* b, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) s[l] += static_cast<double>(a[j + l]) * b[j + l];
+  for (; j < n; ++j) s[0] += static_cast<double>(a[j]) * b[j];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// w += Z^T x over the n rows z_a = [X_a, zd_a] (PriorRidge::solve; X float32, n x d): each w[j]
+// sums its products in row order, so any vector width gives the same bits (clones.h); X_aj
+// widened to double is the value the double copy held
+CROSSKNN_CLONES_AVX512 void add_rows_times(const float* __restrict X, const double* __restrict zd,
+                                          int64_t n, int64_t d, const double* __restrict x,
+                                          double* __restrict w) {
   for (int64_t a = 0; a < n; ++a) {
-    const double* __restrict z = Z + a * D1;
+    const float* __restrict z = X + a * d;
     const double xa = x[a];
-    for (int64_t j = 0; j < D1; ++j) w[j] += z[j] * xa;
+    for (int64_t j = 0; j < d; ++j) w[j] += static_cast<double>(z[j]) * xa;
+    w[d] += zd[a] * xa;
   }
 }
 
 // One query's PriorRidge state (Solve::PriorRidge in search.h). Rows z_a = [x_a, x_a . p0] are
-// kept; K = Z diag(inv) Z^T grows by one row per scored item; with decay 0 the Cholesky factor of
+// kept (x_a as float32, the values the features hold, and the slope feature x_a . p0 in double);
+// K = Z diag(inv) Z^T grows by one row per scored item; with decay 0 the Cholesky factor of
 // K + I grows with it (each step only factors the new rows). Storage for `capacity` scored items
 // (the plan's total) is taken once: K and L keep that leading dimension, so that a step writes
 // its new rows in place instead of re-laying the old ones out.
@@ -260,8 +275,13 @@ class PriorRidge {
         cap_(std::max<int64_t>(capacity, 1)),
         // not zeroed: an entry is written before it is read
         K_(new double[static_cast<size_t>(cap_ * cap_)]),
-        L_(new double[static_cast<size_t>(cap_ * cap_)]) {
-    Z_.reserve(static_cast<size_t>(cap_ * (d_ + 1)));
+        L_(new double[static_cast<size_t>(cap_ * cap_)]),
+        X_(new float[static_cast<size_t>(cap_ * d_)]),
+        zd_(new double[static_cast<size_t>(cap_)]) {
+    if (!wg_) {  // the kernel rows' dot products read the rows in double
+      Z_.reset(new double[static_cast<size_t>(cap_ * (d_ + 1))]);
+      zl_.reset(new double[static_cast<size_t>(cap_ * (d_ + 1))]);
+    }
   }
 
   void append(const int64_t* items, const double* targets, int64_t m) {
@@ -269,18 +289,11 @@ class PriorRidge {
     if (n0 + m > cap_)  // the loop's budget accounting keeps a query within its plan
       throw std::logic_error("PriorRidge: " + std::to_string(n0 + m) +
                              " scored items exceed the plan's " + std::to_string(cap_));
-    rows_.resize(static_cast<size_t>(m * d_));
-    f_.rows(items, m, rows_.data());
-    Z_.resize(static_cast<size_t>((n0 + m) * D1));
+    float* const X = X_.get();
+    double* const zd = zd_.get();
+    f_.rows(items, m, X + n0 * d_);
     for (int64_t t = 0; t < m; ++t) {
-      double* z = Z_.data() + (n0 + t) * D1;
-      const double* x = rows_.data() + t * d_;
-      double dot = 0.0;
-      for (int64_t j = 0; j < d_; ++j) {
-        z[j] = x[j];
-        dot += x[j] * p0_[j];
-      }
-      z[d_] = dot;
+      zd[n0 + t] = dot8(X + (n0 + t) * d_, p0_.data(), d_);  // the slope feature x . p0
       a_.push_back(targets[t]);
     }
     items_.insert(items_.end(), items, items + m);
@@ -291,19 +304,30 @@ class PriorRidge {
     // threads
     double* K = K_.get();
     const int64_t ld = cap_;
-    zl_.resize(static_cast<size_t>(m * D1));
-    for (int64_t r = n0; r < n_; ++r) {
-      const double* zr = Z_.data() + r * D1;
-      for (int64_t j = 0; j < D1; ++j) zl_[(r - n0) * D1 + j] = zr[j] * inv_[j];
-    }
-    auto slope = [&](int64_t r, int64_t b) { return zl_[(r - n0) * D1 + d_] * Z_[b * D1 + d_]; };
+    auto slope = [&](int64_t r, int64_t b) { return (zd[r] * inv_[d_]) * zd[b]; };
     if (wg_) {
+      // lookups at random in an N x N table: the next row's entries are prefetched while this
+      // row's are read, so that their cache misses overlap
       const int64_t N = f_.n_items();
+      const double* m0 = wg_->m.data();
+      for (int64_t b = 0; b <= n0; ++b) __builtin_prefetch(m0 + items_[n0] * N + items_[b]);
       for (int64_t r = n0; r < n_; ++r) {
-        const double* mr = wg_->m.data() + items_[r] * N;
+        if (r + 1 < n_) {
+          const double* mn = m0 + items_[r + 1] * N;
+          for (int64_t b = 0; b <= r + 1; ++b) __builtin_prefetch(mn + items_[b]);
+        }
+        const double* mr = m0 + items_[r] * N;
         for (int64_t b = 0; b <= r; ++b) K[r * ld + b] = mr[items_[b]] + slope(r, b);
       }
       return;
+    }
+    double* const Z = Z_.get();
+    double* const zl = zl_.get();
+    for (int64_t r = n0; r < n_; ++r) {
+      double* z = Z + r * D1;
+      for (int64_t j = 0; j < d_; ++j) z[j] = static_cast<double>(X[r * d_ + j]);
+      z[d_] = zd[r];
+      for (int64_t j = 0; j < D1; ++j) zl[(r - n0) * D1 + j] = z[j] * inv_[j];
     }
     const int64_t n_groups = (m + 3) / 4;
     const int T = static_cast<double>(m) * n_ * D1 < 3e7 ? 1 : f_.threads();
@@ -314,12 +338,12 @@ class PriorRidge {
       // the old rows b < g0 two at a time (every row of the group against both: twice the
       // independent sums, the same bits), then the group's own triangle one b at a time
       const int ng = static_cast<int>(g1 - g0);
-      for (int t = 0; t < ng; ++t) a[t] = zl_.data() + (g0 + t - n0) * D1;
+      for (int t = 0; t < ng; ++t) a[t] = zl + (g0 + t - n0) * D1;
       int64_t b = 0;
       double out1[4];
       for (; b + 1 < g0; b += 2) {
-        detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z_.data() + b * D1,
-                       Z_.data() + (b + 1) * D1, d_, out, out1);
+        detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z + b * D1, Z + (b + 1) * D1, d_,
+                       out, out1);
         for (int t = 0; t < ng; ++t) {
           K[(g0 + t) * ld + b] = out[t] + slope(g0 + t, b);
           K[(g0 + t) * ld + b + 1] = out1[t] + slope(g0 + t, b + 1);
@@ -328,8 +352,8 @@ class PriorRidge {
       for (; b < g1; ++b) {
         int na = 0;
         int64_t first = std::max(g0, b);
-        for (int64_t r = first; r < g1; ++r) a[na++] = zl_.data() + (r - n0) * D1;
-        detail::dots(detail::DotOrder::Pairwise, a, na, Z_.data() + b * D1, d_, out);
+        for (int64_t r = first; r < g1; ++r) a[na++] = zl + (r - n0) * D1;
+        detail::dots(detail::DotOrder::Pairwise, a, na, Z + b * D1, d_, out);
         for (int t = 0; t < na; ++t) K[(first + t) * ld + b] = out[t] + slope(first + t, b);
       }
     });
@@ -358,7 +382,7 @@ class PriorRidge {
     }
     const int64_t D1 = d_ + 1;
     std::vector<double> w(static_cast<size_t>(D1), 0.0);
-    add_rows_times(Z_.data(), n_, D1, x.data(), w.data());
+    add_rows_times(X_.get(), zd_.get(), n_, d_, x.data(), w.data());
     for (int64_t j = 0; j < D1; ++j) w[j] *= s * inv_[j];
     for (int64_t j = 0; j < d_; ++j) u[j] = w[j] + w[d_] * p0_[j];
   }
@@ -412,7 +436,11 @@ class PriorRidge {
   int64_t cap_;
   int64_t n_ = 0, lsize_ = 0;
   std::unique_ptr<double[]> K_, L_;  // cap_ x cap_, lower triangles
-  std::vector<double> Z_, a_, rows_, zl_;
+  // rows x_a (cap_ x d float32) and their slope features; without the cache the rows z_a in
+  // double (cap_ x (d + 1)) and this step's z_r o inv: written before read, never zeroed
+  std::unique_ptr<float[]> X_;
+  std::unique_ptr<double[]> zd_, Z_, zl_;
+  std::vector<double> a_;
   std::vector<int64_t> items_;
 };
 

@@ -116,6 +116,9 @@ class Features {
 
   // Dequantized rows V[items] as double, out is m x d row-major.
   void rows(const int64_t* items, int64_t m, double* out) const;
+  // The same rows as float32 (every storage's dequantized values are float32 numbers: the
+  // same values, half the bytes).
+  void rows(const int64_t* items, int64_t m, float* out) const;
 
   // Q queries U (Q x d float32, row-major). Writes Q x k scores and indices, each row sorted by
   // score descending, ties to the lower index. Throws invalid_argument when k exceeds the number
