@@ -256,6 +256,8 @@ class AutoIndex:
     _deltas64: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
     # the kernel ridge's mean correction and dual coefficients (prior_tables; prior_ridge > 0)
     _kernel: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # C's Cholesky factor packed for spread(): (dtpmv, factor), False where C has none
+    _chol: tuple | bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         V = np.asarray(self.item_vectors, np.float32)
@@ -396,7 +398,20 @@ class AutoIndex:
                 self._kernel = (mu, np.linalg.solve(K, self._deltas64 - mu))
         if self.item_cov is None:
             self.item_cov = item_covariance(self.item_vectors)
+        if self._chol is None:
+            self._chol = packed_cholesky(self.item_cov)
         return (*self._tables, self.item_cov)
+
+    def spread(self, v: np.ndarray) -> float:
+        """``sd(V v) = sqrt(v C v)`` for a DE query vector ``v`` (float64, shape (d,)): through
+        ``C``'s Cholesky factor packed (``||Lᵀ v||``, half of ``C``'s bytes, read once a query)
+        where ``C`` has one, else ``C`` itself."""
+        C = self.prior_tables()[2]
+        if self._chol is False:
+            return float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
+        tpmv, ap = self._chol
+        x = tpmv(C.shape[0], ap, v, lower=1, trans=1)
+        return float(np.sqrt(x @ x))
 
     def row_prior(self, v: np.ndarray) -> np.ndarray:
         """The prior's CE-row block for DE query vector ``v``:
@@ -409,8 +424,7 @@ class AutoIndex:
         nv = float(np.linalg.norm(v))
         cos = (W @ v) / (wn * max(nv, 1e-12))
         w = np.exp(self.prior_tau * (cos - cos.max()))
-        spread = float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
-        return self.prior_alpha * spread * w / w.sum()
+        return self.prior_alpha * self.spread(v) * w / w.sum()
 
     def prior_vector(self, v: np.ndarray) -> np.ndarray:
         """The prior ``p0`` (d + m + r + 1) of DE query vector ``v`` (float64, shape (d,)).
@@ -430,7 +444,7 @@ class AutoIndex:
             return np.concatenate((v, self.row_prior(v), np.zeros(self.n_dirs + 1)))
         W, wn, C = self.prior_tables()
         cos = (W @ v) / (wn * max(float(np.linalg.norm(v)), 1e-12))
-        spread = float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
+        spread = self.spread(v)
         if self.prior_ridge > 0:
             mu, dual = self._kernel
             p = spread * (mu + np.exp(self.prior_kernel_tau * (cos - 1.0)) @ dual)
@@ -439,6 +453,21 @@ class AutoIndex:
             p = (spread / w.sum()) * (w @ self._deltas64)
         p[: self.dim] += v
         return p
+
+
+def packed_cholesky(C) -> tuple | bool:
+    """``(dtpmv, ap)``: BLAS's packed triangular product and ``C = L Lᵀ``'s factor ``L`` packed
+    by columns (the d (d + 1) / 2 entries it reads); False where ``C`` is not positive definite
+    (fewer items than dimensions, repeated columns)."""
+    from scipy.linalg.blas import dtpmv  # scipy is slow to import; only a built index needs it
+
+    try:
+        L = np.linalg.cholesky(np.asarray(C, np.float64))
+    except np.linalg.LinAlgError:
+        return False
+    if not np.all(np.isfinite(L)):
+        return False
+    return dtpmv, np.ascontiguousarray(L.T[np.triu_indices(L.shape[0])])
 
 
 def item_covariance(V) -> np.ndarray:
@@ -708,7 +737,7 @@ def learned_prior(
         its, first = np.unique(np.concatenate(its), return_index=True)
         w, c = fit_prior_ridge(X[its], np.concatenate(sc)[first], p0, pen)
         v = np.asarray(Q[q], np.float64)
-        spread = float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
+        spread = index.spread(v)
         if not (c > 0 and spread > 0):
             continue
         t = p0 + w / c
