@@ -730,7 +730,6 @@ def learned_prior(
     meth.search(rec, fitted.tolist(), budget=b, k=min(10, b), seed=seed)
     X = index.features().astype(np.float64)
     pen = index.penalties()
-    C = index.prior_tables()[2]
     vecs, deltas = [], []
     for q, p0 in zip(fitted.tolist(), meth.priors(fitted.tolist()), strict=True):
         its, sc = rec.seen[q]
