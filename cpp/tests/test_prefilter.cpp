@@ -2,6 +2,8 @@
 // (near-duplicate rows that the int8 copy cannot separate but the float16 copy can) and the
 // int8 copy's exact constant columns; the results equal the full float32 pass (ids and float
 // bits) and the intended path ran.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -77,8 +79,72 @@ void test_int8_totals() {
   std::printf("int8 totals: equal to the plain sums (%s)\n", crossknn::kernel_name());
 }
 
+// The bounds of a block and the threshold test (eight rows at a time where the CPU has AVX-512)
+// against the formula written out one row at a time: the same bits, every length's tail, and
+// NaN bounds reach any threshold (nothing is dropped that the scalar test would keep).
+void test_int8_bounds() {
+  std::mt19937_64 rng(9);
+  std::normal_distribution<double> g(0.0, 1.0);
+  for (int64_t nb : {1, 7, 8, 9, 64, 448, 453}) {
+    std::vector<int64_t> t(nb);
+    std::vector<double> scale(nb), dq(nb), err(nb), gx(nb), s(nb), e(nb);
+    for (int64_t x = 0; x < nb; ++x) {
+      t[x] = static_cast<int64_t>(rng() % 4000000001ULL) - 2000000000;
+      scale[x] = std::fabs(g(rng)) * 1e-2;
+      dq[x] = std::fabs(g(rng)) * 10;
+      err[x] = std::fabs(g(rng)) * 0.1;
+      gx[x] = std::fabs(g(rng)) * 1e-6;
+    }
+    const crossknn::detail::Int8Bound b{3.1e-6, 0.25, 1e-9, 2.5, 2.6, 1e-17, 1e-40};
+    crossknn::detail::int8_bounds(t.data(), nb, scale.data(), dq.data(), err.data(), gx.data(), b,
+                                  s.data(), e.data());
+    for (int64_t x = 0; x < nb; ++x) {
+      const double a = static_cast<double>(t[x]) * scale[x] * b.su;
+      const double v = a + b.cs;
+      const double want = (dq[x] * b.wn + err[x] * b.unq + gx[x] * b.un) * (1.0 + 1e-9) +
+                          4.5e-16 * std::fabs(a) + 2.3e-16 * std::fabs(v) + b.ce + b.tiny;
+      CHECK(std::memcmp(&s[x], &v, sizeof v) == 0);
+      CHECK(std::memcmp(&e[x], &want, sizeof want) == 0);
+    }
+    if (nb > 3) e[3] = std::nan("");
+    for (double thr : {-HUGE_VAL, 0.0, 0.2, 0.3, HUGE_VAL}) {
+      std::vector<int32_t> idx(nb);
+      const int64_t m = crossknn::detail::rows_reaching(s.data(), e.data(), nb, thr, idx.data());
+      std::vector<int32_t> want;
+      for (int64_t x = 0; x < nb; ++x)
+        if (!(s[x] + e[x] < thr)) want.push_back(static_cast<int32_t>(x));
+      CHECK(m == static_cast<int64_t>(want.size()));
+      CHECK(std::equal(want.begin(), want.end(), idx.begin()));
+    }
+  }
+  std::printf("int8 bounds: the formula's bits, threshold test as one row at a time (%s)\n",
+              crossknn::kernel_name());
+}
+
+// Features::rows as float32 equals the double rows for every storage (the values are floats)
+void test_rows_float() {
+  const int64_t n = 50, d = 37;
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> V(n * d);
+  for (auto& x : V) x = g(rng);
+  const std::vector<int64_t> items = {0, 49, 7, 7, 23};
+  const int64_t m = static_cast<int64_t>(items.size());
+  for (Storage st : {Storage::Float32, Storage::Float16, Storage::Int8}) {
+    Features f(V.data(), n, d, st, 1);
+    std::vector<double> rd(m * d);
+    std::vector<float> rf(m * d);
+    f.rows(items.data(), m, rd.data());
+    f.rows(items.data(), m, rf.data());
+    for (int64_t i = 0; i < m * d; ++i) CHECK(static_cast<double>(rf[i]) == rd[i]);
+  }
+  std::printf("rows as float32: the double rows' values for float32, float16 and int8\n");
+}
+
 int main(int argc, char** argv) {
   test_int8_totals();
+  test_int8_bounds();
+  test_rows_float();
   test_constant_columns();
   const double rel = argc > 1 ? std::atof(argv[1]) : 2e-3;
   const int64_t n = 4000, d = 96, k = 20, Q = 3;
