@@ -242,46 +242,40 @@ static void check_item(int64_t i, int64_t n) {
                             std::to_string(n) + ")");
 }
 
-void Features::rows(const int64_t* items, int64_t m, double* out) const {
-  const detail::FeatureData& fd = *data_;
+namespace {
+
+// V[items] dequantized into T (double or float: every storage's values are float32 numbers)
+template <class T>
+void gather_rows(const detail::FeatureData& fd, const int64_t* items, int64_t m, T* out) {
   const int64_t n_ = fd.n, d_ = fd.d;
   for (int64_t t = 0; t < m; ++t) check_item(items[t], n_);
   for (int64_t t = 0; t < m; ++t) {
     const int64_t r = items[t];
-    double* o = out + t * d_;
+    T* o = out + t * d_;
     switch (fd.st) {
       case Storage::Float32:
-        for (int64_t j = 0; j < d_; ++j) o[j] = fd.p32[r * d_ + j];
+        for (int64_t j = 0; j < d_; ++j) o[j] = static_cast<T>(fd.p32[r * d_ + j]);
         break;
       case Storage::Float16:
-        for (int64_t j = 0; j < d_; ++j) o[j] = detail::half_to_float(fd.p16[r * d_ + j]);
+        for (int64_t j = 0; j < d_; ++j)
+          o[j] = static_cast<T>(detail::half_to_float(fd.p16[r * d_ + j]));
         break;
       default:
         // the kernel computes scale * sum(q_j u_j): the dequantized row is q_j * scale (float)
         for (int64_t j = 0; j < d_; ++j)
-          o[j] = static_cast<double>(static_cast<float>(fd.p8[r * d_ + j]) * fd.pscale[r]);
+          o[j] = static_cast<T>(static_cast<float>(fd.p8[r * d_ + j]) * fd.pscale[r]);
     }
   }
 }
 
+}  // namespace
+
+void Features::rows(const int64_t* items, int64_t m, double* out) const {
+  gather_rows(*data_, items, m, out);
+}
+
 void Features::rows(const int64_t* items, int64_t m, float* out) const {
-  const detail::FeatureData& fd = *data_;
-  const int64_t n_ = fd.n, d_ = fd.d;
-  for (int64_t t = 0; t < m; ++t) check_item(items[t], n_);
-  for (int64_t t = 0; t < m; ++t) {
-    const int64_t r = items[t];
-    float* o = out + t * d_;
-    switch (fd.st) {
-      case Storage::Float32:
-        std::memcpy(o, fd.p32 + r * d_, static_cast<size_t>(d_) * sizeof(float));
-        break;
-      case Storage::Float16:
-        for (int64_t j = 0; j < d_; ++j) o[j] = detail::half_to_float(fd.p16[r * d_ + j]);
-        break;
-      default:
-        for (int64_t j = 0; j < d_; ++j) o[j] = static_cast<float>(fd.p8[r * d_ + j]) * fd.pscale[r];
-    }
-  }
+  gather_rows(*data_, items, m, out);
 }
 
 namespace {

@@ -220,19 +220,10 @@ void check_plan(const std::vector<Step>& plan, const SearchOptions& o, int64_t n
 
 namespace {
 
-// sum_j a[j] b[j] with eight independent partial sums (the compiler may not reorder one sum)
-inline double dot8(const double* a, const double* b, int64_t n) {
-  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) s[l] += a[j + l] * b[j + l];
-  for (; j < n; ++j) s[0] += a[j] * b[j];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-// sum_j a[j] b[j] of float32 a (each widened to double first) with dot8's order: the bits of
-// dot8 over the double copy of a
-inline double dot8(const float* a, const double* b, int64_t n) {
+// sum_j a[j] b[j] with eight independent partial sums (the compiler may not reorder one sum); a
+// float32 a is widened to double first: the bits of the same sum over its double copy
+template <class T>
+inline double dot8(const T* a, const double* b, int64_t n) {
   double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
