@@ -502,7 +502,16 @@ CROSSKNN_AVX512_VNNI void dot4_i8_512(const int8_t* v0, int64_t d, const int16_t
   const int8_t* v3 = v2 + d;
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   int64_t j = 0;
+  // the next group of four rows, a line of each per 64 entries: the copy streams from L3 when
+  // a round's other work has left the core's L2 (prefetching never faults past the end)
+  const char* nx = reinterpret_cast<const char*>(v0 + 4 * d);
   for (; j + 32 <= d; j += 32) {
+    if ((j & 63) == 0) {
+      _mm_prefetch(nx + j, _MM_HINT_T0);
+      _mm_prefetch(nx + d + j, _MM_HINT_T0);
+      _mm_prefetch(nx + 2 * d + j, _MM_HINT_T0);
+      _mm_prefetch(nx + 3 * d + j, _MM_HINT_T0);
+    }
     const __m512i uu = _mm512_loadu_si512(u + j);
     a0 = madd_acc<Vnni>(a0, widen32(v0 + j), uu);
     a1 = madd_acc<Vnni>(a1, widen32(v1 + j), uu);

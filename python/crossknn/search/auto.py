@@ -55,6 +55,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from crossknn import _core
 from crossknn.core import ItemFeatures
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import BudgetExceededError, MatrixScorer, as_items
@@ -256,8 +257,8 @@ class AutoIndex:
     _deltas64: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
     # the kernel ridge's mean correction and dual coefficients (prior_tables; prior_ridge > 0)
     _kernel: tuple | None = field(default=None, init=False, repr=False, compare=False)
-    # C's Cholesky factor packed for spread(): (dtpmv, factor), False where C has none
-    _chol: tuple | bool | None = field(default=None, init=False, repr=False, compare=False)
+    # C's Cholesky factor packed for spread() (packed_cholesky), False where C has none
+    _chol: np.ndarray | bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         V = np.asarray(self.item_vectors, np.float32)
@@ -379,16 +380,18 @@ class AutoIndex:
         }
 
     def prior_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(W, |W_j|, C)``, computed once per index: the row queries' DE vectors in float64 (the
-        fitted queries' when the index has a learned prior), their norms (at least 1e-12) and the
-        covariance ``C`` (d x d, float64) of the item vectors, so that ``sd(V v) = sqrt(v C v)``
-        costs d^2 per query instead of reading V."""
+        """``(W, |W_j|, C)``, computed once per index: the row queries' DE vectors (float32 as
+        stored, C-contiguous: :meth:`cosines` reads them in double; the fitted queries' when the
+        index has a learned prior), their norms (float64, at least 1e-12) and the covariance
+        ``C`` (d x d, float64) of the item vectors, so that ``sd(V v) = sqrt(v C v)`` costs d^2
+        per query instead of reading V."""
         if self._tables is None:
             learned = self.prior_deltas is not None
             W = self.prior_vectors if learned else self.row_vectors
-            W = np.zeros((0, self.dim)) if W is None else W
-            W = W.astype(np.float64)
-            self._tables = (W, np.maximum(np.linalg.norm(W, axis=1), 1e-12))
+            W = np.zeros((0, self.dim), np.float32) if W is None else W
+            W = np.ascontiguousarray(W, np.float32)
+            wn = np.linalg.norm(W.astype(np.float64), axis=1)
+            self._tables = (W, np.maximum(wn, 1e-12))
             self._deltas64 = self.prior_deltas.astype(np.float64) if learned else None
             if learned and self.prior_ridge > 0:
                 Wn = W / self._tables[1][:, None]
@@ -402,16 +405,20 @@ class AutoIndex:
             self._chol = packed_cholesky(self.item_cov)
         return (*self._tables, self.item_cov)
 
+    def cosines(self, v: np.ndarray) -> np.ndarray:
+        """``cos(v, W_j)`` for the prior's queries ``W`` (:meth:`prior_tables`), in double from
+        their float32 values (``_core.rows_dot``: one thread, half the bytes of a float64 copy)."""
+        W, wn, _ = self.prior_tables()
+        return _core.rows_dot(W, v) / (wn * max(float(np.linalg.norm(v)), 1e-12))
+
     def spread(self, v: np.ndarray) -> float:
         """``sd(V v) = sqrt(v C v)`` for a DE query vector ``v`` (float64, shape (d,)): through
-        ``C``'s Cholesky factor packed (``||Lᵀ v||``, half of ``C``'s bytes, read once a query)
-        where ``C`` has one, else ``C`` itself."""
+        ``C``'s Cholesky factor packed (``||Lᵀ v||``, half of ``C``'s bytes, read once a query,
+        on one thread: ``_core.packed_lower_t_norm2``) where ``C`` has one, else ``C`` itself."""
         C = self.prior_tables()[2]
         if self._chol is False:
             return float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
-        tpmv, ap = self._chol
-        x = tpmv(C.shape[0], ap, v, lower=1, trans=1)
-        return float(np.sqrt(x @ x))
+        return float(np.sqrt(_core.packed_lower_t_norm2(self._chol, v)))
 
     def row_prior(self, v: np.ndarray) -> np.ndarray:
         """The prior's CE-row block for DE query vector ``v``:
@@ -420,9 +427,7 @@ class AutoIndex:
         float64 rounding."""
         if self.prior_alpha == 0 or self.n_rows == 0 or self.prior_deltas is not None:
             return np.zeros(self.n_rows)
-        W, wn, C = self.prior_tables()
-        nv = float(np.linalg.norm(v))
-        cos = (W @ v) / (wn * max(nv, 1e-12))
+        cos = self.cosines(v)
         w = np.exp(self.prior_tau * (cos - cos.max()))
         return self.prior_alpha * self.spread(v) * w / w.sum()
 
@@ -442,8 +447,7 @@ class AutoIndex:
         v = np.asarray(v, np.float64)
         if self.prior_deltas is None:
             return np.concatenate((v, self.row_prior(v), np.zeros(self.n_dirs + 1)))
-        W, wn, C = self.prior_tables()
-        cos = (W @ v) / (wn * max(float(np.linalg.norm(v)), 1e-12))
+        cos = self.cosines(v)
         spread = self.spread(v)
         if self.prior_ridge > 0:
             mu, dual = self._kernel
@@ -455,19 +459,17 @@ class AutoIndex:
         return p
 
 
-def packed_cholesky(C) -> tuple | bool:
-    """``(dtpmv, ap)``: BLAS's packed triangular product and ``C = L Lᵀ``'s factor ``L`` packed
-    by columns (the d (d + 1) / 2 entries it reads); False where ``C`` is not positive definite
+def packed_cholesky(C) -> np.ndarray | bool:
+    """``C = L Lᵀ``'s factor ``L`` packed by columns (column j: ``L[j:, j]``; the d (d + 1) / 2
+    entries ``_core.packed_lower_t_norm2`` reads); False where ``C`` is not positive definite
     (fewer items than dimensions, repeated columns)."""
-    from scipy.linalg.blas import dtpmv  # scipy is slow to import; only a built index needs it
-
     try:
         L = np.linalg.cholesky(np.asarray(C, np.float64))
     except np.linalg.LinAlgError:
         return False
     if not np.all(np.isfinite(L)):
         return False
-    return dtpmv, np.ascontiguousarray(L.T[np.triu_indices(L.shape[0])])
+    return np.ascontiguousarray(L.T[np.triu_indices(L.shape[0])])
 
 
 def item_covariance(V) -> np.ndarray:
