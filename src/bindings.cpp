@@ -16,6 +16,7 @@
 #include "crossknn/features.h"
 #include "crossknn/least_squares.h"
 #include "crossknn/npy.h"
+#include "crossknn/prior.h"
 #include "crossknn/search.h"
 #include "crossknn/version.h"
 
@@ -420,19 +421,6 @@ py::tuple select(const Features& f, const py::handle& U, int64_t k, const py::ob
   return py::make_tuple(s, idx);
 }
 
-// sum_j a[j] b[j] over n entries (a float32 or double, widened to double), eight partial sums
-// then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)); one thread, no BLAS: auto's prior reads
-// a few hundred kB a query, and a BLAS thread pool woken for that spins on the other core after
-template <class T>
-double dot8(const T* a, const double* b, int64_t n) {
-  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) s[l] += static_cast<double>(a[j + l]) * b[j + l];
-  for (; j < n; ++j) s[0] += static_cast<double>(a[j]) * b[j];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
 void check_vector(const py::array_t<double, py::array::c_style | py::array::forcecast>& v,
                   int64_t d, const char* what) {
   if (v.ndim() != 1 || v.shape(0) != d)
@@ -442,24 +430,23 @@ void check_vector(const py::array_t<double, py::array::c_style | py::array::forc
                                                : std::string()));
 }
 
-// A v for rows A (m x d, float32 or float64) and v (d,), in double
-template <class T>
-py::array_t<double> rows_dot(const py::array_t<T, py::array::c_style | py::array::forcecast>& A,
-                             const py::array_t<double, py::array::c_style | py::array::forcecast>& v) {
+// crossknn/prior.h: A v for float32 rows A (m x d) and v (d,), in double
+py::array_t<double> rows_dot(
+    const py::array_t<float, py::array::c_style | py::array::forcecast>& A,
+    const py::array_t<double, py::array::c_style | py::array::forcecast>& v) {
   if (A.ndim() != 2) throw std::invalid_argument("rows_dot needs a 2-d matrix A (m x d)");
   const int64_t m = A.shape(0), d = A.shape(1);
   check_vector(v, d, "rows_dot");
   py::array_t<double> out(m);
-  const T* a = A.data();
+  const float* a = A.data();
   const double* x = v.data();
   double* o = out.mutable_data();
   py::gil_scoped_release release;
-  for (int64_t r = 0; r < m; ++r) o[r] = dot8(a + r * d, x, d);
+  crossknn::rows_dot(a, m, d, x, o);
   return out;
 }
 
-// ||L^T v||^2 for a lower triangular L (d x d) packed by columns (column j: L_jj .. L_(d-1)j,
-// d (d + 1) / 2 values): (L^T v)_j = L[j:, j] . v[j:], a contiguous dot each
+// crossknn/prior.h: ||L^T v||^2 for L packed by columns
 double packed_lower_t_norm2(
     const py::array_t<double, py::array::c_style | py::array::forcecast>& ap,
     const py::array_t<double, py::array::c_style | py::array::forcecast>& v) {
@@ -472,14 +459,7 @@ double packed_lower_t_norm2(
   const double* a = ap.data();
   const double* x = v.data();
   py::gil_scoped_release release;
-  double total = 0.0;
-  int64_t off = 0;
-  for (int64_t j = 0; j < d; ++j) {
-    const double t = dot8(a + off, x + j, d - j);
-    total += t * t;
-    off += d - j;
-  }
-  return total;
+  return crossknn::packed_lower_t_norm2(a, d, x);
 }
 
 }  // namespace
@@ -511,13 +491,12 @@ PYBIND11_MODULE(_core, m) {
       py::arg("reset") = false,
       "Seconds spent in each phase of run_search by this process (set CROSSKNN_PROFILE=1 before "
       "the first search; zeros otherwise); reset=True zeroes the totals after reading them.");
-  m.def("rows_dot", &rows_dot<float>, py::arg("A").noconvert(), py::arg("v"));
-  m.def("rows_dot", &rows_dot<double>, py::arg("A"), py::arg("v"),
-        "A v in double for rows A (m x d, float32 or float64) and v (d,): one thread, eight "
-        "partial sums a row.");
+  m.def("rows_dot", &rows_dot, py::arg("A"), py::arg("v"),
+        "A v in double for float32 rows A (m x d) and v (d,) (crossknn/prior.h): the calling "
+        "thread, eight partial sums a row.");
   m.def("packed_lower_t_norm2", &packed_lower_t_norm2, py::arg("ap"), py::arg("v"),
-        "||L^T v||^2 for a lower triangular L packed by columns (d (d + 1) / 2 values): one "
-        "thread.");
+        "||L^T v||^2 for a lower triangular L packed by columns (d (d + 1) / 2 values; "
+        "crossknn/prior.h): the calling thread.");
   m.def("run_search", &run_search, py::arg("features"), py::arg("scorer"), py::arg("plan"),
         py::arg("query_ids"), py::kw_only(), py::arg("budget"), py::arg("k"),
         py::arg("strategy") = "topk", py::arg("temperature") = 1.0, py::arg("ridge") = 0.0,

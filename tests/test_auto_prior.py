@@ -131,3 +131,36 @@ def test_build_keeps_the_row_vectors_and_the_default_alpha(monkeypatch):
     del arrays[AUTO_ROW_VECTORS]
     old = auto_index_of(Index("corpus", arrays, {}, params))
     assert old.prior_alpha == 0.0 and old.row_vectors is None
+
+
+def test_prior_products_on_one_thread_equal_numpy():
+    """The core's products behind the prior (crossknn/prior.h) against numpy in float64, and
+    ``AutoIndex.spread`` through the packed factor against ``sqrt(v C v)``; bad shapes refused."""
+    from crossknn import _core
+    from crossknn.search.auto import packed_cholesky
+
+    rng = np.random.default_rng(3)
+    for m, d in ((1, 1), (7, 9), (167, 384)):
+        A = rng.standard_normal((m, d)).astype(np.float32)
+        v = rng.standard_normal(d)
+        np.testing.assert_allclose(
+            _core.rows_dot(A, v), A.astype(np.float64) @ v, rtol=1e-12, atol=1e-12
+        )
+        B = rng.standard_normal((4 * d + 3, d))
+        C = B.T @ B / B.shape[0]
+        ap = packed_cholesky(C)
+        assert ap.shape == (d * (d + 1) // 2,)
+        assert _core.packed_lower_t_norm2(ap, v) == pytest.approx(float(v @ C @ v), rel=1e-10)
+    with pytest.raises(ValueError, match="needs a vector of 9 values"):
+        _core.rows_dot(np.zeros((2, 9), np.float32), np.zeros(8))
+    with pytest.raises(ValueError, match=r"d \(d \+ 1\) / 2 = 45"):
+        _core.packed_lower_t_norm2(np.zeros(44), np.zeros(9))
+    # no factor (fewer items than dimensions): the spread from C itself, as np.std(V v)
+    V = rng.standard_normal((5, 12)).astype(np.float32)
+    idx = AutoIndex(V, np.zeros((0, 5), np.float32))
+    assert packed_cholesky(item_covariance(V)) is False
+    v = rng.standard_normal(12)
+    assert idx.spread(v) == pytest.approx(float(np.std(V.astype(np.float64) @ v)), rel=1e-9)
+    V = rng.standard_normal((300, 12)).astype(np.float32)
+    idx = AutoIndex(V, np.zeros((0, 300), np.float32))
+    assert idx.spread(v) == pytest.approx(float(np.std(V.astype(np.float64) @ v)), rel=1e-9)

@@ -3,5 +3,6 @@
 #include "crossknn/features.h"
 #include "crossknn/least_squares.h"
 #include "crossknn/npy.h"
+#include "crossknn/prior.h"
 #include "crossknn/search.h"
 #include "crossknn/version.h"
