@@ -13,6 +13,19 @@ enum class DotOrder {
   Pairwise,     // ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)): PriorRidge (search.cpp)
 };
 
+// One dot product a . b over n entries with eight partial sums and the Pairwise reduction (a
+// float32 `a` widened to double first: the bits of the same sum over its double copy). Inline,
+// so a caller's own vector clones (clones.h) vectorize it.
+template <class T>
+inline double dot_pairwise(const T* a, const double* b, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) s[l] += static_cast<double>(a[j + l]) * b[j + l];
+  for (; j < n; ++j) s[0] += static_cast<double>(a[j]) * b[j];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 // out[t] = a[t] . b over n entries, t < na (1 <= na <= 4).
 void dots(DotOrder order, const double* const* a, int na, const double* b, int64_t n,
           double* out);

@@ -220,18 +220,6 @@ void check_plan(const std::vector<Step>& plan, const SearchOptions& o, int64_t n
 
 namespace {
 
-// sum_j a[j] b[j] with eight independent partial sums (the compiler may not reorder one sum); a
-// float32 a is widened to double first: the bits of the same sum over its double copy
-template <class T>
-inline double dot8(const T* a, const double* b, int64_t n) {
-  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) s[l] += static_cast<double>(a[j + l]) * b[j + l];
-  for (; j < n; ++j) s[0] += static_cast<double>(a[j]) * b[j];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
 // w += Z^T x over the n rows z_a = [X_a, zd_a] (PriorRidge::solve; X float32, n x d): each w[j]
 // sums its products in row order, so any vector width gives the same bits (clones.h); X_aj
 // widened to double is the value the double copy held
@@ -284,7 +272,8 @@ class PriorRidge {
     double* const zd = zd_.get();
     f_.rows(items, m, X + n0 * d_);
     for (int64_t t = 0; t < m; ++t) {
-      zd[n0 + t] = dot8(X + (n0 + t) * d_, p0_.data(), d_);  // the slope feature x . p0
+      // the slope feature x . p0
+      zd[n0 + t] = detail::dot_pairwise(X + (n0 + t) * d_, p0_.data(), d_);
       a_.push_back(targets[t]);
     }
     items_.insert(items_.end(), items, items + m);
@@ -407,7 +396,8 @@ class PriorRidge {
     for (int64_t i = done; i < n_; ++i) {
       for (int64_t j = done > 0 ? done : 0; j <= i; ++j) {
         const double v =
-            s * K[i * ld + j] + (i == j ? 1.0 : 0.0) - dot8(L + i * ld, L + j * ld, j);
+            s * K[i * ld + j] + (i == j ? 1.0 : 0.0) -
+            detail::dot_pairwise(L + i * ld, L + j * ld, j);
         if (i == j) {
           // s K + I has eigenvalues >= 1: v > 0 up to rounding; keep it positive
           L[i * ld + i] = std::sqrt(std::max(v, 1e-300));
