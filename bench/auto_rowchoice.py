@@ -26,7 +26,6 @@ cells. About 5 s a build and search here.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import replace
 
@@ -34,6 +33,7 @@ import numpy as np
 
 from _common import RESULTS, SHARED, write_rows
 from auto_rows import BUDGETS, KS
+from crossknn.matrix import load_score_matrix
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import MatrixScorer
 from crossknn.search import auto as au
@@ -177,11 +177,9 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--json", default=str(RESULTS / "auto_rowchoice.json"))
     args = ap.parse_args()
-    d = args.matrix.rstrip("/") + "/"
-    S = np.load(d + "scores.npy").astype(np.float32)
-    DQ = np.load(d + "de_queries.npy").astype(np.float32)
-    DI = np.load(d + "de_items.npy").astype(np.float32)
-    train = np.array(json.load(open(d + "splits.json"))["train"], np.int64)
+    mat = load_score_matrix(args.matrix)
+    S, train = mat.scores.astype(np.float32), mat.train
+    DQ, DI = mat.de_queries.astype(np.float32), mat.de_items.astype(np.float32)
     V = DI.astype(np.float64)
     U = np.linalg.svd(V - V.mean(0), full_matrices=False)[0][:, :ITEM_DIRS]
     rows = []
