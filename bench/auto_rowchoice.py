@@ -121,14 +121,11 @@ def sketch_build(S, DQ, DI, tr, C, T, s, U, seed):
             sc = np.concatenate(rec.seen[q][1])[first_]
         else:
             its, sc = items, Y[list(sub).index(q)]
-        w, c = au.fit_prior_ridge(X[its], sc, p0, pen)
         v = np.asarray(Q[q], np.float64)
-        spread = idx.spread(v)
-        if c > 0 and spread > 0:
-            t = p0 + w / c
-            t[: idx.dim] -= v
+        delta = au.prior_correction(idx, X, pen, v, p0, its, sc)
+        if delta is not None:
             vecs.append(v)
-            deltas.append(t / spread)
+            deltas.append(delta)
     return replace(
         idx, prior_vectors=np.array(vecs, np.float32), prior_deltas=np.array(deltas, np.float32),
         partial_rows=len(others), index_calls=reader.calls, prior_ridge=au.PRIOR_RIDGE,

@@ -706,6 +706,19 @@ def fit_prior_ridge(X, a, p0, penalties, eps: float = RHO_FREE) -> tuple[np.ndar
     return theta[:-1], float(theta[-1])
 
 
+def prior_correction(index: AutoIndex, X, penalties, v, p0, items, scores) -> np.ndarray | None:
+    """One fitted query's correction ``delta = (p0 + w / c - [v, 0, 0, 0]) / sd(V v)`` from its
+    CE ``scores`` of ``items`` (:func:`fit_prior_ridge` over the features ``X``); None when the
+    fitted slope c or the spread of its DE scores is not positive."""
+    w, c = fit_prior_ridge(X[items], scores, p0, penalties)
+    spread = index.spread(v)
+    if not (c > 0 and spread > 0):
+        return None
+    t = p0 + w / c
+    t[: index.dim] -= v
+    return t / spread
+
+
 def learned_prior(
     reader, train, Q, index: AutoIndex, pos, n_part: int, *, items: int, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -736,15 +749,11 @@ def learned_prior(
     for q, p0 in zip(fitted.tolist(), meth.priors(fitted.tolist()), strict=True):
         its, sc = rec.seen[q]
         its, first = np.unique(np.concatenate(its), return_index=True)
-        w, c = fit_prior_ridge(X[its], np.concatenate(sc)[first], p0, pen)
         v = np.asarray(Q[q], np.float64)
-        spread = index.spread(v)
-        if not (c > 0 and spread > 0):
-            continue
-        t = p0 + w / c
-        t[: index.dim] -= v
-        vecs.append(v)
-        deltas.append(t / spread)
+        delta = prior_correction(index, X, pen, v, p0, its, np.concatenate(sc)[first])
+        if delta is not None:
+            vecs.append(v)
+            deltas.append(delta)
     if not vecs:  # the CE runs against the DE for every fitted query: keep the row prior
         return None
     return np.array(vecs, np.float32), np.array(deltas, np.float32)
