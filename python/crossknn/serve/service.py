@@ -27,6 +27,7 @@ from crossknn.ce.interface import DualEncoder, ModelInfo
 from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
 from crossknn.serve.batcher import Batcher
+from crossknn.serve.de_thread import DEThread
 from crossknn.serve.engine_lock import ENGINE_ORDERS, engine_lock
 from crossknn.serve.groups import QueryGroups
 from crossknn.serve.metrics import Metrics
@@ -81,6 +82,9 @@ class ServeConfig:
     # the largest batch at load, in each CE worker thread (graphs are per thread), so that no
     # request pays a batch shape's first use
     warmup: bool = True
+    # encode every query with the DE in one thread of its own (crossknn.serve.de_thread), not in
+    # the request threads; None: on a GPU (one provider context per thread), not on a CPU
+    de_thread: bool | None = None
     max_queue: int = 64
     timeout_s: float = 30.0
     # admit a request only if its expected time in the server fits in this fraction of
@@ -160,6 +164,13 @@ def ce_workers(configured: int | None, provider: str | None) -> int:
     return 1 if _on_cpu(provider) else CE_WORKERS_GPU
 
 
+def use_de_thread(configured: bool | None, provider: str | None) -> bool:
+    """Whether the DE encodes in one thread of its own: as configured, else on a GPU."""
+    if configured is not None:
+        return bool(configured)
+    return not _on_cpu(provider)
+
+
 def _model_info(m: ModelInfo) -> dict[str, Any]:
     info = {
         "backend": m.backend,
@@ -195,6 +206,7 @@ class SearchService:
         self.load_error: BaseException | None = None
         self.load_seconds: float | None = None
         self.warmup: dict | None = None  # what ce.warmup did at load (GPU: graphs captured)
+        self.de_thread: DEThread | None = None  # the DE's own thread (on a GPU)
         self.started = time.time()
         self.admission = Admission(
             max_queue=config.max_queue, timeout_s=config.timeout_s, within=config.admit_within
@@ -261,10 +273,16 @@ class SearchService:
                     if pin is not None:
                         pin()
                 batched = BatchedCE(ce, batcher)
+                if use_de_thread(c.de_thread, getattr(de, "provider", None)):
+                    de_run = self.de_thread = DEThread(de)
+                    if c.warmup:
+                        de_run.warmup(WARM_UP_QUERY)
+                else:
+                    de_run = de
                 searcher = crossknn.Searcher(
                     index,
                     ce=batched,
-                    de=de,
+                    de=de_run,
                     method=c.method,
                     rounds=c.rounds,
                     round_index=c.round_index,
@@ -273,6 +291,8 @@ class SearchService:
                 )
             except BaseException:
                 batcher.stop(1.0)
+                if self.de_thread is not None:
+                    self.de_thread.close()
                 raise
         except BaseException as exc:
             self.load_error = exc
@@ -511,6 +531,7 @@ class SearchService:
             out["batcher"] = {
                 "max_batch_pairs": self.batcher.max_batch_pairs,
                 "workers": self.batcher.workers,
+                "de_thread": self.de_thread is not None,
             }
         if self.searcher is not None:  # what the rounds scan: exact, a FAISS index or shards
             rf = self.searcher.round_features
@@ -527,3 +548,5 @@ class SearchService:
         self.executor.shutdown(wait=True, cancel_futures=True)
         if self.batcher is not None:
             self.batcher.stop(timeout)
+        if self.de_thread is not None:
+            self.de_thread.close()
