@@ -25,6 +25,13 @@ CPU-provider search must be unchanged or faster.
     nice -n 5 .venv/bin/python bench/ce_host_bench.py [--calls 400] [--search 20]
     .venv/bin/python bench/ce_host_bench.py --only-predict     # predict's host side (below)
 
+``--only-overlap`` (``predict_overlap`` in the JSON, the rest kept): ``predict`` on 2,048 text
+pairs, all documents distinct, against a stand-in device (a session run that sleeps for its
+batch at ``--device-rates`` pairs/s, releasing the interpreter lock as a GPU run does): the
+documents tokenized in one pass, then the device (the CPU default), against slices tokenized
+in a second thread while the device runs the slice before (the GPU default,
+``CrossEncoderBase.overlap_tokenize``), with the predicted rates beside the measured ones.
+
 ``--only-predict`` (``predict_host`` in the JSON, the rest kept): ``predict`` on 1,024 SciFact
 (query, abstract) text pairs with a no-op session, every text tokenized whole against documents
 tokenized up to a word past what truncation looks at (``TokenizerPlan.encode``'s ``min_tokens``).
@@ -227,6 +234,68 @@ def search_rows(ce, items, queries, n_queries: int, threads: int) -> dict:
     } | {"same_results": hits["before"] == hits["after"]}
 
 
+@contextlib.contextmanager
+def standin_device(ce, pairs_per_s: float):
+    """``InferenceSession.run`` of ``ce`` replaced by a stand-in device: it sleeps (releasing
+    the interpreter lock, as a GPU session run does) for the batch's pairs at ``pairs_per_s``
+    and returns zeros; the real one restored on exit."""
+    sess = ce._s.session
+    real = sess.run
+
+    def device(names, feeds, *a, **k):
+        n = len(feeds["input_ids"])
+        time.sleep(n / pairs_per_s)
+        return [np.zeros(n, dtype=np.float32)]
+
+    sess.run = device
+    try:
+        yield
+    finally:
+        sess.run = real
+
+
+def overlap_rows(ce, items, queries, n_pairs: int, rates, reps: int) -> dict:
+    """``predict`` on ``n_pairs`` text pairs (all documents distinct) against a stand-in device
+    of each rate: documents tokenized in one pass before the device runs (``one_pass``) vs
+    slice by slice in a second thread while it runs (``overlap``, the GPU default);
+    interleaved, best of ``reps``, pairs/s. ``host_pairs_per_s``: the same calls with a no-op
+    session; the predictions: one pass 1 / (1/host + 1/device), overlapped min(host, device)."""
+    pairs = [(queries[i % len(queries)], items[i % len(items)]) for i in range(n_pairs)]
+    old = ce.overlap_tokenize
+    host = float("inf")
+    try:
+        with noop_session(ce):
+            for _ in range(reps):
+                t = time.perf_counter()
+                ce.predict(pairs, batch_size=256)
+                host = min(host, time.perf_counter() - t)
+        host_rate = n_pairs / host
+        rows = []
+        for rate in rates:
+            best = {"one_pass": float("inf"), "overlap": float("inf")}
+            with standin_device(ce, rate):
+                for _ in range(reps):
+                    for name, on in (("one_pass", False), ("overlap", True)):
+                        ce.overlap_tokenize = on
+                        t = time.perf_counter()
+                        ce.predict(pairs, batch_size=256)
+                        best[name] = min(best[name], time.perf_counter() - t)
+            got = {k: n_pairs / v for k, v in best.items()}
+            rows.append(
+                {
+                    "device_pairs_per_s": rate,
+                    "one_pass_pairs_per_s": round(got["one_pass"]),
+                    "overlap_pairs_per_s": round(got["overlap"]),
+                    "speedup": round(got["overlap"] / got["one_pass"], 3),
+                    "predicted_one_pass": round(1.0 / (1.0 / host_rate + 1.0 / rate)),
+                    "predicted_overlap": round(min(host_rate, rate)),
+                }
+            )
+    finally:
+        ce.overlap_tokenize = old
+    return {"pairs": n_pairs, "host_pairs_per_s": round(host_rate), "rows": rows}
+
+
 def predict_rows(ce, items, queries, n_pairs: int, reps: int) -> dict:
     """``predict`` on ``n_pairs`` (query, abstract) text pairs with the session replaced by a
     no-op: the host side of an uncached call (tokenizing both sides, truncation, inputs).
@@ -264,7 +333,41 @@ def main() -> int:
         action="store_true",
         help="only the predict rows (1,024 text pairs), kept beside the rest of --out",
     )
+    ap.add_argument(
+        "--only-overlap",
+        action="store_true",
+        help="only the predict_overlap rows (2,048 distinct documents, a stand-in device at "
+        "--device-rates pairs/s), kept beside the rest of --out",
+    )
+    ap.add_argument(
+        "--device-rates",
+        default="5000,17000,63721",
+        help="stand-in device rates, pairs/s (63,721: an H200's fp16 rate from cached tokens)",
+    )
     args = ap.parse_args()
+
+    if args.only_overlap:
+        items, queries = scifact(max(args.items, 2048), 300)
+        ce = default_cross_encoder(threads=args.threads, provider="cpu")
+        rates = [float(r) for r in args.device_rates.split(",")]
+        out = Path(args.out)
+        doc = json.loads(out.read_text()) if out.is_file() else {"bench": "ce_host_bench"}
+        ov = overlap_rows(ce, items, queries, 2048, rates, 3)
+        ov["when"], ov["machine"] = utc_now(), machine("onnxruntime")
+        doc["predict_overlap"] = ov
+        print(
+            f"predict, 2,048 SciFact pairs (distinct documents), host alone "
+            f"{ov['host_pairs_per_s']} pairs/s; stand-in device (pairs/s):"
+        )
+        print(f"{'device':>8}{'one pass':>10}{'overlap':>9}{'speedup':>9}{'predicted':>18}")
+        for r in ov["rows"]:
+            print(
+                f"{r['device_pairs_per_s']:8.0f}{r['one_pass_pairs_per_s']:10}"
+                f"{r['overlap_pairs_per_s']:9}{r['speedup']:9.3f}"
+                f"{r['predicted_one_pass']:9}/{r['predicted_overlap']}"
+            )
+        write_json(args.out, doc)
+        return 0
 
     items, queries = scifact(args.items, 300)
     ce = default_cross_encoder(items=items, threads=args.threads, provider="cpu")

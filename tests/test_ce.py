@@ -158,6 +158,49 @@ def test_results_in_input_order_for_any_batching(ce, cisi, batch_size):
     np.testing.assert_allclose(ce.predict(pairs, batch_size=batch_size), want, atol=1e-4, rtol=0)
 
 
+def test_overlapped_tokenizing_scores_equal_the_one_pass_and_the_matrix(ce, cisi, monkeypatch):
+    """On a GPU ``predict`` and ``rank`` tokenize the next slice of documents in a second thread
+    while the device runs the pairs of the slice before; forced on here, with slices of 7
+    documents: the same scores, in input order (queries and documents repeated, slices uneven)."""
+    import crossknn.ce.model_base as mb
+
+    monkeypatch.setattr(mb, "OVERLAP_DOCS", 7)
+    rng = np.random.default_rng(4)
+    qi = rng.integers(0, 5, 40)
+    di = rng.integers(0, 30, 40)  # about 25 distinct documents: four slices, the last short
+    pairs = [(cisi["queries"][q], cisi["items"][d]) for q, d in zip(qi, di, strict=True)]
+    want = cisi["scores"][qi, di]
+    threads = []
+    real = ce._documents_store
+
+    def spy(documents, queries):
+        threads.append(threading.current_thread().name)
+        return real(documents, queries)
+
+    monkeypatch.setattr(ce, "_documents_store", spy)
+    monkeypatch.setattr(ce, "overlap_tokenize", False)
+    one_pass = ce.predict(pairs, batch_size=4)
+    assert threads == [threading.current_thread().name]
+    threads.clear()
+    monkeypatch.setattr(ce, "overlap_tokenize", True)
+    got = ce.predict(pairs, batch_size=4, show_progress_bar=True)
+    n_docs = len(set(di))
+    assert len(threads) == -(-n_docs // 7)
+    assert all(t.startswith("crossknn-tokenize") for t in threads)
+    np.testing.assert_allclose(got, one_pass, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    # rank: one query, 20 documents in three slices
+    threads.clear()
+    hits = ce.rank(cisi["queries"][5], cisi["items"][:20], batch_size=4)
+    assert len(threads) == 3
+    order = np.argsort(-cisi["scores"][5, :20], kind="stable")
+    assert [h["corpus_id"] for h in hits][:5] == list(order[:5])
+    # a document the tokenizer refuses, in a later slice: the error reaches the caller
+    bad = pairs[:30] + [("q", "x\udcff")]
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        ce.predict(bad)
+
+
 def test_token_budget_bounds_batches(cache, cisi, monkeypatch):
     small = OnnxCrossEncoder(ensure_model(cache_dir=cache), batch_size=64, max_batch_tokens=300)
     small.set_items(cisi["items"][:30])
