@@ -71,6 +71,7 @@ import numpy as np
 from _common import RESULTS, SHARED, machine, utc_now
 
 K = 10
+STANDIN = Path(__file__).with_name("standin_device.py")
 SINGULAR = {"errors": "error", "skipped": "skipped"}
 
 
@@ -625,10 +626,18 @@ def py_spy_dump(pid: int, path: Path, delay: float, times: int = 2) -> threading
 
 class Server:
     def __init__(
-        self, index: Path, port: int, extra: list[str], log: Path, env: dict | None = None
+        self,
+        index: Path,
+        port: int,
+        extra: list[str],
+        log: Path,
+        env: dict | None = None,
+        standin: str | None = None,
     ) -> None:
         self.port = port
-        self.cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(index), "--port", str(port)]
+        # the stand-in device (bench/standin_device.py): the same CLI behind its patch
+        cli = ["-m", "crossknn.cli"] if standin is None else [str(STANDIN), standin]
+        self.cmd = [sys.executable, *cli, "serve", str(index), "--port", str(port)]
         self.cmd += ["--log-level", "warning", *extra]
         self.log_path = log
         self.log = open(log, "w")  # noqa: SIM115
@@ -864,7 +873,8 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
     # on a CPU one server; on a GPU, most important first (the deadline skips the last): the
     # default server, concurrent requests searched in lockstep (--group-queries), the engine
     # lock by request age (--engine-order oldest), more processes, no load-time warm-up
-    names = args.serve_variants or (GPU_SERVE_VARIANTS if ctx["gpu"] else "default")
+    real_gpu = ctx["gpu"] and not args.standin_device
+    names = args.serve_variants or (GPU_SERVE_VARIANTS if real_gpu else "default")
     variants = [Variant(v) for v in names.split(",") if v.strip()]
     for v in variants:
         for precision in reversed(ctx["precisions"]):
@@ -875,15 +885,18 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
 # cold: no warm-up, the CE workers capture each shape's graph on its first batch (what the
 # warm-up in the loading thread amounted to before the sixteenth session: onnxruntime keeps
 # graphs per thread); bp2048+cew1: the GPU batching defaults before it; group1+any: requests
-# searched alone under a plain lock (docs/serve.md)
-GPU_SERVE_VARIANTS = "default,cold,bp2048+cew1,group1+any,w4"
+# searched alone under a plain lock; de0: the DE's queries encoded in the request threads, as
+# before the nineteenth session (docs/serve.md)
+GPU_SERVE_VARIANTS = "default,cold,de0,bp2048+cew1,group1+any,w4"
 
 
 class Variant:
     """A server setting by name: ``default``, ``groupN`` (--group-queries N), ``oldest``
     (--engine-order oldest; ``any``: a plain lock, with ``group1``), ``wN``
     (--workers N), ``bpN`` (--max-batch-pairs N), ``cewN`` (--ce-workers N), ``grN`` (CUDA
-    graphs up to N rows: ``$CROSSKNN_CUDA_GRAPH_ROWS``), ``cold`` (--no-warmup), ``nograph``
+    graphs up to N rows: ``$CROSSKNN_CUDA_GRAPH_ROWS``), ``cold`` (--no-warmup), ``de0`` /
+    ``de1`` (--no-de-thread / --de-thread: the DE's queries in the request threads or in one
+    thread of their own), ``nograph``
     (CUDA graphs off), joined by ``+`` (``group1+any``)."""
 
     def __init__(self, name: str) -> None:
@@ -908,6 +921,8 @@ class Variant:
                 self.workers = int(part[1:])
             elif part == "cold":
                 self.warm = False
+            elif part in ("de0", "de1"):
+                self.extra += ["--de-thread" if part == "de1" else "--no-de-thread"]
             elif part == "nograph":
                 self.graph = "0"
             else:
@@ -930,7 +945,14 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant)
     port = free_port()
     env = {"CROSSKNN_CUDA_GRAPH": v.graph, **v.env}
     tag = v.name.replace("+", "-")
-    server = Server(ctx["index"], port, extra, log_dir / f"serve-{precision}-{tag}.log", env)
+    server = Server(
+        ctx["index"],
+        port,
+        extra,
+        log_dir / f"serve-{precision}-{tag}.log",
+        env,
+        standin=args.standin_device,
+    )
     shown = " ".join(f"{k}={x}" for k, x in env.items())
     rep.doc["commands"].append(f"{shown} " + shlex.join(server.cmd))
     rep.save()
@@ -1048,6 +1070,14 @@ def main() -> int:
         help="requests per serve level: this many at concurrency 1, x4 at 8, x10 at 32 and 64 "
         "(default 100; quick 2), each level also bounded by 10 s",
     )
+    ap.add_argument(
+        "--standin-device",
+        default=None,
+        metavar="A,B[,C,D]",
+        help="no GPU: a stand-in device (bench/standin_device.py) whose CE session runs sleep "
+        "A + B ms a pair (DE: C + D a query), one batch at a time; with --provider cpu "
+        "--sections serve: the serving path's host side at a GPU's device times",
+    )
     ap.add_argument("--threads", type=int, default=None, help="CE/DE threads (default: all)")
     ap.add_argument("--budget", type=int, default=None, help="CE calls per query (100; quick 20)")
     ap.add_argument("--out", type=Path, default=None)
@@ -1062,6 +1092,12 @@ def main() -> int:
             import torch  # noqa: F401
         except ImportError:
             pass
+    if args.standin_device:
+        if not cpu or any(sec.strip() not in ("serve", "") for sec in args.sections.split(",")):
+            ap.error("--standin-device needs --provider cpu and --sections serve")
+        import standin_device
+
+        standin_device.install(standin_device.parse(args.standin_device))
     out = args.out or RESULTS / ("gpu_bench_cpu.json" if cpu else "gpu_bench.json")
     quick = args.quick
     args.budget = args.budget or (20 if quick else 100)
@@ -1079,7 +1115,13 @@ def main() -> int:
         {
             "bench": "gpu_bench",
             "started": utc_now(),
-            "device": name or f"cpu: {platform.processor() or platform.machine()}",
+            "device": (
+                f"stand-in device {args.standin_device} ms (bench/standin_device.py) on "
+                if args.standin_device
+                else ""
+            )
+            + (name or f"cpu: {platform.processor() or platform.machine()}"),
+            "standin_device": args.standin_device,
             "nvidia_smi": name,
             "machine": machine("onnxruntime", "onnxruntime-gpu", "torch", "transformers", "onnx"),
             "ort_providers": ort_providers,
@@ -1107,7 +1149,7 @@ def main() -> int:
         ctx["ids"], ctx["texts"] = ids, texts
         probe = open_ce("fp32", args.provider, args.threads)
         ctx["gpu"] = probe.provider != "CPUExecutionProvider"
-        ctx["precisions"] = ["fp32", "fp16"] if ctx["gpu"] else ["fp32"]
+        ctx["precisions"] = ["fp32", "fp16"] if ctx["gpu"] and not args.standin_device else ["fp32"]
         ctx["plan"] = probe._plan
         rep.doc["provider_auto"] = probe.provider
         rep.doc["provider_skipped"] = list(probe._s.skipped)  # why auto passed a provider by

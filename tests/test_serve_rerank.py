@@ -264,3 +264,16 @@ def test_no_warmup_flag_reaches_the_config(env):
     on = serve_cmd.config_from_args(p.parse_args([env["index_dir"]]))
     off = serve_cmd.config_from_args(p.parse_args([env["index_dir"], "--no-warmup"]))
     assert on.warmup is True and off.warmup is False
+
+
+def test_de_thread_flag_reaches_the_config(env):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    serve_cmd.add_arguments(p)
+
+    def de_thread(*flags):
+        return serve_cmd.config_from_args(p.parse_args([env["index_dir"], *flags])).de_thread
+
+    assert de_thread() is None  # by provider: on a GPU only
+    assert de_thread("--de-thread") is True and de_thread("--no-de-thread") is False

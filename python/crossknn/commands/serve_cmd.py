@@ -60,6 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the other's runs); default 1 on a CPU, 2 on a GPU",
     )
     p.add_argument(
+        "--de-thread",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="encode the queries with the DE in one thread of its own, not in the request "
+        "threads (default: on a GPU, where each thread that runs a session gets its own "
+        "provider context; off on a CPU)",
+    )
+    p.add_argument(
         "--engine-order",
         choices=("oldest", "any"),
         default="oldest",
@@ -189,6 +197,7 @@ def config_from_args(args: argparse.Namespace):
         max_batch_pairs=args.max_batch_pairs,
         max_wait_ms=args.max_wait_ms,
         ce_workers=args.ce_workers,
+        de_thread=args.de_thread,
         engine_order=args.engine_order,
         group_queries=args.group_queries,
         warmup=args.warmup,
