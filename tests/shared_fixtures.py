@@ -81,3 +81,18 @@ def torch_cls_logits(ckpt: Path, pairs, max_length: int) -> np.ndarray:
     )
     with torch.no_grad():
         return model(**enc).logits.numpy()
+
+
+def admitted_search(svc, query: str, *, k: int, budget: int) -> dict:
+    """One ``/search`` of ``query`` through a loaded ``SearchService`` as the HTTP app makes it:
+    admitted (asserted), searched in this thread, released."""
+    from crossknn.serve.schema import SearchRequest
+
+    req = SearchRequest(query=query, k=k, budget=budget)
+    decision = svc.try_admit(req)
+    assert decision.admitted, decision
+    ctx = svc.new_context()
+    try:
+        return svc.search(req, ctx)
+    finally:
+        svc.release(decision.ticket, ctx)

@@ -110,8 +110,8 @@ def test_the_de_thread_is_on_by_default_on_a_gpu_only(configured, provider, want
 def test_service_with_the_de_thread_answers_like_the_searcher(model_cache, tmp_path, monkeypatch):
     import crossknn
     from crossknn.demo_corpus import stdlib_docstrings
-    from crossknn.serve.schema import SearchRequest
     from crossknn.serve.service import SearchService, ServeConfig
+    from shared_fixtures import admitted_search
 
     monkeypatch.setenv("CROSSKNN_CACHE", str(model_cache))
     crossknn.build_corpus_index(
@@ -133,14 +133,7 @@ def test_service_with_the_de_thread_answers_like_the_searcher(model_cache, tmp_p
         assert svc.de_thread.thread_name.startswith("crossknn-de")
 
         def one(q: str) -> dict:
-            req = SearchRequest(query=q, k=5, budget=20)
-            decision = svc.try_admit(req)
-            assert decision.admitted, decision
-            ctx = svc.new_context()
-            try:
-                return svc.search(req, ctx)
-            finally:
-                svc.release(decision.ticket, ctx)
+            return admitted_search(svc, q, k=5, budget=20)
 
         with ThreadPoolExecutor(3) as pool:
             answers = list(pool.map(one, queries))

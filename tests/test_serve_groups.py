@@ -200,8 +200,8 @@ QUERIES = [
 def test_grouped_service_answers_equal_searching_each_alone(model_cache, tmp_path, monkeypatch):
     import crossknn
     from crossknn.demo_corpus import stdlib_docstrings
-    from crossknn.serve.schema import SearchRequest
     from crossknn.serve.service import SearchService, ServeConfig
+    from shared_fixtures import admitted_search
 
     monkeypatch.setenv("CROSSKNN_CACHE", str(model_cache))
     corpus = stdlib_docstrings(max_items=150)
@@ -220,14 +220,7 @@ def test_grouped_service_answers_equal_searching_each_alone(model_cache, tmp_pat
         lock = svc.engine_lock
 
         def one(q: str) -> dict:
-            req = SearchRequest(query=q, k=5, budget=30)
-            decision = svc.try_admit(req)
-            assert decision.admitted, decision
-            ctx = svc.new_context()
-            try:
-                return svc.search(req, ctx)
-            finally:
-                svc.release(decision.ticket, ctx)
+            return admitted_search(svc, q, k=5, budget=30)
 
         # 16 requests arrive while the engine is busy: they start as two groups of 8
         lock.acquire()
