@@ -5,6 +5,8 @@
   admission and request threads;
 - :class:`Batcher` (:mod:`crossknn.serve.batcher`): merges the CE calls of concurrent requests;
 - :class:`BatchedCE` (:mod:`crossknn.serve.proxy`): the CE stand-in a shared ``Searcher`` calls;
+- :class:`DEThread` (:mod:`crossknn.serve.de_thread`): on a GPU, the DE's queries encoded in one
+  thread of their own;
 - :class:`Metrics` (:mod:`crossknn.serve.metrics`): Prometheus metrics;
 - :mod:`crossknn.serve.ray_app`: the same app as a Ray Serve deployment.
 
