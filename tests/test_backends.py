@@ -252,3 +252,22 @@ def test_cli_backend_flag(tiny, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["rank", "q", "--corpus", str(path), "--backend", "jax"])
     assert "invalid choice: 'jax'" in capsys.readouterr().err
+
+
+def test_overlapped_tokenizing_equals_one_pass_on_both_backends(tiny, monkeypatch):
+    """``predict`` with the documents tokenized slice by slice in a second thread (a GPU's
+    default, forced here; slices of 3 documents) gives the one-pass scores on either backend,
+    activation on and off, empty and truncated documents among them."""
+    import crossknn.ce.model_base as mb
+
+    monkeypatch.setattr(mb, "OVERLAP_DOCS", 3)
+    qs, ds = _texts(4, 1, 8, 5), _texts(11, 0, 160, 6)
+    pairs = [(qs[i % 4], ds[(3 * i) % 11]) for i in range(30)]  # 11 documents: 4 slices
+    for backend in ("onnx", "torch"):
+        ce = open_cross_encoder(tiny["cls"], backend=backend)
+        for act in (True, False):
+            ce.overlap_tokenize = False
+            want = ce.predict(pairs, batch_size=2, apply_activation=act)
+            ce.overlap_tokenize = True
+            got = ce.predict(pairs, batch_size=2, apply_activation=act)
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=backend)
