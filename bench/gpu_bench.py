@@ -208,10 +208,12 @@ def ce_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
             # the same predict with the documents tokenized in one pass before the device runs
             # (the CPU's way; a GPU overlaps the tokenizing with the device: docs/ce.md)
             ce.overlap_tokenize = False
-            to = time.perf_counter()
-            ce.predict(pairs)
-            dto = time.perf_counter() - to
-            ce.overlap_tokenize = None
+            try:
+                to = time.perf_counter()
+                ce.predict(pairs)
+                dto = time.perf_counter() - to
+            finally:
+                ce.overlap_tokenize = None
             if precision == "fp32" and "fp32" not in ref:
                 ref["fp32"] = got
             base = ref.get("fp32")

@@ -198,7 +198,11 @@ def test_overlapped_tokenizing_scores_equal_the_one_pass_and_the_matrix(ce, cisi
     # a document the tokenizer refuses, in a later slice: the error reaches the caller
     bad = pairs[:30] + [("q", "x\udcff")]
     with pytest.raises(ValueError, match="not valid UTF-8"):
-        ce.predict(bad)
+        ce.predict(bad, batch_size=4)
+    # a slice is never smaller than a batch: batches of 64 pairs, 25 documents, one pass
+    threads.clear()
+    np.testing.assert_allclose(ce.predict(pairs, batch_size=64), one_pass, atol=1e-5, rtol=0)
+    assert len(threads) == 1
 
 
 def test_token_budget_bounds_batches(cache, cisi, monkeypatch):

@@ -38,6 +38,8 @@ class RecordingDE:
         pass
 
     def encode(self, texts, *, batch_size=None, show_progress_bar=None):
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts, got a str")
         self.threads.append(threading.current_thread().name)
         self.kwargs.append({"batch_size": batch_size})
         if any(t == "boom" for t in texts):
@@ -81,8 +83,10 @@ def test_the_wrapper_is_the_des_model_everywhere_else():
         assert isinstance(dt, DualEncoder)
         assert (dt.model_id, dt.dim, dt.provider) == ("rec", 4, "CUDAExecutionProvider")
         assert dt.thread_name is None  # nothing encoded yet
-        dt.warmup("hello")
+        dt.encode(["hello"])
         assert de.threads == [dt.thread_name]
+        with pytest.raises(TypeError, match="list of texts"):  # the DE's own check of its input
+            dt.encode("hello")
         with pytest.raises(AttributeError):
             _ = dt.no_such_member
     finally:
@@ -129,7 +133,7 @@ def test_service_with_the_de_thread_answers_like_the_searcher(model_cache, tmp_p
     svc.load()
     try:
         assert svc.info()["batcher"]["de_thread"] is True
-        # the load's warm-up encoded in the DE thread before any request
+        # the search that measured the service time at load encoded in the DE thread
         assert svc.de_thread.thread_name.startswith("crossknn-de")
 
         def one(q: str) -> dict:

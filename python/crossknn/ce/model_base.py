@@ -394,10 +394,13 @@ class CrossEncoderBase(ModelBase):
         overlap = self.overlap_tokenize
         if overlap is None:
             overlap = self.provider not in ("CPUExecutionProvider", "cpu")
-        size = max(OVERLAP_DOCS, kw.get("batch_size") or self.batch_size)
-        if not overlap or len(ds) <= size:
-            return self._run_pairs(A, ia, self._documents_store(ds, A), ib, **kw)
-        return self._run_overlapped(A, ia, ds, ib, size, **kw)
+        if overlap and len(ds) > OVERLAP_DOCS:
+            bs = self.batch_size if kw.get("batch_size") is None else kw["batch_size"]
+            check_positive("batch_size", bs)
+            size = max(OVERLAP_DOCS, bs)
+            if len(ds) > size:
+                return self._run_overlapped(A, ia, ds, ib, size, **kw)
+        return self._run_pairs(A, ia, self._documents_store(ds, A), ib, **kw)
 
     def _run_overlapped(self, A: IdStore, ia, ds: list[str], ib, size: int, **kw) -> np.ndarray:
         """:meth:`_run_pairs` slice by slice of ``size`` documents, the next slice tokenized in

@@ -8,8 +8,9 @@ them, holding the process's session-run lock (:func:`crossknn.ce.cuda_graph.run_
 CE batches waited: a cost that lands on the first requests at each concurrency the server has not
 seen before, and device memory for up to ``max_queue`` sets of handles.
 
-:class:`DEThread` runs every ``encode`` in one thread, warmed up once at load: one context, made
-before the first request. The request thread waits for its vectors (a thread hop, well under a
+:class:`DEThread` runs every ``encode`` in one thread: one context, made at load by the search
+that measures the service time (``SearchService._measure_service_time``), before the first
+request. The request thread waits for its vectors (a thread hop, well under a
 millisecond; on a GPU the session runs are serialized by the run lock anyway).
 """
 
@@ -31,15 +32,12 @@ class DEThread:
         self._thread: threading.Thread | None = None
 
     def encode(self, texts, **kwargs):
-        return self._pool.submit(self._encode, list(texts), kwargs).result()
+        """The DE's ``encode(texts, **kwargs)``, run in the DE thread (its errors raised here)."""
+        return self._pool.submit(self._encode, texts, kwargs).result()
 
-    def _encode(self, texts: list[str], kwargs: dict):
+    def _encode(self, texts, kwargs: dict):
         self._thread = threading.current_thread()
         return self.de.encode(texts, **kwargs)
-
-    def warmup(self, text: str) -> None:
-        """One encode in the DE thread: its per-thread provider context is made now."""
-        self.encode([text])
 
     @property
     def thread_name(self) -> str | None:

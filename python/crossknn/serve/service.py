@@ -237,9 +237,9 @@ class SearchService:
                 threads=threads,
                 backend=c.backend,
                 max_batch_tokens=c.max_batch_tokens,
-                # the DE's query vectors are encoded in request threads: without CUDA graphs,
-                # onnxruntime's CUDA provider does not keep a context (handles, graphs) for
-                # each of them, and none of them captures while the CE workers wait
+                # the DE's query vectors (in the DE thread on a GPU, else in the request
+                # threads) without CUDA graphs: none of its runs captures while the CE workers
+                # wait
                 de_options={"cuda_graph": False} if c.backend == "onnx" else None,
             )
             index.check_models(ce=ce, de=de)
@@ -264,21 +264,19 @@ class SearchService:
                 if c.warmup:
                     warm = batcher.wait_warm(timeout=600.0)
                     self.warmup = {**warm[0], "threads": len(warm)}
-                # from now on no other thread captures graphs: the DE's query batches run in
-                # the request threads, which would each capture their own (holding the CE back;
-                # the ONNX DE has none, another backend's is pinned too); without a warm-up
-                # the CE workers capture theirs on first use (--no-warmup)
+                # from now on no other thread captures graphs: the DE's query batches (in the
+                # DE thread or the request threads) would capture their own (holding the CE
+                # back; the ONNX DE has none, another backend's is pinned too); without a
+                # warm-up the CE workers capture theirs on first use (--no-warmup)
                 for model in (ce, de) if c.warmup else (de,):
                     pin = getattr(model, "pin_graphs", None)
                     if pin is not None:
                         pin()
                 batched = BatchedCE(ce, batcher)
+                # (its provider context is made by the search of _measure_service_time below)
+                de_run = de
                 if use_de_thread(c.de_thread, getattr(de, "provider", None)):
                     de_run = self.de_thread = DEThread(de)
-                    if c.warmup:
-                        de_run.warmup(WARM_UP_QUERY)
-                else:
-                    de_run = de
                 searcher = crossknn.Searcher(
                     index,
                     ce=batched,
