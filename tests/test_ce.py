@@ -297,6 +297,20 @@ def test_truncation_warns_once(cache, caplog):
     np.testing.assert_allclose(a, b, atol=1e-6)  # the tail beyond max_length is cut
 
 
+def test_overlapped_call_warns_once_counting_every_slice(cache, caplog, monkeypatch):
+    import crossknn.ce.model_base as mb
+
+    monkeypatch.setattr(mb, "OVERLAP_DOCS", 2)
+    fresh = OnnxCrossEncoder(ensure_model(cache_dir=cache))
+    fresh.overlap_tokenize = True
+    long = "information retrieval " * 200
+    docs = [f"{long}{i}" if i % 2 == 0 else f"short {i}" for i in range(8)]  # 4 slices of 2
+    with caplog.at_level(logging.WARNING, logger="crossknn.ce"):
+        fresh.predict([("q", d) for d in docs], batch_size=2)
+    assert len(caplog.records) == 1
+    assert caplog.records[0].getMessage().startswith("crossknn.ce: 4 input(s) longer")
+
+
 def test_concurrent_callers_get_the_same_scores(ce, cisi):
     rng = np.random.default_rng(11)
     jobs = [(int(rng.integers(0, 112)), rng.choice(1460, 12, replace=False)) for _ in range(8)]

@@ -326,9 +326,12 @@ class CrossEncoderBase(ModelBase):
         batch_size: int | None = None,
         apply_activation: bool = True,
         show_progress_bar: bool | None = None,
+        truncated: list[int] | None = None,
     ) -> np.ndarray:
         """Scores of the pairs ``(A[ia[i]], B[ib[i]])``: truncated longest-first, batched by
-        length under the token budget, each batch one ``self._s.run``."""
+        length under the token budget, each batch one ``self._s.run``. ``truncated``: the
+        count of truncated pairs is appended there instead of warned about (a caller running
+        one call in parts warns once for all of them)."""
         n = len(ia)
         shape = (n,) if self.num_labels == 1 else (n, self.num_labels)
         out = np.empty(shape, dtype=np.float32)
@@ -339,7 +342,9 @@ class CrossEncoderBase(ModelBase):
         la, lb = A.lengths[ia], B.lengths[ib]
         ta, tb = longest_first(la, lb, self._room)
         n_cut = int(np.count_nonzero((ta < la) | (tb < lb)))
-        if n_cut:
+        if truncated is not None:
+            truncated.append(n_cut)
+        elif n_cut:
             self._warn_truncated(n_cut)
         batches = length_batches(ta + tb + self._tpl.n_special, bs, self.max_batch_tokens)
         progress = self.show_progress_bar if show_progress_bar is None else show_progress_bar
@@ -412,6 +417,7 @@ class CrossEncoderBase(ModelBase):
         progress = kw.pop("show_progress_bar", None)
         progress = self.show_progress_bar if progress is None else progress
         out: np.ndarray | None = None
+        cut: list[int] = []
         with ThreadPoolExecutor(1, thread_name_prefix="crossknn-tokenize") as pool:
 
             def tokenize(k: int):
@@ -424,12 +430,14 @@ class CrossEncoderBase(ModelBase):
                     ahead = tokenize(k + 1)
                 sel = order[bounds[k] : bounds[k + 1]]
                 got = self._run_pairs(
-                    A, ia[sel], B, ib[sel] - starts[k], show_progress_bar=False, **kw
+                    A, ia[sel], B, ib[sel] - starts[k], show_progress_bar=False, truncated=cut, **kw
                 )
                 if out is None:
                     out = np.empty((len(ia), *got.shape[1:]), dtype=got.dtype)
                 out[sel] = got
         assert out is not None  # more than one slice of documents: pairs in each
+        if sum(cut):
+            self._warn_truncated(sum(cut))
         return out
 
     def _documents_store(self, documents: list[str], queries: IdStore) -> IdStore:
