@@ -137,14 +137,19 @@ def ce_calls(ce, timed: Timed, queries, n_items: int, pairs: int, calls: int, se
 
 
 @contextlib.contextmanager
-def noop_session(ce):
+def noop_session(ce, pairs_per_s: float | None = None):
     """``InferenceSession.run`` of ``ce`` replaced by a no-op returning zeros (the host cost
-    alone), the real one restored on exit."""
+    alone), the real one restored on exit. ``pairs_per_s``: a stand-in device instead, which
+    sleeps for the batch's pairs at that rate (releasing the interpreter lock, as a GPU session
+    run does) before it returns."""
     sess = ce._s.session
     real = sess.run
 
     def noop(names, feeds, *a, **k):
-        return [np.zeros(len(feeds["input_ids"]), dtype=np.float32)]
+        n = len(feeds["input_ids"])
+        if pairs_per_s:
+            time.sleep(n / pairs_per_s)
+        return [np.zeros(n, dtype=np.float32)]
 
     sess.run = noop
     try:
@@ -235,26 +240,6 @@ def search_rows(ce, items, queries, n_queries: int, threads: int) -> dict:
     } | {"same_results": hits["before"] == hits["after"]}
 
 
-@contextlib.contextmanager
-def standin_device(ce, pairs_per_s: float):
-    """``InferenceSession.run`` of ``ce`` replaced by a stand-in device: it sleeps (releasing
-    the interpreter lock, as a GPU session run does) for the batch's pairs at ``pairs_per_s``
-    and returns zeros; the real one restored on exit."""
-    sess = ce._s.session
-    real = sess.run
-
-    def device(names, feeds, *a, **k):
-        n = len(feeds["input_ids"])
-        time.sleep(n / pairs_per_s)
-        return [np.zeros(n, dtype=np.float32)]
-
-    sess.run = device
-    try:
-        yield
-    finally:
-        sess.run = real
-
-
 def overlap_rows(ce, items, queries, n_pairs: int, rates, reps: int) -> dict:
     """``predict`` on ``n_pairs`` text pairs (all documents distinct) against a stand-in device
     of each rate: documents tokenized in one pass before the device runs (``one_pass``) vs
@@ -275,7 +260,7 @@ def overlap_rows(ce, items, queries, n_pairs: int, rates, reps: int) -> dict:
         for spec in rates:  # pairs/s, or "Nx": N times the host's rate
             rate = float(spec[:-1]) * host_rate if spec.endswith("x") else float(spec)
             best = {"one_pass": float("inf"), "overlap": float("inf")}
-            with standin_device(ce, rate):
+            with noop_session(ce, rate):
                 for _ in range(reps):
                     for name, on in (("one_pass", False), ("overlap", True)):
                         ce.overlap_tokenize = on

@@ -34,6 +34,12 @@ _ENCODE_CHUNK = 8192  # texts per tokenizer call (a progress step on a large cor
 OVERLAP_DOCS = 256
 
 
+def on_cpu(provider: str | None) -> bool:
+    """Whether a model runs on the CPU: ONNX Runtime's CPU provider, the torch backend's
+    ``"cpu"``, or not known (``None``)."""
+    return provider in (None, "CPUExecutionProvider", "cpu")
+
+
 def check_positive(name: str, value: Any, *, allow_none: bool = False) -> None:
     if allow_none and value is None:
         return
@@ -398,7 +404,7 @@ class CrossEncoderBase(ModelBase):
         pass, or slice by slice overlapping the device (see :meth:`_score_pairs`)."""
         overlap = self.overlap_tokenize
         if overlap is None:
-            overlap = self.provider not in ("CPUExecutionProvider", "cpu")
+            overlap = not on_cpu(self.provider)
         if overlap and len(ds) > OVERLAP_DOCS:
             bs = self.batch_size if kw.get("batch_size") is None else kw["batch_size"]
             check_positive("batch_size", bs)

@@ -24,6 +24,7 @@ import numpy as np
 import crossknn
 from crossknn.ce.folders import RUN_PRECISIONS, open_index_models
 from crossknn.ce.interface import DualEncoder, ModelInfo
+from crossknn.ce.model_base import on_cpu
 from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
 from crossknn.serve.batcher import Batcher
@@ -145,15 +146,11 @@ CPU_BATCH_PAIRS, GPU_BATCH_PAIRS = 256, 256
 CE_WORKERS_GPU = 2
 
 
-def _on_cpu(provider: str | None) -> bool:
-    return provider in (None, "CPUExecutionProvider", "cpu")
-
-
 def merged_pairs(configured: int | None, provider: str | None) -> int:
     """The batcher's ``max_batch_pairs``: as configured, else by where the CE runs."""
     if configured is not None:
         return int(configured)
-    return CPU_BATCH_PAIRS if _on_cpu(provider) else GPU_BATCH_PAIRS
+    return CPU_BATCH_PAIRS if on_cpu(provider) else GPU_BATCH_PAIRS
 
 
 def ce_workers(configured: int | None, provider: str | None) -> int:
@@ -161,14 +158,14 @@ def ce_workers(configured: int | None, provider: str | None) -> int:
     that the CE's intra-op threads are all the CPU it takes)."""
     if configured is not None:
         return int(configured)
-    return 1 if _on_cpu(provider) else CE_WORKERS_GPU
+    return 1 if on_cpu(provider) else CE_WORKERS_GPU
 
 
 def use_de_thread(configured: bool | None, provider: str | None) -> bool:
     """Whether the DE encodes in one thread of its own: as configured, else on a GPU."""
     if configured is not None:
         return bool(configured)
-    return not _on_cpu(provider)
+    return not on_cpu(provider)
 
 
 def _model_info(m: ModelInfo) -> dict[str, Any]:
