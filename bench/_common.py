@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -59,9 +63,102 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_name() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
+def machine_tag(gpu: bool = False) -> str:
+    """The "where" of a result file's name: ``h100`` / ``h200`` (``gpu=True`` on a GPU host),
+    else the CPU family and its core count: ``xeon2``, ``epyc2``, ``cpu16``."""
+    if gpu and (name := _gpu_name()):
+        for model in ("H100", "H200", "A100", "L40S", "L4", "A10", "T4"):
+            if model in name:
+                return model.lower()
+        return "gpu"
+    model = _cpu_model()
+    family = "xeon" if "Xeon" in model else "epyc" if "EPYC" in model else "cpu"
+    return f"{family}{os.cpu_count()}"
+
+
+def result_path(name: str, gpu: bool = False) -> Path:
+    """``bench/results/NAME.WHERE.json``: a result file named by what and where it was measured."""
+    return RESULTS / f"{name}.{machine_tag(gpu)}.json"
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                "python",
+                "cpp",
+                "src",
+                "bench",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip() or None
+    return f"{commit}+local-changes" if commit and dirty else commit
+
+
+def provenance() -> dict:
+    """Where, when and how a result was measured: machine tag, CPU model, GPU, UTC date, the git
+    commit (``+local-changes`` when python/, cpp/, src/ or bench/ differ from it) and the
+    command line."""
+    return {
+        "machine": machine_tag(gpu=True),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu": _gpu_name(),
+        "date": utc_now(),
+        "commit": _commit(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
 def write_json(path: str | os.PathLike, obj) -> Path:
-    """Writes a result file atomically (indent 1, keys in insertion order) and says so."""
+    """Writes a result file atomically (indent 1, keys in insertion order) and says so. A dict
+    gets a ``provenance`` entry (:func:`provenance`) unless it has one."""
     path = Path(path)
+    if isinstance(obj, dict) and "provenance" not in obj:
+        obj = {**obj, "provenance": provenance()}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"))
     print(f"wrote {path}")

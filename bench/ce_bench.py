@@ -23,10 +23,11 @@ candidates a reranker actually has to order, whose scores lie in a narrow band).
 
     .venv/bin/python bench/ce_bench.py [--pairs 64] [--threads 2]
 
-Prints a table and writes bench/results/ce_bench.json.
+Prints a table and writes bench/results/ce_bench.MACHINE.json
+(MACHINE: ``_common.machine_tag()``, e.g. xeon2).
 
 ``--recipes``: the int8 recipe table instead (speed vs fp32, agreement on random and fp32-top-100
-candidates, end-to-end search recall against the fp32 exact top-10; see ``bench/ce_recipes.py``),
+candidates, end-to-end search recall against the fp32 exact top-10; see ``bench/_ce_recipes.py``),
 on each query's DE top-100 of the whole SciFact / NFCorpus corpus at 128 and 256 tokens,
 resumable, one cell at a time:
 
@@ -49,7 +50,16 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import CISI_MATRIX, RESULTS, SHARED, best_of, machine, utc_now, write_json
+from _common import (
+    CISI_MATRIX,
+    RESULTS,
+    SHARED,
+    best_of,
+    machine,
+    result_path,
+    utc_now,
+    write_json,
+)
 from crossknn.data import load_beir
 from crossknn.matrix import load_score_matrix
 
@@ -141,7 +151,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
     ap.add_argument("--out", type=Path, default=None)
-    rec = ap.add_argument_group("--recipes: the int8 recipe table (bench/ce_recipes.py)")
+    rec = ap.add_argument_group("--recipes: the int8 recipe table (bench/_ce_recipes.py)")
     rec.add_argument("--recipes", action="store_true", help="run the int8 recipe table")
     rec.add_argument("--precisions", nargs="+", default=None, help="recipes (default: all)")
     rec.add_argument(
@@ -158,13 +168,13 @@ def main() -> int:
     rec.add_argument("--cache-dir", type=Path, default=None, help="crossknn model cache")
     args = ap.parse_args()
     if args.recipes:
-        from ce_recipes import run
+        from _ce_recipes import run
         from crossknn.ce.quantize import RECIPES
 
         args.out = args.out or RESULTS / "ce_recipes.json"
         run(args, [p for p in (args.precisions or RECIPES) if p != "int8"])
         return 0
-    args.out = args.out or RESULTS / "ce_bench.json"
+    args.out = args.out or result_path("ce_bench")
 
     from scipy.stats import spearmanr
 

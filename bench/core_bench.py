@@ -28,10 +28,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
-from _common import RESULTS, best_of, machine, utc_now, write_json
+from _common import best_of, machine, result_path, utc_now, write_json
 from crossknn.core import ItemFeatures, RoundState, kernel_name
 
-OUT = RESULTS / "core_bench.json"
+OUT = result_path("core_bench")
 B, ROUNDS, Q_BATCH = 100, 10, 64
 
 

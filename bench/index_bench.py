@@ -1,4 +1,4 @@
-"""Offline indexing benchmark (issue 5). Prints tables and writes bench/results/index_bench.json.
+"""Offline indexing benchmark (issue 5): tables, and bench/results/index_bench.MACHINE.json.
 
 1. throughput: pairs/s of the sharded indexing job (``ScoreJob`` over the embedded CE, the code
    path of ``crossknn score-matrix``/``index``) vs the bare CE runtime's peak (best batch size of
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import CISI_MATRIX, RESULTS, SHARED, machine, write_json
+from _common import CISI_MATRIX, SHARED, machine, result_path, write_json
 
-OUT = RESULTS / "index_bench.json"
+OUT = result_path("index_bench")
 
 
 def table(rows: list[dict], cols: list[str]) -> str:

@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/recall_bench.py [--matrix ../shared/matrices/cisi-minilm]
 
-Writes bench/results/eval_cisi*.json (one file per run below; each also prints its table),
+Writes bench/results/recall/eval_cisi*.json (one file per run below; each also prints its table),
 docs/img/cisi_recall.png (the headline curves), and the index-cost table (method x index CE calls
 x (B, k): ``auto`` at 0, 1, 5, 10 and 100% of dense ADACUR's index calls beside ADACUR, AXN and
-RNR, all with the DE first round) as bench/results/recall_index_cost.json and
+RNR, all with the DE first round) as bench/results/recall/recall_index_cost.json and
 docs/img/cisi_index_cost.png. Uses the precomputed score matrix only (no model runs); takes
 about half an hour on 2 cores (``--only`` runs a part).
 
@@ -23,6 +23,8 @@ import time
 
 from _common import CISI_MATRIX, REPO, RESULTS, SHARED
 from crossknn.cli import main as crossknn
+
+RECALL = RESULTS / "recall"  # every run's `crossknn eval --json` and the index-cost tables
 
 
 def repeat(flag: str, *values) -> list[str]:
@@ -109,7 +111,7 @@ def cost_table(matrix, tag: str = "cisi") -> None:
     base = ["eval_nfcorpus_base"] if tag == "nfcorpus" else ["eval_cisi_rnr", "eval_cisi_de"]
     runs = NF_RUNS if tag == "nfcorpus" else RUNS
     for name in base + [n for n in runs if n.startswith(f"eval_{tag}_auto_")]:
-        path = RESULTS / f"{name}.json"
+        path = RECALL / f"{name}.json"
         limit = _index_calls(name, matrix)
         if path.is_file():
             rows += [
@@ -150,7 +152,7 @@ def cost_table(matrix, tag: str = "cisi") -> None:
             }
         )
     suffix = "" if tag == "cisi" else f"_{tag}"
-    (RESULTS / f"recall_index_cost{suffix}.json").write_text(
+    (RECALL / f"recall_index_cost{suffix}.json").write_text(
         json.dumps({"dense_index_calls": dense, "rows": out}, indent=1) + "\n"
     )
     title = "cisi-minilm" if tag == "cisi" else "nfcorpus-minilm-gpu"
@@ -240,7 +242,7 @@ def main() -> int:
                 *argv,
                 *grid,
                 "--json",
-                str(RESULTS / f"{name}.json"),
+                str(RECALL / f"{name}.json"),
                 "--no-plot",
                 "--quiet",
             ]
@@ -258,7 +260,7 @@ def main() -> int:
 
     rows = []
     for run, method, first, rounds in FIGURE_SERIES:
-        path = RESULTS / f"{run}.json"
+        path = RECALL / f"{run}.json"
         if not path.is_file():
             continue
         rows += [

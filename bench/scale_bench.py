@@ -35,13 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import REPO, RESULTS, machine, utc_now, write_json
+from _common import REPO, machine, result_path, utc_now, write_json
 from crossknn.core import ItemFeatures
 from crossknn.search import AXN
 from crossknn.search.round_index import TUNE_CANDIDATES
 from crossknn.synthetic import NOISE_CLIP, EmbeddingTestbed, pair_noise
 
-OUT = RESULTS / "scale_bench.json"
+OUT = result_path("scale_bench")
 CACHE = REPO / "cache" / "scale_bench"
 B, ROUNDS, K, MIX = 100, 10, 10, 0.5
 INT8_ONLY_FROM = 5_000_000  # items stored as int8 only (f32 would not fit beside the others)

@@ -9,7 +9,7 @@ real: tokenizing, the pair inputs, the engine, the batcher, the query groups, HT
 a fixed function of each row's token ids (the same pair gives the same score in any batch), not
 a model's: the searches do the real amount of work, their results mean nothing.
 
-The default timings are an H100's, from ``bench/results/gpu_s16/run3_server_timing.json``
+The default timings are an H100's, from ``bench/results/gpu_serve_timing.h100.json``
 (serve, fp16, SciFact, one CE worker, so that no batch's time includes another's): merged CE
 batches of 20 / 78 / 272 pairs ran 0.74 / 2.40 / 6.23 ms in the session, about 0.5 + 0.021 ms a
 pair up to the 256-pair batches of today's default (with two workers a batch's session time

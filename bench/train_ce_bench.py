@@ -1,4 +1,4 @@
-"""Trained cross-encoders vs the DE and the embedded zero-shot CE: ``bench/results/train_ce.json``.
+"""Trained cross-encoders vs the DE and the embedded zero-shot CE: ``train_ce.MACHINE.json``.
 
 Part 1, ranking quality (issue 12): on SciFact and NFCorpus (``../shared/data``), train a [CLS]
 and an [EMB] CE on the train split (``crossknn train-ce``, listwise loss, DE-mined negatives, a
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from _common import RESULTS, SHARED, machine, utc_now, write_json
+from _common import SHARED, machine, result_path, utc_now, write_json
 from crossknn.fileio import atomic_save_npy, atomic_write_json, read_json
 from crossknn.trec import parse_measures, run_metrics
 
@@ -526,7 +526,7 @@ def main() -> None:
         choices=DATASETS,
         help="part 2: score the NFCorpus sub-corpus with the CEs trained on this dataset",
     )
-    ap.add_argument("--out", default=str(RESULTS / "train_ce.json"))
+    ap.add_argument("--out", default=str(result_path("train_ce", gpu=True)))
     args = ap.parse_args()
 
     from crossknn.ce import default_dual_encoder

@@ -37,7 +37,7 @@ in a second thread while the device runs the slice before (the GPU default,
 (query, abstract) text pairs with a no-op session, every text tokenized whole against documents
 tokenized up to a word past what truncation looks at (``TokenizerPlan.encode``'s ``min_tokens``).
 
-Prints a table and writes bench/results/ce_host_bench.json.
+Prints a table and writes bench/results/ce_host_bench.MACHINE.json.
 """
 
 from __future__ import annotations
@@ -46,13 +46,16 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, SHARED, machine, utc_now, write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _common
+
+from _common import SHARED, machine, result_path, utc_now, write_json  # noqa: E402
 from crossknn.ce import default_cross_encoder, default_dual_encoder
 from crossknn.ce.feeds import pair_feeds
 from crossknn.ce.tokenize import assemble_pairs
@@ -315,7 +318,7 @@ def main() -> int:
     ap.add_argument("--items", type=int, default=1000, help="SciFact abstracts (default 1000)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--search", type=int, default=0, metavar="Q", help="also Q searches")
-    ap.add_argument("--out", default=str(RESULTS / "ce_host_bench.json"))
+    ap.add_argument("--out", default=str(result_path("ce_host_bench")))
     ap.add_argument(
         "--only-predict",
         action="store_true",

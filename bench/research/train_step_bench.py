@@ -12,13 +12,16 @@ ratio of the two. Example::
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, SHARED, machine, utc_now, write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _common
+
+from _common import SHARED, machine, result_path, utc_now, write_json  # noqa: E402
 
 
 def _step_timer(kind: str, threads: int, enc, base: Path):
@@ -56,7 +59,7 @@ def main() -> None:
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--kinds", nargs="+", default=["emb", "cls"], choices=["emb", "cls"])
     ap.add_argument("--steps", type=int, default=8, help="timed steps per setting (after 2 warm)")
-    ap.add_argument("--out", default=str(RESULTS / "train_step.json"))
+    ap.add_argument("--out", default=str(result_path("train_step")))
     args = ap.parse_args()
 
     import torch

@@ -14,7 +14,7 @@ the wall time. Variants:
 - ``ItemFeatures.from_npy``: the C++ reader maps the file (what a C++ service does);
 - ``from_npy, no check``: the same without the NaN/inf pass (pages read only when searched).
 
-Prints a table and writes ``bench/results/open_bench.json``.
+Prints a table and writes ``bench/results/open_bench.cpu2.json``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 VARIANTS = {
     "copy (before)": "V = np.load(p); f = _core.Features(V, storage='float32')",
@@ -82,7 +84,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--d", type=int, default=384)
     ap.add_argument("--dir", default="/tmp")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "open_bench.json"))
+    ap.add_argument("--out", default=str(RESULTS / "open_bench.cpu2.json"))
     args = ap.parse_args()
 
     path = Path(args.dir) / f"open_bench_{args.n}x{args.d}.npy"

@@ -3,7 +3,7 @@
 # parts (../shared/tools/gpu-bundle/pack.sh, with EXTRA_WHEELS="fastapi uvicorn" for the serve
 # rows) were copied into one folder. Every step prints what it runs; results go to $OUT.
 #
-#   BUNDLE=/path/to/parts OUT=/path/to/results bash bench/gpu_run.sh
+#   BUNDLE=/path/to/parts OUT=/path/to/results bash bench/gpu/run.sh
 #
 # BUNDLE   the folder holding the parts, their files side by side or in part1/ ... partN/
 #          subfolders (default .gpu); unpacked here if BUNDLE/site is missing

@@ -2,9 +2,9 @@
 # The last call of a staged run on a lent GPU host (docs/ce.md, "On a lent device"): every
 # gpu-bundle part is in /tmp/stage (its data/ folder holds beir.tar.xz), this checkout in /tmp/src
 # (its pip install started in the first call, logging to /tmp/pip.log). Waits for the install,
-# then runs bench/gpu_run.sh; what it keeps lands in $OUT.
+# then runs bench/gpu/run.sh; what it keeps lands in $OUT.
 #
-#   SECTIONS=search,serve SERVE_VARIANTS=default,group1+any MAX_SECONDS=170 bash bench/gpu_device.sh
+#   SECTIONS=search,serve SERVE_VARIANTS=default,group1+any MAX_SECONDS=170 bash bench/gpu/device.sh
 #
 # GPU_BENCH_EXTRA: more gpu_bench.py options (e.g. "--serve-requests 200").
 #
@@ -24,5 +24,5 @@ if [ "${PY_SPY:-0}" = 1 ] && ls /tmp/stage/data/py_spy-*.whl >/dev/null 2>&1; th
 fi
 export GPU_BENCH_EXTRA="${GPU_BENCH_EXTRA:-} ${EXTRA[*]:-}"
 BUNDLE=/tmp/stage OUT=${OUT:?set OUT} MAX_SECONDS=${MAX_SECONDS:-270} \
-  timeout $((${MAX_SECONDS:-270} + 200)) bash bench/gpu_run.sh
-echo "== gpu_run.sh exit $? ($(date +%T))"
+  timeout $((${MAX_SECONDS:-270} + 200)) bash bench/gpu/run.sh
+echo "== gpu/run.sh exit $? ($(date +%T))"

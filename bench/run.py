@@ -1,0 +1,213 @@
+"""One entry point for the maintained benchmarks: suites of bench scripts, by their commands.
+
+    .venv/bin/python bench/run.py --list                      # the suites and their commands
+    .venv/bin/python bench/run.py --suite quick               # smoke runs (minutes), no result kept
+    .venv/bin/python bench/run.py --suite recall --suite cpu  # rewrite bench/results/*.json
+    .venv/bin/python bench/run.py --suite gpu --dry-run       # print the commands only
+
+Suites:
+
+- ``quick``: every kind of bench at small sizes, results into ``build/bench-quick/`` (never over
+  the committed results), then ``bench/report.py --check``. A few minutes on 2 cores.
+- ``recall``: Top-k-Recall on the shared score matrices (``recall_bench``, cisi + nfcorpus), the
+  embedded CE's nDCG on BEIR (``beir_bench``), CMC quality (``cmc_bench``). No model timing.
+- ``cpu``: speed on this CPU: round engine (``core_bench``), non-CE time per query
+  (``overhead_bench``), CE runtime and int8 recipes (``ce_bench``), offline indexing
+  (``index_bench``), CMC latency, and the living index (``lifecycle_bench``, when present).
+- ``gpu``: the GPU path (``gpu_bench``: CE, rounds, search, serve) on the first GPU.
+- ``serve``: the HTTP server under load and overload (``serve_bench``), and the GPU serving
+  path's host side against a stand-in device (``gpu_bench --standin-device``).
+- ``scale``: FAISS round indexes from 10^5 to 10^7 items (``scale_bench``; about an hour).
+- ``train``: trained cross-encoders (``train_ce_bench``; 45 minutes of training per CE kind).
+
+Each bench prints its table and writes ``bench/results/NAME[.MACHINE].json`` with a
+``provenance`` entry (machine, date, commit, command: ``bench/_common.py``). A step whose data
+(``../shared``) is missing is skipped with one line; a failing step is reported and the suite goes
+on; the exit status is 1 if any step failed. After a run, ``bench/report.py --write`` renders the
+README/docs tables from the new JSON (and ``git diff`` shows what moved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+SHARED = REPO.parent / "shared"
+QUICK_OUT = REPO / "build" / "bench-quick"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One bench command: ``argv`` after the Python interpreter, run from the repository root."""
+
+    name: str
+    argv: tuple[str, ...]
+    needs: tuple[Path, ...] = ()  # data that must exist, else the step is skipped
+    optional: bool = False  # the script itself may be absent (another bench's owner adds it)
+    env: dict = field(default_factory=dict)
+
+    @property
+    def script(self) -> Path:
+        return REPO / self.argv[0]
+
+
+CISI = SHARED / "matrices" / "cisi-minilm"
+NFCORPUS_MATRIX = SHARED / "matrices" / "nfcorpus-minilm-gpu"
+SCIFACT = SHARED / "data" / "scifact"
+NFCORPUS = SHARED / "data" / "nfcorpus"
+Q = "build/bench-quick"  # QUICK_OUT, relative to the repository root
+
+SUITES: dict[str, list[Step]] = {
+    "quick": [
+        Step(
+            "core (N <= 1e5)",
+            ("bench/core_bench.py", "--quick", "--reps", "1", "--out", f"{Q}/core_bench.json"),
+        ),
+        Step(
+            "index (small)", ("bench/index_bench.py", "--quick", "--out", f"{Q}/index_bench.json")
+        ),
+        Step(
+            "overhead (10 queries, B=100)",
+            (
+                "bench/overhead_bench.py",
+                "--queries",
+                "10",
+                "--budgets",
+                "100",
+                "--out",
+                f"{Q}/overhead_bench.json",
+            ),
+            needs=(NFCORPUS_MATRIX,),
+        ),
+        Step(
+            "gpu path on the CPU (smoke)",
+            (
+                "bench/gpu_bench.py",
+                "--quick",
+                "--provider",
+                "cpu",
+                "--max-seconds",
+                "240",
+                "--work",
+                f"{Q}/gpu-work",
+                "--out",
+                f"{Q}/gpu_bench.json",
+            ),
+            needs=(SCIFACT,),
+        ),
+        Step("tables match the JSON", ("bench/report.py", "--check")),
+    ],
+    "recall": [
+        Step("recall, cisi-minilm", ("bench/recall_bench.py",), needs=(CISI,)),
+        Step(
+            "recall, nfcorpus-minilm-gpu",
+            ("bench/recall_bench.py", "--nfcorpus"),
+            needs=(NFCORPUS_MATRIX,),
+        ),
+        Step("embedded CE nDCG on BEIR", ("bench/beir_bench.py",), needs=(SCIFACT, NFCORPUS)),
+        Step("CMC on cisi", ("bench/cmc_bench.py", "--part", "cisi"), needs=(CISI,)),
+        Step("CMC on BEIR", ("bench/cmc_bench.py", "--part", "beir"), needs=(SCIFACT, NFCORPUS)),
+        Step("CMC ablation", ("bench/cmc_bench.py", "--part", "ablation"), needs=(CISI,)),
+    ],
+    "cpu": [
+        Step("round engine", ("bench/core_bench.py",)),
+        Step("non-CE time per query", ("bench/overhead_bench.py",), needs=(NFCORPUS_MATRIX,)),
+        Step(
+            "CE runtime", ("bench/ce_bench.py", "--pairs", "128", "--rounds", "3"), needs=(SCIFACT,)
+        ),
+        Step("int8 recipes", ("bench/ce_bench.py", "--recipes"), needs=(SCIFACT, NFCORPUS)),
+        Step("offline indexing", ("bench/index_bench.py",), needs=(CISI,)),
+        Step("CMC latency", ("bench/cmc_bench.py", "--part", "latency")),
+        Step("living index", ("bench/lifecycle_bench.py",), optional=True),
+    ],
+    "gpu": [
+        Step("GPU path", ("bench/gpu_bench.py", "--provider", "auto"), needs=(SCIFACT,)),
+    ],
+    "serve": [
+        Step("HTTP load and overload", ("bench/serve_bench.py",)),
+        Step(
+            "GPU serving host side, stand-in device",
+            (
+                "bench/gpu_bench.py",
+                "--provider",
+                "cpu",
+                "--sections",
+                "serve",
+                "--standin-device",
+                "0.5,0.021",
+                "--out",
+                "bench/results/gpu_bench.standin.json",
+            ),
+            needs=(SCIFACT,),
+        ),
+    ],
+    "scale": [
+        Step("FAISS round indexes", ("bench/scale_bench.py",)),
+        Step("real-data check on cisi", ("bench/scale_bench.py", "--cisi"), needs=(CISI,)),
+    ],
+    "train": [
+        Step("trained CEs", ("bench/train_ce_bench.py", "--bf16"), needs=(SCIFACT, NFCORPUS)),
+    ],
+}
+
+
+def scripts_in_suites() -> set[str]:
+    """The bench scripts some suite runs (paths relative to the repository root)."""
+    return {s.argv[0] for steps in SUITES.values() for s in steps}
+
+
+def run_step(step: Step, dry_run: bool) -> tuple[str, float]:
+    cmd = [sys.executable, *step.argv]
+    shown = " ".join(["python", *step.argv])
+    if step.optional and not step.script.exists():
+        print(f"- skip {step.name}: {step.argv[0]} is not in this checkout", flush=True)
+        return "absent", 0.0
+    missing = [str(p) for p in step.needs if not p.exists()]
+    if missing:
+        print(f"- skip {step.name}: needs {', '.join(missing)}", flush=True)
+        return "no data", 0.0
+    print(f"+ {shown}", flush=True)
+    if dry_run:
+        return "dry run", 0.0
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd, cwd=REPO, env={**os.environ, **step.env})
+    seconds = time.perf_counter() - t0
+    return ("ok" if rc == 0 else f"exit {rc}"), seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", action="append", choices=sorted(SUITES), help="repeatable")
+    ap.add_argument("--list", action="store_true", help="print the suites and their commands")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = ap.parse_args(argv)
+    if args.list or not args.suite:
+        for name, steps in SUITES.items():
+            print(f"{name}:")
+            for s in steps:
+                print(f"  {s.name:<40} python {' '.join(s.argv)}")
+        if not args.suite:
+            return 0 if args.list else 2
+    QUICK_OUT.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    for suite in args.suite:
+        print(f"== suite {suite}", flush=True)
+        for step in SUITES[suite]:
+            outcome, seconds = run_step(step, args.dry_run)
+            outcomes.append((suite, step.name, outcome, seconds))
+    print("\n| suite | step | outcome | seconds |\n|---|---|---|---:|")
+    for suite, name, outcome, seconds in outcomes:
+        print(f"| {suite} | {name} | {outcome} | {seconds:.0f} |")
+    failed = [o for o in outcomes if o[2].startswith("exit")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
