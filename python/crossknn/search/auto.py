@@ -60,6 +60,7 @@ from crossknn.core import ItemFeatures
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import BudgetExceededError, MatrixScorer, as_items
 from crossknn.search.methods import RoundMethod, _round_plan
+from crossknn.search.round_plan import ROUNDS_GRID, RoundChoice, RoundCost, choose_rounds
 from crossknn.search.rounds import Step, split_sizes
 from crossknn.topk import topk_recall
 
@@ -83,6 +84,7 @@ __all__ = [
     "choose_rows",
     "fit_prior_ridge",
     "query_directions",
+    "rounds_curve",
     "zrows",
 ]
 
@@ -251,6 +253,9 @@ class AutoIndex:
     # exp(prior_kernel_tau * (cos - 1))
     prior_ridge: float = 0.0
     prior_kernel_tau: float = PRIOR_KERNEL_TAU
+    # {rounds: cross-validated recall} over the complete rows (rounds_curve; None: not known,
+    # indexes built before it or with fewer than 4 rows): what choose_rounds trades for time
+    rounds_curve: dict | None = None
     # what row_prior reads for every query, computed once (see prior_tables); the arrays above are
     # not changed after construction
     _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
@@ -321,6 +326,8 @@ class AutoIndex:
             )
         if self.prior_alpha > 0 and self.row_vectors is None and R.shape[0]:
             raise ValueError("a row prior (prior_alpha > 0) needs the row queries' DE vectors")
+        if self.rounds_curve is not None:
+            self.rounds_curve = {int(r): float(v) for r, v in dict(self.rounds_curve).items()}
         if self.rho_d <= 0 or self.rho_r <= 0 or int(self.rounds) < 1:
             raise ValueError(
                 f"need rho_d, rho_r > 0 and rounds >= 1; got {self.rho_d}, {self.rho_r}, "
@@ -377,6 +384,9 @@ class AutoIndex:
             "partial_rows": int(self.partial_rows),
             "prior_ridge": float(self.prior_ridge),
             "prior_kernel_tau": float(self.prior_kernel_tau),
+            "rounds_curve": None
+            if self.rounds_curve is None
+            else {str(r): v for r, v in sorted(self.rounds_curve.items())},
         }
 
     def prior_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -464,7 +474,8 @@ def packed_cholesky(C) -> np.ndarray | bool:
     entries ``_core.packed_lower_t_norm2`` reads); False where ``C`` is not positive definite
     (fewer items than dimensions, repeated columns)."""
     try:
-        L = np.linalg.cholesky(np.asarray(C, np.float64))
+        with threadpool_limits(1):  # d x d: threads only contend on a shared machine
+            L = np.linalg.cholesky(np.asarray(C, np.float64))
     except np.linalg.LinAlgError:
         return False
     if not np.all(np.isfinite(L)):
@@ -499,23 +510,63 @@ class AUTO(RoundMethod):
     name = "auto"
     solve = "prior_ridge"  # the core's ridge pulled to the DE prior (crossknn/search.h)
 
-    def __init__(self, index: AutoIndex, *, prior, first="random", rounds: int | None = None):
+    def __init__(
+        self,
+        index: AutoIndex,
+        *,
+        prior,
+        first="random",
+        rounds: int | None = None,
+        cost: RoundCost | None = None,
+        target_ms: float | None = None,
+    ):
         super().__init__(first=first, n_items=index.n_items)
         if prior is None:
             raise ValueError("auto needs the DE query vectors as its prior")
         self.index = index
-        self.rounds = int(index.rounds if rounds is None else rounds)
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1; got {self.rounds}")
         self.features = ItemFeatures(index.features())
         self._inv_rho = np.ascontiguousarray(np.r_[1.0 / index.penalties(), 1.0 / RHO_FREE])
         self.prior = prior
+        self._choices: dict[int, RoundChoice] = {}
+        self.set_rounds(rounds)
+        self.set_cost(cost, target_ms)
         learned = index.prior_deltas is not None
         if learned or (index.prior_alpha > 0 and index.n_rows):  # tables now, not in a query
             index.prior_tables()
 
+    def set_cost(self, cost: RoundCost | None, target_ms: float | None) -> None:
+        """The round cost and latency target the rounds are chosen under
+        (:func:`crossknn.search.round_plan.choose_rounds`; None: the index's rounds)."""
+        if target_ms is not None and not float(target_ms) > 0:
+            raise ValueError(f"the latency target must be > 0 ms; got {target_ms}")
+        self.cost = cost
+        self.target_ms = None if target_ms is None else float(target_ms)
+        self._choices = {}
+
+    def set_rounds(self, rounds: int | None) -> None:
+        """Rounds asked for (None: chosen, :meth:`choice`)."""
+        if rounds is not None and int(rounds) < 1:
+            raise ValueError(f"rounds must be >= 1; got {rounds}")
+        self.asked_rounds = None if rounds is None else int(rounds)
+        self.rounds = int(self.index.rounds if rounds is None else rounds)
+        self._choices = {}
+
+    def choice(self, budget: int) -> RoundChoice:
+        """The rounds a search of ``budget`` CE calls runs, and why (computed once a budget)."""
+        b = int(budget)
+        if b not in self._choices:
+            self._choices[b] = choose_rounds(
+                self.index.rounds_curve,
+                self.index.rounds,
+                budget=b,
+                cost=self.cost,
+                target_ms=self.target_ms,
+                rounds=self.asked_rounds,
+            )
+        return self._choices[b]
+
     def plan(self, budget):
-        share, rounds = self.index.first_share, min(self.rounds, budget)
+        share, rounds = self.index.first_share, min(self.choice(budget).rounds, budget)
         n1 = 0 if share is None else max(1, int(round(share * budget)))
         if share is None or rounds < 2 or budget - n1 < rounds - 1:
             return _round_plan(budget, rounds, 0)
@@ -563,6 +614,7 @@ def build_auto_index(
     query_dirs: int = QUERY_DIRS,
     partial_items: int | None = None,
     progress: bool = False,
+    curve_rounds: Sequence[int] | None = ROUNDS_GRID,
 ) -> AutoIndex:
     """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
 
@@ -575,7 +627,8 @@ def build_auto_index(
     ``query_dirs``: directions of the query-subspace block from all ``train_query_vectors`` (0:
     none), see :func:`query_directions`; ``partial_items``: entries a partial row of the
     learned prior (None: :data:`PARTIAL_ITEMS`; 0: none), see :func:`partial_plan` and
-    :func:`learned_prior`.
+    :func:`learned_prior`; ``curve_rounds``: the round counts of the index's rounds curve
+    (:func:`rounds_curve`, with 4 rows or more; None or empty: no curve).
     """
     budgets = CV_BUDGETS if budgets is None else budgets
     partial_items = PARTIAL_ITEMS if partial_items is None else int(partial_items)
@@ -628,6 +681,25 @@ def build_auto_index(
             alpha=prior_alpha,
             query_dirs=A,
         )
+    curve = None
+    if m >= 4 and curve_rounds:
+        curve = rounds_curve(
+            R,
+            Q[pos],
+            V,
+            rho_d=rho_d,
+            rho_r=rho_r,
+            first_share=first,
+            decay=decay,
+            alpha=prior_alpha,
+            query_dirs=A,
+            budgets=budgets,
+            ks=ks,
+            grid=sorted({*curve_rounds, int(rounds)}),
+            n_folds=n_folds,
+            max_dev=max_dev,
+            seed=seed,
+        )
     idx = AutoIndex(
         V,
         R,
@@ -642,6 +714,7 @@ def build_auto_index(
         row_ids=[train[p] for p in pos],
         cv=table,
         query_dirs=A,
+        rounds_curve=curve,
     )
     if n_part == 0:
         return idx
@@ -823,18 +896,118 @@ def query_directions(query_vectors, r: int = QUERY_DIRS, *, var: float = QUERY_D
     return (vec * np.sqrt(var * np.maximum(ev, 0.0) / tr)).astype(np.float32)
 
 
+def _cv_folds(m: int, *, n_folds: int, max_dev: int, seed: int) -> list[np.ndarray]:
+    """The folds of the cross-validation over m complete rows (seeded; at most ``max_dev`` rows
+    searched)."""
+    rng = np.random.default_rng([int(seed), 17])
+    order = rng.permutation(m)[:max_dev]
+    return np.array_split(order, min(n_folds, len(order)))
+
+
+def _dev_recall(
+    R, Qr, V, folds, choice, *, budgets, ks, seed, alpha, query_dirs, cov, rounds=(None,)
+) -> list[float]:
+    """Mean Top-k-Recall over ``budgets`` x ``ks`` of the rows of each fold, searched with an
+    index of the other rows and ``choice = (rho_d, rho_r, rounds, first share, decay)``; one
+    value per entry of ``rounds`` (None: the choice's rounds), each fold's index built once.
+    ``cov``: the item covariance (the row prior's spread), its Cholesky factor packed once."""
+    m = R.shape[0]
+    rho_d, rho_r, n_rounds, first, decay = choice
+    scorer = MatrixScorer(R)
+    de = make_retriever("de", item_vectors=V, query_vectors=Qr)
+    chol = None if cov is None else packed_cholesky(cov)
+    num = np.zeros(len(rounds))
+    for f in folds:
+        keep = np.setdiff1d(np.arange(m), f)
+        idx = AutoIndex(
+            V,
+            R[keep],
+            rho_d=rho_d,
+            rho_r=rho_r,
+            rounds=n_rounds,
+            first_share=first,
+            decay=decay,
+            row_vectors=Qr[keep],
+            prior_alpha=alpha,
+            query_dirs=query_dirs,
+            item_cov=cov,
+        )
+        if chol is not None:
+            idx._chol = chol
+        meth = AUTO(idx, prior=Qr, first=de)
+        for j, r in enumerate(rounds):
+            meth.set_rounds(r)
+            recs = []
+            for B in budgets:
+                res = meth.search(scorer, f.tolist(), budget=B, k=max(ks), seed=seed)
+                recs += [float(topk_recall(R, f, res.indices, k).mean()) for k in ks]
+            num[j] += len(f) * float(np.mean(recs))
+    return (num / sum(len(f) for f in folds)).tolist()
+
+
+def _cv_grid(budgets, ks, N):
+    budgets = [b for b in budgets if b <= N] or [N]
+    ks = [k for k in ks if k <= min(budgets)] or [1]
+    return budgets, ks
+
+
+def rounds_curve(
+    R,
+    Qr,
+    V,
+    *,
+    rho_d: float,
+    rho_r: float,
+    first_share: float | None,
+    decay: float = 0.0,
+    alpha: float = 0.0,
+    query_dirs=None,
+    budgets: Sequence[int] = CV_BUDGETS,
+    ks: Sequence[int] = CV_KS,
+    grid: Sequence[int] = ROUNDS_GRID,
+    n_folds: int = 6,
+    max_dev: int = 30,
+    seed: int = 0,
+) -> dict[int, float]:
+    """``{rounds: cross-validated recall}`` over the m complete rows ``R`` (m >= 4; their DE
+    vectors ``Qr``), the other choices fixed: the trade :func:`crossknn.search.round_plan.
+    choose_rounds` makes against a round's cost. Rows of a fold are searched with an index of the
+    other rows (their exact top-k is known: the rows are complete); the row prior is kept, the
+    learned prior is not (it is fitted from these rows). Uses no CE call."""
+    R = np.asarray(R, np.float32)
+    Qr = np.asarray(Qr, np.float32)
+    V = np.asarray(V, np.float32)
+    m, N = R.shape
+    if m < 4:
+        raise ValueError(f"a rounds curve needs at least 4 complete rows; got {m}")
+    budgets, ks = _cv_grid(budgets, ks, N)
+    folds = _cv_folds(m, n_folds=n_folds, max_dev=max_dev, seed=seed)
+    cov = item_covariance(V) if alpha > 0 else None
+    rounds = [int(r) for r in sorted(set(grid)) if int(r) <= min(budgets)]
+    dev = _dev_recall(
+        R,
+        Qr,
+        V,
+        folds,
+        (rho_d, rho_r, max(rounds), first_share, decay),
+        budgets=budgets,
+        ks=ks,
+        seed=seed,
+        alpha=alpha,
+        query_dirs=query_dirs,
+        cov=cov,
+        rounds=rounds,
+    )
+    return {r: round(v, 6) for r, v in zip(rounds, dev, strict=True)}
+
+
 def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0, query_dirs=None):
     """((rho_D, rho_R, rounds, first share, decay), {key: mean dev recall}) by K-fold CV over the
     complete rows with the row prior's weight ``alpha`` (queries are addressed by their position
     among the rows; ties -> the earlier grid entry)."""
     m, N = R.shape
-    budgets = [b for b in budgets if b <= N] or [N]
-    ks = [k for k in ks if k <= min(budgets)] or [1]
-    rng = np.random.default_rng([int(seed), 17])
-    order = rng.permutation(m)[:max_dev]
-    folds = np.array_split(order, min(n_folds, len(order)))
-    scorer = MatrixScorer(R)
-    de = make_retriever("de", item_vectors=V, query_vectors=Qr)
+    budgets, ks = _cv_grid(budgets, ks, N)
+    folds = _cv_folds(m, n_folds=n_folds, max_dev=max_dev, seed=seed)
     cov = item_covariance(V) if alpha > 0 else None  # the row prior's spread, once for all folds
     table: dict[str, float] = {}
     grid = [
@@ -845,35 +1018,19 @@ def _cross_validate(R, Qr, V, *, budgets, ks, n_folds, max_dev, seed, alpha=0.0,
         for d in GRID_D
         for r in GRID_R
     ]
-
-    def dev_recall(rho_d, rho_r, rounds, first, decay) -> float:
-        num = 0.0
-        for f in folds:
-            keep = np.setdiff1d(np.arange(m), f)
-            idx = AutoIndex(
-                V,
-                R[keep],
-                rho_d=rho_d,
-                rho_r=rho_r,
-                rounds=rounds,
-                first_share=first,
-                decay=decay,
-                row_vectors=Qr[keep],
-                prior_alpha=alpha,
-                query_dirs=query_dirs,
-                item_cov=cov,
-            )
-            meth = AUTO(idx, prior=Qr, first=de)
-            recs = []
-            for B in budgets:
-                res = meth.search(scorer, f.tolist(), budget=B, k=max(ks), seed=seed)
-                recs += [float(topk_recall(R, f, res.indices, k).mean()) for k in ks]
-            num += len(f) * float(np.mean(recs))
-        return num / len(order)
-
-    for rho_d, rho_r, rounds, first, decay in grid:
-        table[f"{rho_d},{rho_r},{rounds},{first},{decay}"] = dev_recall(
-            rho_d, rho_r, rounds, first, decay
+    for choice in grid:
+        (table[",".join(str(x) for x in choice)],) = _dev_recall(
+            R,
+            Qr,
+            V,
+            folds,
+            choice,
+            budgets=budgets,
+            ks=ks,
+            seed=seed,
+            alpha=alpha,
+            query_dirs=query_dirs,
+            cov=cov,
         )
     best = max(table, key=lambda key: round(table[key], 9))  # max keeps the first of equals
     d, r, n, f, g = best.split(",")
