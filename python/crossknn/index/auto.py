@@ -214,4 +214,6 @@ def auto_index_of(index) -> AutoIndex | None:
         # absent in indexes built before the kernel ridge: the softmax average, as they searched
         prior_ridge=float(params.get("prior_ridge", 0.0)),
         prior_kernel_tau=float(params.get("prior_kernel_tau", PRIOR_KERNEL_TAU)),
+        # absent in indexes built before the rounds curve: their rounds run (no time trade)
+        rounds_curve=params.get("rounds_curve"),
     )
