@@ -102,6 +102,7 @@ class ServeConfig:
     max_rerank_texts: int = 1000  # texts in one /rerank request
     api_key_file: str | None = None  # a bearer token every request but /healthz, /readyz needs
     cors: tuple[str, ...] = ()  # origins allowed by CORS (none: no CORS headers)
+    body_timeout_s: float = 10.0  # the longest pause while a request body comes; then 408
 
     def __post_init__(self) -> None:
         if self.group_queries is None:
@@ -114,6 +115,7 @@ class ServeConfig:
             ("timeout_s", self.timeout_s > 0),
             ("admit_within", 0 <= self.admit_within <= 1),
             ("max_body_bytes", self.max_body_bytes >= 1024),
+            ("body_timeout_s", self.body_timeout_s > 0),
             ("threads", self.threads is None or self.threads >= 1),
             ("max_batch_tokens", self.max_batch_tokens is None or self.max_batch_tokens >= 1),
             ("rounds", 1 <= self.rounds <= self.max_rounds),
