@@ -42,6 +42,7 @@ from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
 from crossknn.search import DEFAULT_MIX, CurIndex, registry
 from crossknn.search.features import search_features
+from crossknn.search.round_plan import DEFAULT_GPU_TARGET_MS, RoundCost, measure_round_cost
 from crossknn.search.round_index import (
     TUNE_CANDIDATES,
     IndexedFeatures,
@@ -80,6 +81,12 @@ class Hits:
     qid: str | None = None
     exact_scores: np.ndarray | None = None
     rescore_calls: int | None = None
+    # what ran: the method, its rounds, the plan's step sizes and why those rounds
+    # (Searcher.plan_info)
+    plan: dict | None = field(default=None, repr=False)
+    # (item indices, CE scores) of every item this search scored for the query: the entries it
+    # paid for (with Searcher.record_paid; the query log, crossknn.query_log)
+    paid: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def missed_ids(self) -> list[str] | None:
@@ -209,7 +216,7 @@ class Searcher:
         model: str | os.PathLike | None = None,
         de_model: str | os.PathLike | None = None,
         method: str | None = None,
-        rounds: int = 5,
+        rounds: int | None = None,
         mix: float = DEFAULT_MIX,
         precision: str | None = None,
         provider: str = "auto",
@@ -224,6 +231,7 @@ class Searcher:
         de_precision: str | None = None,
         max_batch_tokens: int | None = None,
         rescore: tuple[str, int] | None = None,
+        latency_target_ms: float | str | None = "auto",
     ) -> None:
         if not isinstance(index, CorpusIndex):
             index = open_index(index)
@@ -248,11 +256,20 @@ class Searcher:
         self.rescore_ce, self.rescore_top = _open_rescore(index, self.ce, model, rescore, opts)
         method = method or ("auto" if "auto" in index.params else "axn")  # the default method
         self._check_method(method)
-        self.method, self.rounds, self.mix = method, int(rounds), float(mix)
+        if rounds is not None and (isinstance(rounds, bool) or int(rounds) < 1):
+            raise ValueError(f"rounds must be a positive int or None; got {rounds!r}")
+        self.method, self.mix = method, float(mix)
+        self.rounds = None if rounds is None else int(rounds)  # None: each method's own
+        self.latency_target_ms = _latency_target(latency_target_ms, self.ce)
+        self._round_cost: RoundCost | None = None
         self.ce.set_items(list(self.corpus.texts))
         if self.rescore_ce is not None:
             self.rescore_ce.set_items(list(self.corpus.texts))
         self.V = np.ascontiguousarray(index["de_items"], np.float32)
+        # removed items (crossknn remove): never in a result (crossknn.index.edit)
+        self.dead = tombstones_of(index)
+        self._n_dead = 0 if self.dead is None else int(self.dead.sum())
+        self.record_paid = False  # Hits.paid: the query log's entries (crossknn.query_log)
         self.qvec = _QueryVectors(self.de)
         # what the rounds search: exact, the folder's MIPS index, or shards (search.round_index)
         self.round_features = search_features(
@@ -285,6 +302,10 @@ class Searcher:
     @property
     def n_items(self) -> int:
         return len(self.corpus)
+
+    @property
+    def n_dead(self) -> int:
+        return self._n_dead
 
     @property
     def index_kinds(self) -> set[str]:
@@ -479,7 +500,7 @@ class Searcher:
             raise ValueError(f"query_batch must be a positive int; got {query_batch!r}")
         method = method or self.method
         self._check_method(method)
-        rounds = int(rounds or self.rounds)
+        rounds = self.rounds if rounds is None else int(rounds)
         show = progress if show_progress_bar is None else bool(show_progress_bar)
         search = self._make(method, rounds)
         n_rescore = self._rescore_n(rescore_top, k, budget)
@@ -497,7 +518,11 @@ class Searcher:
                     t0 = time.perf_counter()
                     self.qvec.prefetch(group)
                     timed = TimedScorer(self.ce)
-                    res = search.search(timed, group, budget=budget, k=max(k, n_rescore), seed=seed)
+                    scorer = _PaidRecorder(timed) if self.record_paid else timed
+                    want = max(k, n_rescore)
+                    if self.dead is not None:  # room for removed items, dropped below
+                        want = min(want + self.n_dead, max(budget, want), self.n_items)
+                    res = search.search(scorer, group, budget=budget, k=want, seed=seed)
                     extra = [self._rescore(q, res, i, k, n_rescore) for i, q in enumerate(group)]
                     total = time.perf_counter() - t0
                     n = len(group)
@@ -516,6 +541,7 @@ class Searcher:
                                 texts=[self.corpus.texts[j] for j in idx],
                                 qid=qids[lo + i],
                                 rescore_calls=calls if self.rescore_ce is not None else None,
+                                paid=scorer.paid(q) if self.record_paid else None,
                             )
                         )
                     pairs += sum(h.ce_calls for h in hits[-n:])
@@ -528,7 +554,9 @@ class Searcher:
         if exact:
             rows = self._exact(qs, progress=show, cache_dir=exact_cache)
             for h, row in zip(hits, rows, strict=True):
-                top = exact_top_k(row, min(k, self.n_items)).astype(np.int64)
+                if self.dead is not None:  # removed items are in no top-k, the exact one neither
+                    row = np.where(self.dead, -np.inf, row)
+                top = exact_top_k(row, min(k, self.n_items - self.n_dead)).astype(np.int64)
                 h.exact_ids = [self.corpus.ids[j] for j in top]
                 h.exact_scores = row[top].astype(np.float32)
                 h.recall = len(set(h.indices.tolist()) & set(top.tolist())) / len(top)
@@ -554,7 +582,11 @@ class Searcher:
         """Query ``i`` of ``res``: ``(indices, scores, rescore calls, rescore seconds)`` of its
         top-k, after rescoring its top ``n`` (ranked by the search CE) with the rescore CE."""
         keep = res.indices[i] >= 0
+        if self.dead is not None:
+            keep &= ~self.dead[np.where(keep, res.indices[i], 0)]
         idx, scores = res.indices[i][keep], res.scores[i][keep]
+        if self.dead is not None:
+            idx, scores = idx[: max(k, n)], scores[: max(k, n)]
         if not n:
             return idx, scores, 0, 0.0
         t0 = time.perf_counter()
@@ -589,6 +621,38 @@ class Searcher:
         full score rows are kept there (:class:`crossknn.exact_cache.ExactScores`)."""
         rows = self._exact(queries, progress=progress, cache_dir=cache_dir)
         return [exact_top_k(r, k).astype(np.int64) for r in rows]
+
+
+def tombstones_of(index: CorpusIndex) -> np.ndarray | None:
+    """The removed items of ``index`` as a boolean mask (None: none removed)."""
+    t = index.arrays.get("tombstones")
+    if t is None:
+        return None
+    mask = np.asarray(t, bool)
+    return mask if mask.any() else None
+
+
+class _PaidRecorder:
+    """A scorer proxy that keeps every (item, score) a search paid for, per query text."""
+
+    def __init__(self, scorer) -> None:
+        self.scorer, self.n_items = scorer, scorer.n_items
+        self._seen: dict[str, dict[int, float]] = {}
+
+    def score(self, query, items):
+        return self.score_batch([query], [items])[0]
+
+    def score_batch(self, queries, items):
+        out = self.scorer.score_batch(queries, items)
+        for q, it, sc in zip(queries, items, out, strict=True):
+            got = self._seen.setdefault(q, {})
+            for i, v in zip(np.asarray(it).ravel().tolist(), np.asarray(sc).ravel(), strict=True):
+                got[int(i)] = float(v)
+        return out
+
+    def paid(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        got = self._seen.get(query, {})
+        return np.fromiter(got, np.int64, len(got)), np.fromiter(got.values(), np.float32, len(got))
 
 
 def _open_rescore(index: CorpusIndex, ce, model, rescore, opts: dict[str, Any]):

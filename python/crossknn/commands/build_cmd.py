@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import time
@@ -135,6 +136,7 @@ def check_output_folder(index_dir: str | os.PathLike, inputs: list[str]) -> None
         if is_index:
             own = own or (
                 e.name in _INDEX_FILES
+                or re.fullmatch(r"items\.v\d+\.jsonl", e.name)  # an index version's texts
                 or (e.name in _INDEX_FOLDERS or e.name.startswith(".index-stage-"))
                 and e.is_dir()
                 or e.suffix == ".npy"

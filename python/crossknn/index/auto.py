@@ -169,6 +169,8 @@ def build_corpus_auto(
         reader, list(range(len(qs))), V, Q, index_calls=index_calls, seed=seed, progress=progress
     )
     params = {**idx.meta(), "index_calls_limit": int(index_calls), "n_train_queries": len(qs)}
+    # the texts of the row queries: crossknn add scores new items against them
+    params["row_queries"] = [qs[int(p)] for p in idx.row_ids]
     arrays = {AUTO_ARRAY: idx.rows, AUTO_ROW_VECTORS: np.asarray(idx.row_vectors, np.float32)}
     if idx.n_dirs:
         arrays[AUTO_QUERY_DIRS] = idx.query_dirs

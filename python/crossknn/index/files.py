@@ -173,11 +173,10 @@ def _listed_files(meta_path: Path) -> set[str]:
     """The array files an ``index.json`` lists (none if it is missing or unreadable)."""
     try:
         doc = json.loads(meta_path.read_bytes().decode("utf-8"))
-        return {
-            e["file"]
-            for e in doc["arrays"].values()
-            if isinstance(e["file"], str) and Path(e["file"]).name == e["file"]
-        }
+        files = [e["file"] for e in doc["arrays"].values()]
+        # a version's own item texts (crossknn.index.versions: items.vN.jsonl)
+        files.append(doc["info"].get("items_file"))
+        return {f for f in files if isinstance(f, str) and f and Path(f).name == f}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return set()
 
