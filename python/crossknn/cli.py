@@ -26,6 +26,9 @@ COMMANDS: dict[str, str] = {
     "evaluate": "evaluate_cmd",
     "train-ce": "train_ce_cmd",
     "data": "data_cmd",
+    "refine": "refine_cmd",
+    "add": "add_cmd",
+    "remove": "remove_cmd",
 }
 
 

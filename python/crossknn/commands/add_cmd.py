@@ -1,0 +1,50 @@
+"""``crossknn add INDEX_DIR ITEMS.jsonl``: add items to an index without a rebuild."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from crossknn.ce.folders import open_index_models
+from crossknn.commands._common import (
+    add_model_arguments,
+    model_options,
+    provider_line,
+    terminal_safe,
+)
+from crossknn.corpus_index import open_index
+from crossknn.data import load_corpus
+from crossknn.index.edit import add_items
+
+HELP = "add items (JSONL with id/text) to an index: DE vectors, auto row entries, round index"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("index_dir", help="index directory from 'crossknn build'")
+    p.add_argument("items", help="JSONL file of new items (id or _id, text, optional title)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_model_arguments(p, precision_default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    items = load_corpus(args.items)
+    index = open_index(args.index_dir)
+    ce, de = open_index_models(
+        index,
+        model=args.model,
+        de_model=args.de_model,
+        precision=args.precision,
+        de_precision=args.de_precision,
+        **model_options(args),
+    )
+    if not args.quiet:
+        print(terminal_safe(provider_line(ce, de)), file=sys.stderr)
+    r = add_items(args.index_dir, items, ce=ce, de=de, progress=not args.quiet)
+    if r["already"]:
+        print(f"index {args.index_dir}: these items were added already (version {r['version']})")
+        return 0
+    print(
+        f"index {args.index_dir}: version {r['version']}: {r['added']} items added, "
+        f"{r['ce_calls']:,} CE calls, {r['seconds']:.1f} s"
+    )
+    return 0

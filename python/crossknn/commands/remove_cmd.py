@@ -1,0 +1,69 @@
+"""``crossknn remove INDEX_DIR --ids FILE``: remove items from an index without a rebuild."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from crossknn.index.edit import COMPACT_AT, remove_items
+
+HELP = "remove items from an index (tombstones; compaction past a threshold)"
+
+
+def _share(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share within [0, 1]; got {text!r}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("index_dir", help="index directory from 'crossknn build'")
+    p.add_argument(
+        "--ids",
+        required=True,
+        metavar="FILE",
+        help="the item ids to remove: one per line, or JSONL with 'id' or '_id'",
+    )
+    p.add_argument(
+        "--compact-at",
+        type=_share,
+        default=COMPACT_AT,
+        metavar="SHARE",
+        help=f"compact the index once this share of its items is removed (default {COMPACT_AT})",
+    )
+
+
+def read_ids(path: str) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--ids {p}: no such file")
+    out = []
+    for no, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("{"):
+            try:
+                rec = json.loads(s)
+                s = str(rec.get("id", rec.get("_id")))
+            except ValueError:
+                raise ValueError(f"--ids {p}:{no}: expected an id or a JSON object") from None
+            if s == "None":
+                raise ValueError(f"--ids {p}:{no}: the JSON object has no 'id' or '_id'")
+        out.append(s)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    r = remove_items(args.index_dir, read_ids(args.ids), compact_at=args.compact_at)
+    if r["already"]:
+        print(f"index {args.index_dir}: these items were removed already (version {r['version']})")
+        return 0
+    how = "compacted" if r["compacted"] else f"tombstoned ({r['dead']} removed items in all)"
+    print(f"index {args.index_dir}: version {r['version']}: {r['removed']} items removed, {how}")
+    return 0
