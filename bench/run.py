@@ -51,6 +51,7 @@ class Step:
     argv: tuple[str, ...]
     needs: tuple[Path, ...] = ()  # data that must exist, else the step is skipped
     optional: bool = False  # the script itself may be absent (another bench's owner adds it)
+    uses: tuple[str, ...] = ()  # bench scripts the step runs through the first one
     env: dict = field(default_factory=dict)
 
     @property
@@ -146,6 +147,7 @@ SUITES: dict[str, list[Step]] = {
                 "bench/results/gpu_bench.standin.json",
             ),
             needs=(SCIFACT,),
+            uses=("bench/standin_device.py",),
         ),
     ],
     "scale": [
@@ -160,7 +162,7 @@ SUITES: dict[str, list[Step]] = {
 
 def scripts_in_suites() -> set[str]:
     """The bench scripts some suite runs (paths relative to the repository root)."""
-    return {s.argv[0] for steps in SUITES.values() for s in steps}
+    return {a for steps in SUITES.values() for s in steps for a in (s.argv[0], *s.uses)}
 
 
 def run_step(step: Step, dry_run: bool) -> tuple[str, float]:

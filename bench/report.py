@@ -1,0 +1,539 @@
+"""The README/docs result tables, rendered from bench/results JSON between markers.
+
+    .venv/bin/python bench/report.py --list     # the blocks: name, source JSON, what
+    .venv/bin/python bench/report.py --write    # rewrite every marked block in README.md, docs/
+    .venv/bin/python bench/report.py --check    # exit 1 naming FILE:BLOCK where a table drifted
+    .venv/bin/python bench/report.py --show recall-cisi   # print one table
+
+A block in any Markdown file is two marker lines; ``--write`` replaces what is between them:
+
+    <!-- report:NAME -->
+    <!-- /report:NAME -->
+
+Tables carry numbers only; the prose around them (hardware, date, the command that reproduces
+them) is written above the marker. A block may appear in several files. An unknown name, an
+unclosed marker or a missing source JSON is an error naming the file and the block. ``make
+test`` runs ``--check`` (``make report-check``), so a committed table cannot drift from the JSON:
+after a bench run, ``--write`` and commit the JSON and the tables together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+RECALL = RESULTS / "recall"
+
+MARKER = re.compile(
+    r"(?P<open><!-- report:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)"
+    r"(?P<close><!-- /report:(?P=name) -->)",
+    re.S,
+)
+OPENING = re.compile(r"<!-- report:([a-z0-9-]+) -->")
+
+
+class ReportError(Exception):
+    """A block that cannot be rendered or found (one line: file, block, what is wrong)."""
+
+
+def load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReportError(f"missing result file {path.relative_to(REPO)}") from None
+
+
+def pick(rows: list[dict], source: str, **want) -> dict:
+    """The one row of ``rows`` whose fields equal ``want``."""
+    hits = [r for r in rows if all(r.get(k) == v for k, v in want.items())]
+    if len(hits) != 1:
+        raise ReportError(f"{source}: expected one row with {want}, found {len(hits)}")
+    return hits[0]
+
+
+def table(header: list[str], rows: list[list[str]], align: str) -> str:
+    """A Markdown table; ``align`` has one letter per column: l(eft) or r(ight)."""
+    rule = ["---:" if a == "r" else "---" for a in align]
+    lines = [header, rule, *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines) + "\n"
+
+
+def f3(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def count(n: int) -> str:
+    return f"{n:,}"
+
+
+def power10(n: int) -> str:
+    """``100000`` -> ``10⁵`` (the sizes are powers of ten)."""
+    return "10" + str(len(str(n)) - 1).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def ms(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+# ---- recall on the shared score matrices (bench/recall_bench.py) --------------------------------
+
+
+def recall_rows(name: str) -> tuple[list[dict], str]:
+    path = RECALL / f"{name}.json"
+    return load(path)["rows"], str(path.relative_to(REPO))
+
+
+def recall_cells(rows, source, cells, **want) -> list[str]:
+    return [f3(pick(rows, source, k=k, budget=b, **want)["recall"]) for k, b in cells]
+
+
+CISI_CELLS = [(10, 50), (10, 100), (10, 200), (10, 500), (100, 100), (100, 200), (100, 500)]
+
+
+def render_recall_cisi() -> str:
+    rnr, s_rnr = recall_rows("eval_cisi_rnr")
+    rand, s_rand = recall_rows("eval_cisi")
+    de, s_de = recall_rows("eval_cisi_de")
+    out = []
+
+    def row(label, rows, source, **want):
+        calls = count(pick(rows, source, k=10, budget=100, **want)["index_ce_calls"])
+        out.append([label, calls, *recall_cells(rows, source, CISI_CELLS, **want)])
+
+    row("RNR, TF-IDF", rnr, s_rnr, method="rnr", first="tfidf")
+    row("RNR, DE", rnr, s_rnr, method="rnr", first="de")
+    row("ANNCUR", rand, s_rand, method="anncur", first="random")
+    row("ADACUR No-Split, TopK, 5 rounds", rand, s_rand, method="adacur", first="random")
+    row("ADACUR No-Split, SoftMax, 5 rounds", rand, s_rand, method="adacur-softmax")
+    row("ADACUR No-Split, DE first, 5 rounds", de, s_de, method="adacur", first="de")
+    row("AXN (V = DE items, λ = 0.5), DE first", de, s_de, method="axn", first="de")
+    for share, label in (("0pct", "no row"), ("10pct", "10% of dense"), ("100pct", "dense")):
+        rows, source = recall_rows(f"eval_cisi_auto_{share}")
+        row(f"`auto`, DE first, {label}", rows, source, method="auto")
+    header = ["method", "index CE calls", "k=10 B=50", "B=100", "B=200", "B=500"]
+    header += ["k=100 B=100", "B=200", "B=500"]
+    return table(header, out, "lrrrrrrrr")
+
+
+NF_CELLS = [(10, 50), (10, 100), (10, 200), (50, 50), (50, 100), (50, 200)]
+NF_HEADER = ["method", "index CE calls", "k=10 B=50", "B=100", "B=200", "k=50 B=50", "B=100"]
+NF_HEADER += ["B=200"]
+
+
+def auto_label(rows: list[dict], source: str, suffix: str = "") -> str:
+    params = pick(rows, source, k=10, budget=100)["auto"]
+    n, partial = params.get("rows", 0), params.get("partial_rows", 0)
+    what = "no row" if n == 0 else f"{count(n)} rows" + (f" + {partial} partial" if partial else "")
+    return f"`auto`, {what}{suffix}"
+
+
+def render_recall_nfcorpus() -> str:
+    base, s_base = recall_rows("eval_nfcorpus_base")
+    out = []
+
+    def row(label, rows, source, bold=False, **want):
+        calls = count(pick(rows, source, k=10, budget=100, **want)["index_ce_calls"])
+        cells = [label, calls, *recall_cells(rows, source, NF_CELLS, **want)]
+        out.append([f"**{c}**" for c in cells] if bold else cells)
+
+    row("RNR over the DE top-B", base, s_base, method="rnr")
+    row("AXN over DE (`--index-calls 0`)", base, s_base, method="axn")
+    for share, suffix in (("0pct", ""), ("1pct", " (1% of dense)"), ("default", "")):
+        rows, source = recall_rows(f"eval_nfcorpus_auto_{share}")
+        if share == "default":
+            suffix = " (the default build)"
+        label = auto_label(rows, source, suffix)
+        row(label, rows, source, bold=share == "default", method="auto")
+    for share, suffix in (("10pct", " (10% of dense)"), ("100pct", " (dense)")):
+        rows, source = recall_rows(f"eval_nfcorpus_auto_{share}")
+        row(auto_label(rows, source, suffix), rows, source, method="auto")
+    row("ADACUR No-Split, dense CUR", base, s_base, method="adacur")
+    return table(NF_HEADER, out, "lrrrrrrr")
+
+
+# ---- speed on the CPU ----------------------------------------------------------------------------
+
+OVERHEAD = RESULTS / "overhead_bench.xeon2.json"
+
+
+def overhead_ms(rows, method: str, budget: int, loop: str = "cpp") -> float:
+    return pick(rows, "overhead_bench", method=method, budget=budget, loop=loop)["other_ms_p50"]
+
+
+def render_default_vs_rnr() -> str:
+    base, s_base = recall_rows("eval_nfcorpus_base")
+    auto, s_auto = recall_rows("eval_nfcorpus_auto_default")
+    over = load(OVERHEAD)["rows"]
+    cells = [(10, 50), (10, 100), (10, 200)]
+    out = []
+    for label, rows, source, method in (
+        ("rerank the DE top-B with the CE (RNR)", base, s_base, "rnr"),
+        ("crossknn default (`auto`, default build)", auto, s_auto, "auto"),
+    ):
+        calls = count(pick(rows, source, k=10, budget=100, method=method)["index_ce_calls"])
+        rec = recall_cells(rows, source, cells, method=method)
+        out.append([label, calls, *rec, ms(overhead_ms(over, method, 100))])
+    header = ["nfcorpus-minilm-gpu, 323 test queries", "index CE calls"]
+    header += ["Top-10-Recall B=50", "B=100", "B=200", "non-CE ms / query (B=100)"]
+    return table(header, out, "lrrrrr")
+
+
+def render_overhead() -> str:
+    rows = load(OVERHEAD)["rows"]
+    out = []
+    for b in (100, 500):
+        cells = [ms(overhead_ms(rows, m, b)) for m in ("auto", "axn", "adacur", "rnr")]
+        cells += [ms(overhead_ms(rows, "auto", b, "cpp-consecutive"))]
+        out.append([str(b), *cells])
+    header = ["B", "auto", "AXN", "ADACUR", "RNR", "auto, queries back to back"]
+    return table(header, out, "rrrrrr")
+
+
+def render_core_engine() -> str:
+    d = load(RESULTS / "core_bench.epyc2.json")
+    out = []
+    for r in d["rows"]:
+        if "engine_query_s" not in r:
+            continue
+        n = power10(r["N"])
+        pct = f"{r['topk_float32_GBps']:.0f} ({100 * r['topk_float32_vs_copy']:.0f}%)"
+        out.append(
+            [
+                n,
+                str(r["d"]),
+                f"{1000 * r['ref_query_s']:.1f}",
+                f"{1000 * r['engine_query_s']:.1f}",
+                f"{r['speedup_vs_ref']:.1f}x",
+                f"{r['speedup_int8_vs_ref']:.1f}x",
+                pct,
+                f"{r['int8_speedup']:.1f}x",
+                f"{r['batch_speedup']:.1f}x",
+            ]
+        )
+    header = ["N", "d", "paper-style round ms / query", "engine ms / query", "x", "int8 engine x"]
+    header += ["top-k GB/s (% of copy)", "int8 vs float32 top-k", "batch of 64 vs 64 single"]
+    return table(header, out, "rrrrrrrrr")
+
+
+def render_scale() -> str:
+    d = load(RESULTS / "scale_bench.cpu2.json")
+    out = []
+    for r in d["rows"]:
+        kind = r["round_index"]
+        if kind == "exact":
+            what, width = f"exact {r['storage']}", "–"
+        else:
+            what = "IVF" if kind == "ivf" else "HNSW"
+            widths = sorted(set((r.get("round_widths") or {str(0): r["width"]}).values()))
+            span = f"{widths[0]}" if len(widths) == 1 else f"{widths[0]}–{widths[-1]}"
+            width = f"{r['width_name']} {span}" + (" per round" if len(widths) > 1 else "")
+        side = "–"
+        if "side_by_side_ratio" in r:
+            side = f"{r['side_by_side_index_ms']:.1f} vs {r['side_by_side_exact_ms']:.0f} ms"
+            side += f" = **1/{1 / r['side_by_side_ratio']:.0f}**"
+        build = "–"
+        if r.get("build_s") is not None:
+            build = f"{r['build_s']:.0f} s, {r['build_rss_mb']:.0f} MB RSS, "
+            build += f"{r['index_mb']:.0f} MB file"
+        out.append(
+            [
+                power10(r["N"]),
+                str(r["d"]),
+                what,
+                width,
+                f"{r['engine_ms_per_query']:.1f}",
+                side,
+                f3(r["recall"]),
+                f"{r['recall_vs_exact']:+.3f}",
+                f"{r['peak_rss_mb']:.0f}",
+                build,
+            ]
+        )
+    header = ["N", "d", "rounds", "width", "engine ms / query", "vs exact, side by side"]
+    header += ["Top-10-Recall@100", "vs exact", "peak RSS MB", "index build"]
+    return table(header, out, "rrllrrrrrl")
+
+
+def render_ce_runtime() -> str:
+    rows = load(RESULTS / "ce_bench.epyc2.json")["rows"]
+    out = []
+    for length in (128, 256):
+        for batch in (16, 64):
+
+            def rate(backend, length=length, batch=batch):
+                return pick(rows, "ce_bench", max_length=length, batch_size=batch, backend=backend)[
+                    "pairs_per_s"
+                ]
+
+            torch, fp32, int8 = rate("torch-eager"), rate("ort-fp32"), rate("ort-int8")
+            cells = [f"{torch:.1f}", f"{rate('torch-eager-attn'):.1f}", f"{fp32:.1f}"]
+            cells += [f"{int8:.1f}", f"{fp32 / torch:.2f}x", f"{int8 / torch:.2f}x"]
+            out.append([str(length), str(batch), *cells])
+    header = ["max len", "batch", "PyTorch eager (SDPA)", "PyTorch eager attention", "ORT fp32"]
+    header += ["ORT int8", "fp32 x", "int8 x"]
+    return table(header, out, "rrrrrrrr")
+
+
+# ---- serving -------------------------------------------------------------------------------------
+
+SERVE = RESULTS / "serve_bench.cpu2.json"
+
+
+def render_serve_load() -> str:
+    d = load(SERVE)
+    out = []
+    for r in d["rows"]:
+        if "batching" not in r:
+            continue
+        server = "batching on" if r["batching"] else "batching off"
+        if r.get("max_queue"):
+            server += f", `--max-queue {r['max_queue']}`"
+        errors = r.get("errors") or {}
+        err = ", ".join(f"{n} x {code}" for code, n in sorted(errors.items())) or "none"
+        cells = [str(r["concurrency"]), server, f"{r['qps']:.2f}"]
+        cells += [f"{r[k]:.0f}" for k in ("p50_ms", "p95_ms", "p99_ms")]
+        cells += [f"{r['mean_batch_pairs']:.0f}", f"{err} ({r['requests']} requests)"]
+        out.append(cells)
+    header = ["concurrency", "server", "q/s", "p50 ms", "p95 ms", "p99 ms"]
+    header += ["mean CE batch (pairs)", "errors"]
+    return table(header, out, "rlrrrrrl")
+
+
+def render_serve_overload() -> str:
+    d = load(SERVE)["overload"]
+    out = []
+    for r in d["rows"]:
+        rule = "expected wait within the deadline (default)"
+        if r["admission"] != "deadline":
+            rule = "queue limit alone (`--admit-within 0`)"
+        out.append(
+            [
+                rule,
+                str(r["n_200"]),
+                str(r["n_429"]),
+                str(r["n_5xx"]),
+                str(r["n_late"]),
+                f"{r['goodput_over_sustainable']:.2f}",
+                f"{r['p50_ms_429']:.1f} ms",
+                f"{r['healthz_probes']} probes, {'all 200' if r['healthz_ok'] else 'failures'}",
+            ]
+        )
+    header = ["admission", "200", "429", "5xx", "late", "goodput / sustainable", "429 p50"]
+    header += ["`/healthz`"]
+    return table(header, out, "lrrrrrrl")
+
+
+# ---- quality of the embedded CE on BEIR ----------------------------------------------------------
+
+
+def render_beir_ndcg() -> str:
+    d = load(RESULTS / "beir_ndcg.json")
+    names = {"nfcorpus": "NFCorpus", "scifact": "SciFact"}
+    out = []
+    for key, res in d["results"].items():
+        rows = res["rows"]
+
+        def cell(prefix, rows=rows):
+            (label,) = [k for k in rows if k.startswith(prefix)]
+            return f"{rows[label]['nDCG@10']:.3f} ({rows[label]['RR@10']:.3f})"
+
+        corpus = f"{names.get(key, key)} ({count(res['n_items'])})"
+        out.append([corpus, cell("DE alone"), cell("CE exact rerank"), cell("RNR"), cell("AXN")])
+    header = ["corpus (items)", "DE alone", "CE exact rerank of the DE top-100"]
+    header += ["RNR, B=100", "AXN, B=100"]
+    return table(header, out, "lrrrr")
+
+
+# ---- GPU -----------------------------------------------------------------------------------------
+
+GPU = RESULTS / "gpu_bench.h200.json"
+
+
+def gpu_name(row: dict) -> str:
+    m = re.search(r"(H100|H200|A100|L40S|L4|T4)", row.get("device", ""))
+    return m.group(1) if m else row.get("device", "?")
+
+
+def render_gpu() -> str:
+    d = load(GPU)
+    src = "gpu_bench"
+    ce = pick(d["ce"], src, precision="fp16", batch=1024)
+    ce256 = pick(d["ce"], src, precision="fp16", batch=256)
+    rnd = pick(d["round"], src, precision="fp16", graph="fused", cuda_graph=True)
+    search = pick(d["search"], src, precision="fp16", concurrency=1, cuda_graph=True)
+    out = [
+        [
+            "CE pairs/s through the item token cache, fp16, batch 1,024",
+            gpu_name(ce),
+            count(round(ce["score_pairs_per_s"])),
+        ],
+        [
+            "CE pairs/s, texts tokenized per call, fp16, batch 256",
+            gpu_name(ce256),
+            count(round(ce256["pairs_per_s"])),
+        ],
+        [
+            "fp16 top-10 agreement with fp32",
+            gpu_name(ce),
+            f3(ce["top10_agreement_vs_fp32"]),
+        ],
+        ["one round's 20-pair CE call, fp16, p50", gpu_name(rnd), f"{rnd['call_ms_p50']:.2f} ms"],
+        [
+            "`Searcher.search`, one query at a time, fp16, p50 / p99",
+            gpu_name(search),
+            f"{search['p50_ms']:.2f} / {search['p99_ms']:.2f} ms",
+        ],
+    ]
+    serve = [r for r in d["serve"] if r.get("variant") == "bp256+cew2"]
+    for r in sorted(serve, key=lambda r: r["concurrency"]):
+        out.append(
+            [
+                f"`serve --precision fp16`, concurrency {r['concurrency']}: q/s, p50, p99",
+                gpu_name(r),
+                f"{r['queries_per_s']:.0f} q/s, {r['p50_ms']:.0f} / {r['p99_ms']:.0f} ms",
+            ]
+        )
+    return table(["what", "GPU", "measured"], out, "llr")
+
+
+@dataclass(frozen=True)
+class Block:
+    render: Callable[[], str]
+    sources: str
+    what: str
+
+
+BLOCKS: dict[str, Block] = {
+    "default-vs-rnr": Block(
+        render_default_vs_rnr,
+        "recall/eval_nfcorpus_base.json, recall/eval_nfcorpus_auto_default.json, "
+        "overhead_bench.xeon2.json",
+        "the default path vs reranking the DE top-B: recall and non-CE time",
+    ),
+    "recall-cisi": Block(
+        render_recall_cisi, "recall/eval_cisi*.json", "Top-k-Recall@B on cisi-minilm"
+    ),
+    "recall-nfcorpus": Block(
+        render_recall_nfcorpus,
+        "recall/eval_nfcorpus_*.json",
+        "Top-k-Recall@B on nfcorpus-minilm-gpu",
+    ),
+    "overhead": Block(render_overhead, "overhead_bench.xeon2.json", "non-CE ms per query, p50"),
+    "core-engine": Block(
+        render_core_engine, "core_bench.epyc2.json", "round engine vs paper-style rounds"
+    ),
+    "scale": Block(render_scale, "scale_bench.cpu2.json", "FAISS round indexes, 1e5..1e7 items"),
+    "ce-runtime": Block(render_ce_runtime, "ce_bench.epyc2.json", "CE pairs/s on the CPU"),
+    "serve-load": Block(render_serve_load, "serve_bench.cpu2.json", "HTTP load test"),
+    "serve-overload": Block(
+        render_serve_overload, "serve_bench.cpu2.json", "4x overload, admission rules"
+    ),
+    "beir-ndcg": Block(
+        render_beir_ndcg, "beir_ndcg.json", "nDCG@10 (RR@10) of the embedded CE on BEIR"
+    ),
+    "gpu": Block(render_gpu, "gpu_bench.h200.json", "the GPU path: CE, rounds, search, serve"),
+}
+
+
+def markdown_files() -> list[Path]:
+    files = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    return [f for f in files if f.is_file()]
+
+
+def render(name: str, cache: dict[str, str]) -> str:
+    if name not in cache:
+        if name not in BLOCKS:
+            raise ReportError(f"unknown block {name!r} (bench/report.py --list names them)")
+        cache[name] = BLOCKS[name].render()
+    return cache[name]
+
+
+def rewrite(text: str, where: str, cache: dict[str, str]) -> tuple[str, list[str]]:
+    """``text`` with every marked block rendered, and the names of the blocks that changed."""
+    closed = {m.start() for m in MARKER.finditer(text)}
+    for m in OPENING.finditer(text):
+        if m.start() not in closed:
+            raise ReportError(f"{where}: block {m.group(1)!r} has no <!-- /report:{m.group(1)} -->")
+    changed = []
+
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        try:
+            body = render(name, cache)
+        except ReportError as e:
+            raise ReportError(f"{where}: block {name!r}: {e}") from None
+        if body != m.group("body"):
+            changed.append(name)
+        return m.group("open") + body + m.group("close")
+
+    return MARKER.sub(sub, text), changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="exit 1 where a table drifted")
+    mode.add_argument("--write", action="store_true", help="rewrite the marked blocks")
+    mode.add_argument("--list", action="store_true", help="the blocks and their JSON")
+    mode.add_argument("--show", metavar="NAME", help="print one block's table")
+    ap.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README, docs/)")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, b in BLOCKS.items():
+            print(f"{name:<16} {b.what}  [bench/results/{b.sources}]")
+        return 0
+    cache: dict[str, str] = {}
+    try:
+        if args.show:
+            print(render(args.show, cache), end="")
+            return 0
+        drifted, found = [], 0
+        for path in args.files or markdown_files():
+            where = str(path)
+            if path.resolve().is_relative_to(REPO):
+                where = str(path.resolve().relative_to(REPO))
+            text = path.read_text(encoding="utf-8")
+            new, changed = rewrite(text, where, cache)
+            found += len(MARKER.findall(text))
+            if not changed:
+                continue
+            if args.write:
+                path.write_text(new, encoding="utf-8")
+                print(f"wrote {where}: {', '.join(changed)}")
+            else:
+                for name in changed:
+                    drifted.append(f"{where}:{name}")
+                diff = difflib.unified_diff(
+                    text.splitlines(),
+                    new.splitlines(),
+                    where,
+                    "rendered from JSON",
+                    n=0,
+                    lineterm="",
+                )
+                print("\n".join(list(diff)[:40]), file=sys.stderr)
+    except ReportError as e:
+        print(f"bench/report.py: {e}", file=sys.stderr)
+        return 2
+    if drifted:
+        print(
+            f"bench/report.py: {len(drifted)} table(s) differ from bench/results: "
+            f"{', '.join(drifted)} (run bench/report.py --write)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.check:
+        print(f"bench/report.py: {found} marked table(s) match bench/results")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
