@@ -131,6 +131,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_round_arguments(p)
     p.add_argument("--ray-address", help="Ray cluster for item shards (with --shards)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--log-queries",
+        metavar="FILE",
+        help="append each query, its id and time and the CE scores it paid for to FILE (a "
+        "query log for 'crossknn refine'; off by default: queries are user data)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars, no table")
 
 
@@ -212,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.verbose and (line := fidelity_line(searcher.ce)):
         print(terminal_safe(line), file=sys.stderr)
+    searcher.record_paid = bool(args.log_queries)
     # exact CE rows are kept under INDEX_DIR/exact (keyed by query, items and CE hash)
     hits = searcher.search(
         queries,
@@ -224,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
         query_batch=args.query_batch,
         show_progress_bar=not args.quiet and (len(queries) > 1 or args.exact),
     )
+    if args.log_queries:
+        _log_queries(args.log_queries, searcher, hits)
     tag = run_tag(searcher.method, args.budget)
     if args.run:
         write_run(args.run, [(h.qid, h.ids, h.scores) for h in hits], tag)
@@ -341,3 +350,18 @@ def _check_outputs(args) -> None:
 
 def _models(searcher) -> dict:
     return {"ce": model_record(searcher.ce), "de": model_record(searcher.de)}
+
+
+def _log_queries(path: str, searcher: Searcher, hits) -> None:
+    """Appends the answered queries to the query log (crossknn.query_log)."""
+    from crossknn.index.versions import index_version
+    from crossknn.query_log import QueryLog
+
+    with QueryLog(path) as log:
+        log.append_hits(
+            hits,
+            searcher.corpus.ids,
+            index_version=index_version(searcher.index),
+            de_model_hash=getattr(searcher.de, "model_hash", None),
+            ce_model_hash=getattr(searcher.ce, "model_hash", None),
+        )
