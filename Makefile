@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   set up .venv, build and install crossknn, run the main job
 #   make test   set up .venv, build and install crossknn, run ruff, C++ (ctest) and Python (pytest) tests
+#               and build the docs site (make docs)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ PIP    := $(BIN)/python -m pip
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
 
-.PHONY: venv deps install demo test ctest pytest lint bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open bench-serve bench-scale clean
+.PHONY: venv deps install demo test ctest pytest lint docs bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open bench-serve bench-scale clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,12 +46,22 @@ ctest: $(DEPS)
 pytest: install
 	$(BIN)/python -m pytest
 
-test: lint ctest pytest
+test: lint ctest pytest docs
 
 # style cannot drift: make test fails on a lint error or an unformatted file (a second or two)
 lint: $(DEPS)
 	$(BIN)/ruff check python tests bench
 	$(BIN)/ruff format --check python tests bench
+
+# the docs site (mkdocs.yml): user guide from docs/*.md, reference pages generated from the
+# argparse parsers and the docstrings (docs/hooks/reference.py); offline, warnings are errors
+DOCS_DEPS := $(VENV)/.docs-stamp
+$(DOCS_DEPS): constraints.txt | $(DEPS)
+	$(PIPI) mkdocs==1.6.1 'mkdocstrings[python]==1.0.8' mkdocstrings-python==2.0.11
+	touch $@
+
+docs: install $(DOCS_DEPS)
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 # benchmarks print a table and write bench/results/*.json (never run by the tests)
 bench-core: install

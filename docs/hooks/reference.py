@@ -1,0 +1,163 @@
+"""mkdocs hook: the reference pages, generated from the code at build time (never typed by hand).
+
+- ``reference/cli.md``: every ``crossknn`` subcommand and flag, read from
+  ``crossknn.cli.build_parser()`` (usage, description, and one table row per argument with its
+  help text and default).
+- ``reference/python.md``: one mkdocstrings block (``::: crossknn.NAME``) per name in
+  ``crossknn.__all__``, plus the modules a user reaches for next.
+
+``python docs/hooks/reference.py OUT_DIR`` writes both pages to OUT_DIR (to read them without
+mkdocs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# modules documented after the top-level names (public helpers users call directly)
+PYTHON_MODULES = [
+    "crossknn.core",
+    "crossknn.search",
+    "crossknn.scorers",
+    "crossknn.retrievers",
+    "crossknn.data",
+    "crossknn.matrix",
+    "crossknn.eval",
+    "crossknn.client",
+]
+
+# pages in the nav that other owners write; until one exists, the build shows a stub in its place
+# (generated here, never written to docs/), so that the nav and the links to it resolve
+PAGES_WRITTEN_ELSEWHERE = {
+    "operating.md": "Operating it safely",
+    "living-index.md": "The living index",
+}
+
+CLI_PAGE = "reference/cli.md"
+PYTHON_PAGE = "reference/python.md"
+
+
+def _cell(text: str) -> str:
+    """Text for one markdown table cell: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _flags(action: argparse.Action) -> str:
+    if action.option_strings:
+        metavar = ""
+        if action.nargs != 0:
+            metavar = action.metavar or action.dest.upper()
+            if isinstance(metavar, tuple):
+                metavar = " ".join(metavar)
+            metavar = f" {metavar}"
+        return ", ".join(f"`{s}{metavar}`" for s in action.option_strings)
+    return f"`{action.metavar or action.dest}`"
+
+
+def _default(action: argparse.Action) -> str:
+    if not action.option_strings or action.nargs == 0 or action.required:
+        return ""
+    if action.default is None or action.default is argparse.SUPPRESS:
+        return ""
+    return f"`{action.default!r}`" if not isinstance(action.default, str) else f"`{action.default}`"
+
+
+def _section(parser: argparse.ArgumentParser, path: list[str], level: int) -> list[str]:
+    name = " ".join(path)
+    out = [f"{'#' * level} `{name}`", ""]
+    if parser.description:
+        out += [_cell(parser.description), ""]
+    usage = parser.format_usage().strip()
+    out += ["```text", usage, "```", ""]
+    formatter = parser._get_formatter()
+    rows = []
+    subcommands: list[tuple[str, argparse.ArgumentParser]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            subcommands += list(action.choices.items())
+            continue
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        help_text = formatter._expand_help(action) if action.help else ""
+        choices = ""
+        if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
+            choices = ", ".join(f"`{c}`" for c in action.choices)
+        rows.append((_flags(action), _cell(help_text), choices, _default(action)))
+    if rows:
+        out += ["| argument | help | choices | default |", "|---|---|---|---|"]
+        out += [f"| {f} | {h} | {c} | {d} |" for f, h, c, d in rows]
+        out.append("")
+    for sub_name, sub in subcommands:
+        out += _section(sub, path + [sub_name], level + 1)
+    return out
+
+
+def render_cli() -> str:
+    """The CLI reference page: every subcommand of ``crossknn`` with every argument."""
+    from crossknn.cli import build_parser
+
+    parser = build_parser()
+    out = [
+        "# Command line reference",
+        "",
+        "Generated from `crossknn.cli.build_parser()` when the site is built (`make docs`): every",
+        "subcommand and every flag, with the help text `crossknn COMMAND --help` prints.",
+        "",
+    ]
+    out += _section(parser, ["crossknn"], 2)
+    return "\n".join(out) + "\n"
+
+
+def render_python() -> str:
+    """The Python API page: the top-level names, then the modules users call next."""
+    import crossknn
+
+    out = [
+        "# Python API reference",
+        "",
+        "Generated from the docstrings when the site is built (`make docs`, mkdocstrings).",
+        "The names `crossknn` exports (`crossknn.__all__`) come first, then the modules a user",
+        "calls directly.",
+        "",
+        "## `crossknn`",
+        "",
+        f"`crossknn.__version__` is the package version (`{crossknn.__version__}` in this build).",
+        "",
+    ]
+    for name in crossknn.__all__:
+        if name.startswith("__"):
+            continue
+        out += [f"::: crossknn.{name}", "    options:", "      heading_level: 3", ""]
+    for module in PYTHON_MODULES:
+        out += [f"## `{module}`", "", f"::: {module}", "    options:", "      heading_level: 3"]
+        out += ["      show_root_heading: false", "      show_root_toc_entry: false", ""]
+    return "\n".join(out) + "\n"
+
+
+def on_files(files, config):
+    """Add the generated pages to the site's files (they exist only in the build)."""
+    from mkdocs.structure.files import File
+
+    for src_uri, render in ((CLI_PAGE, render_cli), (PYTHON_PAGE, render_python)):
+        existing = files.get_file_from_path(src_uri)
+        if existing is not None:
+            files.remove(existing)
+        files.append(File.generated(config, src_uri, content=render()))
+    for src_uri, title in PAGES_WRITTEN_ELSEWHERE.items():
+        if files.get_file_from_path(src_uri) is None:
+            stub = f"# {title}\n\nThis page is not written yet.\n"
+            files.append(File.generated(config, src_uri, content=stub))
+    return files
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python docs/hooks/reference.py OUT_DIR")
+    out_dir = Path(sys.argv[1])
+    for page, render in ((CLI_PAGE, render_cli), (PYTHON_PAGE, render_python)):
+        path = out_dir / page
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(), encoding="utf-8")
+        print(path)
