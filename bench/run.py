@@ -12,11 +12,13 @@ Suites:
 - ``recall``: Top-k-Recall on the shared score matrices (``recall_bench``, cisi + nfcorpus), the
   embedded CE's nDCG on BEIR (``beir_bench``), CMC quality (``cmc_bench``). No model timing.
 - ``cpu``: speed on this CPU: round engine (``core_bench``), non-CE time per query
-  (``overhead_bench``), CE runtime and int8 recipes (``ce_bench``), offline indexing
-  (``index_bench``), CMC latency, and the living index (``lifecycle_bench``, when present).
+  (``overhead_bench``), CE runtime and int8 recipes (``ce_bench``), CMC latency, and the living
+  index's recall after refine / add / remove (``lifecycle_bench --part recall``).
 - ``gpu``: the GPU path (``gpu_bench``: CE, rounds, search, serve) on the first GPU.
-- ``serve``: the HTTP server under load and overload (``serve_bench``), and the GPU serving
-  path's host side against a stand-in device (``gpu_bench --standin-device``).
+- ``serve``: the HTTP server under load and overload (``serve_bench``), the GPU serving path's
+  host side against a stand-in device (``gpu_bench --standin-device``), serving through index
+  swaps (``lifecycle_bench --part swap``), the API contract under generated requests and kill -9
+  (``api_contract_bench``).
 - ``scale``: FAISS round indexes from 10^5 to 10^7 items (``scale_bench``; about an hour).
 - ``train``: trained cross-encoders (``train_ce_bench``; 45 minutes of training per CE kind).
 
@@ -72,9 +74,6 @@ SUITES: dict[str, list[Step]] = {
             ("bench/core_bench.py", "--quick", "--reps", "1", "--out", f"{Q}/core_bench.json"),
         ),
         Step(
-            "index (small)", ("bench/index_bench.py", "--quick", "--out", f"{Q}/index_bench.json")
-        ),
-        Step(
             "overhead (10 queries, B=100)",
             (
                 "bench/overhead_bench.py",
@@ -124,9 +123,13 @@ SUITES: dict[str, list[Step]] = {
             "CE runtime", ("bench/ce_bench.py", "--pairs", "128", "--rounds", "3"), needs=(SCIFACT,)
         ),
         Step("int8 recipes", ("bench/ce_bench.py", "--recipes"), needs=(SCIFACT, NFCORPUS)),
-        Step("offline indexing", ("bench/index_bench.py",), needs=(CISI,)),
         Step("CMC latency", ("bench/cmc_bench.py", "--part", "latency")),
-        Step("living index", ("bench/lifecycle_bench.py",), optional=True),
+        Step(
+            "living index: refine, add, remove",
+            ("bench/lifecycle_bench.py", "--part", "recall"),
+            needs=(NFCORPUS_MATRIX,),
+            optional=True,
+        ),
     ],
     "gpu": [
         Step("GPU path", ("bench/gpu_bench.py", "--provider", "auto"), needs=(SCIFACT,)),
@@ -148,6 +151,22 @@ SUITES: dict[str, list[Step]] = {
             ),
             needs=(SCIFACT,),
             uses=("bench/standin_device.py",),
+        ),
+        Step(
+            "living index: serve through swaps",
+            ("bench/lifecycle_bench.py", "--part", "swap"),
+            needs=(NFCORPUS,),
+            optional=True,
+        ),
+        Step(
+            "API contract: fuzzed requests",
+            ("bench/api_contract_bench.py", "--fuzz"),
+            optional=True,
+        ),
+        Step(
+            "API contract: kill -9 under load",
+            ("bench/api_contract_bench.py", "--kill", "20"),
+            optional=True,
         ),
     ],
     "scale": [

@@ -17,7 +17,7 @@ B = 50, 100, 200 with ``crossknn eval``. Rows add ``method``, ``budget``, ``reca
 Everything is resumable: the training runs continue from their checkpoints (``--work``, outside
 the repository), rerank scores and rows are cached there, and a rerun only does what is missing.
 A run with less than 45 minutes of training per dataset and kind, or a test-query cap, is marked
-``"reduced": true`` in the JSON. Example (the reduced run of the first session)::
+``"reduced": true`` in the JSON. Example (the reduced run in ``train_ce_cpu_reduced.json``)::
 
     nice -n 5 .venv/bin/python bench/train_ce_bench.py --work /tmp/train-ce-bench \\
         --train-minutes 8 --test-queries 20 --max-steps 60

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _common
+
 from _common import CISI_MATRIX, SHARED, machine, result_path, write_json
 
 OUT = result_path("index_bench")
