@@ -6,7 +6,7 @@ Three lines for the main job (an index from ``crossknn build``)::
     searcher = crossknn.Searcher(index)
     hits = searcher.search("how do I parse a date?", k=10, budget=100)
 
-The pieces (docs/architecture.md maps them): :mod:`crossknn.core` (the C++ core: item
+The pieces (docs/design/architecture.md maps them): :mod:`crossknn.core` (the C++ core: item
 features, least squares, top-k), :mod:`crossknn.search` (RNR, ANNCUR, ADACUR, AXN on one round
 loop), :mod:`crossknn.scorers` (budgeted CE scoring), :mod:`crossknn.ce` (ONNX Runtime
 cross-encoders), :mod:`crossknn.index` (offline indexes), :mod:`crossknn.cmc` (the CMC

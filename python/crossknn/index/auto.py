@@ -56,7 +56,7 @@ AUTO_PRIOR_DELTAS = "auto_prior_deltas"
 #   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, rows the CE scores in DEFAULT_INDEX_MINUTES at
 #           the speed measured on the calibration batches, train queries given)
 # so a corpus under 100 items spends nothing (search keeps AXN over DE there), and a GPU build
-# of NFCorpus (3,633 items) reads 32 rows in seconds. docs/search.md has the numbers behind it.
+# of NFCorpus (3,633 items) reads 32 rows in seconds. docs/methods.md has the numbers behind it.
 ITEMS_PER_ROW = 100
 MAX_DEFAULT_ROWS = 32
 DEFAULT_INDEX_MINUTES = 10.0

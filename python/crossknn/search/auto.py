@@ -89,16 +89,18 @@ __all__ = [
 ]
 
 # (rho_D, rho_R, rounds, first share) when fewer than two complete rows can be read (no
-# cross-validation); chosen on a pseudo split of cisi-minilm's train rows (bench/auto_explore.py)
+# cross-validation); chosen on a pseudo split of cisi-minilm's train rows (docs/design/notes.md)
 DEFAULTS = (0.3, 0.3, 10, 0.3)
 # the penalty grids; a wider one (1 .. 0.01 x 3 .. 0.03) was better on two of three pseudo splits
-# of cisi's train rows at m = 6, but with m = 3 rows it chose extreme penalties (docs/search.md)
+# of cisi's train rows at m = 6, but with m = 3 rows it chose extreme penalties
+# (docs/design/notes.md)
 GRID_D = (0.3, 0.1, 0.03)
 GRID_R = (0.3, 0.1, 1.0)
 # 20 rounds: chosen by the cross-validation on cisi's train rows for 4 of 6 (C, seed) builds
-# (C = 4,526 / 9,052, seeds 0-2); +0.004 mean recall over 10 on pseudo splits (docs/search.md).
+# (C = 4,526 / 9,052, seeds 0-2); +0.004 mean recall over 10 on pseudo splits
+# (docs/design/notes.md).
 # 30 rounds: above 20 in 6 of 6 (split, C) pairs of nfcorpus-minilm-gpu's train rows (three
-# pseudo splits, 300 pseudo-test rows each, C = 1% and 10% of dense; docs/search.md)
+# pseudo splits, 300 pseudo-test rows each, C = 1% and 10% of dense; docs/design/notes.md)
 GRID_ROUNDS = (10, 20, 5, 30)
 # share of B for the DE first round (None: B / rounds); with m >= 2 rows (0.3, 0.2, None) was a
 # wash on three pseudo splits of cisi's train rows, so cross-validation keeps B / rounds
@@ -107,7 +109,7 @@ GRID_DECAY = (0.0,)
 # the row prior's weight (0: none) and softmax sharpness of the index build: on pseudo splits of
 # nfcorpus-minilm-gpu's train rows (300 pseudo-test rows, the cross-validated other choices) alpha
 # = 3 was at or above alpha = 0 at every m tried (1, 13, 32, 137 rows: +0.003 to +0.018 mean
-# recall over the six cells) and above alpha = 1 in 5 of 8 (docs/search.md). Fixed, not
+# recall over the six cells) and above alpha = 1 in 5 of 8 (docs/design/notes.md). Fixed, not
 # cross-validated: held-out medoid rows lie farther from the other row queries than a typical
 # query does, so the cross-validation undervalues the row prior (it chose 0 on two of three
 # splits at 1%, where 3 was better on all three).
@@ -119,14 +121,14 @@ RHO_FREE = 1e-6  # penalty of the intercept column and of the free slope c
 # their share of the trace, as extra item features V A with penalty RHO_Q and a zero prior: the
 # online correction of the DE block is cheaper along directions that queries occupy (prior
 # covariance diag(1 / rho_D) + A Aᵀ). Uses no CE call. On pseudo splits of nfcorpus-minilm-gpu's
-# train rows (docs/search.md): +0.007 mean recall at 1% of dense (m = 13), +0.001 at 10%.
+# train rows (docs/design/notes.md): +0.007 mean recall at 1% of dense (m = 13), +0.001 at 10%.
 QUERY_DIRS = 32
 QUERY_DIR_VAR = 600.0
 RHO_Q = 1.0
 # (rho_D, rho_R, rounds, first share) with 2 <= m < CV_MIN_ROWS rows: fixed, not cross-validated.
 # With few rows the cross-validation (each fold's rows held out from an index of the others) is
 # noisy: on pseudo splits of nfcorpus-minilm-gpu's train rows these fixed choices were at or above
-# the cross-validated ones at m = 13 (three splits) and m = 32 (two), docs/search.md
+# the cross-validated ones at m = 13 (three splits) and m = 32 (two), docs/design/notes.md
 FEW_ROWS = (0.1, 1.0, 30, None)
 CV_MIN_ROWS = 64
 # The learned prior (with 2 <= m < CV_MIN_ROWS rows): PARTIAL_SHARE of C is kept from the complete
@@ -135,7 +137,7 @@ CV_MIN_ROWS = 64
 # Measured on three pseudo splits of nfcorpus-minilm-gpu's train rows at 1% of dense (C = 50,026:
 # 13 complete rows + 27 partial rows of 100 entries vs 13 complete rows): mean of the six cells
 # 0.8141 -> 0.8280, above on 3 of 3 splits; 12 rows + 64 partial: 0.8242, 10 + 136: 0.8196; 50 or
-# 25 entries a partial row: 0.8258, 0.8243 (bench/auto_partial.py, docs/search.md)
+# 25 entries a partial row: 0.8258, 0.8243 (docs/design/notes.md)
 PARTIAL_SHARE = 0.04
 PARTIAL_ITEMS = 100
 PARTIAL_MIN_ROWS = 8
@@ -145,7 +147,7 @@ PARTIAL_MIN_ROWS = 8
 # softmax(PRIOR_TAU * cos) average it replaced (prior_ridge = 0, indexes built before it) was below
 # it on three pseudo splits of nfcorpus-minilm-gpu's train rows at 1% of dense (mean of the six
 # cells 0.8241 / 0.8336 / 0.8265 -> 0.8258 / 0.8360 / 0.8271) and at 32 rows' calls (0.8500 /
-# 0.8488 / 0.8422 -> 0.8535 / 0.8509 / 0.8440); bench/auto_partial.py, docs/search.md
+# 0.8488 / 0.8422 -> 0.8535 / 0.8509 / 0.8440); docs/design/notes.md
 PRIOR_RIDGE = 0.1
 PRIOR_KERNEL_TAU = 2.0
 CV_BUDGETS = (50, 100, 200)

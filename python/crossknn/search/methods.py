@@ -38,9 +38,9 @@ DEFAULT_RCOND = 1e-6
 # model are strongly correlated across queries (R has one dominant singular value), so R[:, A] is
 # badly conditioned once |A| nears k_q; a small ridge keeps the solution stable. 0 = the papers'
 # plain pseudo-inverse.
-DEFAULT_RIDGE = 1e-2  # chosen on dev rows of the cisi-minilm train split (docs/search.md)
+DEFAULT_RIDGE = 1e-2  # chosen on dev rows of the cisi-minilm train split (docs/methods.md)
 # AXN's lambda (mix of the least-squares query embedding with the DE query vector): 0.5 was chosen
-# on the train rows of cisi-minilm (docs/search.md); it is a property of the CE/DE pair.
+# on the train rows of cisi-minilm (docs/methods.md); it is a property of the CE/DE pair.
 DEFAULT_MIX = 0.5
 
 

@@ -10,7 +10,7 @@
 - :class:`Metrics` (:mod:`crossknn.serve.metrics`): Prometheus metrics;
 - :mod:`crossknn.serve.ray_app`: the same app as a Ray Serve deployment.
 
-Needs the ``serve`` extra: ``pip install 'crossknn[serve]'``. See docs/serve.md.
+Needs the ``serve`` extra: ``pip install 'crossknn[serve]'``. See docs/serving.md.
 """
 
 from __future__ import annotations
