@@ -884,11 +884,11 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
                 break
 
 
-# cold: no warm-up, the CE workers capture each shape's graph on its first batch (what the
-# warm-up in the loading thread amounted to before the sixteenth session: onnxruntime keeps
-# graphs per thread); bp2048+cew1: the GPU batching defaults before it; group1+any: requests
-# searched alone under a plain lock; de0: the DE's queries encoded in the request threads, as
-# before the nineteenth session (docs/serve.md)
+# cold: no warm-up, the CE workers capture each shape's graph on its first batch (what a
+# warm-up in the loading thread amounts to: onnxruntime keeps graphs per thread); bp2048+cew1:
+# the older GPU batching defaults (2,048 pairs, one CE worker); group1+any: requests searched
+# alone under a plain lock; de0: the DE's queries encoded in the request threads instead of the
+# DE thread (docs/serving.md, docs/design/notes.md)
 GPU_SERVE_VARIANTS = "default,cold,de0,bp2048+cew1,group1+any,w4"
 
 
