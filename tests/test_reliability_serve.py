@@ -132,11 +132,16 @@ def test_requests_finishing_together_measure_the_rate_not_zero():
     assert a.seconds_per_unit() == pytest.approx(4.0 / 200)
 
 
-def test_a_lone_request_is_admitted_whatever_its_size_and_cold_start_is_bounded():
+def test_a_lone_request_is_admitted_up_to_the_whole_limit_and_cold_start_is_bounded():
     clock = FakeClock()
     a = _measured(clock, max_queue=64, timeout_s=2.0)
-    d = a.try_admit(10_000)  # expected 100 s, but nothing is ahead of it
-    assert d.admitted and d.expected_s == pytest.approx(100.0)
+    d = a.try_admit(150)  # 1.5 s: over 0.5 x 2 s, but nothing is ahead of it
+    assert d.admitted and d.expected_s == pytest.approx(1.5)
+    a.cancel(d.ticket)
+    clock.t += 1.5
+    a.done(d.ticket)
+    d = a.try_admit(10_000)  # about 100 s even alone: refused at once, not a 504 after 2 s
+    assert not d.admitted and d.reason == "too_large" and d.expected_s > 2.0
     cold = Admission(max_queue=64, timeout_s=2.0, cold_limit=2, clock=clock)
     assert cold.try_admit(100).admitted and cold.try_admit(100).admitted
     d = cold.try_admit(100)

@@ -222,7 +222,12 @@ def test_twenty_concurrent_requests_are_each_correct(server, searcher):
 )
 def test_bad_input_is_422_naming_the_field(server, body, field):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = httpx.post(server.url + "/search", content=data, timeout=30)
+    r = httpx.post(
+        server.url + "/search",
+        content=data,
+        headers={"Content-Type": "application/json"},
+        timeout=30,
+    )
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert isinstance(detail, list) and detail[0]["msg"]
@@ -232,10 +237,16 @@ def test_bad_input_is_422_naming_the_field(server, body, field):
 
 def test_oversized_body_is_413(tight):
     big = json.dumps({"query": "x" * 20_000}).encode()
-    r = httpx.post(tight.url + "/search", content=big, timeout=30)
+    json_type = {"Content-Type": "application/json"}
+    r = httpx.post(tight.url + "/search", content=big, headers=json_type, timeout=30)
     assert r.status_code == 413
     # chunked, with no Content-Length: still refused once the limit is passed
-    r = httpx.post(tight.url + "/search", content=iter([big[:5000], big[5000:]]), timeout=30)
+    r = httpx.post(
+        tight.url + "/search",
+        content=iter([big[:5000], big[5000:]]),
+        headers=json_type,
+        timeout=30,
+    )
     assert r.status_code == 413
     assert client.health(tight.url)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 import crossknn
@@ -130,6 +131,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="largest request body; more gets 413 (default 1024 KiB)",
     )
     p.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="longest pause while a request body comes; then 408 and the connection is closed "
+        "(default 10)",
+    )
+    p.add_argument(
         "--method",
         choices=method_names(),
         default=None,
@@ -160,6 +169,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cors",
         metavar="ORIGIN[,ORIGIN]",
         help="origins allowed to call the server from a browser (CORS; default: none)",
+    )
+    p.add_argument(
+        "--log-queries",
+        metavar="FILE",
+        help="append each answered query, its id and time and the CE scores it paid for to FILE "
+        "(a query log for 'crossknn refine'; off by default: queries are user data)",
+    )
+    p.add_argument(
+        "--watch-index",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="look for a new index version (refine, add, remove, rebuild) every S seconds and "
+        "swap it in (default 2; 0: only on POST /admin/reload)",
     )
     p.add_argument(
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
@@ -205,6 +228,7 @@ def config_from_args(args: argparse.Namespace):
         timeout_s=args.timeout_s,
         admit_within=args.admit_within,
         max_body_bytes=args.max_body_kb * 1024,
+        body_timeout_s=args.body_timeout_s,
         method=args.method,
         rounds=args.rounds,
         round_index=args.round_index,
@@ -214,6 +238,8 @@ def config_from_args(args: argparse.Namespace):
         allow_exact=args.allow_exact,
         max_rerank_texts=args.max_rerank_texts,
         api_key_file=args.api_key_file,
+        log_queries=args.log_queries,
+        watch_index_s=args.watch_index,
         cors=tuple(o.strip() for o in (args.cors or "").split(",") if o.strip()),
     )
 
@@ -223,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         # uvicorn and crossknn.serve (fastapi, prometheus_client): the serve extra
         import uvicorn
 
-        from crossknn.serve.app import create_app
+        from crossknn.serve.app import create_app, http_protocol
         from crossknn.serve.service import SearchService
     except ModuleNotFoundError as exc:
         raise ValueError(
@@ -234,8 +260,11 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if config.api_key_file:  # a missing or empty key file is one clear line, before loading
         # crossknn.serve imports fastapi and prometheus_client (serve extra)
-        from crossknn.serve.app import read_api_key
+        from crossknn.serve.app import key_file_warning, read_api_key
 
+        warning = key_file_warning(config.api_key_file)
+        if warning:
+            print(f"crossknn serve: warning: {warning}", file=sys.stderr)
         read_api_key(config.api_key_file)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1; got {args.workers}")
@@ -253,7 +282,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     # a wrong path or a corrupt index is one clear line now, not a failed /readyz later
     index = crossknn.open_index(args.index_dir)
+    # and so is a port in use: bound here, before loading (uvicorn serves on this socket)
+    sock = bind_socket(args.host, args.port)
     if args.workers > 1:
+        sock.close()  # uvicorn's supervisor binds it again for its workers
         # the serve package imports fastapi at its top (the serve extra)
         from crossknn.serve.workers import run_workers
 
@@ -282,13 +314,35 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             log_level=args.log_level,
             access_log=args.log_level == "debug",
+            http=http_protocol(),  # its 400s to malformed HTTP in the JSON error shape
+            server_header=False,  # no "server: uvicorn" on every answer
             # SIGTERM: stop accepting, let in-flight requests finish (they end by --timeout-s)
             timeout_graceful_shutdown=int(config.timeout_s) + 5,
             timeout_keep_alive=30,
         )
     )
-    server.run()
+    server.run(sockets=[sock])
     if failed:
         print(f"crossknn serve: error: loading failed: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on ``host:port`` (as uvicorn binds it); a port in use or an
+    address that is not this machine's is one line (ValueError)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        what = (
+            "is in use (another server?)"
+            if exc.errno == 98
+            else f"cannot be bound ({exc.strerror})"
+        )
+        raise ValueError(f"--host {host} --port {port}: the address {what}") from None
+    sock.set_inheritable(True)
+    return sock

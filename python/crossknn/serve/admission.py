@@ -15,8 +15,10 @@ the server delays the newcomer by about its whole cost. It is admitted when that
 ``within x timeout_s`` (and fewer than ``max_queue`` are in the server); otherwise it is refused
 at once (429) with ``Retry-After``: the seconds until enough of the work ahead has drained.
 
-A request alone in the server is always admitted (nothing it could wait for), and before the
-first request has finished nothing is known: at most ``cold_limit`` are admitted then.
+A request alone in the server is admitted unless its own expected time is over the whole
+``timeout_s`` (reason ``"too_large"``: it would only run into the timeout, holding the CE for
+nothing; it is refused at once, whatever the queue); before the first request has finished
+nothing is known: at most ``cold_limit`` are admitted then.
 
 Pure bookkeeping with an injectable clock: :mod:`crossknn.serve.service` calls it under HTTP.
 """
@@ -53,7 +55,7 @@ class Decision:
     ticket: Ticket | None
     expected_s: float | None  # expected time in the server (None: nothing measured yet)
     retry_after_s: int  # for a refusal: whole seconds, at least 1
-    reason: str  # "" when admitted, else "queue_full" or "deadline"
+    reason: str  # "" when admitted, else "queue_full", "deadline" or "too_large" (alone)
 
     @property
     def admitted(self) -> bool:
@@ -129,6 +131,10 @@ class Admission:
             if self._n >= self.max_queue:
                 wait = per_unit * cost if per_unit is not None else 1.0
                 return Decision(None, expected, _whole(wait), "queue_full")
+            if self.within > 0 and per_unit is not None and cost * per_unit > self.timeout_s:
+                # over the limit even alone: no wait makes it fit (it would end in a 504)
+                own = cost * per_unit
+                return Decision(None, own, _whole(own - self.timeout_s), "too_large")
             if self.within > 0 and self._live > 0:
                 if per_unit is None:
                     if self._live >= self.cold_limit:

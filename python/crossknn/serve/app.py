@@ -9,16 +9,26 @@ queue is full or the request is not expected to be answered within its deadline 
 dropped; admission makes this rare); 500 anything unexpected (logged; the server keeps running).
 A client that goes away, mid-body or mid-request, gets its CE work dropped too (counted as 499).
 ``/rerank`` answers the same codes; 403 is ``"exact": true`` in /search on a server started
-without ``--allow-exact``; 401 a missing or wrong key with ``--api-key-file``.
+without ``--allow-exact``; 401 a missing or wrong key (or more than one ``Authorization`` header)
+with ``--api-key-file``; 408 a body that stops coming for ``body_timeout_s``; 415 a body that is
+not declared ``application/json`` (a browser's form or ``text/plain`` post, which needs no CORS
+preflight, never reaches the CE). A request alone in the server whose own expected CE work is
+over ``timeout_s`` is 429 at once too (it would only end in a 504).
+
+Malformed HTTP (a negative ``Content-Length``, a CR or LF inside a header) is answered by
+uvicorn's parser before the app sees it: :func:`http_protocol` is uvicorn's protocol with the
+same JSON error shape (``{"detail": ...}``) on those 400s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import os
 import socket
+import stat
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +40,7 @@ from starlette.requests import ClientDisconnect
 import crossknn
 from crossknn.serve.batcher import Cancelled
 from crossknn.serve.metrics import CONTENT_TYPE_LATEST, Metrics
+from crossknn.serve.reload import add_reload_routes
 from crossknn.serve.schema import (
     CohereRerankResponse,
     RequestError,
@@ -42,7 +53,7 @@ from crossknn.serve.schema import (
 )
 from crossknn.serve.service import SearchService, ServeConfig
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "http_protocol", "key_file_warning", "read_api_key"]
 
 log = logging.getLogger("crossknn.serve")
 
@@ -57,15 +68,28 @@ _PATHS = (
     "/openapi.json",
 )
 CLIENT_GONE = 499  # nginx's code for "client closed request"; never reaches the client
+BODY_TIMEOUT_S = 10.0  # the longest pause while a request body comes (ServeConfig.body_timeout_s)
+_HEALTH = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+_READY = {
+    "type": "object",
+    "required": ["status"],
+    "properties": {"status": {"type": "string"}, "n_items": {"type": "integer"}},
+}
+
+
+OPEN_PATHS = ("/healthz", "/readyz")  # the only paths answered without the key
 
 
 class _StatusMetrics:
     """Pure ASGI middleware: counts every response by path and status code, and names the
-    process that answered (``x-served-by: host:pid``; which replica, behind Ray Serve)."""
+    process that answered (``x-served-by: host:pid``; which replica, behind Ray Serve). With a
+    key (``keyed``) that name is only on the answers to requests that carried the key: never on
+    a 401 nor on the open probes."""
 
-    def __init__(self, app, metrics: Metrics) -> None:
+    def __init__(self, app, metrics: Metrics, keyed: bool = False) -> None:
         self.app = app
         self.metrics = metrics
+        self.keyed = keyed
         self.served_by = f"{socket.gethostname()}:{os.getpid()}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -79,9 +103,10 @@ class _StatusMetrics:
         async def send_wrapper(message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
-                headers = list(message.get("headers", []))
-                headers.append((b"x-served-by", self.served_by))
-                message = {**message, "headers": headers}
+                if not self.keyed or (status["code"] != 401 and path not in OPEN_PATHS):
+                    headers = list(message.get("headers", []))
+                    headers.append((b"x-served-by", self.served_by))
+                    message = {**message, "headers": headers}
             await send(message)
 
         try:
@@ -94,14 +119,25 @@ def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> J
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, at most ``limit`` bytes (413 beyond); 408 when no part of it comes for
+    ``timeout`` seconds (a client announcing 100 bytes and sending 9 holds no connection
+    forever)."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
         raise RequestError(
             [{"loc": ["body"], "msg": f"body over {limit} bytes", "type": "too_large"}], 413
         )
     parts, n = [], 0
-    async for chunk in request.stream():
+    stream = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), timeout)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            msg = f"the body stopped coming: nothing for {timeout:g} s after {n} bytes"
+            raise RequestError([{"loc": ["body"], "msg": msg, "type": "timeout"}], 408) from None
         n += len(chunk)
         if n > limit:
             raise RequestError(
@@ -129,12 +165,61 @@ def _openapi_body(model) -> dict[str, Any]:
     }
 
 
+def _json_is(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["detail"],
+    "properties": {
+        "detail": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "object"},
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["loc", "msg", "type"],
+                        "properties": {
+                            "loc": {"type": "array", "items": {"type": ["string", "integer"]}},
+                            "msg": {"type": "string"},
+                            "type": {"type": "string"},
+                        },
+                    },
+                },
+            ]
+        }
+    },
+}
+
+
+def _err_doc(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": _ERROR_SCHEMA}},
+    }
+
+
+_UNAUTHORIZED = {
+    401: _err_doc("missing or wrong API key, or two Authorization headers (with --api-key-file)")
+}
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    413: {"description": "body too large"},
-    422: {"description": "malformed JSON or a field out of range (detail names it)"},
-    429: {"description": "queue full; retry after Retry-After seconds"},
-    503: {"description": "still loading"},
-    504: {"description": "over the server's timeout; its CE work was cancelled"},
+    **_UNAUTHORIZED,
+    408: _err_doc("the body stopped coming (nothing for the body-read timeout)"),
+    413: _err_doc("body too large"),
+    415: _err_doc("the body is not declared application/json"),
+    422: _err_doc("malformed JSON or a field out of range (detail names it)"),
+    429: _err_doc(
+        "queue full, or the request is not expected to be answered within its deadline (alone: "
+        "its own CE work is over the limit); Retry-After seconds"
+    ),
+    503: _err_doc("still loading, or shutting down"),
+    504: _err_doc("over the server's timeout; its CE work was cancelled"),
 }
 
 
@@ -167,10 +252,11 @@ def _add_schemas(app: FastAPI, models) -> None:
 
 
 class _BearerAuth:
-    """Pure ASGI middleware: every path but /healthz and /readyz (and CORS preflights) needs
-    ``Authorization: Bearer <key>``; 401 otherwise (constant-time comparison)."""
+    """Pure ASGI middleware: every path but /healthz and /readyz needs exactly one
+    ``Authorization: Bearer <key>`` header; 401 otherwise (constant-time comparison; two
+    headers are refused whatever they hold: proxies and servers disagree on which one wins)."""
 
-    OPEN = ("/healthz", "/readyz")
+    OPEN = OPEN_PATHS
 
     def __init__(self, app, key: str) -> None:
         self.app = app
@@ -180,14 +266,19 @@ class _BearerAuth:
         if scope["type"] != "http" or scope.get("path") in self.OPEN:
             await self.app(scope, receive, send)
             return
-        given = b""
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                given = value
-        scheme, _, token = given.partition(b" ")
-        ok = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        given = [v for n, v in scope.get("headers", []) if n == b"authorization"]
+        ok = False
+        if len(given) == 1:
+            scheme, _, token = given[0].partition(b" ")
+            ok = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
         if not ok:
-            msg = "missing API key" if not given else "wrong API key"
+            msg = (
+                "missing API key"
+                if not given
+                else "wrong API key"
+                if len(given) == 1
+                else "more than one Authorization header"
+            )
             resp = _error(401, f"{msg}: send 'Authorization: Bearer <key>'")
             resp.headers["WWW-Authenticate"] = "Bearer"
             await resp(scope, receive, send)
@@ -195,13 +286,39 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
+def key_file_warning(path: str) -> str | None:
+    """One line when the key file can be read by its group or by everyone, else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # read_api_key says why
+    who = []
+    if mode & stat.S_IRGRP:
+        who.append("its group")
+    if mode & stat.S_IROTH:
+        who.append("everyone")
+    if not who:
+        return None
+    return (
+        f"--api-key-file {path} is readable by {' and '.join(who)} (mode "
+        f"{stat.S_IMODE(mode):o}); chmod 600 {path}"
+    )
+
+
 def read_api_key(path: str) -> str:
     """The key in ``path`` (its first line, stripped); an error naming the file otherwise."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as exc:
         raise ValueError(f"--api-key-file {path}: cannot read it ({exc.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"--api-key-file {path}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}); expected one API key on its first line"
+        ) from None
     key = text.strip().splitlines()[0].strip() if text.strip() else ""
     if not key:
         raise ValueError(f"--api-key-file {path}: the file is empty; expected one API key")
@@ -241,6 +358,9 @@ def create_app(
     app.state.service = service
     if config.api_key_file:
         app.add_middleware(_BearerAuth, key=read_api_key(config.api_key_file))
+        warning = key_file_warning(config.api_key_file)
+        if warning:
+            log.warning("crossknn serve: %s", warning)
     if config.cors:
         # fastapi: optional (serve extra)
         from fastapi.middleware.cors import CORSMiddleware
@@ -251,25 +371,58 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    app.add_middleware(_StatusMetrics, metrics=metrics)
+    app.add_middleware(_StatusMetrics, metrics=metrics, keyed=bool(config.api_key_file))
+    body_timeout = float(getattr(config, "body_timeout_s", BODY_TIMEOUT_S))
 
-    @app.get("/healthz", summary="the process is alive")
+    health_doc = {
+        "summary": "the process is alive",
+        "responses": {200: {"content": {"application/json": {"schema": _HEALTH}}}},
+    }
+
+    @app.get("/healthz", **health_doc)
+    @app.head("/healthz", operation_id="healthz_head", **health_doc)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="the index and the models are loaded")
+    ready_doc = {
+        "summary": "the index and the models are loaded",
+        "response_model": None,
+        "responses": {
+            200: {"content": {"application/json": {"schema": _READY}}},
+            503: _err_doc("still loading (Retry-After), or loading failed (see the log)"),
+        },
+    }
+
+    @app.get("/readyz", **ready_doc)
+    @app.head("/readyz", operation_id="readyz_head", **ready_doc)
     async def readyz():
         if service.ready.is_set():
             return {"status": "ready", "n_items": service.n_items}
         if service.load_error is not None:
-            return _error(503, {"status": "failed", "error": str(service.load_error)})
+            # the reason is in the server's log: it may name files, and /readyz needs no key
+            return _error(503, {"status": "failed", "error": "loading failed; see the log"})
         return _error(503, {"status": "loading"}, {"Retry-After": "1"})
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={
+            200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+            **_UNAUTHORIZED,
+        },
+    )
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/info", summary="index size, models, hashes, precision, provider, limits")
+    @app.get(
+        "/info",
+        summary="index size, models, hashes, precision, provider, limits",
+        responses={
+            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
+            **_UNAUTHORIZED,
+        },
+    )
     async def info() -> dict[str, Any]:
         return service.info()
 
@@ -277,13 +430,19 @@ def create_app(
         """Shared by /search and /rerank: read and parse the body, admit it, run ``work(req,
         ctx)`` in a request thread under the deadline, drop its CE work if the client leaves."""
         t0 = time.perf_counter()
+        ctype = request.headers.get("content-type", "")
+        if not _json_is(ctype):
+            got = json.dumps(ctype[:100]) if ctype else "none"
+            msg = f"expected Content-Type: application/json; got {got}"
+            return _error(415, msg, {"Connection": "close"})
         try:
-            body = await _read_body(request, config.max_body_bytes)
+            body = await _read_body(request, config.max_body_bytes, body_timeout)
         except ClientDisconnect:  # the client left before sending its whole body
             metrics.disconnects.inc()
             return Response(status_code=CLIENT_GONE)
         except RequestError as exc:
-            return _error(exc.status, exc.detail)
+            close = {"Connection": "close"} if exc.status in (408, 413) else None
+            return _error(exc.status, exc.detail, close)
         try:
             if not service.ready.is_set():
                 return _error(503, "the index and models are still loading", {"Retry-After": "1"})
@@ -299,6 +458,14 @@ def create_app(
                     429, f"queue full ({config.max_queue} requests in flight); retry later", retry
                 )
             metrics.rejected_deadline.inc()
+            if decision.reason == "too_large":
+                return _error(
+                    429,
+                    f"too large: this request alone is expected to take "
+                    f"{decision.expected_s:.1f} s here, over the {config.timeout_s:g} s limit; "
+                    "send it in smaller parts",
+                    retry,
+                )
             return _error(
                 429,
                 f"busy: this request is expected to take {decision.expected_s:.1f} s here, over "
@@ -382,8 +549,7 @@ def create_app(
         response_model=None,
         responses={
             200: {"model": SearchResponse, "description": "the hits of each query"},
-            401: {"description": "missing or wrong API key (with --api-key-file)"},
-            403: {"description": "exact=true on a server started without --allow-exact"},
+            403: _err_doc("exact=true on a server started without --allow-exact"),
             **_ERRORS,
         },
     )
@@ -411,7 +577,6 @@ def create_app(
                     }
                 },
             },
-            401: {"description": "missing or wrong API key (with --api-key-file)"},
             **_ERRORS,
         },
     )
@@ -427,6 +592,62 @@ def create_app(
             "rerank",
         )
 
+    # POST /admin/reload, X-Index-Version on every response (crossknn.serve.reload)
+    add_reload_routes(app, service, config)
     _add_schemas(app, [RerankResult, CohereRerankResponse])
 
     return app
+
+
+# -- malformed HTTP: uvicorn's parser answers 400 before the app; the same JSON shape here -------
+
+
+def _bad_request_body() -> bytes:
+    return json.dumps(
+        {"detail": "malformed HTTP request (request line, a header or the body framing)"}
+    ).encode()
+
+
+def http_protocol():
+    """uvicorn's HTTP protocol class (``httptools`` when installed, as uvicorn's ``auto``, else
+    ``h11``) with its 400 answer to malformed HTTP in the app's JSON error shape."""
+    # uvicorn: optional (serve extra)
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # no httptools: uvicorn's pure-Python parser
+        import h11
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        class JsonErrorH11Protocol(H11Protocol):
+            def send_400_response(self, msg: str) -> None:
+                body = _bad_request_body()
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"connection", b"close"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                for event in (
+                    h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                    h11.Data(data=body),
+                    h11.EndOfMessage(),
+                ):
+                    self.transport.write(self.conn.send(event))
+                self.transport.close()
+
+        return JsonErrorH11Protocol
+
+    class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
+        def send_400_response(self, msg: str) -> None:
+            body = _bad_request_body()
+            head = [b"HTTP/1.1 400 Bad Request\r\n"]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            head += [
+                b"content-type: application/json\r\n",
+                b"content-length: " + str(len(body)).encode() + b"\r\n",
+                b"connection: close\r\n\r\n",
+            ]
+            self.transport.write(b"".join(head) + body)
+            self.transport.close()
+
+    return JsonErrorHttpToolsProtocol

@@ -18,6 +18,9 @@ of item indices: its pieces queue with the others, and every batch runs its text
 ``score_batch`` call of its item pieces.
 
 A job whose request was cancelled (timeout, client gone) is dropped before its pairs are run.
+Text pairs can be long (a ``/rerank`` text of hundreds of tokens), so the text pieces of a batch
+run in chunks of at most ``text_chunk_pairs`` pairs (default: twice the CE's batch size), the
+cancellation checked before each: a client that leaves costs at most one chunk more of CE work.
 With one worker (``workers=1``, the CPU default) only this thread calls the CE, so the CE's
 intra-op thread count, fixed once when it was loaded, is all the CPU the CE ever takes, whatever
 the number of concurrent requests.
@@ -117,6 +120,7 @@ class Batcher:
         name: str = "crossknn-ce",
         workers: int = 1,
         warmup: Callable[[], Any] | None = None,
+        text_chunk_pairs: int | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1; got {workers}")
@@ -129,6 +133,11 @@ class Batcher:
         self.max_wait_s = float(max_wait_s)
         self.on_batch = on_batch
         self.on_drop = on_drop
+        if text_chunk_pairs is None:
+            text_chunk_pairs = 2 * int(getattr(ce, "batch_size", 16) or 16)
+        if text_chunk_pairs < 1:
+            raise ValueError(f"text_chunk_pairs must be >= 1; got {text_chunk_pairs}")
+        self.text_chunk_pairs = int(text_chunk_pairs)
         self.active = active
         self._pending: deque[_Piece] = deque()
         self._pending_pairs = 0
@@ -194,6 +203,8 @@ class Batcher:
         job.out = [np.empty(len(x), np.float32) for x in items]
         now = job.t_submit = time.perf_counter()
         step = self.max_batch_pairs if self.merging else None
+        if texts is not None:  # text pieces are run (and their cancellation seen) chunk by chunk
+            step = min(step or self.text_chunk_pairs, self.text_chunk_pairs)
         pieces = []
         for q, x in enumerate(items):
             n = len(x)
@@ -274,10 +285,30 @@ class Batcher:
             [p.job.items[p.q][p.lo : p.hi] for p in pieces],
         )
 
-    def _run_texts(self, pieces: list[_Piece]) -> list[np.ndarray]:
-        pairs = [(p.job.queries[0], t) for p in pieces for t in p.job.texts[p.lo : p.hi]]
-        flat = np.asarray(self.ce.predict(pairs), dtype=np.float32).reshape(-1)
-        return np.split(flat, np.cumsum([p.n for p in pieces])[:-1])
+    def _run_texts(self, pieces: list[_Piece]) -> list[np.ndarray | None]:
+        """Scores of each piece, in chunks of at most ``text_chunk_pairs`` pairs; None for a
+        piece whose request was cancelled before its chunk started."""
+        out: list[np.ndarray | None] = [None] * len(pieces)
+        i = 0
+        while i < len(pieces):
+            chunk, n = [], 0
+            while i < len(pieces) and (not chunk or n + pieces[i].n <= self.text_chunk_pairs):
+                if not pieces[i].job.is_cancelled():
+                    chunk.append(i)
+                    n += pieces[i].n
+                i += 1
+            if not chunk:
+                continue
+            pairs = [
+                (pieces[j].job.queries[0], t)
+                for j in chunk
+                for t in pieces[j].job.texts[pieces[j].lo : pieces[j].hi]
+            ]
+            flat = np.asarray(self.ce.predict(pairs), dtype=np.float32).reshape(-1)
+            cuts = np.cumsum([pieces[j].n for j in chunk])[:-1]
+            for j, s in zip(chunk, np.split(flat, cuts), strict=True):
+                out[j] = s
+        return out
 
     def _loop(self) -> None:
         if self._warmup is not None:
@@ -307,6 +338,7 @@ class Batcher:
             for p in live:
                 if p.job.t_start is None:
                     p.job.t_start = t
+            ran, dropped_late = set(live), 0
             for group, run in (
                 ([p for p in live if p.job.texts is None], self._run_items),
                 ([p for p in live if p.job.texts is not None], self._run_texts),
@@ -322,8 +354,14 @@ class Batcher:
                         self._finish(p)
                     continue
                 for p, s in zip(group, scores, strict=True):
-                    p.job.out[p.q][p.lo : p.hi] = s
+                    if s is None:  # cancelled while the batch ran: never scored
+                        dropped_late += p.n
+                        ran.discard(p)
+                    else:
+                        p.job.out[p.q][p.lo : p.hi] = s
                     self._finish(p)
+            if dropped_late and self.on_drop is not None:
+                self.on_drop(dropped_late)
             seconds = time.perf_counter() - t
-            if self.on_batch is not None:
-                self.on_batch(sum(p.n for p in live), len({id(p.job) for p in live}), seconds)
+            if self.on_batch is not None and ran:
+                self.on_batch(sum(p.n for p in ran), len({id(p.job) for p in ran}), seconds)

@@ -9,6 +9,7 @@ run, ``rounds > budget``).
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "RequestError",
     "RerankRequest",
     "SearchRequest",
+    "is_blank",
     "parse_rerank_request",
     "parse_search_request",
 ]
@@ -74,6 +76,18 @@ class RequestError(Exception):
 def _err(field: str | None, msg: str, kind: str = "value_error") -> RequestError:
     loc = ["body"] if field is None else ["body", field]
     return RequestError([{"loc": loc, "msg": msg, "type": kind}])
+
+
+# what makes a text blank besides whitespace: controls (NUL...), format characters (zero-width
+# spaces and joiners, U+FEFF, bidi marks), separators, unassigned and private-use code points:
+# none of them is a word the models can match
+_INVISIBLE = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Cn", "Co"))
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` holds nothing but whitespace and invisible characters (``"\u200b"``,
+    ``"\u0000"``, NBSP...): answered as an empty query, not searched."""
+    return all(c.isspace() or unicodedata.category(c) in _INVISIBLE for c in text)
 
 
 def _check_text(text: str, loc: list) -> None:
@@ -210,11 +224,11 @@ def parse_rerank_request(body: bytes, *, max_texts: int = MAX_RERANK_TEXTS) -> R
         raise _err("texts", "texts (or documents) is required", "missing")
     if not 1 <= len(texts) <= max_texts:
         raise _err(field, f"{field} must hold 1 to {max_texts} texts; got {len(texts)}")
-    if not req.query.strip():
+    if is_blank(req.query):
         raise _err("query", "the query is empty")
     _check_text(req.query, ["body", "query"])
     for i, t in enumerate(texts):
-        if not t.strip():
+        if is_blank(t):
             msg = f"{field}[{i}] is empty"
             raise RequestError([{"loc": ["body", field, i], "msg": msg, "type": "value_error"}])
         _check_text(t, ["body", field, i])
@@ -256,7 +270,7 @@ def parse_search_request(
         raise RequestError(detail) from None
     if (req.query is None) == (req.queries is None):
         raise _err("query", "give exactly one of 'query' (a text) or 'queries' (a list)", "missing")
-    if req.query is not None and not req.query.strip():
+    if req.query is not None and is_blank(req.query):
         raise _err("query", "the query is empty")
     if req.query is not None:
         _check_text(req.query, ["body", "query"])
@@ -267,7 +281,7 @@ def parse_search_request(
             n = len(req.queries)
             raise _err("queries", f"at most {max_queries} queries per request; got {n}")
         for i, q in enumerate(req.queries):
-            if not q.strip():
+            if is_blank(q):
                 loc = ["body", "queries", i]
                 raise RequestError(
                     [{"loc": loc, "msg": "the query is empty", "type": "value_error"}]

@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 
-from crossknn.serve.app import create_app
+from crossknn.serve.app import create_app, http_protocol
 from crossknn.serve.service import ServeConfig
 
 __all__ = ["ENV", "run_workers", "worker_app"]
@@ -80,6 +80,8 @@ def run_workers(
         port=port,
         log_level=log_level,
         access_log=log_level == "debug",
+        http=http_protocol(),  # its 400s to malformed HTTP in the JSON error shape
+        server_header=False,
         timeout_graceful_shutdown=int(config.timeout_s) + 5,
         timeout_keep_alive=30,
     )
