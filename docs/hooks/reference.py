@@ -13,6 +13,7 @@ mkdocs).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -150,6 +151,20 @@ def on_files(files, config):
             stub = f"# {title}\n\nThis page is not written yet.\n"
             files.append(File.generated(config, src_uri, content=stub))
     return files
+
+
+# docstrings use Sphinx roles (:class:`x`); mkdocstrings renders them as ":class:" + code
+_ROLE = re.compile(r":(?:mod|class|func|meth|data|attr|exc|obj):<code>(~?)([^<]*)</code>")
+
+
+def _strip_role(match: re.Match) -> str:
+    target = match.group(2)
+    return f"<code>{target.rsplit('.', 1)[-1] if match.group(1) else target}</code>"
+
+
+def on_page_content(html, page, config, files):
+    """Sphinx roles in the rendered docstrings shown as plain code."""
+    return _ROLE.sub(_strip_role, html)
 
 
 if __name__ == "__main__":
