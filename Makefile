@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   set up .venv, build and install crossknn, run the main job
-#   make test   set up .venv, build and install crossknn, run ruff, C++ (ctest) and Python (pytest) tests
+#   make test   set up .venv, build and install crossknn, run ruff, the result tables' check,
+#               C++ (ctest) and Python (pytest) tests
 #               and build the docs site (make docs)
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +11,7 @@ PIP    := $(BIN)/python -m pip
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
 
-.PHONY: venv deps install demo test ctest pytest lint docs bench bench-core bench-ce bench-index bench-recall bench-cmc bench-open bench-serve bench-scale clean
+.PHONY: venv deps install demo test ctest pytest lint docs report report-check bench bench-quick bench-recall bench-cpu bench-gpu bench-serve bench-scale bench-train clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +47,7 @@ ctest: $(DEPS)
 pytest: install
 	$(BIN)/python -m pytest
 
-test: lint ctest pytest docs
+test: lint report-check ctest pytest docs
 
 # style cannot drift: make test fails on a lint error or an unformatted file (a second or two)
 lint: $(DEPS)
@@ -63,24 +64,19 @@ $(DOCS_DEPS): constraints.txt | $(DEPS)
 docs: install $(DOCS_DEPS)
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
-# benchmarks print a table and write bench/results/*.json (never run by the tests)
-bench-core: install
-	$(BIN)/python bench/core_bench.py
-bench-ce: install
-	$(BIN)/python bench/ce_bench.py
-bench-index: install
-	$(BIN)/python bench/index_bench.py
-bench-recall: install
-	$(BIN)/python bench/recall_bench.py
-bench-cmc: install
-	$(BIN)/python bench/cmc_bench.py
-bench-open: install
-	$(BIN)/python bench/open_bench.py
-bench-serve: install
-	$(BIN)/python bench/serve_bench.py
-bench-scale: install
-	$(BIN)/python bench/scale_bench.py
-bench: bench-core bench-ce bench-index bench-recall bench-cmc bench-serve
+# benchmarks (never run by make test): bench/run.py runs a suite of the maintained benches, each
+# printing its table and writing bench/results/*.json (python bench/run.py --list names them)
+BENCH_SUITES := quick recall cpu gpu serve scale train
+$(addprefix bench-,$(BENCH_SUITES)): install
+	$(BIN)/python bench/run.py --suite $(@:bench-%=%)
+bench: bench-recall bench-cpu bench-serve
+
+# the README/docs result tables from bench/results JSON (bench/report.py): report rewrites the
+# marked blocks after a bench run; report-check fails naming the block where one drifted
+report: $(DEPS)
+	$(BIN)/python bench/report.py --write
+report-check: $(DEPS)
+	$(BIN)/python bench/report.py --check
 
 clean:
 	rm -rf build $(VENV)
