@@ -160,3 +160,43 @@ def test_the_session_check_catches_narrative():
     assert SESSION_WORDS.search("measured in the sixteenth session on an H100")
     assert SESSION_WORDS.search("as the earlier session found")
     assert not SESSION_WORDS.search("one ONNX Runtime session per thread")
+
+
+def _commands_in_docs():
+    """(page, command line) of every `crossknn ...` in the pages' code blocks and code spans."""
+    for page in _pages() + [REPO / "README.md"]:
+        text = page.read_text(encoding="utf-8")
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"^\s*(?:\$\s+)?(?:\S+=\S+\s+)*(?:\.venv/bin/)?", "", line)
+                if line.startswith("crossknn "):
+                    yield page, line.split("#", 1)[0]
+        prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+        for span in re.findall(r"`(crossknn [^`]+)`", prose.replace("\n", " ")):
+            yield page, span
+
+
+def test_every_flag_the_docs_show_exists():
+    from crossknn.cli import build_parser
+
+    def subparsers(parser):
+        return {
+            name: sub
+            for a in parser._actions
+            if isinstance(a, argparse._SubParsersAction)
+            for name, sub in a.choices.items()
+        }
+
+    lines = list(_commands_in_docs())
+    assert len(lines) > 20, "expected crossknn command lines in the docs' code blocks"
+    wrong = []
+    for page, line in lines:
+        parser, words = build_parser(), line.split()[1:]
+        while words and words[0] in subparsers(parser):
+            parser = subparsers(parser)[words.pop(0)]
+        known = {s for a in parser._actions for s in a.option_strings}
+        for word in words:
+            flag = re.match(r"\[?(--?[a-z][\w-]*)", word)
+            if flag and flag.group(1) not in known:
+                wrong.append(f"{page.relative_to(REPO)}: {flag.group(1)} in {line.strip()[:70]}")
+    assert not wrong, "flags the docs show but the CLI does not have:\n" + "\n".join(wrong)
