@@ -147,7 +147,15 @@ def _check_small_budget(s, exact, method):
     )
     recalls = []
     for i, (h, e) in enumerate(zip(hits, on_exact, strict=True)):
-        want = _reference(method, idx, S[i], exact["Q"][i], budget=B, k=K, rounds=s.rounds)
+        want = _reference(
+            method,
+            idx,
+            S[i],
+            exact["Q"][i],
+            budget=B,
+            k=K,
+            rounds=s.plan_info(method, budget=B)["rounds"],
+        )
         assert e.indices.tolist() == want.tolist(), (method, h.query)
         assert h.indices.tolist() == want.tolist(), (method, h.query)
         assert h.ids == [idx.corpus.ids[j] for j in want]

@@ -333,7 +333,7 @@ def _tune_round_widths(out, ce, de, train_queries, n, seed, progress):
         "queries": len(queries),
         "from": "train queries" if train_queries else "pseudo-queries from item texts",
         "method": searcher.method,
-        "rounds": searcher.rounds,
+        "rounds": searcher.plan_info(budget=budget)["rounds"],
         "budget": budget,
     }
     update_params(out, {**index.params, "round_index": meta}, ce_calls_added=calls)

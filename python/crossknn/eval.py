@@ -57,6 +57,8 @@ class EvalConfig:
     budgets: Sequence[int]
     ks: Sequence[int]
     rounds: Sequence[int] = (5,)
+    # auto's rounds (None: its own choice, the index's rounds; see crossknn.search.round_plan)
+    auto_rounds: Sequence[int] | None = None
     firsts: Sequence[str] = ("random",)
     seed: int = 0
     split: float | None = None  # None: choose on dev per (B, k); else fixed fraction
@@ -204,7 +206,11 @@ def _tasks(cfg: EvalConfig, n_items: int):
         # a method with its own first stage (auto: the DE's top items, part of the method as in
         # its CV): --first does not apply to it
         for first in (spec.first,) if spec.first else cfg.firsts:
-            for rounds in cfg.rounds if spec.rounds else (1,):
+            if spec.index == "auto":
+                grid = cfg.auto_rounds or (None,)
+            else:
+                grid = cfg.rounds if spec.rounds else (1,)
+            for rounds in grid:
                 for budget in cfg.budgets:
                     yield name, first, rounds, budget
 
@@ -233,7 +239,7 @@ def _check_config(cfg: EvalConfig, m: ScoreMatrix) -> None:
             f"nothing to evaluate: every k ({', '.join(map(str, cfg.ks))}) exceeds every budget "
             f"B ({', '.join(map(str, cfg.budgets))}); Top-k-Recall@B needs k <= B"
         )
-    for r in cfg.rounds:
+    for r in (*cfg.rounds, *(cfg.auto_rounds or ())):
         if r < 1:
             raise ValueError(f"rounds must be >= 1; got {r}")
     if not 0.0 <= cfg.mix <= 1.0:
@@ -323,7 +329,9 @@ def evaluate(
                     "method": name,
                     "budget": budget,
                     "k": k,
-                    "rounds": rounds if spec.rounds else getattr(method, "rounds", 1),
+                    "rounds": rounds
+                    if spec.rounds and rounds is not None
+                    else getattr(method, "rounds", 1),
                     "first": first,
                     "recall": float(topk_recall(m.scores, m.test, res.indices, k).mean()),
                     "n_test": len(test),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,13 +43,13 @@ from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
 from crossknn.search import DEFAULT_MIX, CurIndex, registry
 from crossknn.search.features import search_features
-from crossknn.search.round_plan import DEFAULT_GPU_TARGET_MS, RoundCost, measure_round_cost
 from crossknn.search.round_index import (
     TUNE_CANDIDATES,
     IndexedFeatures,
     RecordingFeatures,
     tune_round_widths,
 )
+from crossknn.search.round_plan import DEFAULT_GPU_TARGET_MS, RoundCost, measure_round_cost
 from crossknn.topk import exact_top_k
 
 __all__ = ["METHODS", "Hits", "Searcher"]
@@ -125,18 +126,29 @@ class Hits:
         return out
 
 
-class _QueryVectors:
-    """DE query vectors by text, encoded once per text (the first stage and AXN's prior)."""
+#: DE query vectors kept by text (about 1.5 KB each at d = 384)
+QUERY_CACHE = 4096
 
-    def __init__(self, de) -> None:
+
+class _QueryVectors:
+    """DE query vectors by text, encoded once per text (the first stage and AXN's prior); the
+    last :data:`QUERY_CACHE` texts are kept (a long-running service sees endless new texts)."""
+
+    def __init__(self, de, *, max_texts: int = QUERY_CACHE) -> None:
         self.de = de
-        self.cache: dict[str, np.ndarray] = {}
+        self.max_texts = int(max_texts)
+        self.cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def prefetch(self, texts: Sequence[str]) -> None:
         todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
         if todo:
             for t, v in zip(todo, np.asarray(self.de.encode(todo), np.float32), strict=False):
                 self.cache[t] = v
+        for t in texts:  # most recently used last; the oldest go once over the cap
+            if t in self.cache:
+                self.cache.move_to_end(t)
+        while len(self.cache) > max(self.max_texts, len(texts)):
+            self.cache.popitem(last=False)
 
     def __call__(self, text: str) -> np.ndarray:
         self.prefetch([text])
@@ -145,6 +157,58 @@ class _QueryVectors:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         self.prefetch(texts)
         return np.stack([self.cache[t] for t in texts])
+
+
+def _latency_target(value, ce) -> float | None:
+    """The latency target (ms) of ``auto``'s round choice: ``"auto"`` is
+    :data:`crossknn.search.round_plan.DEFAULT_GPU_TARGET_MS` when the CE runs on a GPU provider
+    and none on a CPU (its pairs dominate); None or 0: none."""
+    if value == "auto":
+        from crossknn.ce.model_base import on_cpu
+
+        provider = getattr(ce, "provider", None)
+        return None if provider is None or on_cpu(provider) else DEFAULT_GPU_TARGET_MS
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"latency_target_ms must be > 0, None or 'auto'; got {value!r}")
+    return float(value)
+
+
+class _FreeScorer:
+    """A scorer that costs nothing (random scores): times the loop's own work."""
+
+    def __init__(self, n_items: int) -> None:
+        self.n_items = n_items
+        self.rng = np.random.default_rng(0)
+
+    def score_batch(self, queries, items):
+        return [self.rng.standard_normal(len(it)).astype(np.float32) for it in items]
+
+
+def _probe_host(method, qvec, n_items: int) -> tuple[float, float]:
+    """(host seconds per round, fixed seconds per query) of ``method`` (auto): a probe query
+    searched at budget 100 with 4 and with 30 rounds through a :class:`_FreeScorer`, the
+    faster of three each; the method's own rounds are restored after."""
+    q = "round cost probe query"
+    qvec.prefetch([q])
+    b = min(100, n_items)
+    asked = method.asked_rounds
+    times = {}
+    try:
+        for r in (min(4, b), min(30, b)):
+            method.set_rounds(r)
+            best = np.inf
+            for _ in range(3):
+                t0 = time.perf_counter()
+                method.search(_FreeScorer(n_items), [q], budget=b, k=min(10, b), seed=0)
+                best = min(best, time.perf_counter() - t0)
+            times[r] = best
+    finally:
+        method.set_rounds(asked)
+    (r1, t1), (r2, t2) = sorted(times.items())
+    per = max(0.0, (t2 - t1) / max(r2 - r1, 1))
+    return per, max(0.0, t1 - per * r1)
 
 
 def open_models(
@@ -336,12 +400,12 @@ class Searcher:
                 self._indexes[kind] = None
         return self._indexes[kind]
 
-    def _make(self, method: str, rounds: int):
+    def _make(self, method: str, rounds: int | None):
         key = (method, rounds)
         if key not in self._methods:
             spec = self._check_method(method)
             index = self._method_index(spec.index)
-            self._methods[key] = spec.build(
+            made = spec.build(
                 registry.Resources(
                     first=self.first,
                     rounds=rounds,
@@ -356,7 +420,46 @@ class Searcher:
                     n_items=self.n_items,
                 )
             )
+            if rounds is None and self.latency_target_ms is not None and hasattr(made, "set_cost"):
+                # auto chooses its rounds under the target: the round cost, measured once
+                made.set_cost(self.round_cost(made), self.latency_target_ms)
+            self._methods[key] = made
         return self._methods[key]
+
+    def round_cost(self, method=None) -> RoundCost:
+        """What a round costs on this searcher's CE (measured once, at the first need): the
+        CE's floor per call and cost per pair (:func:`crossknn.search.round_plan.
+        measure_round_cost`), the loop's host time per round and the fixed time per query (a
+        query's DE encoding; two searches of a probe query at the fewest and most rounds through
+        a scorer that costs nothing, ``method``: the one to probe)."""
+        if self._round_cost is None:
+            ce = measure_round_cost(self.ce, self.n_items)
+            host, fixed = 0.0, 0.0
+            if method is not None and hasattr(method, "set_rounds"):
+                host, fixed = _probe_host(method, self.qvec, self.n_items)
+            t0 = time.perf_counter()
+            self.de.encode(["round cost probe query"])
+            fixed += time.perf_counter() - t0
+            self._round_cost = RoundCost(
+                ce.floor_s, ce.pair_s, host, fixed, source=ce.source + "; host: probe searches"
+            )
+        return self._round_cost
+
+    def plan_info(self, method: str | None = None, *, budget: int = 100, rounds=None) -> dict:
+        """What a search of ``budget`` CE calls runs: ``method``, ``rounds``, ``plan`` (new
+        items per step) and, for ``auto``, ``round_choice`` (why those rounds:
+        :class:`crossknn.search.round_plan.RoundChoice`)."""
+        name = method or self.method
+        m = self._make(name, self.rounds if rounds is None else int(rounds))
+        steps = m.plan(int(budget))
+        out: dict[str, Any] = {
+            "method": name,
+            "rounds": sum(1 for st in steps if st.kind != "retrieve"),
+            "plan": [int(st.n) for st in steps],
+        }
+        if hasattr(m, "choice"):
+            out["round_choice"] = m.choice(int(budget)).to_dict()
+        return out
 
     def prepare(self, method: str | None = None, *, budget: int = 100) -> list[str]:
         """Build the method's engine caches now (see ``RoundMethod.prepare``); ``serve`` calls
@@ -503,6 +606,7 @@ class Searcher:
         rounds = self.rounds if rounds is None else int(rounds)
         show = progress if show_progress_bar is None else bool(show_progress_bar)
         search = self._make(method, rounds)
+        plan = self.plan_info(method, budget=budget, rounds=rounds)
         n_rescore = self._rescore_n(rescore_top, k, budget)
         hits: list[Hits] = []
         old_bs = self.ce.batch_size if batch_size is not None else None
@@ -541,6 +645,7 @@ class Searcher:
                                 texts=[self.corpus.texts[j] for j in idx],
                                 qid=qids[lo + i],
                                 rescore_calls=calls if self.rescore_ce is not None else None,
+                                plan=plan,
                                 paid=scorer.paid(q) if self.record_paid else None,
                             )
                         )

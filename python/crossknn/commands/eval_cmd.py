@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         type=positive_int,
         metavar="R",
-        help="rounds of adaptive methods (default 5; repeatable)",
+        help="rounds of adaptive methods (default 5; auto: the index's own; repeatable)",
     )
     p.add_argument(
         "--first",
@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         budgets=sorted(set(args.budget)),
         ks=sorted(set(args.k)),
         rounds=sorted(set(args.rounds or [5])),
+        auto_rounds=sorted(set(args.rounds)) if args.rounds else None,
         firsts=list(dict.fromkeys(args.first or ["random"])),
         seed=args.seed,
         split=args.split,

@@ -174,7 +174,8 @@ def _axn(r: Resources, spec: MethodSpec) -> RoundMethod:
 
 def _auto(r: Resources, spec: MethodSpec) -> RoundMethod:
     index = _need(r.auto_index, "an auto index (crossknn.search.auto)", spec)
-    return AUTO(index, prior=r.prior, first=r.first)
+    # rounds None: chosen by the method (the index's, or under a latency target: round_plan)
+    return AUTO(index, prior=r.prior, first=r.first, rounds=r.rounds)
 
 
 _CUR = {"ridge": DEFAULT_RIDGE, "rounds": 5, "temperature": 1.0, "split": None}
@@ -189,7 +190,9 @@ REGISTRY: dict[str, MethodSpec] = {
             "query vector; rounds and penalties chosen on train rows (the default)",
             "auto",
             _auto,
+            rounds=True,
             first="de",
+            defaults={"rounds": None},
         ),
         MethodSpec(
             "axn",
