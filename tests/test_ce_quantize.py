@@ -177,7 +177,7 @@ def test_missing_record_is_a_clear_error(all_recipes, tmp_path):
 
 def test_default_int8_is_the_measured_choice():
     """``int8`` is the recipe the committed recipe bench chose by its stated rule
-    (``bench/_ce_recipes.py:summary``); a bench variant ``int8-mixed@S`` is int8-mixed at
+    (``bench/ce_bench.py:summary``); a bench variant ``int8-mixed@S`` is int8-mixed at
     share S."""
     from conftest import REPO
 
