@@ -252,7 +252,7 @@ def build_corpus_index(
     progress: bool = True,
     chunk: int = 1024,
     round_index: str = "auto",
-    index_calls: int | str | None = None,
+    index_calls: int | str | None = "default",
     tune_rounds: int = 0,
     index_minutes: float | None = None,
 ) -> CorpusIndex:
@@ -269,7 +269,8 @@ def build_corpus_index(
     - ``index_calls=C``: ``auto``'s index (:mod:`crossknn.index.auto`) from at most C CE calls;
       ``"default"``: C by the default rule (:func:`crossknn.index.auto.default_index_rows`, the
       CE's speed measured on the calibration batches, capped at ``index_minutes``; no auto index
-      when it gives no row); None: no auto index.
+      when it gives no row; the default, as ``crossknn build`` without ``--index-calls``); None
+      or 0: no auto index.
 
     Work in progress lives in ``OUT_DIR/.build`` and is resumed after an interruption (DE
     vectors in chunks of ``chunk`` items); each piece of it is keyed by a fingerprint of its
@@ -393,6 +394,8 @@ def _build_locked(
         index_calls = rows * len(corpus) if rows else None
     elif isinstance(index_calls, str):
         raise ValueError(f"index_calls must be an int, 'default' or None; got {index_calls!r}")
+    elif index_calls == 0:  # as --index-calls 0: no auto index
+        index_calls = None
     arrays: dict[str, np.ndarray] = {"de_items": V}
     auto = None
     if index_calls is not None:  # the default method's index (crossknn.index.auto)

@@ -21,6 +21,7 @@ from crossknn.commands._common import (
     add_round_arguments,
     fidelity_line,
     model_options,
+    nonneg_float,
     nonneg_int,
     positive_int,
     print_hits,
@@ -89,7 +90,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="search method (default: auto when the index was built with --index-calls, else axn)",
     )
     p.add_argument(
-        "--rounds", type=positive_int, default=5, help="rounds of adaptive methods (default 5)"
+        "--rounds",
+        type=positive_int,
+        help="rounds of adaptive methods (default: the method's own: 5 for axn and adacur; "
+        "auto: its index's, or the most recall within --latency-target-ms)",
+    )
+    p.add_argument(
+        "--latency-target-ms",
+        type=nonneg_float,
+        metavar="MS",
+        help="auto: choose its rounds for the most cross-validated recall predicted within MS "
+        "per query from the CE's measured cost per round (default: 8 on a GPU provider, none "
+        "on a CPU; 0: none, the index's rounds)",
     )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument(
@@ -215,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         shards=args.shards,
         ray_address=args.ray_address,
         rescore=rescore,
+        latency_target_ms="auto" if args.latency_target_ms is None else args.latency_target_ms,
     )
     if args.verbose and (line := fidelity_line(searcher.ce)):
         print(terminal_safe(line), file=sys.stderr)
@@ -234,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
     if args.log_queries:
         _log_queries(args.log_queries, searcher, hits)
     tag = run_tag(searcher.method, args.budget)
+    # what ran: the method, its rounds, the plan's steps and why (auto's round choice)
+    plan = hits[0].plan if hits else searcher.plan_info(budget=args.budget, rounds=args.rounds)
     if args.run:
         write_run(args.run, [(h.qid, h.ids, h.scores) for h in hits], tag)
     first = None
@@ -260,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
             "method": searcher.method,
             "budget": args.budget,
             "k": args.k,
-            "rounds": args.rounds,
+            "rounds": plan["rounds"],
+            "plan": plan,
             "models": records,
             "computed_with": "ir_measures",
         }
@@ -276,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
                 "method": searcher.method,
                 "k": args.k,
                 "budget": args.budget,
-                "rounds": args.rounds,
+                "rounds": plan["rounds"],
+                "plan": plan,
                 "tag": tag,
                 "precision": searcher.ce.precision,
                 "provider": searcher.ce.provider,
