@@ -41,8 +41,13 @@ PYTHON_PAGE = "reference/python.md"
 
 
 def _cell(text: str) -> str:
-    """Text for one markdown table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Help text as literal markdown on one line: HTML and emphasis characters escaped, pipes
+    escaped for a table cell."""
+    text = " ".join(str(text).split())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for ch in "\\`*_[]|":
+        text = text.replace(ch, "\\" + ch)
+    return text
 
 
 def _flags(action: argparse.Action) -> str:
