@@ -22,6 +22,14 @@ goodput >= 90% of the sustainable rate, ``/healthz`` 200 throughout.
 
     python bench/serve_bench.py --only overload
 
+The soak (``--soak MIN``, issue 46): mixed ``/search`` and ``/rerank`` (k, budget, text lengths
+and counts drawn log-uniformly from realistic ranges) at ``--soak-fraction`` (0.8) of the
+sustainable rate of that mix (measured first), Poisson arrivals, for MIN minutes: per minute the
+p50/p99 of the 200s, the statuses, the server's RSS and open file descriptors and the labelled
+series in /metrics; written to the ``soak`` section of bench/results/api_contract.json.
+
+    python bench/serve_bench.py --soak 30
+
 The query-group rows (``"groups"``; ``--only groups``): the default server (requests waiting
 together for the engine start as one lockstep search) and one with ``--group-queries 1
 --engine-order any`` (the server before query groups), side by side at each level.
@@ -102,13 +110,16 @@ def _tree_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_index(root: Path, max_items: int | None):
+def build_index(root: Path, max_items: int | None, index_calls: int | None = None):
+    """The docstrings index (cached); ``index_calls=0``: no method index trained (seconds to
+    build; the soak's)."""
     from crossknn.ce import default_cross_encoder, default_dual_encoder
     from crossknn.demo_corpus import stdlib_docstrings
 
     corpus = stdlib_docstrings(max_items=max_items)
     key = hashlib.sha256("\0".join(corpus.ids).encode()).hexdigest()[:12]
-    path = root / f"stdlib-int8-{len(corpus)}-{key}"
+    calls = "" if index_calls is None else f"-calls{index_calls}"
+    path = root / f"stdlib-int8-{len(corpus)}-{key}{calls}"
     if (path / "index.json").is_file():
         return path
     t = time.perf_counter()
@@ -118,6 +129,7 @@ def build_index(root: Path, max_items: int | None):
         ce=default_cross_encoder(precision="int8"),
         de=default_dual_encoder(precision="int8"),
         progress=False,
+        **({} if index_calls is None else {"index_calls": index_calls}),
     )
     print(f"index: built {path} ({len(corpus)} items) in {time.perf_counter() - t:.0f} s")
     return path
@@ -585,6 +597,243 @@ def padding_stats(index: Path, seed: int = 0, requests: int = 16, pairs: int = 2
     }
 
 
+# -- the soak (issue 46): mixed /search and /rerank at 80% of the sustainable rate for minutes --
+
+WORDS = sorted({w.strip(",.").lower() for q in QUERIES for w in q.split()})
+
+
+def soak_request(rng: np.random.Generator, n_items: int) -> tuple[str, dict]:
+    """One request of the soak's mix: 70% /search (k 1..20, budget k..min(200, N), a query of
+    3..40 words), 30% /rerank (1..40 texts of 5..150 words, a query of 3..20 words); every size
+    drawn log-uniformly (small ones common, large ones rare, as real traffic)."""
+
+    def logu(lo: int, hi: int) -> int:
+        return int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi + 0.999))))))
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(WORDS, size=min(max(logu(lo, hi), lo), hi)))
+
+    if rng.random() < 0.7:
+        k = min(logu(1, 20), 20)
+        budget = min(max(logu(max(k, 10), min(200, n_items)), k), n_items)
+        return "/search", {"query": text(3, 40), "k": k, "budget": budget}
+    n = min(max(logu(1, 40), 1), 40)
+    return "/rerank", {"query": text(3, 20), "texts": [text(5, 150) for _ in range(n)]}
+
+
+def _proc_stats(pid: int) -> tuple[float, int]:
+    """RSS (MiB) and open file descriptors of process ``pid`` (Linux /proc)."""
+    rss = 0.0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024.0
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _label_sets(server: Server) -> int:
+    """Distinct label sets of every labelled series in /metrics (bounded: path x status)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return sum(1 for fam in text_string_to_metric_families(text) for s in fam.samples if s.labels)
+
+
+def soak_sustainable(server: Server, n_items: int, seconds: float, conc: int, seed: int) -> dict:
+    """Closed loop, ``conc`` clients of the soak's mix for ``seconds``: requests/s answered."""
+    lock = threading.Lock()
+    codes: Counter = Counter()
+    stop_at = time.monotonic() + seconds
+
+    def worker(w: int) -> None:
+        rng = np.random.default_rng(seed * 1000 + w)
+        with httpx.Client(timeout=httpx.Timeout(120.0)) as http:
+            while time.monotonic() < stop_at:
+                path, body = soak_request(rng, n_items)
+                try:
+                    code = http.post(server.url + path, json=body).status_code
+                except httpx.HTTPError:
+                    code = -1
+                with lock:
+                    codes[code] += 1
+                if code != 200:
+                    time.sleep(0.1)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {
+        "concurrency": conc,
+        "seconds": round(wall, 1),
+        "rps": round(codes.get(200, 0) / wall, 3),
+        "codes": {str(c): v for c, v in sorted(codes.items())},
+    }
+
+
+def run_soak(index: Path, root: Path, args, common) -> dict:
+    """The soak: a server as deployed (default admission, --timeout-s 30), its sustainable rate
+    for the mix measured first, then Poisson arrivals at ``--soak-fraction`` of it for
+    ``--soak`` minutes; per minute: p50/p99 of the 200s, statuses, the server's RSS and open
+    file descriptors, and the number of labelled series in /metrics."""
+    n_items = len(crossknn.open_index(index))
+    server = Server(index, root, "--timeout-s", "30", *common)
+    pid = server.proc.pid
+    try:
+        rng = np.random.default_rng(args.soak_seed)
+        for _ in range(3):  # warm up (not counted)
+            path, body = soak_request(rng, n_items)
+            httpx.post(server.url + path, json=body, timeout=120)
+        sustain = soak_sustainable(
+            server, n_items, args.soak_sustain_seconds, args.sustain_concurrency, args.soak_seed
+        )
+        print("soak: sustainable", json.dumps(sustain), flush=True)
+        rate = args.soak_fraction * sustain["rps"]
+        minutes = int(args.soak)
+        lock = threading.Lock()
+        per_min: list[dict] = [
+            {"lat": [], "codes": Counter(), "rss": [], "fds": []} for _ in range(minutes)
+        ]
+        local = threading.local()
+        stop = threading.Event()
+        t0 = time.monotonic()
+
+        def http() -> httpx.Client:
+            if getattr(local, "http", None) is None:
+                local.http = httpx.Client(timeout=httpx.Timeout(90.0))
+            return local.http
+
+        def one(path: str, body: dict, sent: float) -> None:
+            t = time.perf_counter()
+            try:
+                code = http().post(server.url + path, json=body).status_code
+            except httpx.HTTPError:
+                code = -1
+            lat = time.perf_counter() - t
+            m = min(int(sent // 60), minutes - 1)
+            with lock:
+                per_min[m]["codes"][code] += 1
+                if code == 200:
+                    per_min[m]["lat"].append(lat)
+
+        def sampler() -> None:
+            while not stop.wait(10.0):
+                m = min(int((time.monotonic() - t0) // 60), minutes - 1)
+                rss, fds = _proc_stats(pid)
+                per_min[m]["rss"].append(rss)
+                per_min[m]["fds"].append(fds)
+                try:
+                    per_min[m]["label_sets"] = _label_sets(server)
+                except httpx.HTTPError:
+                    pass
+
+        sampler_t = threading.Thread(target=sampler, daemon=True)
+        sampler_t.start()
+        rss0, fds0 = _proc_stats(pid)
+        pool = ThreadPoolExecutor(64)
+        n_sent = skipped = 0
+        busy = threading.Semaphore(64)
+        t_next = 0.0
+        end = minutes * 60.0
+        last_print = -1
+        while True:
+            t_next += float(rng.exponential(1.0 / rate))
+            if t_next >= end:
+                break
+            delay = t0 + t_next - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            path, body = soak_request(rng, n_items)
+            if busy.acquire(blocking=False):
+
+                def task(p=path, b=body, s=t_next):
+                    try:
+                        one(p, b, s)
+                    finally:
+                        busy.release()
+
+                pool.submit(task)
+                n_sent += 1
+            else:
+                skipped += 1
+            m = int(t_next // 60)
+            if m != last_print and m > 0:
+                last_print = m
+                row = per_min[m - 1]
+                lat = np.array(row["lat"]) * 1000
+                p99 = round(float(np.percentile(lat, 99)), 1) if lat.size else None
+                print(
+                    f"soak: minute {m}/{minutes}: {dict(row['codes'])} p99 {p99} ms "
+                    f"rss {row['rss'][-1] if row['rss'] else '?'} MiB "
+                    f"fds {row['fds'][-1] if row['fds'] else '?'}",
+                    flush=True,
+                )
+        pool.shutdown(wait=True)
+        stop.set()
+        sampler_t.join()
+        rss_end, fds_end = _proc_stats(pid)
+    finally:
+        server.stop()
+
+    def pct(a, q):
+        return round(float(np.percentile(a, q)) * 1000, 1) if len(a) else None
+
+    rows = []
+    for i, r in enumerate(per_min):
+        rows.append(
+            {
+                "minute": i + 1,
+                "n": sum(r["codes"].values()),
+                "codes": {str(c): v for c, v in sorted(r["codes"].items())},
+                "p50_ms": pct(r["lat"], 50),
+                "p99_ms": pct(r["lat"], 99),
+                "rss_mib": round(max(r["rss"]), 1) if r["rss"] else None,
+                "open_fds": max(r["fds"]) if r["fds"] else None,
+                "metric_label_sets": r.get("label_sets"),
+            }
+        )
+    window = min(5, max(1, minutes // 3))  # the first and last 5 minutes (of a 30-minute run)
+    first = [x for r in per_min[:window] for x in r["lat"]]
+    last = [x for r in per_min[-window:] for x in r["lat"]]
+    warm = max(1, minutes // 5)  # warm-up: the first fifth of the run
+    rss_warm = rows[warm - 1]["rss_mib"]
+    rss_after = [r["rss_mib"] for r in rows[warm:] if r["rss_mib"] is not None]
+    fds_after = [r["open_fds"] for r in rows[warm:] if r["open_fds"] is not None]
+    codes = Counter()
+    for r in per_min:
+        codes.update(r["codes"])
+    return {
+        "minutes": minutes,
+        "sustainable": sustain,
+        "fraction": args.soak_fraction,
+        "offered_rps": round(rate, 3),
+        "n_sent": n_sent,
+        "client_skipped": skipped,
+        "codes": {str(c): v for c, v in sorted(codes.items())},
+        "n_5xx": sum(v for c, v in codes.items() if c >= 500),
+        "n_connection_errors": codes.get(-1, 0),
+        "p99_first_ms": pct(first, 99),
+        "p99_last_ms": pct(last, 99),
+        "p99_window_minutes": window,
+        "p99_ratio": round(float(np.percentile(last, 99) / np.percentile(first, 99)), 3)
+        if first and last
+        else None,
+        "warmup_minutes": warm,
+        "rss_start_mib": round(rss0, 1),
+        "rss_after_warmup_mib": rss_warm,
+        "rss_max_after_warmup_mib": max(rss_after) if rss_after else None,
+        "rss_end_mib": round(rss_end, 1),
+        "rss_growth": round(max(rss_after) / rss_warm - 1, 4) if rss_after and rss_warm else None,
+        "fds_start": fds0,
+        "fds_after_warmup": [min(fds_after), max(fds_after)] if fds_after else None,
+        "fds_end": fds_end,
+        "rows": rows,
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -615,18 +864,43 @@ def main() -> int:
         metavar="F",
         help="--admit-within of each overload server (0: the queue limit alone)",
     )
+    p.add_argument(
+        "--soak",
+        type=float,
+        default=None,
+        metavar="MIN",
+        help="run only the soak: mixed /search and /rerank at --soak-fraction of the measured "
+        "sustainable rate for MIN minutes (its section of --soak-out)",
+    )
+    p.add_argument("--soak-fraction", type=float, default=0.8)
+    p.add_argument("--soak-sustain-seconds", type=float, default=60.0)
+    p.add_argument("--soak-seed", type=int, default=0)
+    p.add_argument("--soak-out", default=str(HERE / "results" / "api_contract.json"))
     args = p.parse_args()
 
     from crossknn.ce import cache_root
 
     root = cache_root() / "serve-bench"
     root.mkdir(parents=True, exist_ok=True)
-    index = build_index(root, args.max_items)
+    index = build_index(root, args.max_items, 0 if args.soak is not None else None)
     n_items = len(crossknn.open_index(index))
     body = {"k": 10, "budget": 100, "rounds": 5, "method": "axn"}
     common = ["--threads", str(args.threads)] if args.threads else []
     t0 = time.time()
     out = Path(args.out)
+    if args.soak is not None:
+        sys.path.insert(0, str(HERE))
+        from api_contract_bench import merge_section
+
+        soak = run_soak(index, root, args, common)
+        soak["index"] = {"items": n_items, "precision": "int8", "corpus": "stdlib docstrings"}
+        soak["command"] = "python bench/serve_bench.py " + " ".join(sys.argv[1:])
+        soak["wall_s"] = round(time.time() - t0, 1)
+        summary = {k: v for k, v in soak.items() if k != "rows"}
+        print(json.dumps(summary, indent=2), flush=True)
+        merge_section(Path(args.soak_out), "soak", soak)
+        print(f"wrote {args.soak_out} (soak)")
+        return 0
     if args.only == "groups":
         result = json.loads(out.read_text()) if out.is_file() else {}
         result["groups"] = run_groups(index, root, args, body, common)
