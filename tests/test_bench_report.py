@@ -128,6 +128,28 @@ def test_research_scripts_each_have_their_question_written_down():
         assert f"| `{script.name}` |" in readme, script.name
 
 
+def test_every_result_file_says_where_when_and_how_it_was_measured():
+    """bench/_common.write_json adds ``provenance`` to new results; the committed ones carry it
+    too (reconstructed from their own fields and git history where they predate it)."""
+    missing = []
+    for path in sorted((BENCH / "results").rglob("*.json")):
+        prov = json.loads(path.read_text()).get("provenance")
+        if not isinstance(prov, dict) or not {"machine", "date", "commit", "command"} <= set(prov):
+            missing.append(str(path.relative_to(REPO)))
+        elif not (prov["date"] and prov["commit"] and prov["command"]):
+            missing.append(str(path.relative_to(REPO)))
+    assert not missing, missing
+
+
+def test_write_json_records_provenance(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    common = _module("_common")
+    out = common.write_json(tmp_path / "r.json", {"rows": [1]})
+    prov = json.loads(out.read_text())["provenance"]
+    assert prov["commit"] and prov["date"].endswith("Z") and prov["machine"]
+    assert prov["command"].startswith("python")
+
+
 def test_readme_names_only_bench_files_that_exist():
     text = (REPO / "README.md").read_text()
     paths = set(re.findall(r"bench/[A-Za-z0-9_./-]+\.(?:py|json|sh|md)", text))
