@@ -230,3 +230,57 @@ def test_each_worker_warms_up_in_its_own_thread_before_its_first_batch():
         _many(b, 2, 5)  # a failed warm-up does not stop the worker
     finally:
         b.stop()
+
+
+class TextCE:
+    """A CE stand-in for text jobs: ``predict`` scores pairs by text length, each call taking
+    ``delay`` seconds; it records the size of every call."""
+
+    batch_size = 4
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.calls: list[int] = []
+        self.started = threading.Event()
+
+    def predict(self, pairs):
+        self.calls.append(len(pairs))
+        self.started.set()
+        time.sleep(self.delay)
+        return np.array([len(t) for _, t in pairs], np.float32)
+
+
+def test_text_jobs_run_in_chunks_and_scores_come_back_in_order():
+    ce = TextCE()
+    b = Batcher(ce, max_batch_pairs=256)
+    try:
+        texts = ["x" * (i + 1) for i in range(50)]
+        job = b.submit(["q"], None, texts=texts)
+        out = job.wait(10)
+        np.testing.assert_array_equal(out[0], np.arange(1, 51, dtype=np.float32))
+        assert b.text_chunk_pairs == 2 * TextCE.batch_size
+        assert max(ce.calls) <= b.text_chunk_pairs and sum(ce.calls) == 50
+    finally:
+        b.stop()
+
+
+def test_a_cancelled_text_job_stops_after_the_chunk_that_is_running():
+    """Issue 46, case 2: 300 texts, the client leaves while the first chunk runs: only that
+    chunk is scored (before: the whole merged batch of 256 pairs ran)."""
+    ce = TextCE(delay=0.2)
+    dropped = []
+    b = Batcher(ce, max_batch_pairs=256, on_drop=dropped.append)
+    try:
+        gone = threading.Event()
+        job = b.submit(["q"], None, texts=["t"] * 300, is_cancelled=gone.is_set)
+        assert ce.started.wait(10)
+        gone.set()
+        with pytest.raises(Cancelled):
+            job.wait(10)
+        deadline = time.monotonic() + 10
+        while sum(ce.calls) + sum(dropped) < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sum(ce.calls) == b.text_chunk_pairs  # the chunk that was running when it left
+        assert sum(dropped) == 300 - b.text_chunk_pairs
+    finally:
+        b.stop()
