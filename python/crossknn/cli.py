@@ -64,6 +64,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# top-level module of an optional dependency -> the extra that installs it (pyproject.toml)
+EXTRAS: dict[str, str] = {
+    "torch": "export",
+    "transformers": "export",
+    "accelerate": "trainers",
+    "datasets": "trainers",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "prometheus_client": "serve",
+    "httpx": "serve",
+    "starlette": "serve",
+    "ray": "ray",
+    "faiss": "scale",
+}
+
+
+def missing_dependency_line(exc: ImportError) -> str:
+    """One line for an optional dependency that is not installed: the package and the extra
+    that installs it (torch: pinned first, so that pip does not pick a build). An ImportError
+    raised with its own message (it already says what to install) keeps that message."""
+    name = (exc.name or "").split(".")[0]
+    if not name or exc.msg != f"No module named {exc.name!r}":
+        return error_line(exc)
+    extra = EXTRAS.get(name)
+    if extra is None:
+        return f"needs the Python package {name!r}, which is not installed"
+    if name == "torch":
+        return (
+            "needs 'torch', which is not installed: install the torch build you want first "
+            "(e.g. pip install torch --index-url https://download.pytorch.org/whl/cpu), then "
+            f"pip install 'crossknn[{extra}]'"
+        )
+    return f"needs {name!r}, which is not installed: pip install 'crossknn[{extra}]'"
+
+
 def error_line(exc: BaseException) -> str:
     """One line for a user error: an OSError names its file(s) and what went wrong, a KeyError
     its message without quotes; control characters (from user input echoed back) escaped."""
@@ -91,6 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, KeyError) as exc:
         # user errors, unreadable or unwritable files, a full disk: one clear line, no traceback
         print(f"crossknn {args.command}: error: {error_line(exc)}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] == "crossknn":
+            raise  # a module of crossknn itself: a bug, keep the traceback
+        # an optional dependency that is not installed: one line naming what to install
+        print(f"crossknn {args.command}: error: {missing_dependency_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"crossknn {args.command}: interrupted", file=sys.stderr)

@@ -19,7 +19,7 @@ optimization, level "extended", for the CPU provider) and ``quantize`` (int8 rec
 :mod:`crossknn.ce.quantize`, each written as ``model.<recipe>.onnx`` with its fidelity to fp32 on
 a calibration set recorded in the manifest).
 
-Export needs torch, transformers and onnx (the ``export`` extra); the runtime does not. Nothing is
+Export needs torch and transformers (the ``export`` extra); the runtime does not. Nothing is
 downloaded: checkpoints are read from local directories only.
 """
 
@@ -117,11 +117,11 @@ def _check_weights_file(hf_dir: Path) -> None:
     path = hf_dir / _WEIGHT_FILES[0]
     if not path.is_file():
         return
-    # safetensors: optional (export extra)
+    # the numpy view of the file: the check needs no torch (a missing torch is reported after)
     from safetensors import safe_open
 
     try:
-        with safe_open(str(path), "pt") as f:
+        with safe_open(str(path), "numpy") as f:
             f.keys()
     except Exception as exc:  # noqa: BLE001 - SafetensorError and I/O errors alike
         raise ValueError(
@@ -251,7 +251,7 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _finish(
+def finish_export(
     hf_dir: Path,
     out_dir: Path,
     manifest: dict[str, Any],
@@ -261,8 +261,13 @@ def _finish(
     quantize: Any,
     fp32: bool,
     calibration: Any = None,
+    exported_with: dict[str, str] | None = None,
+    opset: int = _OPSET,
+    recipe: int = EXPORT_RECIPE,
 ) -> dict[str, Any]:
-    """Add the int8 variants, optimize, write the manifest (last); returns the manifest."""
+    """Add the int8 variants to ``out_dir/model.onnx``, optimize, write the manifest (last);
+    returns the manifest. ``exported_with``: the versions that made the graph (default: torch,
+    transformers and onnxruntime, for a traced export)."""
     # int8 recipes and their fidelity record: crossknn.ce.quantize / crossknn.ce.fidelity
     recipes = requested_recipes(quantize, manifest["kind"])
     if recipes:
@@ -291,9 +296,9 @@ def _finish(
     manifest["files"] = {name: file_entry(out_dir / name) for name in files}
     manifest["source"] = {"path": str(hf_dir), "sha256": checkpoint_hash(hf_dir)}
     manifest["format"] = FORMAT_VERSION
-    manifest["exported_with"] = _versions()
-    manifest["opset"] = _OPSET
-    manifest["recipe"] = EXPORT_RECIPE
+    manifest["exported_with"] = _versions() if exported_with is None else exported_with
+    manifest["opset"] = opset
+    manifest["recipe"] = recipe
     manifest["max_positions"] = int(config.get("max_position_embeddings", 512))
     write_manifest(out_dir, manifest)
     return manifest
@@ -361,7 +366,7 @@ def export_cross_encoder(
         manifest["num_labels"] = num_labels
         manifest["activation"] = _cls_activation(config, num_labels, activation)
     manifest.update(_trace(wrapper, out_dir))
-    out = _finish(
+    out = finish_export(
         hf_dir,
         out_dir,
         manifest,
@@ -404,7 +409,7 @@ def export_dual_encoder(
         "dim": int(model.config.hidden_size),
         **_trace(graphs.DualEncoder(model, normalize=normalize), out_dir),
     }
-    return _finish(
+    return finish_export(
         hf_dir, out_dir, manifest, config, optimize=optimize, quantize=quantize, fp32=fp32
     )
 

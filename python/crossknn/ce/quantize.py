@@ -359,7 +359,7 @@ def quantize_variants(
     """
     src = out_dir / "model.onnx"
     cal = None
-    if kind != "dual-encoder":
+    if kind != "dual-encoder" and names:  # without a recipe, nothing reads the calibration
         queries, items = calibration or fidelity.default_calibration_texts()
         cal = fidelity.build_calibration(
             src, out_dir / "tokenizer.json", list(queries), list(items), max_length=max_length

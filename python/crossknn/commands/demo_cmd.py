@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from crossknn.ce import cache_root
+from crossknn.ce.models import minilm_checkpoint_dir
 from crossknn.commands._common import positive_int, print_hits, terminal_safe
 from crossknn.corpus_index import build_corpus_index, open_index
 from crossknn.demo_corpus import stdlib_docstrings
@@ -33,8 +34,8 @@ ZERO_SHOT_NOTE = """
 note: the embedded CE (minilm-l6-joint: all-MiniLM-L6-v2, a bi-encoder, run as a joint
 cross-encoder) is a zero-shot demonstration model. crossknn finds its top-k faithfully, but it
 ranks worse than the DE alone: nDCG@10 on 30 test queries, DE alone vs the CE reranking the DE
-top-100 vs AXN at B=100: NFCorpus 0.386 / 0.222 / 0.211, SciFact 0.646 / 0.332 / 0.335
-(bench/beir_bench.py). Use your own trained CE:
+top-100 vs AXN at B=100: NFCorpus 0.386 / 0.222 / 0.211, SciFact 0.646 / 0.332 / 0.335.
+Use your own trained CE (crossknn export needs the 'export' extra):
   crossknn export HF_DIR MY_CE            # a Hugging Face cross-encoder folder -> ONNX
   crossknn build CORPUS INDEX --model MY_CE
   crossknn search INDEX --beir DIR --run run.trec --metrics metrics.json"""
@@ -92,6 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     assert args.method in METHODS
+    minilm_checkpoint_dir()  # the embedded model's weights: one line saying how to install them
 
     t0 = time.perf_counter()
     corpus = stdlib_docstrings(max_items=args.max_items)
@@ -133,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
         _exact_check(searcher, hits, args, index_dir / "exact")
     else:
         print(
-            f"\n(crossknn demo --exact, or make demo EXACT=1, also scores all {len(corpus)} "
-            f"items per query with the CE and prints the Top-{args.k}-Recall@{args.budget})"
+            f"\n(crossknn demo --exact also scores all {len(corpus)} items per query with the "
+            f"CE and prints the Top-{args.k}-Recall@{args.budget})"
         )
     print(f"\ntotal time {time.perf_counter() - t0:.1f} s")
     print(ZERO_SHOT_NOTE)
