@@ -200,3 +200,35 @@ def test_every_flag_the_docs_show_exists():
             if flag and flag.group(1) not in known:
                 wrong.append(f"{page.relative_to(REPO)}: {flag.group(1)} in {line.strip()[:70]}")
     assert not wrong, "flags the docs show but the CLI does not have:\n" + "\n".join(wrong)
+
+
+# dotted names in the pages that are not Python objects: a C++ header, and the toy method that
+# docs/design/architecture.md adds in a diff to show how a method is added
+NOT_PYTHON = {"crossknn.h", "crossknn.search.toy_random"}
+
+
+def test_every_python_name_the_docs_show_exists():
+    import importlib
+
+    names = set()
+    for page in _pages():
+        for m in re.finditer(r"\bcrossknn(?:\.[A-Za-z_]\w*)+", page.read_text(encoding="utf-8")):
+            names.add((m.group(0), page.relative_to(REPO).as_posix()))
+    assert len(names) > 30, "expected crossknn.* names in the docs"
+    missing = []
+    for name, page in sorted(names):
+        if name in NOT_PYTHON:
+            continue
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+                break
+            except ModuleNotFoundError:
+                continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            missing.append(f"{page}: {name}")
+    assert not missing, "names the docs show that the package does not have:\n" + "\n".join(missing)

@@ -21,11 +21,20 @@ from pathlib import Path
 PYTHON_MODULES = [
     "crossknn.core",
     "crossknn.search",
+    "crossknn.search.round_plan",
+    "crossknn.search.round_index",
+    "crossknn.search.shards",
     "crossknn.scorers",
     "crossknn.retrievers",
+    "crossknn.ce",
+    "crossknn.ce.folders",
+    "crossknn.index",
+    "crossknn.jobs",
+    "crossknn.cmc",
     "crossknn.data",
     "crossknn.matrix",
     "crossknn.eval",
+    "crossknn.trec",
     "crossknn.client",
 ]
 
