@@ -284,3 +284,17 @@ def test_a_cancelled_text_job_stops_after_the_chunk_that_is_running():
         assert sum(dropped) == 300 - b.text_chunk_pairs
     finally:
         b.stop()
+
+
+def test_the_pairs_per_second_window_stays_bounded_without_scrapes(monkeypatch):
+    """A server nobody scrapes must not keep one entry per CE batch forever."""
+    from crossknn.serve import metrics as metrics_mod
+
+    clock = {"t": 1000.0}
+    monkeypatch.setattr(metrics_mod.time, "monotonic", lambda: clock["t"])
+    m = metrics_mod.Metrics()
+    for _ in range(5000):
+        m.on_batch(10, 1, 0.01)
+        clock["t"] += 0.1  # 10 batches a second for 500 s
+    assert len(m._window) <= int(m.WINDOW_S / 0.1) + 1
+    assert m._pairs_per_second() == pytest.approx(10 * 100 / m.WINDOW_S, rel=0.02)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -42,6 +43,8 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 7
 
 class Metrics:
     """Requests by status, latency, CE pairs and batch sizes, queue depth, engine vs CE time."""
+
+    WINDOW_S = 10.0  # crossknn_ce_pairs_per_second: CE pairs over the last WINDOW_S seconds
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -165,7 +168,7 @@ class Metrics:
             registry=r,
         )
         self.ready = Gauge("crossknn_ready", "1 when the index and models are loaded", registry=r)
-        self._window: list[tuple[float, int]] = []
+        self._window: deque[tuple[float, int]] = deque()  # (time, pairs) of the last WINDOW_S
         self._mu = threading.Lock()
         self.ce_pairs_per_second.set_function(self._pairs_per_second)
 
@@ -175,15 +178,20 @@ class Metrics:
         self.ce_batch_pairs.observe(n_pairs)
         self.ce_batch_requests.observe(n_jobs)
         self.ce_seconds.inc(seconds)
-        with self._mu:
-            self._window.append((time.monotonic(), n_pairs))
-
-    def _pairs_per_second(self, window: float = 10.0) -> float:
         now = time.monotonic()
         with self._mu:
-            while self._window and self._window[0][0] < now - window:
-                self._window.pop(0)
-            return sum(n for _, n in self._window) / window
+            self._window.append((now, n_pairs))
+            self._trim(now)  # bounded whether or not /metrics is ever scraped
+
+    def _trim(self, now: float) -> None:
+        while self._window and self._window[0][0] < now - self.WINDOW_S:
+            self._window.popleft()
+
+    def _pairs_per_second(self) -> float:
+        now = time.monotonic()
+        with self._mu:
+            self._trim(now)
+            return sum(n for _, n in self._window) / self.WINDOW_S
 
     def on_drop(self, n_pairs: int) -> None:
         self.ce_dropped_pairs.inc(n_pairs)
