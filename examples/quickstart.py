@@ -33,7 +33,7 @@ TEXTS = {
 
 
 def main(work: Path) -> crossknn.Hits:
-    corpus = Corpus(ids=list(TEXTS), texts=list(TEXTS.values()))  # or load_corpus("c.jsonl")
+    corpus = Corpus(ids=list(TEXTS), texts=list(TEXTS.values()))  # or load_corpus("corpus.jsonl")
     crossknn.build_corpus_index(corpus, work / "index", progress=False)  # embedded DE and CE
     searcher = crossknn.Searcher(crossknn.open_index(work / "index"))
     hits = searcher.search("how do I parse a date?", k=3, budget=6)
