@@ -10,6 +10,7 @@ PIP    := $(BIN)/python -m pip
 # constraints.txt pins torch to the CPU build on disk in every install path
 PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 DEPS   := $(VENV)/.deps-stamp
+DOCS_DEPS := $(VENV)/.docs-stamp
 
 .PHONY: venv deps install demo test ctest pytest lint docs report report-check bench bench-quick bench-recall bench-cpu bench-gpu bench-serve bench-scale bench-train dist clean
 
@@ -44,7 +45,8 @@ ctest: $(DEPS)
 	PATH=$(CURDIR)/$(BIN):$$PATH cmake --build build/ctest -j2
 	PATH=$(CURDIR)/$(BIN):$$PATH ctest --test-dir build/ctest --output-on-failure
 
-pytest: install
+# tests/test_docs.py builds the site: the docs tools come with the test dependencies
+pytest: install $(DOCS_DEPS)
 	$(BIN)/python -m pytest
 
 test: lint report-check ctest pytest docs
@@ -56,7 +58,6 @@ lint: $(DEPS)
 
 # the docs site (mkdocs.yml): user guide from docs/*.md, reference pages generated from the
 # argparse parsers and the docstrings (docs/hooks/reference.py); offline, warnings are errors
-DOCS_DEPS := $(VENV)/.docs-stamp
 $(DOCS_DEPS): constraints.txt | $(DEPS)
 	$(PIPI) mkdocs==1.6.1 'mkdocstrings[python]==1.0.8' mkdocstrings-python==2.0.11
 	touch $@
