@@ -8,7 +8,7 @@
 Suites:
 
 - ``quick``: every kind of bench at small sizes, results into ``build/bench-quick/`` (never over
-  the committed results), then ``bench/report.py --check``. A few minutes on 2 cores.
+  the committed results), then ``bench/report.py --check``. About 10 minutes on a busy 2-core CPU.
 - ``recall``: Top-k-Recall on the shared score matrices (``recall_bench``, cisi + nfcorpus), the
   embedded CE's nDCG on BEIR (``beir_bench``), CMC quality (``cmc_bench``). No model timing.
 - ``cpu``: speed on this CPU: round engine (``core_bench``), non-CE time per query
