@@ -103,7 +103,7 @@ class QueryLog:
             "de": {"model_hash": de_model_hash, "text_sha256": sha256_texts([query])},
             "ce": {"model_hash": ce_model_hash},
             "items": [str(i) for i in items],
-            "scores": [round(float(s), 6) for s in scores],
+            "scores": [float(s) for s in np.asarray(scores, np.float32).tolist()],
         }
         line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
         with self._lock:

@@ -17,7 +17,8 @@ now on real rows), and commits a new index version beside the old one
   stored scores, no CE call) for the rest; a refit that would end with fewer real rows than the
   index has is refused.
 - The budget: ``index_calls`` (entries, as ``build --index-calls``), else ``index_minutes`` of CE
-  time at the speed measured on a small batch, else the budget the current index was built with.
+  time at the speed measured on a small batch, else the budget the current index was built with
+  (at least its complete rows over today's items, after an ``add``).
 """
 
 from __future__ import annotations
@@ -179,10 +180,9 @@ def refine_index(
         if index_calls is None and index_minutes is not None:
             rate = _measured_rate(ce_set(ce, index), N, recs[0].query)
             index_calls = int(index_minutes * 60.0 * rate // N) * N
-        if index_calls is None:
-            index_calls = int(auto.get("index_calls_limit") or 0) or (
-                default_index_rows(N, None) * N
-            )
+        if index_calls is None:  # the index's own budget: its complete rows over today's items
+            rows = int(auto.get("rows") or 0) or default_index_rows(N, None)
+            index_calls = max(int(auto.get("index_calls_limit") or 0), rows * N)
         index_calls = int(index_calls)
         if index_calls < 2 * N:
             raise ValueError(

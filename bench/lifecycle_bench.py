@@ -1,0 +1,449 @@
+"""The living index (issue 47): refine on served queries, add, remove, and serve's swaps.
+
+    .venv/bin/python bench/lifecycle_bench.py                 # both parts (~15 min on 2 cores)
+    .venv/bin/python bench/lifecycle_bench.py --part recall   # refine / add / remove
+    .venv/bin/python bench/lifecycle_bench.py --part swap     # serve under load through swaps
+
+``recall`` (CPU scale: an NFCorpus subset of ``--items`` items, seeded, from
+``../shared/matrices/nfcorpus-minilm-gpu``): the CE is the embedded CE for every query that is
+not a matrix row (pseudo-queries, the calibration) and the matrix's exact scores of the embedded
+CE for the matrix's train and test queries (the honest CE for them: same model, scored on a GPU);
+the DE is the embedded DE. It builds the default pseudo-row index (``crossknn build``'s default
+budget rule, timed: the rebuild time), replays the **train** queries through the searcher with
+the query log on (``--log-queries``'s code: every query's paid-for entries logged, B = 100),
+refines after 0, 100, 300 and all served queries and at several budgets, and evaluates
+Top-10-Recall@100 on the **test** queries against the exact top-10 within the subset; beside it
+the real-row index (``build --train-queries`` with the train queries at the same budget). ``add``:
+an index of 90% of the subset plus ``crossknn add`` of the other 10%, against the full build;
+``remove``: 10% of the items removed from the refined index (tombstones, and compacted).
+
+``swap``: a real ``crossknn serve`` (embedded CE, a 300-item NFCorpus index, --log-queries) under
+8 concurrent clients while 20 new versions (refine, add, remove in turn, each by the CLI) are
+swapped in by ``POST /admin/reload``: non-2xx responses, p99 latency in the swap windows against
+steady state, the server's RSS after each swap.
+
+Writes ``bench/results/lifecycle_bench.json`` (``goals``: the issue's six keys) and
+``docs/img/lifecycle.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import _cpu_model, write_json  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+NF = SHARED / "matrices" / "nfcorpus-minilm-gpu"
+OUT = REPO / "bench" / "results" / "lifecycle_bench.json"
+PLOT = REPO / "docs" / "img" / "lifecycle.png"
+WORK = REPO / "build" / "lifecycle_bench"
+K, B = 10, 100
+
+
+class HybridCE:
+    """The embedded CE, except for queries that are rows of the score matrix: their scores are
+    looked up (the matrix holds this CE's exact scores for them). Counts the real CE's pairs."""
+
+    def __init__(self, real, S, qrow: dict[str, int], col_of_text: dict[str, int], cache=None):
+        self.real, self.S, self.qrow, self.col_of_text = real, S, qrow, col_of_text
+        self.cols = np.empty(0, np.int64)
+        self.real_pairs, self.real_seconds = 0, 0.0
+        self._texts: list[str] | None = None
+        self._real_set = False
+        # (query, subset column) -> score of the real CE, kept on disk (resumable runs); None:
+        # every pair goes to the CE (the timed steps)
+        self.cache: dict | None = None
+        self.cache_file = cache
+        if cache is not None:
+            self.cache = {}
+            if Path(cache).is_file():
+                for line in Path(cache).read_text().splitlines():
+                    try:
+                        q, cols, sc = json.loads(line)
+                    except ValueError:
+                        continue  # a torn last line
+                    for c, v in zip(cols, sc, strict=True):
+                        self.cache[(q, c)] = v
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("real",):
+            raise AttributeError(name)
+        return getattr(self.real, name)
+
+    @property
+    def n_items(self) -> int:
+        return int(self.cols.size)
+
+    def set_items(self, texts) -> None:
+        self._texts = list(texts)
+        self.cols = np.array([self.col_of_text.get(t, -1) for t in self._texts], np.int64)
+        self._real_set = False
+
+    def score(self, query, items):
+        return self.score_batch([query], [items])[0]
+
+    def score_batch(self, queries, items):
+        out, todo = [], []
+        for q, it in zip(queries, items, strict=True):
+            it = np.asarray(it, np.int64).ravel()
+            r = self.qrow.get(q)
+            c = self.cols[it]
+            if r is not None and (c >= 0).all():
+                out.append(self.S[r, c].astype(np.float32))
+            elif self.cache is not None and all((q, int(x)) in self.cache for x in c):
+                out.append(np.array([self.cache[(q, int(x))] for x in c], np.float32))
+            else:
+                todo.append(len(out))
+                out.append((q, it))
+        if todo:
+            if not self._real_set:
+                self.real.set_items(self._texts)
+                self._real_set = True
+            t = time.perf_counter()
+            got = self.real.score_batch([out[j][0] for j in todo], [out[j][1] for j in todo])
+            self.real_seconds += time.perf_counter() - t
+            lines = []
+            for j, s in zip(todo, got, strict=True):
+                q, it = out[j]
+                self.real_pairs += it.size
+                out[j] = np.asarray(s, np.float32)
+                if self.cache is not None:
+                    cols = [int(x) for x in self.cols[it]]
+                    self.cache.update(zip([(q, c) for c in cols], out[j].tolist(), strict=True))
+                    lines.append(json.dumps([q, cols, out[j].tolist()]) + "\n")
+            if lines:
+                with open(self.cache_file, "a", encoding="utf-8") as f:
+                    f.write("".join(lines))
+        return out
+
+
+def _setup(n_items: int, seed: int):
+    from crossknn.data import Corpus, load_beir
+    from crossknn.matrix import load_score_matrix
+
+    m = load_score_matrix(NF, mmap=True)
+    beir = load_beir(m.corpus_dir())
+    texts_all = beir.items_in_order(m.item_ids)
+    qtexts = beir.queries_in_order(m.query_ids)
+    rng = np.random.default_rng(seed)
+    cols = np.sort(rng.choice(m.n_items, n_items, replace=False))
+    S = np.ascontiguousarray(np.asarray(m.scores)[:, cols], np.float32)
+    ids = [m.item_ids[c] for c in cols]
+    texts = [texts_all[c] for c in cols]
+    col_of_text: dict[str, int] = {}
+    for j, t in enumerate(texts):
+        col_of_text.setdefault(t, j)
+    qrow: dict[str, int] = {}
+    for r, t in enumerate(qtexts):
+        qrow.setdefault(t, r)
+    train = [qtexts[r] for r in m.train if qrow[qtexts[r]] == r]
+    test_rows = [int(r) for r in m.test if qrow[qtexts[r]] == r]
+    test = [qtexts[r] for r in test_rows]
+    return Corpus(ids, texts, "nfcorpus-subset"), S, qrow, col_of_text, train, test, test_rows
+
+
+def _exact_top(S, rows, live=None):
+    from crossknn.topk import exact_top_k
+
+    out = []
+    for r in rows:
+        s = S[r].astype(np.float64)
+        if live is not None:
+            s = np.where(live, s, -np.inf)
+        out.append(set(exact_top_k(s, K).tolist()))
+    return out
+
+
+def _recall(index_dir, ce, de, test, exact_ids, *, hits_out=None):
+    """Mean Top-10-Recall@100 of the index's default method on the test queries (exact_ids: the
+    exact top-10 as item ids)."""
+    from crossknn.corpus_index import open_index
+    from crossknn.searcher import Searcher
+
+    s = Searcher(open_index(index_dir), ce=ce, de=de)
+    hits = s.search(test, k=K, budget=B)
+    if hits_out is not None:
+        hits_out.extend(hits)
+    return float(np.mean([len(set(h.ids) & ex) / K for h, ex in zip(hits, exact_ids, strict=True)]))
+
+
+def part_recall(args, res: dict) -> None:
+    import crossknn.ce
+    from crossknn.corpus_index import build_corpus_index, open_index
+    from crossknn.data import Corpus
+    from crossknn.index.edit import add_items, remove_items
+    from crossknn.index.refine import refine_index
+    from crossknn.query_log import QueryLog, read_log
+    from crossknn.searcher import Searcher
+
+    corpus, S, qrow, col_of_text, train, test, test_rows = _setup(args.items, args.seed)
+    N = len(corpus)
+    real_ce = crossknn.ce.default_cross_encoder()
+    de = crossknn.ce.default_dual_encoder(show_progress_bar=False)
+    if args.fresh:
+        shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    key = {"items": args.items, "seed": args.seed}
+    if (WORK / "key.json").is_file() and json.loads((WORK / "key.json").read_text()) != key:
+        shutil.rmtree(WORK)
+        WORK.mkdir(parents=True)
+    (WORK / "key.json").write_text(json.dumps(key))
+    # the untimed steps read the real CE's scores through a cache (resumable); the timed ones
+    # (the full build, the add) score every pair
+    ce = HybridCE(real_ce, S, qrow, col_of_text, cache=WORK / "ce_cache.jsonl")
+    ids = corpus.ids
+    exact_ids = [{ids[j] for j in ex} for ex in _exact_top(S, test_rows)]
+    out = {
+        "scale": {
+            "dataset": "nfcorpus-minilm-gpu subset",
+            "items": N,
+            "train_queries": len(train),
+            "test_queries": len(test),
+            "k": K,
+            "budget": B,
+            "seed": args.seed,
+        }
+    }
+    print(f"NFCorpus subset: {N} items, {len(train)} train, {len(test)} test queries")
+
+    # the default pseudo-row index (build's default budget rule), timed: the rebuild's time
+    pseudo = WORK / "pseudo"
+    timed = WORK / "pseudo_build.json"
+    if not timed.is_file():
+        shutil.rmtree(pseudo, ignore_errors=True)
+        ce_t = HybridCE(real_ce, S, qrow, col_of_text)
+        t = time.perf_counter()
+        build_corpus_index(corpus, pseudo, ce=ce_t, de=de, index_calls="default", progress=False)
+        t_build = time.perf_counter() - t
+        timed.write_text(json.dumps({"build_s": t_build, "real_pairs": ce_t.real_pairs}))
+    t_build = json.loads(timed.read_text())["build_s"]
+    build_pairs = json.loads(timed.read_text())["real_pairs"]
+    p_idx = open_index(pseudo)
+    C = int(p_idx.params["auto"]["index_calls_limit"])
+    rows = C // N
+    r_pseudo = _recall(pseudo, ce, de, test, exact_ids)
+    print(
+        f"pseudo-row index: {rows} rows ({C:,} CE calls), build {t_build:.1f} s, "
+        f"recall {r_pseudo:.4f}"
+    )
+    out["pseudo"] = {
+        "rows": rows,
+        "index_calls": C,
+        "build_s": round(t_build, 2),
+        "real_ce_pairs": build_pairs,
+        "recall": r_pseudo,
+    }
+
+    def real_rows_index(c: int) -> float:
+        d = WORK / f"real_{c}"
+        shutil.rmtree(d, ignore_errors=True)
+        build_corpus_index(
+            corpus, d, ce=ce, de=de, train_queries=train, index_calls=c, progress=False
+        )
+        return _recall(d, ce, de, test, exact_ids)
+
+    # replay the train queries through the searcher, logging them (search/serve --log-queries)
+    log_path = WORK / "queries.log"
+    if log_path.is_file() and len(read_log(log_path, quiet=True)) != len(train):
+        log_path.unlink()
+    s = Searcher(p_idx, ce=ce, de=de)
+    s.record_paid = True
+    t = time.perf_counter()
+    hits = [] if log_path.is_file() else s.search(train, k=K, budget=B)
+    with QueryLog(log_path) as log:
+        log.append_hits(
+            hits, ids, index_version=1, ce_model_hash=ce.model_hash, de_model_hash=de.model_hash
+        )
+    print(f"replayed {len(train)} train queries in {time.perf_counter() - t:.1f} s")
+    records = read_log(log_path)
+
+    def refined(n_queries: int, c: int) -> tuple[float, dict]:
+        d = WORK / f"refined_{n_queries}_{c}"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(pseudo, d)
+        r = refine_index(d, records[:n_queries], ce=ce, de=de, index_calls=c, quiet=True)
+        return _recall(d, ce, de, test, exact_ids), r.as_dict()
+
+    curve = [{"served": 0, "rows": rows, "recall": r_pseudo}]
+    for n in sorted({100, 300, len(records)}):
+        rec, info = refined(n, C)
+        curve.append({"served": n, "rows": rows, "recall": rec, "real_rows": info["real_rows"]})
+        print(f"refined after {n} served queries: recall {rec:.4f}")
+    out["curve_served"] = curve
+    budgets = []
+    for m in sorted({max(2, rows // 2), rows, 2 * rows, 32}):
+        rec, info = refined(len(records), m * N)
+        real = real_rows_index(m * N)
+        budgets.append({"rows": m, "index_calls": m * N, "refined": rec, "real_rows": real})
+        print(f"budget {m} rows: refined {rec:.4f}, real-row index {real:.4f}")
+    out["curve_budget"] = budgets
+    same = next(b for b in budgets if b["rows"] == rows)
+    r_refined, r_real = same["refined"], same["real_rows"]
+
+    # add: 90% built, the other 10% added, against the full build (the pseudo index above)
+    rng = np.random.default_rng(args.seed + 1)
+    new_pos = np.sort(rng.choice(N, N // 10, replace=False))
+    is_new = np.zeros(N, bool)
+    is_new[new_pos] = True
+    base = Corpus(
+        [ids[j] for j in range(N) if not is_new[j]],
+        [corpus.texts[j] for j in range(N) if not is_new[j]],
+        "base",
+    )
+    extra = Corpus([ids[j] for j in new_pos], [corpus.texts[j] for j in new_pos], "new")
+    part = WORK / "add"
+    shutil.rmtree(part, ignore_errors=True)
+    build_corpus_index(base, part, ce=ce, de=de, index_calls=C, progress=False)
+    ce_t = HybridCE(real_ce, S, qrow, col_of_text)  # timed: every pair scored
+    t = time.perf_counter()
+    add_info = add_items(part, extra, ce=ce_t, de=de)
+    t_add = time.perf_counter() - t
+    new_ids = set(extra.ids)
+    sel = [i for i, ex in enumerate(exact_ids) if ex & new_ids]
+    sub_test, sub_exact = [test[i] for i in sel], [exact_ids[i] for i in sel]
+    r_add = _recall(part, ce, de, sub_test, sub_exact)
+    r_rebuild = _recall(pseudo, ce, de, sub_test, sub_exact)
+    print(
+        f"add {len(extra)} items: {t_add:.1f} s vs rebuild {t_build:.1f} s; recall on {len(sel)} "
+        f"queries with new items in their top-10: add {r_add:.4f}, rebuild {r_rebuild:.4f}"
+    )
+    out["add"] = {
+        "added": len(extra),
+        "add_s": round(t_add, 2),
+        "rebuild_s": round(t_build, 2),
+        "ce_calls": add_info["ce_calls"],
+        "queries": len(sel),
+        "recall_add": r_add,
+        "recall_rebuild": r_rebuild,
+    }
+
+    # remove 10% of the refined index's items: tombstones, and compacted
+    refined_dir = WORK / f"refined_{len(records)}_{C}"
+    rm = [ids[j] for j in np.sort(rng.choice(N, N // 10, replace=False))]
+    live = np.array([i not in set(rm) for i in ids])
+    exact_live = [{ids[j] for j in ex} for ex in _exact_top(S, test_rows, live)]
+    out["remove"] = {"removed": len(rm), "recall_before": r_refined}
+    for how, share in (("tombstones", 1.0), ("compacted", 0.1)):
+        d = WORK / f"remove_{how}"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(refined_dir, d)
+        info = remove_items(d, rm, compact_at=share)
+        got: list = []
+        r = _recall(d, ce, de, test, exact_live, hits_out=got)
+        leaks = sum(i in set(rm) for h in got for i in h.ids)
+        out["remove"][how] = {"recall": r, "leaks": int(leaks), "compacted": info["compacted"]}
+        print(
+            f"remove {len(rm)} ({how}): recall of the rest {r:.4f}, removed items returned {leaks}"
+        )
+
+    out["recall"] = {"pseudo": r_pseudo, "real_rows": r_real, "refined": r_refined}
+    out["real_ce"] = {"pairs": ce.real_pairs, "seconds": round(ce.real_seconds, 1)}
+    res["recall_part"] = out
+
+
+def _plot(res: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rp = res.get("recall_part")
+    if not rp:
+        return
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    c = rp["curve_served"]
+    ax[0].plot([x["served"] for x in c], [x["recall"] for x in c], "o-", label="refined")
+    ax[0].axhline(rp["recall"]["real_rows"], color="g", ls="--", label="real-row index")
+    ax[0].axhline(rp["recall"]["pseudo"], color="r", ls=":", label="pseudo-row index")
+    ax[0].set_xlabel("train queries served (and logged)")
+    ax[0].set_ylabel(f"test Top-{K}-Recall@{B}")
+    ax[0].set_title(f"refine at the default budget ({c[0]['rows']} rows)")
+    ax[0].legend()
+    b = rp["curve_budget"]
+    ax[1].plot([x["rows"] for x in b], [x["refined"] for x in b], "o-", label="refined (log)")
+    ax[1].plot([x["rows"] for x in b], [x["real_rows"] for x in b], "s--", label="real-row build")
+    ax[1].axhline(rp["recall"]["pseudo"], color="r", ls=":", label="pseudo-row index")
+    ax[1].set_xlabel("refine budget (complete rows' worth of CE calls)")
+    ax[1].set_title("by budget, all served queries")
+    ax[1].legend()
+    s = rp["scale"]
+    fig.suptitle(
+        f"NFCorpus subset ({s['items']} items, {s['test_queries']} test queries), "
+        f"{res.get('hardware', '')}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT, dpi=110)
+    print(f"wrote {PLOT}")
+
+
+def goals(res: dict) -> dict:
+    rp, sw = res.get("recall_part") or {}, res.get("swap_part") or {}
+    g = {
+        "refine_vs_real_rows": None,
+        "refine_vs_pseudo": None,
+        "add_vs_rebuild": None,
+        "add_time_share": None,
+        "remove_leaks": None,
+        "swap_non_2xx": None,
+    }
+    if rp:
+        r = rp["recall"]
+        g["refine_vs_real_rows"] = round(r["refined"] - r["real_rows"], 4)
+        g["refine_vs_pseudo"] = round(r["refined"] - r["pseudo"], 4)
+        a = rp["add"]
+        g["add_vs_rebuild"] = round(a["recall_add"] - a["recall_rebuild"], 4)
+        g["add_time_share"] = round(a["add_s"] / a["rebuild_s"], 4)
+        g["remove_leaks"] = int(sum(rp["remove"][h]["leaks"] for h in ("tombstones", "compacted")))
+    if sw:
+        g["swap_non_2xx"] = int(sw["non_2xx"])
+    return g
+
+
+def main(argv=None) -> int:
+    global WORK
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("recall", "swap", "all"), default="all")
+    ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--swaps", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--fresh", action="store_true", help="discard the cached work first")
+    ap.add_argument("--work", type=Path, default=WORK, help="work folder (cached, resumable)")
+    args = ap.parse_args(argv)
+    WORK = args.work
+    if not NF.is_dir():
+        print(f"skipped: {NF} is missing")
+        return 0
+    res = json.loads(args.out.read_text()) if args.out.exists() else {}
+    res.pop("provenance", None)
+
+    res["hardware"] = f"{os.cpu_count()}-core {_cpu_model()}, " + time.strftime(
+        "%Y-%m-%d", time.gmtime()
+    )
+    if args.part in ("recall", "all"):
+        part_recall(args, res)
+    if args.part in ("swap", "all"):
+        from lifecycle_swap import part_swap
+
+        part_swap(args, res)
+    res["goals"] = goals(res)
+    print(json.dumps(res["goals"], indent=1))
+    write_json(args.out, res)
+    _plot(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
