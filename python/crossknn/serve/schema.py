@@ -40,12 +40,23 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: StrictStr | None = Field(None, description="one query text (or use 'queries')")
-    queries: list[StrictStr] | None = Field(
-        None, description=f"several query texts, searched together (at most {MAX_QUERIES})"
+    # json_schema_extra: bounds the server enforces (422 otherwise), shown in /openapi.json
+    query: StrictStr | None = Field(
+        None, description="one query text (or use 'queries')", json_schema_extra={"minLength": 1}
     )
-    k: StrictInt = Field(10, description="results per query; 1 <= k <= budget")
-    budget: StrictInt = Field(100, description="CE calls per query; k <= budget <= items")
+    queries: list[StrictStr] | None = Field(
+        None,
+        description=f"several query texts, searched together (at most {MAX_QUERIES})",
+        json_schema_extra={"minItems": 1, "maxItems": MAX_QUERIES},
+    )
+    k: StrictInt = Field(
+        10, description="results per query; 1 <= k <= budget", json_schema_extra={"minimum": 1}
+    )
+    budget: StrictInt = Field(
+        100,
+        description="CE calls per query; k <= budget <= items",
+        json_schema_extra={"minimum": 1},
+    )
     method: StrictStr | None = Field(
         None,
         description=f"one of {', '.join(METHODS)} (default: the server's --method); /info "
@@ -55,7 +66,11 @@ class SearchRequest(BaseModel):
     exact: StrictBool = Field(
         False, description="also score every item (N CE calls per query) and report the recall"
     )
-    seed: StrictInt = Field(0, description="seed of the random choices (same seed, same result)")
+    seed: StrictInt = Field(
+        0,
+        description="seed of the random choices (same seed, same result)",
+        json_schema_extra={"minimum": 0},
+    )
     return_documents: StrictBool = Field(
         False, description="each result also carries its item's text ('text')"
     )
@@ -104,13 +119,23 @@ class RerankRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: StrictStr = Field(..., description="the query text")
-    texts: list[StrictStr] | None = Field(None, description="the texts to rerank (TEI)")
-    documents: list[StrictStr] | None = Field(
-        None, description="the texts to rerank (Cohere; the answer is then Cohere-shaped)"
+    query: StrictStr = Field(..., description="the query text", json_schema_extra={"minLength": 1})
+    texts: list[StrictStr] | None = Field(
+        None,
+        description="the texts to rerank (TEI)",
+        json_schema_extra={"minItems": 1, "maxItems": MAX_RERANK_TEXTS},
     )
-    top_n: StrictInt | None = Field(None, description="keep the best top_n (Cohere)")
-    top_k: StrictInt | None = Field(None, description="keep the best top_k (alias of top_n)")
+    documents: list[StrictStr] | None = Field(
+        None,
+        description="the texts to rerank (Cohere; the answer is then Cohere-shaped)",
+        json_schema_extra={"minItems": 1, "maxItems": MAX_RERANK_TEXTS},
+    )
+    top_n: StrictInt | None = Field(
+        None, description="keep the best top_n (Cohere)", json_schema_extra={"minimum": 0}
+    )
+    top_k: StrictInt | None = Field(
+        None, description="keep the best top_k (alias of top_n)", json_schema_extra={"minimum": 0}
+    )
     return_documents: StrictBool | None = Field(
         None, description="results also carry their text (default false)"
     )
