@@ -21,7 +21,7 @@ import argparse
 import json
 import time
 
-from _common import CISI_MATRIX, REPO, RESULTS, SHARED
+from _common import CISI_MATRIX, REPO, RESULTS, SHARED, provenance, write_json
 from crossknn.cli import main as crossknn
 
 RECALL = RESULTS / "recall"  # every run's `crossknn eval --json` and the index-cost tables
@@ -152,8 +152,8 @@ def cost_table(matrix, tag: str = "cisi") -> None:
             }
         )
     suffix = "" if tag == "cisi" else f"_{tag}"
-    (RECALL / f"recall_index_cost{suffix}.json").write_text(
-        json.dumps({"dense_index_calls": dense, "rows": out}, indent=1) + "\n"
+    write_json(
+        RECALL / f"recall_index_cost{suffix}.json", {"dense_index_calls": dense, "rows": out}
     )
     title = "cisi-minilm" if tag == "cisi" else "nfcorpus-minilm-gpu"
     plot_cost(out, dense, REPO / "docs" / "img" / f"{tag}_index_cost.png", title)
@@ -250,6 +250,9 @@ def main() -> int:
         if rc:
             return rc
         timings[name] = round(time.perf_counter() - t0, 1)
+        out = RECALL / f"{name}.json"  # the eval's JSON, with where/when/how (provenance)
+        prov = provenance() | {"command": f"python bench/recall_bench.py (run {name})"}
+        write_json(out, json.loads(out.read_text()) | {"provenance": prov})
     print("\nseconds per run:", json.dumps(timings))
     if args.nfcorpus:
         cost_table(args.matrix, "nfcorpus")

@@ -32,6 +32,7 @@ README/docs tables from the new JSON (and ``git diff`` shows what moved).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -43,6 +44,11 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 SHARED = REPO.parent / "shared"
 QUICK_OUT = REPO / "build" / "bench-quick"
+sys.path.insert(0, str(BENCH))  # _common, also when this file is imported (tests)
+
+from _common import machine_tag, provenance  # noqa: E402
+
+CPU, GPU = machine_tag(), machine_tag(gpu=True)  # the "where" of result names (xeon2, h100, ...)
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,11 @@ SUITES: dict[str, list[Step]] = {
     ],
     "cpu": [
         Step("round engine", ("bench/core_bench.py",)),
-        Step("non-CE time per query", ("bench/overhead_bench.py",), needs=(NFCORPUS_MATRIX,)),
+        Step(
+            "non-CE time per query",
+            ("bench/overhead_bench.py", "--out", f"bench/results/overhead_bench.{CPU}.json"),
+            needs=(NFCORPUS_MATRIX,),
+        ),
         Step(
             "CE runtime", ("bench/ce_bench.py", "--pairs", "128", "--rounds", "3"), needs=(SCIFACT,)
         ),
@@ -132,10 +142,23 @@ SUITES: dict[str, list[Step]] = {
         ),
     ],
     "gpu": [
-        Step("GPU path", ("bench/gpu_bench.py", "--provider", "auto"), needs=(SCIFACT,)),
+        Step(
+            "GPU path",
+            (
+                "bench/gpu_bench.py",
+                "--provider",
+                "auto",
+                "--out",
+                f"bench/results/gpu_bench.{GPU}.json",
+            ),
+            needs=(SCIFACT,),
+        ),
     ],
     "serve": [
-        Step("HTTP load and overload", ("bench/serve_bench.py",)),
+        Step(
+            "HTTP load and overload",
+            ("bench/serve_bench.py", "--out", f"bench/results/serve_bench.{CPU}.json"),
+        ),
         Step(
             "GPU serving host side, stand-in device",
             (
@@ -197,10 +220,28 @@ def run_step(step: Step, dry_run: bool) -> tuple[str, float]:
     print(f"+ {shown}", flush=True)
     if dry_run:
         return "dry run", 0.0
-    t0 = time.perf_counter()
+    t0, t0_utc = time.perf_counter(), time.time()
     rc = subprocess.call(cmd, cwd=REPO, env={**os.environ, **step.env})
     seconds = time.perf_counter() - t0
+    if rc == 0:
+        add_provenance(step, shown, t0_utc)
     return ("ok" if rc == 0 else f"exit {rc}"), seconds
+
+
+def add_provenance(step: Step, command: str, since: float) -> None:
+    """A result file the step wrote (its ``--out``) without a ``provenance`` entry gets one: the
+    machine, date, commit and this command (benches that write through
+    ``_common.write_json`` have theirs already)."""
+    if "--out" not in step.argv:
+        return
+    out = REPO / step.argv[step.argv.index("--out") + 1]
+    if not out.is_file() or out.stat().st_mtime < since:
+        return
+    data = json.loads(out.read_text(encoding="utf-8"))
+    if isinstance(data, dict) and "provenance" not in data:
+        data["provenance"] = provenance() | {"command": command}
+        out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(f"provenance added to {out}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
