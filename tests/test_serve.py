@@ -156,11 +156,19 @@ def test_server_timing_splits_the_request_time(server):
     t = time.perf_counter()
     with urllib.request.urlopen(req, timeout=120) as resp:
         header = resp.headers["Server-Timing"]
+        answer = json.loads(resp.read())
     elapsed_ms = 1e3 * (time.perf_counter() - t)
     parts = {}
-    for part in header.split(", "):
+    *timed, plan = header.split(", ")
+    for part in timed:
         name, _, dur = part.partition(";dur=")
         parts[name] = float(dur)
+    # the last entry says what ran: the method, its rounds and why, as the JSON answer does
+    p = answer["plan"]
+    by = (p.get("round_choice") or {}).get("by", "method")
+    assert plan == f'plan;desc="{p["method"]} rounds={p["rounds"]} by={by}"'
+    assert answer["method"] == p["method"] and answer["rounds"] == p["rounds"]
+    assert sum(p["plan"]) == 20 and len(p["plan"]) == p["rounds"]
     names = ["start", "lock", "engine", "ce_queue", "ce_run", "ce_wake", "total"]
     assert list(parts) == names and all(v >= 0 for v in parts.values())
     assert parts["ce_run"] > 0 and parts["engine"] > 0  # 20 CE pairs were scored

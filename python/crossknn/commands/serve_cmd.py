@@ -145,7 +145,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="default method of requests that name none (default: auto when the index was "
         "built with --index-calls, else axn)",
     )
-    p.add_argument("--rounds", type=int, default=5, help="default rounds (default 5)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="default rounds (default: the method's own: 5 for axn; auto: its index's, or the "
+        "most recall within --latency-target-ms)",
+    )
+    p.add_argument(
+        "--latency-target-ms",
+        type=float,
+        metavar="MS",
+        help="auto: choose its rounds for the most cross-validated recall predicted within MS "
+        "per query, from the CE's cost per round measured at load (default: 8 on a GPU "
+        "provider, none on a CPU; 0: none, the index's rounds)",
+    )
     p.add_argument(
         "--allow-exact",
         action="store_true",
@@ -231,6 +244,7 @@ def config_from_args(args: argparse.Namespace):
         body_timeout_s=args.body_timeout_s,
         method=args.method,
         rounds=args.rounds,
+        latency_target_ms="auto" if args.latency_target_ms is None else args.latency_target_ms,
         round_index=args.round_index,
         shards=args.shards,
         # without shards the address is Ray Serve's (--ray); the searcher needs none

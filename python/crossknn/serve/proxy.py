@@ -52,6 +52,7 @@ class RequestContext:
         self.t_started: float | None = None
         self.engine_seconds = 0.0
         self.ce_pairs = 0
+        self.plan: dict | None = None  # what a /search ran (Searcher.plan_info): Server-Timing
         self._job: Job | None = None
         self._mu = threading.Lock()
 
@@ -77,7 +78,8 @@ class RequestContext:
         from its arrival (``t_received``, perf_counter) to its search starting in a thread
         (body, admission, a free thread), then ``lock`` waiting for the engine (or its query
         group), ``engine`` steps, its CE pairs queued (``ce_queue``), their batches running
-        (``ce_run``), waking after them (``ce_wake``), and ``total``."""
+        (``ce_run``), waking after them (``ce_wake``), and ``total``; after a search, ``plan``
+        with the method, its rounds and why (``desc="auto rounds=8 by=latency_target"``)."""
         now = time.perf_counter()
         start = (self.t_started if self.t_started is not None else now) - t_received
         parts = (
@@ -89,7 +91,12 @@ class RequestContext:
             ("ce_wake", self.ce_wake_seconds),
             ("total", now - t_received),
         )
-        return ", ".join(f"{name};dur={1e3 * max(sec, 0.0):.2f}" for name, sec in parts)
+        out = ", ".join(f"{name};dur={1e3 * max(sec, 0.0):.2f}" for name, sec in parts)
+        if self.plan is not None:
+            p = self.plan
+            by = (p.get("round_choice") or {}).get("by", "method")
+            out += f', plan;desc="{p["method"]} rounds={p["rounds"]} by={by}"'
+        return out
 
     def check(self) -> None:
         if self.cancelled:
@@ -140,10 +147,14 @@ class RequestContext:
             now = time.perf_counter()
             self.ce_wait_seconds += now - t
             if job.t_done is not None:
+                # the split of this wait (from t): what passed before it (the job submitted,
+                # even started, while the engine still ran) is the engine's time, not the CE's
                 start = job.t_start if job.t_start is not None else job.t_done
-                self.ce_queue_seconds += start - job.t_submit
-                self.ce_run_seconds += job.t_done - start
-                self.ce_wake_seconds += max(now - job.t_done, 0.0)
+                q0 = max(job.t_submit, t)
+                s0, d0 = max(start, q0), max(job.t_done, q0)
+                self.ce_queue_seconds += s0 - q0
+                self.ce_run_seconds += d0 - s0
+                self.ce_wake_seconds += max(now - d0, 0.0)
             with self._mu:
                 self._job = None
             if released:

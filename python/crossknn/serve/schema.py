@@ -62,7 +62,11 @@ class SearchRequest(BaseModel):
         description=f"one of {', '.join(METHODS)} (default: the server's --method); /info "
         "lists those this index runs",
     )
-    rounds: StrictInt | None = Field(None, description="rounds of adaptive methods (default 5)")
+    rounds: StrictInt | None = Field(
+        None,
+        description="rounds of adaptive methods (default: the method's own: 5 for axn; auto: "
+        "its index's, or those its latency target allows)",
+    )
     exact: StrictBool = Field(
         False, description="also score every item (N CE calls per query) and report the recall"
     )
@@ -211,6 +215,12 @@ class SearchResponse(BaseModel):
     method: str
     k: int
     budget: int
+    rounds: int | None = Field(None, description="the rounds that ran (Searcher.plan_info)")
+    plan: dict[str, Any] | None = Field(
+        None,
+        description="what ran: method, rounds, new items per step, and auto's round choice "
+        "(rounds asked for, the index's, or chosen under the latency target)",
+    )
     hits: list[SearchHits]
 
 

@@ -25,6 +25,8 @@ import crossknn
 from crossknn.ce.folders import RUN_PRECISIONS, open_index_models
 from crossknn.ce.interface import DualEncoder, ModelInfo
 from crossknn.ce.model_base import on_cpu
+from crossknn.index.versions import index_version
+from crossknn.query_log import QueryLog
 from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
 from crossknn.serve.batcher import Batcher
@@ -33,6 +35,7 @@ from crossknn.serve.engine_lock import ENGINE_ORDERS, engine_lock
 from crossknn.serve.groups import QueryGroups
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
+from crossknn.serve.reload import IndexFollower
 from crossknn.serve.schema import RerankRequest, SearchRequest
 
 __all__ = ["ServeConfig", "SearchService"]
@@ -93,7 +96,10 @@ class ServeConfig:
     admit_within: float = 0.5
     max_body_bytes: int = 1 << 20
     method: str | None = None  # None: the index's default (auto when built with it, else axn)
-    rounds: int = 5
+    rounds: int | None = None  # None: each method's own (auto: the index's or the target's)
+    # auto's latency target per query (ms; crossknn.search.round_plan): "auto" is 8 on a GPU
+    # provider and none on a CPU; None or 0: none (the index's rounds)
+    latency_target_ms: float | str | None = "auto"
     max_rounds: int = 20  # each distinct rounds value keeps a method object (and its features)
     round_index: str = "auto"  # the folder's MIPS round index (auto), or exact rounds
     shards: int = 0  # > 0: the items sharded over this many Ray actors
@@ -103,6 +109,11 @@ class ServeConfig:
     api_key_file: str | None = None  # a bearer token every request but /healthz, /readyz needs
     cors: tuple[str, ...] = ()  # origins allowed by CORS (none: no CORS headers)
     body_timeout_s: float = 10.0  # the longest pause while a request body comes; then 408
+    # append every answered query with its paid-for CE scores here (crossknn.query_log; off)
+    log_queries: str | None = None
+    # look for a new index version (index.json renamed) every this many seconds; 0: only on
+    # POST /admin/reload (crossknn.serve.reload)
+    watch_index_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.group_queries is None:
@@ -116,9 +127,17 @@ class ServeConfig:
             ("admit_within", 0 <= self.admit_within <= 1),
             ("max_body_bytes", self.max_body_bytes >= 1024),
             ("body_timeout_s", self.body_timeout_s > 0),
+            ("watch_index_s", self.watch_index_s >= 0),
             ("threads", self.threads is None or self.threads >= 1),
             ("max_batch_tokens", self.max_batch_tokens is None or self.max_batch_tokens >= 1),
-            ("rounds", 1 <= self.rounds <= self.max_rounds),
+            ("rounds", self.rounds is None or 1 <= self.rounds <= self.max_rounds),
+            (
+                "latency_target_ms",
+                self.latency_target_ms in (None, "auto")
+                or (
+                    isinstance(self.latency_target_ms, (int, float)) and self.latency_target_ms >= 0
+                ),
+            ),
             ("shards", self.shards >= 0),
             ("max_rerank_texts", self.max_rerank_texts >= 1),
             ("round_index", self.round_index in ("auto", "exact", "ivf", "hnsw")),
@@ -211,6 +230,8 @@ class SearchService:
             max_queue=config.max_queue, timeout_s=config.timeout_s, within=config.admit_within
         )
         self._loader: threading.Thread | None = None
+        self.follower: IndexFollower | None = None  # new index versions (made at load)
+        self.query_log: QueryLog | None = None  # --log-queries
         self.metrics.inflight.set_function(lambda: self.admission.in_server)
         self.metrics.service_seconds_per_pair.set_function(
             lambda: self.admission.seconds_per_unit() or 0.0
@@ -282,6 +303,7 @@ class SearchService:
                     de=de_run,
                     method=c.method,
                     rounds=c.rounds,
+                    latency_target_ms=c.latency_target_ms,
                     round_index=c.round_index,
                     shards=c.shards,
                     ray_address=c.ray_address,
@@ -298,6 +320,10 @@ class SearchService:
         if c.warmup:  # the engine's caches too (the item Gram cache: ~1 s at 3.6k x 1.7k items)
             self.warmup = {**(self.warmup or {}), "engine": searcher.prepare()}
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
+        if c.log_queries:
+            self.query_log = QueryLog(c.log_queries)
+            searcher.record_paid = True
+        self.follower = IndexFollower(self, watch_s=c.watch_index_s)
         if c.group_queries > 1:
             groups = self.groups = QueryGroups(
                 self._search_group, self.engine_lock, max_queries=c.group_queries
@@ -316,6 +342,7 @@ class SearchService:
         self.load_seconds = time.perf_counter() - t
         self.metrics.ready.set(1)
         self.ready.set()
+        self.follower.start()
         log.info(
             "crossknn serve: ready in %.1f s (%d items, CE %s %s on %s)",
             self.load_seconds,
@@ -410,15 +437,17 @@ class SearchService:
         self._trim_caches()
         first = reqs[0]
         texts = [t for r in reqs for t in r.texts()]
-        hits = self.searcher.search(
-            texts,
-            k=first.k,
-            budget=first.budget,
-            method=first.method,
-            rounds=first.rounds or self.config.rounds,
-            seed=first.seed,
-            query_batch=len(texts),
-        )
+        with self.follower.pinned() as (searcher, index):
+            hits = searcher.search(
+                texts,
+                k=first.k,
+                budget=first.budget,
+                method=first.method,
+                rounds=first.rounds or self.config.rounds,
+                seed=first.seed,
+                query_batch=len(texts),
+            )
+            self._log(hits, searcher, index)
         out, lo = [], 0
         for r in reqs:
             n = len(r.texts())
@@ -434,10 +463,10 @@ class SearchService:
         if self.groups is not None and not req.exact:
             hits = self.groups.search(self._group_key(req), len(req.texts()), ctx, req)
         else:
-            with ctx:
+            with ctx, self.follower.pinned() as (searcher, index):
                 ctx.check()
                 self._trim_caches()
-                hits = self.searcher.search(
+                hits = searcher.search(
                     req.texts(),
                     k=req.k,
                     budget=req.budget,
@@ -446,6 +475,7 @@ class SearchService:
                     seed=req.seed,
                     exact=req.exact,
                 )
+                self._log(hits, searcher, index)
         wall = time.perf_counter() - t
         m = self.metrics
         m.ce_wait_seconds.inc(ctx.ce_wait_seconds)
@@ -458,16 +488,42 @@ class SearchService:
         m.queries.inc(len(hits))
         out = [h.to_dict() for h in hits]
         if req.return_documents:
-            texts = self.searcher.corpus.texts
             for h, d in zip(hits, out, strict=True):
-                for i, row in zip(h.indices, d["results"], strict=True):
-                    row["text"] = texts[int(i)]
+                texts = h.texts  # the item texts of the version the search ran on
+                for j, row in enumerate(d["results"]):
+                    row["text"] = texts[j]
+        plan = hits[0].plan if hits else None  # what ran: method, rounds, steps, round choice
+        ctx.plan = plan
         return {
             "method": req.method or self.searcher.method,
             "k": req.k,
             "budget": req.budget,
+            "rounds": None if plan is None else plan["rounds"],
+            "plan": plan,
             "hits": out,
+            "index_version": getattr(hits[0], "index_version", None) if hits else None,
         }
+
+    @property
+    def index_version(self) -> int | None:
+        return None if self.index is None else index_version(self.index)
+
+    def _log(self, hits, searcher, index) -> None:
+        """Stamps each hit with its index version and appends it to the query log."""
+        v = index_version(index)
+        for h in hits:
+            h.index_version = v
+        if self.query_log is not None and self.ready.is_set():  # not the load's warm-up search
+            try:
+                self.query_log.append_hits(
+                    hits,
+                    searcher.corpus.ids,
+                    index_version=v,
+                    de_model_hash=getattr(searcher.de, "model_hash", None),
+                    ce_model_hash=getattr(searcher.ce, "model_hash", None),
+                )
+            except OSError as exc:  # a full disk must not fail the answer
+                log.error("crossknn serve: --log-queries: cannot append (%s)", exc)
 
     def rerank(self, req: RerankRequest, ctx: RequestContext) -> Any:
         """The ``/rerank`` answer: the texts by CE score, best first (ties: lower index first),
@@ -517,7 +573,12 @@ class SearchService:
                 "arrays": sorted(idx.arrays),
                 "params": {k: v for k, v in idx.params.items() if k != "calibration"},
                 "methods": registry.available(self.index_kinds),
+                "version": index_version(idx),
+                "history": (idx.info.get("history") or [])[-10:],
             }
+        if self.follower is not None:
+            out["reload"] = self.follower.info()
+            out["index"]["index_id"] = out["reload"]["index_id"]
         if self.ce is not None:
             out["models"] = {"ce": _model_info(self.ce), "de": _model_info(self.de)}
             out["precision"] = self.ce.precision
@@ -536,13 +597,27 @@ class SearchService:
                 "kind": type(rf).__name__,
                 "shards": len(getattr(rf, "actors", ())),
             }
+            # the plan a default request (budget 100, or the corpus) runs, and the round cost
+            # auto's rounds were chosen under (measured at load; None: no latency target)
+            s = self.searcher
+            try:
+                out["plan"] = s.plan_info(budget=min(100, s.n_items))
+            except ValueError as exc:  # a method that cannot run at that budget
+                out["plan"] = {"error": str(exc)}
+            cost = getattr(s, "_round_cost", None)
+            out["round_cost_ms"] = None if cost is None else cost.to_dict()
+            out["latency_target_ms"] = s.latency_target_ms
         if self.load_error is not None:
             out["load_error"] = str(self.load_error)
         return out
 
     def close(self, timeout: float = 10.0) -> None:
         """After the HTTP server has drained: finish request threads, stop the CE worker."""
+        if self.follower is not None:
+            self.follower.stop()
         self.executor.shutdown(wait=True, cancel_futures=True)
+        if self.query_log is not None:
+            self.query_log.close()
         if self.batcher is not None:
             self.batcher.stop(timeout)
         if self.de_thread is not None:
