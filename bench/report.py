@@ -352,6 +352,36 @@ def render_beir_ndcg() -> str:
     return table(header, out, "lrrrr")
 
 
+# ---- trained cross-encoders (bench/train_ce_bench.py) ------------------------------------------
+
+
+def render_train_ce() -> str:
+    runs = [
+        ("CPU 45 min", load(RESULTS / "train_ce.xeon2.json")["rows"]),
+        ("GPU", load(RESULTS / "train_ce.h100.json")["rows"]),
+    ]
+    names = {"scifact": "SciFact", "nfcorpus": "NFCorpus"}
+    out = []
+    for dataset in ("scifact", "nfcorpus"):
+        cpu = [r for r in runs[0][1] if r["dataset"] == dataset and "method" not in r]
+        de = pick(cpu, "train_ce", model="de")["ndcg@10"]
+        cells = [f3(de), f3(pick(cpu, "train_ce", model="embedded")["ndcg@10"])]
+        for _, rows in runs:
+            rows = [r for r in rows if r["dataset"] == dataset and "method" not in r]
+            own_de = pick(rows, "train_ce", model="de")["ndcg@10"]  # each run's own DE row
+            for kind in ("cls", "emb"):
+                hits = [r for r in rows if r["model"] == "trained" and r["kind"] == kind]
+                if len(hits) > 1:
+                    raise ReportError(f"train_ce: {len(hits)} trained {kind} rows for {dataset}")
+                ndcg = hits[0]["ndcg@10"] if hits else None
+                cells.append("not run" if ndcg is None else f"{ndcg:.3f} ({ndcg - own_de:+.3f})")
+        n_queries = {"scifact": 300, "nfcorpus": 323}[dataset]
+        out.append([f"{names[dataset]} ({n_queries})", *cells])
+    header = ["nDCG@10, all test queries", "DE", "embedded CE"]
+    header += [f"[{k.upper()}], {run}" for run, _ in runs for k in ("cls", "emb")]
+    return table(header, out, "lrrrrrr")
+
+
 # ---- GPU -----------------------------------------------------------------------------------------
 
 GPU = RESULTS / "gpu_bench.h200.json"
@@ -437,6 +467,11 @@ BLOCKS: dict[str, Block] = {
     ),
     "beir-ndcg": Block(
         render_beir_ndcg, "beir_ndcg.json", "nDCG@10 (RR@10) of the embedded CE on BEIR"
+    ),
+    "train-ce": Block(
+        render_train_ce,
+        "train_ce.xeon2.json, train_ce.h100.json",
+        "nDCG@10 of trained CEs reranking the DE top-100 (difference to the DE)",
     ),
     "gpu": Block(render_gpu, "gpu_bench.h200.json", "the GPU path: CE, rounds, search, serve"),
 }
