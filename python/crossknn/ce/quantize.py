@@ -93,7 +93,7 @@ def variant_file(name: str) -> str:
 
 def weight_matmuls(path: str | Path) -> list[str]:
     """Names of the MatMul nodes whose second input is a weight (an initializer), graph order."""
-    # onnx: optional (export extra)
+    # onnx: a base dependency, loaded only where a graph is read
     import onnx
 
     g = onnx.load(str(path), load_external_data=False).graph
@@ -243,7 +243,7 @@ def sensitivity(
 
 
 def _weight_sizes(path: Path) -> dict[str, int]:
-    # onnx: optional (export extra)
+    # onnx: a base dependency, loaded only where a graph is read
     import onnx
 
     g = onnx.load(str(path)).graph
