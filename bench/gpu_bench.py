@@ -68,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, SHARED, machine, utc_now
+from _common import SHARED, machine, provenance, result_path, utc_now
 
 K = 10
 STANDIN = Path(__file__).with_name("standin_device.py")
@@ -382,11 +382,52 @@ def build_index(ctx: dict, args, folder: Path) -> Path:
     de = open_dual_encoder(None, precision="fp32", provider=args.provider, threads=args.threads)
     corpus = Corpus(ids=list(ctx["ids"]), texts=list(ctx["texts"]), source=str(args.data))
     t = time.perf_counter()
+    # the default path: crossknn build with no flags (the default index budget of auto rows of
+    # pseudo-queries); a quick run caps its minutes (a CPU scores a row in tens of seconds)
     quick = {"calibration_queries": 2, "calibration_items": 8} if args.quick else {}
+    if args.quick:
+        quick["index_minutes"] = 0.5
     build_corpus_index(corpus, folder, ce=ce, de=de, progress=False, **quick)
     ctx["build_s"] = round(time.perf_counter() - t, 1)
-    print(f"[search] index of {len(corpus)} items built in {ctx['build_s']} s", flush=True)
+    auto = crossknn_open_index(folder).params.get("auto") or {}
+    ctx["index_auto"] = {
+        k: auto.get(k) for k in ("rows", "index_calls", "rounds", "rounds_curve", "default_rule")
+    }
+    print(
+        f"[search] index of {len(corpus)} items built in {ctx['build_s']} s "
+        f"(auto rows: {auto.get('rows', 0)})",
+        flush=True,
+    )
     return folder
+
+
+def crossknn_open_index(folder):
+    from crossknn.corpus_index import open_index
+
+    return open_index(folder)
+
+
+def exact_top10(ctx: dict, args, index, ce, de) -> dict[str, list[str]]:
+    """The CE's exact top-10 of the first ``--exact-queries`` search queries (every item scored
+    once, kept under the index folder: a rerun reads them), by query text."""
+    import crossknn
+
+    if "exact" not in ctx:
+        qs = list(dict.fromkeys(ctx["search_queries"]))[: args.exact_queries]
+        s = crossknn.Searcher(index, ce=ce, de=de, method="rnr")
+        t = time.perf_counter()
+        hits = s.search(qs, k=K, budget=K, exact=True, exact_cache=Path(ctx["index"]) / "exact")
+        ctx["exact"] = {h.query: list(h.exact_ids) for h in hits}
+        ctx["exact_s"] = round(time.perf_counter() - t, 1)
+        print(f"[search] exact top-{K} of {len(qs)} queries in {ctx['exact_s']} s", flush=True)
+    return ctx["exact"]
+
+
+def recall_vs_exact(exact: dict, pairs) -> float | None:
+    """Mean Top-10-Recall of ``(query, returned ids)`` pairs against ``exact`` (queries without
+    an exact top-10 left out); None when none has one."""
+    got = [len(set(ids[:K]) & set(exact[q])) / K for q, ids in pairs if q in exact]
+    return round(float(np.mean(got)), 4) if got else None
 
 
 def pct(values, q):
@@ -413,45 +454,66 @@ def search_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
             threads=args.threads,
             cuda_graph=cuda_graph,
         )
-        s = crossknn.Searcher(index, ce=ce, de=de)
-        for q in queries[:3]:  # warm up (not counted): sessions, caches, query vectors
-            s.search([q], k=K, budget=args.budget)
-        lat, ce_ms, other_ms = [], [], []
-        stop = time.monotonic() + min(args.search_seconds, max(dl.left() - 10, 1))
-        t0 = time.perf_counter()
-        for q in queries[3:]:
-            if time.monotonic() > stop:
-                break
-            t = time.perf_counter()
-            h = s.search([q], k=K, budget=args.budget)[0]
-            lat.append((time.perf_counter() - t) * 1e3)
-            ce_ms.append(h.seconds_ce * 1e3)
-            other_ms.append(h.seconds_other * 1e3)
-        wall = time.perf_counter() - t0
-        rep.row(
-            "search",
-            {
-                "device": ctx["device"],
-                "provider": ce.provider,
-                "precision": ce.precision,
-                "budget": args.budget,
-                "concurrency": 1,
-                "queries_per_s": round(len(lat) / wall, 2) if lat else None,
-                "p50_ms": pct(lat, 50),
-                "p99_ms": pct(lat, 99),
-                "ce_ms": pct(ce_ms, 50),
-                "other_ms": pct(other_ms, 50),
-                "queries": len(lat),
-                "items": len(index),
-                "method": s.method,
-                "mode": "serial Searcher.search",
-                "graph": "fused" if getattr(ce._s, "fused", False) else "exported",
-                "cuda_graph": cuda_graph,
-            },
-        )
+        # the default path first (no method flag), then on the headline plan the references
+        last = (precision, cuda_graph) == plans[-1]
+        exact = exact_top10(ctx, args, index, ce, de) if last or not ctx["gpu"] else None
+        for method in (None, "axn", "rnr") if last else (None,):
+            s = crossknn.Searcher(index, ce=ce, de=de, method=method)
+            row = serial_row(s, queries, dl, args, exact)
+            rep.row(
+                "search",
+                {
+                    "device": ctx["device"],
+                    "provider": ce.provider,
+                    "precision": ce.precision,
+                    "budget": args.budget,
+                    "concurrency": 1,
+                    **row,
+                    "items": len(index),
+                    "default_path": method is None,
+                    "mode": "serial Searcher.search",
+                    "graph": "fused" if getattr(ce._s, "fused", False) else "exported",
+                    "cuda_graph": cuda_graph,
+                },
+            )
         if (precision, cuda_graph) == plans[-1] and dl.left() > 20:
             rep.doc["search_profile"] = profile_search(s, queries[3:63], args.budget)
         del s, ce, de
+
+
+def serial_row(s, queries: list[str], dl, args, exact: dict | None) -> dict:
+    """One query at a time (after three uncounted): latency percentiles, the CE and other
+    time, what ran (method, rounds, plan) and the Top-10-Recall against the exact CE."""
+    for q in queries[:3]:  # warm up (not counted): sessions, caches, query vectors
+        s.search([q], k=K, budget=args.budget)
+    lat, ce_ms, other_ms, got = [], [], [], []
+    stop = time.monotonic() + min(args.search_seconds, max(dl.left() - 10, 1))
+    t0 = time.perf_counter()
+    for q in queries[3:]:
+        if time.monotonic() > stop:
+            break
+        t = time.perf_counter()
+        h = s.search([q], k=K, budget=args.budget)[0]
+        lat.append((time.perf_counter() - t) * 1e3)
+        ce_ms.append(h.seconds_ce * 1e3)
+        other_ms.append(h.seconds_other * 1e3)
+        got.append((q, h.ids))
+    wall = time.perf_counter() - t0
+    plan = s.plan_info(budget=args.budget)
+    return {
+        "queries_per_s": round(len(lat) / wall, 2) if lat else None,
+        "p50_ms": pct(lat, 50),
+        "p99_ms": pct(lat, 99),
+        "ce_ms": pct(ce_ms, 50),
+        "other_ms": pct(other_ms, 50),
+        "queries": len(lat),
+        "method": plan["method"],
+        "rounds": plan["rounds"],
+        "plan": plan,
+        "top10_recall_vs_exact": None if exact is None else recall_vs_exact(exact, got),
+        "recall_queries": None if exact is None else sum(q in exact for q, _ in got),
+        "round_cost_ms": None if s._round_cost is None else s._round_cost.to_dict(),
+    }
 
 
 def profile_search(s, queries: list[str], budget: int, top: int = 30) -> dict:
@@ -735,12 +797,12 @@ def _clients(port, workers, queries, n, seconds, budget, out, ready) -> None:
                     if i >= n:
                         return
                     state["next"] += 1
-                body = json.dumps(
-                    {"query": queries[(i * 7 + w) % len(queries)], "k": K, "budget": budget}
-                )
+                q_text = queries[(i * 7 + w) % len(queries)]
+                body = json.dumps({"query": q_text, "k": K, "budget": budget})
                 t = time.perf_counter()
                 started = time.time()  # comparable across the client processes
                 ce = other = None
+                ids: list[str] = []
                 timing: dict[str, float] = {}
                 try:
                     conn.request("POST", "/search", body, {"Content-Type": "application/json"})
@@ -749,6 +811,7 @@ def _clients(port, workers, queries, n, seconds, budget, out, ready) -> None:
                     code = resp.status
                     if code == 200:
                         h = json.loads(data)["hits"][0]
+                        ids = [r["id"] for r in h.get("results", [])]
                         ce = h.get("ce_s", h.get("seconds_ce"))
                         other = h.get("other_s", h.get("seconds_other"))
                         timing = server_timing(resp.getheader("Server-Timing"))
@@ -758,7 +821,7 @@ def _clients(port, workers, queries, n, seconds, budget, out, ready) -> None:
                     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
                 lat = time.perf_counter() - t
                 with lock:
-                    results.append((code, lat, ce, other, started, timing))
+                    results.append((code, lat, ce, other, started, timing, (q_text, ids)))
                 if code in (429, 503):
                     time.sleep(0.05)
         finally:
@@ -773,7 +836,13 @@ def _clients(port, workers, queries, n, seconds, budget, out, ready) -> None:
 
 
 def closed_loop(
-    port: int, conc: int, queries: list[str], n: int, seconds: float, budget: int
+    port: int,
+    conc: int,
+    queries: list[str],
+    n: int,
+    seconds: float,
+    budget: int,
+    exact: dict | None = None,
 ) -> dict:
     """``conc`` clients, each sending its next request when its last is answered, until ``n``
     requests are done or ``seconds`` passed (a 429/503 client waits 50 ms), after one uncounted
@@ -846,6 +915,9 @@ def closed_loop(
         "ok": len(ok),
         "errors": dict(sorted(errors.items())),
         "http_5xx": sum(v for c, v in errors.items() if c.startswith("5")),
+        "top10_recall_vs_exact": None
+        if exact is None
+        else recall_vs_exact(exact, [r[6] for r in ok]),
         "wall_s": round(wall, 2),
         "p99_ms_second_half": pct(np.array(late), 99) if late else None,
         "slow_by_tenth": slow,
@@ -872,6 +944,16 @@ def serve_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
         return
     queries = ctx["search_queries"]
     log_dir = Path(ctx["work"])
+    if "exact" not in ctx:  # the serve rows' recall: the exact CE top-10, once
+        import crossknn
+        from crossknn.ce.folders import open_index_models
+
+        index = crossknn.open_index(ctx["index"])
+        ce, de = open_index_models(
+            index, precision=ctx["precisions"][-1], provider=args.provider, threads=args.threads
+        )
+        exact_top10(ctx, args, index, ce, de)
+        del ce, de
     # on a CPU one server; on a GPU, most important first (the deadline skips the last): the
     # default server, concurrent requests searched in lockstep (--group-queries), the engine
     # lock by request age (--engine-order oldest), more processes, no load-time warm-up
@@ -899,7 +981,8 @@ class Variant:
     graphs up to N rows: ``$CROSSKNN_CUDA_GRAPH_ROWS``), ``cold`` (--no-warmup), ``de0`` /
     ``de1`` (--no-de-thread / --de-thread: the DE's queries in the request threads or in one
     thread of their own), ``nograph``
-    (CUDA graphs off), joined by ``+`` (``group1+any``)."""
+    (CUDA graphs off), ``ltMS`` (--latency-target-ms MS; ``lt0``: auto's index rounds),
+    ``m-NAME`` (--method NAME: a reference method), joined by ``+`` (``group1+any``)."""
 
     def __init__(self, name: str) -> None:
         self.name = name.strip()
@@ -927,6 +1010,10 @@ class Variant:
                 self.extra += ["--de-thread" if part == "de1" else "--no-de-thread"]
             elif part == "nograph":
                 self.graph = "0"
+            elif part.startswith("lt") and part[2:].replace(".", "", 1).isdigit():
+                self.extra += ["--latency-target-ms", part[2:]]  # lt0: the index's rounds
+            elif part.startswith("m-") and part[2:]:
+                self.extra += ["--method", part[2:]]  # m-axn, m-rnr: reference methods
             else:
                 raise ValueError(f"unknown serve variant {part!r} in {self.name!r}")
 
@@ -976,7 +1063,7 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant)
                 py_spy_dump(server.proc.pid, log_dir / f"pyspy-{tag}.log", 1.0)
             t_window = time.perf_counter()
             series = CeSeries(port) if ctx["gpu"] and conc > 1 and v.workers == 1 else None
-            r = closed_loop(port, conc, queries, n, seconds, args.budget)
+            r = closed_loop(port, conc, queries, n, seconds, args.budget, ctx.get("exact"))
             if series is not None:  # (starts with the clients' processes and first requests)
                 r["ce_series"] = series.rows()
             if v.workers == 1:  # (with workers, /metrics is one worker's; the counters' window
@@ -992,6 +1079,11 @@ def serve_rows(rep, dl, ctx, args, queries, log_dir, precision: str, v: Variant)
                     "concurrency": conc,
                     **r,
                     "variant": v.name,
+                    # what the server runs for a request with no method flag (its /info)
+                    "method": (info.get("plan") or {}).get("method"),
+                    "rounds": (info.get("plan") or {}).get("rounds"),
+                    "plan": info.get("plan"),
+                    "round_cost_ms": info.get("round_cost_ms"),
                     "cuda_graph": v.graph == "1",
                     "workers": v.workers,
                     "warmup": info.get("warmup"),
@@ -1082,6 +1174,13 @@ def main() -> int:
     )
     ap.add_argument("--threads", type=int, default=None, help="CE/DE threads (default: all)")
     ap.add_argument("--budget", type=int, default=None, help="CE calls per query (100; quick 20)")
+    ap.add_argument(
+        "--exact-queries",
+        type=int,
+        default=None,
+        help="queries whose exact CE top-10 (every item scored) the rows' "
+        "top10_recall_vs_exact is measured against (default 100; quick 4)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=None, help="folder for the index and logs")
     args = ap.parse_args()
@@ -1100,9 +1199,10 @@ def main() -> int:
         import standin_device
 
         standin_device.install(standin_device.parse(args.standin_device))
-    out = args.out or RESULTS / ("gpu_bench_cpu.json" if cpu else "gpu_bench.json")
+    out = args.out or result_path("gpu_bench", gpu=not cpu)
     quick = args.quick
     args.budget = args.budget or (20 if quick else 100)
+    args.exact_queries = args.exact_queries or (4 if quick else 100)
     args.level_seconds = 6.0 if quick else 10.0
     args.search_seconds = 15.0 if quick else 25.0
     name = gpu_name()
@@ -1128,6 +1228,7 @@ def main() -> int:
             "machine": machine("onnxruntime", "onnxruntime-gpu", "torch", "transformers", "onnx"),
             "ort_providers": ort_providers,
             "commands": [shlex.join([sys.executable, *sys.argv])],
+            "provenance": provenance(),
             "setup_commands": os.environ.get("GPU_BENCH_SETUP", "").splitlines(),
             "settings": {"quick": quick, "max_seconds": args.max_seconds, "data": str(args.data)},
             "ce": [],
@@ -1198,6 +1299,7 @@ def main() -> int:
             if sec in ("search", "serve") and "index" not in ctx:
                 ctx["index"] = build_index(ctx, args, work / "index")
                 rep.doc["settings"]["index_build_s"] = ctx["build_s"]
+                rep.doc["settings"]["index_auto"] = ctx["index_auto"]
                 rep.save()
             t = time.perf_counter()
             runners[sec](rep, dl, ctx, args)

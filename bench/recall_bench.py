@@ -70,6 +70,10 @@ NF_DEFAULT_ROWS = 32  # crossknn.index.auto.MAX_DEFAULT_ROWS: the default build 
 NF_RUNS = {"eval_nfcorpus_base": methods("rnr", "axn", "adacur") + ["--first", "de"]}
 for _label in [*NF_SHARES, "default"]:
     NF_RUNS[f"eval_nfcorpus_auto_{_label}"] = methods("auto") + ["--first", "de"]
+# the default build's index at fewer rounds: what auto's latency target trades (round_plan)
+NF_RUNS["eval_nfcorpus_auto_rounds_default"] = (
+    methods("auto") + ["--first", "de"] + repeat("--rounds", 4, 5, 6, 8, 10, 12, 20, 30)
+)
 
 FIGURE_SERIES = [  # (run, method, first, rounds)
     ("eval_cisi_rnr", "rnr", "de", 1),
@@ -95,7 +99,7 @@ def _index_calls(name: str, matrix) -> list[str]:
     if "_auto_" not in name:
         return []
     label = name.rsplit("_", 1)[1]
-    if label == "default":
+    if label == "default":  # the default build's rows (eval_nfcorpus_auto_[rounds_]default)
         from crossknn.matrix import load_score_matrix
 
         return ["--index-calls", str(NF_DEFAULT_ROWS * load_score_matrix(matrix).n_items)]
@@ -110,7 +114,8 @@ def cost_table(matrix, tag: str = "cisi") -> None:
     rows = []
     base = ["eval_nfcorpus_base"] if tag == "nfcorpus" else ["eval_cisi_rnr", "eval_cisi_de"]
     runs = NF_RUNS if tag == "nfcorpus" else RUNS
-    for name in base + [n for n in runs if n.startswith(f"eval_{tag}_auto_")]:
+    auto_runs = [n for n in runs if n.startswith(f"eval_{tag}_auto_") and "_rounds_" not in n]
+    for name in base + auto_runs:
         path = RECALL / f"{name}.json"
         limit = _index_calls(name, matrix)
         if path.is_file():
