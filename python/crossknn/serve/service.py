@@ -437,17 +437,19 @@ class SearchService:
         self._trim_caches()
         first = reqs[0]
         texts = [t for r in reqs for t in r.texts()]
-        with self.follower.pinned() as (searcher, index):
-            hits = searcher.search(
-                texts,
-                k=first.k,
-                budget=first.budget,
-                method=first.method,
-                rounds=first.rounds or self.config.rounds,
-                seed=first.seed,
-                query_batch=len(texts),
-            )
-            self._log(hits, searcher, index)
+        # the version serving now (the requests of the group are pinned to it or to one whose
+        # items it extends: a swap that moves items waits for them, crossknn.serve.reload)
+        searcher, index = self.searcher, self.index
+        hits = searcher.search(
+            texts,
+            k=first.k,
+            budget=first.budget,
+            method=first.method,
+            rounds=first.rounds or self.config.rounds,
+            seed=first.seed,
+            query_batch=len(texts),
+        )
+        self._log(hits, searcher, index)
         out, lo = [], 0
         for r in reqs:
             n = len(r.texts())
@@ -460,22 +462,25 @@ class SearchService:
         if self.searcher is None:
             raise RuntimeError("the service is not loaded")
         t = ctx.t_started = time.perf_counter()
-        if self.groups is not None and not req.exact:
-            hits = self.groups.search(self._group_key(req), len(req.texts()), ctx, req)
-        else:
-            with ctx, self.follower.pinned() as (searcher, index):
-                ctx.check()
-                self._trim_caches()
-                hits = searcher.search(
-                    req.texts(),
-                    k=req.k,
-                    budget=req.budget,
-                    method=req.method,
-                    rounds=req.rounds or self.config.rounds,
-                    seed=req.seed,
-                    exact=req.exact,
-                )
-                self._log(hits, searcher, index)
+        # the index version this request runs on, taken before the engine lock (a swap that
+        # moves items waits for the pinned requests: crossknn.serve.reload)
+        with self.follower.pinned() as (searcher, index):
+            if self.groups is not None and not req.exact:
+                hits = self.groups.search(self._group_key(req), len(req.texts()), ctx, req)
+            else:
+                with ctx:
+                    ctx.check()
+                    self._trim_caches()
+                    hits = searcher.search(
+                        req.texts(),
+                        k=req.k,
+                        budget=req.budget,
+                        method=req.method,
+                        rounds=req.rounds or self.config.rounds,
+                        seed=req.seed,
+                        exact=req.exact,
+                    )
+                    self._log(hits, searcher, index)
         wall = time.perf_counter() - t
         m = self.metrics
         m.ce_wait_seconds.inc(ctx.ce_wait_seconds)

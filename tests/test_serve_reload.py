@@ -1,0 +1,259 @@
+"""``serve`` follows its index (issue 47 item 4): a real ``crossknn serve`` over a small index
+built with the embedded models, under load while ``crossknn remove / add / refine`` (the CLI)
+commit new versions: each is swapped in (watch or ``POST /admin/reload``), every answer names
+its version, none fails, removed items never come back, and a version failing its checks is
+refused while the old one keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+
+import crossknn  # noqa: E402
+from crossknn.cli import main  # noqa: E402
+from crossknn.data import Corpus  # noqa: E402
+from crossknn.query_log import read_log  # noqa: E402
+
+pytestmark = [pytest.mark.slow]
+
+N_ITEMS = 160
+QUERIES = [
+    "parse a date string into a datetime object",
+    "compress data with gzip",
+    "send an email through an SMTP server",
+    "run a shell command and capture its output",
+    "read a CSV file row by row",
+    "create a temporary directory",
+]
+KEY = "s3cret-key"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def env(model_cache, tmp_path_factory):
+    from crossknn.demo_corpus import stdlib_docstrings
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CROSSKNN_CACHE", str(model_cache))
+    root = tmp_path_factory.mktemp("reload")
+    corpus = stdlib_docstrings(max_items=N_ITEMS + 10)
+    base = Corpus(corpus.ids[:N_ITEMS], corpus.texts[:N_ITEMS], "base")
+    crossknn.build_corpus_index(
+        base,
+        root / "idx",
+        calibration_queries=4,
+        calibration_items=16,
+        index_calls=2 * N_ITEMS,
+        progress=False,
+    )
+    extra = root / "new.jsonl"
+    extra.write_text(
+        "".join(
+            json.dumps({"id": f"new-{i}", "text": t}) + "\n"
+            for i, t in enumerate(corpus.texts[N_ITEMS : N_ITEMS + 10])
+        )
+    )
+    (root / "key").write_text(KEY + "\n")
+    yield {"root": root, "index_dir": root / "idx", "cache": str(model_cache), "new": extra}
+    mp.undo()
+
+
+class Server:
+    def __init__(self, env, *args: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(env["index_dir"])]
+        cmd += ["--port", str(self.port), "--log-level", "warning", *args]
+        self.log = open(env["root"] / f"server-{self.port}.log", "w+")  # noqa: SIM115
+        penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=penv)
+        self.headers = {"Authorization": f"Bearer {KEY}"}
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"server not ready: {self.output()}")
+
+    def search(self, q: str, http=None):
+        http = http or httpx
+        return http.post(
+            self.url + "/search",
+            json={"query": q, "k": 5, "budget": 20},
+            headers=self.headers,
+            timeout=120,
+        )
+
+    def info(self) -> dict:
+        return httpx.get(self.url + "/info", headers=self.headers, timeout=30).json()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        return self.proc.returncode
+
+    def output(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return Path(self.log.name).read_text()
+
+
+def _wait_version(server: Server, v: int, timeout: float = 60.0) -> dict:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        info = server.info()
+        if info["index"]["version"] == v:
+            return info
+        time.sleep(0.2)
+    raise AssertionError(f"version {v} never served: {server.info().get('reload')}")
+
+
+class Load:
+    """Clients searching in a loop until stopped: every status and version seen."""
+
+    def __init__(self, server: Server, n: int = 3) -> None:
+        self.server, self.stop_ = server, threading.Event()
+        self.seen: list[tuple[int, int | None, str | None, list[str]]] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        with httpx.Client() as http:
+            j = i
+            while not self.stop_.is_set():
+                r = self.server.search(QUERIES[j % len(QUERIES)], http)
+                j += 1
+                ok = r.status_code == 200
+                body = r.json() if ok else {}
+                ids = [x["id"] for h in body.get("hits", []) for x in h["results"]]
+                self.seen.append(
+                    (
+                        r.status_code,
+                        body.get("index_version"),
+                        r.headers.get("x-index-version"),
+                        ids,
+                    )
+                )
+
+    def stop(self):
+        self.stop_.set()
+        for t in self.threads:
+            t.join(120)
+        return self.seen
+
+
+def test_serve_swaps_versions_under_load(env):
+    idx = env["index_dir"]
+    log = env["root"] / "served.log"
+    server = Server(
+        env, "--api-key-file", str(env["root"] / "key"), "--log-queries", str(log),
+        "--watch-index", "0.3", "--timeout-s", "300",
+    )  # fmt: skip
+    try:
+        r = server.search(QUERIES[0])
+        assert r.status_code == 200 and r.json()["index_version"] == 1
+        assert r.headers["x-index-version"] == "1"
+        assert httpx.post(server.url + "/admin/reload", timeout=30).status_code == 401
+        load = Load(server)
+        # remove (tombstones): swapped in by the watch
+        removed = [crossknn.open_index(idx).corpus.ids[i] for i in (3, 5, 8)]
+        (env["root"] / "rm.txt").write_text("\n".join(removed) + "\n")
+        assert main(["remove", str(idx), "--ids", str(env["root"] / "rm.txt")]) == 0
+        _wait_version(server, 2)
+        # add: swapped in by POST /admin/reload (the watch may be first: then "unchanged")
+        assert main(["add", str(idx), str(env["new"]), "--quiet"]) == 0
+        r = httpx.post(server.url + "/admin/reload", headers=server.headers, timeout=120)
+        assert r.status_code == 200 and r.json()["status"] in ("swapped", "unchanged")
+        assert r.json()["version"] == 3
+        _wait_version(server, 3)
+        # refine on what the server logged
+        assert len(read_log(log)) >= 2
+        assert main(["refine", str(idx), "--queries", str(log), "--quiet"]) == 0
+        _wait_version(server, 4)
+        # a compaction moves items: the swap waits for the old version's requests
+        assert main(["remove", str(idx), "--ids", str(env["new"]), "--compact-at", "0"]) == 0
+        info = _wait_version(server, 5)
+        assert info["reload"]["swaps"] >= 4
+        time.sleep(1.0)
+        seen = load.stop()
+    finally:
+        if "load" in locals():
+            load.stop()
+        out = server.output()
+        code = server.stop()
+    assert code == 0, out
+    assert seen and all(s == 200 for s, *_ in seen), [s for s in seen if s[0] != 200][:3]
+    versions = {v for _, v, _, _ in seen}
+    assert max(versions) == 5 and versions <= {1, 2, 3, 4, 5}
+    new_ids = {f"new-{i}" for i in range(10)}
+    for _, v, _, ids in seen:  # removed items never come back once removed
+        if v is not None and v >= 2:
+            assert not set(removed) & set(ids)
+        if v is not None and v >= 5:
+            assert not new_ids & set(ids)
+    recs = read_log(log)
+    assert recs and all(len(r.items) == len(r.scores) > 0 for r in recs)
+    assert {r.index_version for r in recs} >= {1}
+
+
+def test_a_version_failing_its_checks_is_refused_and_the_old_one_serves(env, tmp_path):
+    import shutil
+
+    from crossknn.index.versions import write_version
+
+    idx = tmp_path / "idx"
+    shutil.copytree(env["index_dir"], idx)
+    copy = dict(env, index_dir=idx, root=tmp_path)
+    (tmp_path / "key").write_text(KEY + "\n")
+    server = Server(copy, "--api-key-file", str(tmp_path / "key"), "--watch-index", "0")
+    try:
+        before = server.info()["index"]["version"]
+        r0 = server.search(QUERIES[1])
+        assert r0.status_code == 200
+        index = crossknn.open_index(idx)
+        v = np.asarray(index["de_items"], np.float32).copy()
+        write_version(index, changed={"de_items": v}, params=index.params, op={"op": "test"})
+        # the new version's vectors are damaged on disk after its commit
+        f = idx / f"de_items.v{before + 1}.npy"
+        data = bytearray(f.read_bytes())
+        data[-8:] = b"\x00\x01\x02\x03\x04\x05\x06\x07"
+        f.write_bytes(bytes(data))
+        r = httpx.post(server.url + "/admin/reload", headers=server.headers, timeout=60)
+        assert r.status_code == 409 and r.json()["status"] == "refused"
+        assert "corrupt" in r.json()["error"]
+        r1 = server.search(QUERIES[1])
+        assert r1.status_code == 200 and r1.json()["index_version"] == before
+        assert r1.json()["hits"] == r0.json()["hits"]
+        info = server.info()
+        assert info["reload"]["refused"] == 1 and info["index"]["version"] == before
+    finally:
+        server.stop()
