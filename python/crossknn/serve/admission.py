@@ -15,10 +15,12 @@ the server delays the newcomer by about its whole cost. It is admitted when that
 ``within x timeout_s`` (and fewer than ``max_queue`` are in the server); otherwise it is refused
 at once (429) with ``Retry-After``: the seconds until enough of the work ahead has drained.
 
-A request alone in the server is admitted unless its own expected time is over the whole
-``timeout_s`` (reason ``"too_large"``: it would only run into the timeout, holding the CE for
-nothing; it is refused at once, whatever the queue); before the first request has finished
-nothing is known: at most ``cold_limit`` are admitted then.
+A request alone in the server is admitted unless its own expected time is over ``lone_margin``
+(2) x ``timeout_s`` (reason ``"too_large"``: it would only run into the timeout, holding the CE
+for nothing; it is refused at once, whatever the queue). The margin: the estimate extrapolates
+linearly from the requests measured so far, and their fixed costs (a query's DE vector, the
+engine steps) make it high for a request much larger than they were. Before the first request
+has finished nothing is known: at most ``cold_limit`` are admitted then.
 
 Pure bookkeeping with an injectable clock: :mod:`crossknn.serve.service` calls it under HTTP.
 """
@@ -74,6 +76,7 @@ class Admission:
         within: float = 0.5,
         tau_s: float = 10.0,
         cold_limit: int = 2,
+        lone_margin: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_queue < 1:
@@ -89,6 +92,9 @@ class Admission:
         self.within = float(within)
         self.tau_s = float(tau_s)
         self.cold_limit = max(1, int(cold_limit))
+        if lone_margin < 1:
+            raise ValueError(f"lone_margin must be >= 1; got {lone_margin}")
+        self.lone_margin = float(lone_margin)
         self.clock = clock
         self._mu = threading.Lock()
         self._n = 0  # requests in the server (a cancelled one stays until its thread ends)
@@ -131,9 +137,9 @@ class Admission:
             if self._n >= self.max_queue:
                 wait = per_unit * cost if per_unit is not None else 1.0
                 return Decision(None, expected, _whole(wait), "queue_full")
-            if self.within > 0 and per_unit is not None and cost * per_unit > self.timeout_s:
+            own = None if per_unit is None else cost * per_unit
+            if self.within > 0 and own is not None and own > self.lone_margin * self.timeout_s:
                 # over the limit even alone: no wait makes it fit (it would end in a 504)
-                own = cost * per_unit
                 return Decision(None, own, _whole(own - self.timeout_s), "too_large")
             if self.within > 0 and self._live > 0:
                 if per_unit is None:
