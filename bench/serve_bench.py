@@ -110,24 +110,26 @@ def _tree_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_index(root: Path, max_items: int | None, index_calls: int | None = None):
+def build_index(
+    root: Path, max_items: int | None, index_calls: int | None = None, precision: str = "int8"
+):
     """The docstrings index (cached); ``index_calls=0``: no method index trained (seconds to
-    build; the soak's)."""
+    build; the soak's, with the fp32 models: no int8 model to make first)."""
     from crossknn.ce import default_cross_encoder, default_dual_encoder
     from crossknn.demo_corpus import stdlib_docstrings
 
     corpus = stdlib_docstrings(max_items=max_items)
     key = hashlib.sha256("\0".join(corpus.ids).encode()).hexdigest()[:12]
     calls = "" if index_calls is None else f"-calls{index_calls}"
-    path = root / f"stdlib-int8-{len(corpus)}-{key}{calls}"
+    path = root / f"stdlib-{precision}-{len(corpus)}-{key}{calls}"
     if (path / "index.json").is_file():
         return path
     t = time.perf_counter()
     crossknn.build_corpus_index(
         corpus,
         path,
-        ce=default_cross_encoder(precision="int8"),
-        de=default_dual_encoder(precision="int8"),
+        ce=default_cross_encoder(precision=precision),
+        de=default_dual_encoder(precision=precision),
         progress=False,
         **({} if index_calls is None else {"index_calls": index_calls}),
     )
@@ -136,8 +138,8 @@ def build_index(root: Path, max_items: int | None, index_calls: int | None = Non
 
 
 class Server:
-    def __init__(self, index: Path, log_dir: Path, *args: str) -> None:
-        self.index, self.args = index, args
+    def __init__(self, index: Path, log_dir: Path, *args: str, precision: str = "int8") -> None:
+        self.index, self.args, self.precision = index, args, precision
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"serve-{self.port}.log"
@@ -145,7 +147,7 @@ class Server:
 
     def start(self) -> float:
         cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(self.index), "--port"]
-        cmd += [str(self.port), "--precision", "int8", "--log-level", "warning", *self.args]
+        cmd += [str(self.port), "--precision", self.precision, "--log-level", "warning", *self.args]
         cmd += ["--allow-exact"]  # the disconnect fault sends an exact=True request
         self.log = open(self.log_path, "a")  # noqa: SIM115
         t = time.monotonic()
@@ -631,11 +633,11 @@ def _proc_stats(pid: int) -> tuple[float, int]:
     return rss, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _label_sets(server: Server) -> int:
+def _label_sets(server: Server, http: httpx.Client) -> int:
     """Distinct label sets of every labelled series in /metrics (bounded: path x status)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(server.url + "/metrics", timeout=30).text
+    text = http.get(server.url + "/metrics").text
     return sum(1 for fam in text_string_to_metric_families(text) for s in fam.samples if s.labels)
 
 
@@ -657,7 +659,7 @@ def soak_sustainable(server: Server, n_items: int, seconds: float, conc: int, se
                 with lock:
                     codes[code] += 1
                 if code != 200:
-                    time.sleep(0.1)
+                    time.sleep(0.5)  # a 429: back off (a spinning client takes the server's CPU)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(conc)]
@@ -680,7 +682,7 @@ def run_soak(index: Path, root: Path, args, common) -> dict:
     ``--soak`` minutes; per minute: p50/p99 of the 200s, statuses, the server's RSS and open
     file descriptors, and the number of labelled series in /metrics."""
     n_items = len(crossknn.open_index(index))
-    server = Server(index, root, "--timeout-s", "30", *common)
+    server = Server(index, root, "--timeout-s", "30", *common, precision="fp32")
     pid = server.proc.pid
     try:
         rng = np.random.default_rng(args.soak_seed)
@@ -688,7 +690,7 @@ def run_soak(index: Path, root: Path, args, common) -> dict:
             path, body = soak_request(rng, n_items)
             httpx.post(server.url + path, json=body, timeout=120)
         sustain = soak_sustainable(
-            server, n_items, args.soak_sustain_seconds, args.sustain_concurrency, args.soak_seed
+            server, n_items, args.soak_sustain_seconds, args.soak_concurrency, args.soak_seed
         )
         print("soak: sustainable", json.dumps(sustain), flush=True)
         rate = args.soak_fraction * sustain["rps"]
@@ -720,15 +722,16 @@ def run_soak(index: Path, root: Path, args, common) -> dict:
                     per_min[m]["lat"].append(lat)
 
         def sampler() -> None:
-            while not stop.wait(10.0):
-                m = min(int((time.monotonic() - t0) // 60), minutes - 1)
-                rss, fds = _proc_stats(pid)
-                per_min[m]["rss"].append(rss)
-                per_min[m]["fds"].append(fds)
-                try:
-                    per_min[m]["label_sets"] = _label_sets(server)
-                except httpx.HTTPError:
-                    pass
+            with httpx.Client(timeout=30, trust_env=False) as scrape:
+                while not stop.wait(10.0):
+                    m = min(int((time.monotonic() - t0) // 60), minutes - 1)
+                    rss, fds = _proc_stats(pid)
+                    per_min[m]["rss"].append(rss)
+                    per_min[m]["fds"].append(fds)
+                    try:
+                        per_min[m]["label_sets"] = _label_sets(server, scrape)
+                    except httpx.HTTPError:
+                        pass
 
         sampler_t = threading.Thread(target=sampler, daemon=True)
         sampler_t.start()
@@ -874,6 +877,12 @@ def main() -> int:
     )
     p.add_argument("--soak-fraction", type=float, default=0.8)
     p.add_argument("--soak-sustain-seconds", type=float, default=60.0)
+    p.add_argument(
+        "--soak-concurrency",
+        type=int,
+        default=4,
+        help="closed-loop clients that measure the mix's sustainable rate",
+    )
     p.add_argument("--soak-seed", type=int, default=0)
     p.add_argument("--soak-out", default=str(HERE / "results" / "api_contract.json"))
     args = p.parse_args()
@@ -882,7 +891,10 @@ def main() -> int:
 
     root = cache_root() / "serve-bench"
     root.mkdir(parents=True, exist_ok=True)
-    index = build_index(root, args.max_items, 0 if args.soak is not None else None)
+    if args.soak is not None:
+        index = build_index(root, args.max_items, 0, "fp32")
+    else:
+        index = build_index(root, args.max_items)
     n_items = len(crossknn.open_index(index))
     body = {"k": 10, "budget": 100, "rounds": 5, "method": "axn"}
     common = ["--threads", str(args.threads)] if args.threads else []
@@ -893,7 +905,7 @@ def main() -> int:
         from api_contract_bench import merge_section
 
         soak = run_soak(index, root, args, common)
-        soak["index"] = {"items": n_items, "precision": "int8", "corpus": "stdlib docstrings"}
+        soak["index"] = {"items": n_items, "precision": "fp32", "corpus": "stdlib docstrings"}
         soak["command"] = "python bench/serve_bench.py " + " ".join(sys.argv[1:])
         soak["wall_s"] = round(time.time() - t0, 1)
         summary = {k: v for k, v in soak.items() if k != "rows"}
