@@ -159,6 +159,20 @@ def render_recall_nfcorpus() -> str:
     return table(NF_HEADER, out, "lrrrrrrr")
 
 
+def render_auto_rounds() -> str:
+    """auto on the default build's index at fewer rounds: the recall a latency target trades."""
+    rows, source = recall_rows("eval_nfcorpus_auto_rounds_default")
+    grid = sorted({r["rounds"] for r in rows}, reverse=True)
+    best = pick(rows, source, k=10, budget=100, rounds=max(grid))["recall"]
+    out = []
+    for n in grid:
+        cells = recall_cells(rows, source, NF_CELLS, rounds=n)
+        k10 = pick(rows, source, k=10, budget=100, rounds=n)["recall"]
+        out.append([str(n), *cells, f"{k10 - best:+.3f}"])
+    header = ["rounds", *NF_HEADER[2:], "k=10 B=100 vs most rounds"]
+    return table(header, out, "rrrrrrrr")
+
+
 # ---- speed on the CPU ----------------------------------------------------------------------------
 
 OVERHEAD = RESULTS / "overhead_bench.xeon2.json"
@@ -454,6 +468,11 @@ BLOCKS: dict[str, Block] = {
         render_recall_nfcorpus,
         "recall/eval_nfcorpus_*.json",
         "Top-k-Recall@B on nfcorpus-minilm-gpu",
+    ),
+    "auto-rounds": Block(
+        render_auto_rounds,
+        "recall/eval_nfcorpus_auto_rounds_default.json",
+        "auto at fewer rounds on the default build's index (nfcorpus-minilm-gpu)",
     ),
     "overhead": Block(render_overhead, "overhead_bench.xeon2.json", "non-CE ms per query, p50"),
     "core-engine": Block(
