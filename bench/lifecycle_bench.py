@@ -50,6 +50,26 @@ WORK = REPO / "build" / "lifecycle_bench"
 K, B = 10, 100
 
 
+class CachedDE:
+    """The embedded DE, each text encoded once (the same vectors, fewer passes)."""
+
+    def __init__(self, de) -> None:
+        self.de, self.cache = de, {}
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "de":
+            raise AttributeError(name)
+        return getattr(self.de, name)
+
+    def encode(self, texts, **kw):
+        texts = list(texts)
+        todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
+        if todo:
+            for t, v in zip(todo, np.asarray(self.de.encode(todo, **kw), np.float32), strict=True):
+                self.cache[t] = v
+        return np.stack([self.cache[t] for t in texts]) if texts else np.empty((0, self.dim))
+
+
 class HybridCE:
     """The embedded CE, except for queries that are rows of the score matrix: their scores are
     looked up (the matrix holds this CE's exact scores for them). Counts the real CE's pairs."""
@@ -181,6 +201,7 @@ def part_recall(args, res: dict) -> None:
     import crossknn.ce
     from crossknn.corpus_index import build_corpus_index, open_index
     from crossknn.data import Corpus
+    from crossknn.index.auto import default_index_rows
     from crossknn.index.edit import add_items, remove_items
     from crossknn.index.refine import refine_index
     from crossknn.query_log import QueryLog, read_log
@@ -189,12 +210,12 @@ def part_recall(args, res: dict) -> None:
     corpus, S, qrow, col_of_text, train, test, test_rows = _setup(args.items, args.seed)
     N = len(corpus)
     real_ce = crossknn.ce.default_cross_encoder()
-    de = crossknn.ce.default_dual_encoder(show_progress_bar=False)
+    de = CachedDE(crossknn.ce.default_dual_encoder(show_progress_bar=False))
     if args.fresh:
         shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    key = {"items": args.items, "seed": args.seed}
-    if (WORK / "key.json").is_file() and json.loads((WORK / "key.json").read_text()) != key:
+    key = {"items": args.items, "seed": args.seed, "rows": args.rows}
+    if not (WORK / "key.json").is_file() or json.loads((WORK / "key.json").read_text()) != key:
         shutil.rmtree(WORK)
         WORK.mkdir(parents=True)
     (WORK / "key.json").write_text(json.dumps(key))
@@ -223,7 +244,10 @@ def part_recall(args, res: dict) -> None:
         shutil.rmtree(pseudo, ignore_errors=True)
         ce_t = HybridCE(real_ce, S, qrow, col_of_text)
         t = time.perf_counter()
-        build_corpus_index(corpus, pseudo, ce=ce_t, de=de, index_calls="default", progress=False)
+        # the default rule's rows (N / 100, at most 32) without its time cap, which on a busy
+        # CPU would buy a row or two
+        rows = args.rows or default_index_rows(N, None)
+        build_corpus_index(corpus, pseudo, ce=ce_t, de=de, index_calls=rows * N, progress=False)
         t_build = time.perf_counter() - t
         timed.write_text(json.dumps({"build_s": t_build, "real_pairs": ce_t.real_pairs}))
     t_build = json.loads(timed.read_text())["build_s"]
@@ -281,7 +305,7 @@ def part_recall(args, res: dict) -> None:
         print(f"refined after {n} served queries: recall {rec:.4f}")
     out["curve_served"] = curve
     budgets = []
-    for m in sorted({max(2, rows // 2), rows, 2 * rows, 32}):
+    for m in sorted({max(2, rows // 2), rows, 2 * rows}):
         rec, info = refined(len(records), m * N)
         real = real_rows_index(m * N)
         budgets.append({"rows": m, "index_calls": m * N, "refined": rec, "real_rows": real})
@@ -415,11 +439,16 @@ def main(argv=None) -> int:
     global WORK
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("recall", "swap", "all"), default="all")
-    ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--items", type=int, default=500)
+    ap.add_argument("--rows", type=int, default=0, help="auto rows (default: N / 100)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--swaps", type=int, default=20)
+    ap.add_argument("--steady-s", type=float, default=20.0, help="steady state before the swaps")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--fresh", action="store_true", help="discard the cached work first")
+    ap.add_argument(
+        "--merge", type=Path, help="take the parts this run does not measure from this result"
+    )
     ap.add_argument("--work", type=Path, default=WORK, help="work folder (cached, resumable)")
     args = ap.parse_args(argv)
     WORK = args.work
@@ -435,14 +464,196 @@ def main(argv=None) -> int:
     if args.part in ("recall", "all"):
         part_recall(args, res)
     if args.part in ("swap", "all"):
-        from lifecycle_swap import part_swap
-
         part_swap(args, res)
+    if args.merge:
+        other = json.loads(args.merge.read_text())
+        for part in ("recall_part", "swap_part"):
+            if part in other and args.part not in ("all", part.split("_")[0]):
+                res[part] = other[part]
     res["goals"] = goals(res)
     print(json.dumps(res["goals"], indent=1))
     write_json(args.out, res)
     _plot(res)
     return 0
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def part_swap(args, res: dict) -> None:
+    """A real ``crossknn serve`` under 8 concurrent clients through ``args.swaps`` swaps."""
+    import socket
+    import subprocess
+    import threading
+
+    import httpx
+
+    import crossknn.ce
+    from crossknn.corpus_index import build_corpus_index, open_index
+    from crossknn.data import Corpus
+    from crossknn.demo_corpus import stdlib_docstrings
+    from crossknn.index.edit import add_items, remove_items
+    from crossknn.index.refine import refine_index
+
+    n, budget, conc = 100, 20, 8
+    root = WORK / "swap"
+    base = WORK / "swap_base"
+    corpus = stdlib_docstrings(max_items=n + 5 * args.swaps)
+    ce = crossknn.ce.default_cross_encoder()
+    de = crossknn.ce.default_dual_encoder(show_progress_bar=False)
+    if not (base / "index.json").is_file():
+        build_corpus_index(
+            Corpus(corpus.ids[:n], corpus.texts[:n], "swap"),
+            base,
+            ce=ce,
+            de=de,
+            index_calls=2 * n,
+            calibration_queries=4,
+            calibration_items=16,
+            progress=False,
+        )
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(base, root / "idx")
+    idx = root / "idx"
+    (root / "key").write_text("bench-key\n")
+    (root / "key").chmod(0o600)
+    log = root / "served.log"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(idx), "--port", str(port)]
+    cmd += ["--api-key-file", str(root / "key"), "--log-queries", str(log)]
+    cmd += ["--watch-index", "0", "--log-level", "warning", "--timeout-s", "120"]
+    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(root / "serve.log", "w"))  # noqa: SIM115
+    auth = {"Authorization": "Bearer bench-key"}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 300:
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    words = [w for t in corpus.texts[:n] for w in t.split()[:6] if len(w) > 3]
+    rng = np.random.default_rng(0)
+    queries = [" ".join(rng.choice(words, 4).tolist()) for _ in range(400)]
+    records: list[tuple[float, float, int, int | None]] = []
+    stop = threading.Event()
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=120) as http:
+            j = i
+            while not stop.is_set():
+                a = time.monotonic()
+                try:
+                    r = http.post(
+                        url + "/search",
+                        json={"query": queries[j % len(queries)], "k": 5, "budget": budget},
+                        headers=auth,
+                    )
+                    code, v = r.status_code, (r.json() or {}).get("index_version")
+                except (httpx.HTTPError, ValueError):
+                    code, v = 599, None
+                records.append((a, time.monotonic(), code, v))
+                j += conc
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(conc)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(args.steady_s)
+        t1 = time.monotonic()  # steady state: at least 50 answered (and logged) queries
+        while sum(r[2] == 200 for r in records) < 50 and time.monotonic() - t1 < 300:
+            time.sleep(1.0)
+        rss_steady = _rss_mb(srv.pid)
+        swaps, ops = [], []
+        for k in range(args.swaps):
+            op = ("add", "remove", "refine")[k % 3]
+            a = time.monotonic()
+            if op == "refine":
+                refine_index(
+                    idx, log, ce=ce, de=de, index_calls=2 * len(open_index(idx)), quiet=True
+                )
+            elif op == "add":
+                lo = n + 5 * k
+                add_items(
+                    idx,
+                    Corpus(corpus.ids[lo : lo + 5], corpus.texts[lo : lo + 5], "a"),
+                    ce=ce,
+                    de=de,
+                )
+            else:
+                live = open_index(idx).corpus.ids
+                remove_items(idx, [live[3 + k], live[20 + k]], compact_at=0.5)
+            b = time.monotonic()
+            r = httpx.post(url + "/admin/reload", headers=auth, timeout=300)
+            c = time.monotonic()
+            body = r.json()
+            time.sleep(1.0)
+            rss = _rss_mb(srv.pid)
+            swaps.append(
+                {
+                    "op": op,
+                    "status": r.status_code,
+                    "result": body.get("status"),
+                    "version": body.get("version"),
+                    "op_s": round(b - a, 2),
+                    "reload_s": round(c - b, 2),
+                    "rss_mb": round(rss, 1),
+                }
+            )
+            ops.append((a, b, c))
+            print(
+                f"swap {k + 1}: {op} -> version {body.get('version')} ({body.get('status')}), "
+                f"op {b - a:.1f} s, reload {c - b:.1f} s, RSS {rss:.0f} MB"
+            )
+            time.sleep(2.0)
+        time.sleep(args.steady_s / 2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(150)
+        srv.terminate()
+        try:
+            srv.wait(60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+    def overlaps(rec, lo, hi):
+        return rec[0] < hi and rec[1] > lo
+
+    lat = lambda rs: [1e3 * (r[1] - r[0]) for r in rs]  # noqa: E731
+    in_swap = [r for r in records if any(overlaps(r, b, c) for _, b, c in ops)]
+    in_op = [r for r in records if any(overlaps(r, a, b) for a, b, _ in ops)]
+    steady = [r for r in records if not any(overlaps(r, a, c) for a, _, c in ops)]
+    p99 = lambda xs: float(np.percentile(xs, 99)) if xs else None  # noqa: E731
+    out = {
+        "items": n,
+        "budget": budget,
+        "concurrency": conc,
+        "swaps": swaps,
+        "requests": len(records),
+        "non_2xx": int(sum(not 200 <= r[2] < 300 for r in records)),
+        "versions_served": sorted({r[3] for r in records if r[3] is not None}),
+        "p99_steady_ms": p99(lat(steady)),
+        "p99_swap_ms": p99(lat(in_swap)),
+        "p99_op_ms": p99(lat(in_op)),
+        "requests_in_swaps": len(in_swap),
+        "rss_steady_mb": round(rss_steady, 1),
+        "rss_max_after_swap_mb": max(s["rss_mb"] for s in swaps) if swaps else None,
+        "rss_last_mb": swaps[-1]["rss_mb"] if swaps else None,
+    }
+    print(
+        f"{len(records)} requests, {out['non_2xx']} non-2xx; p99 steady {out['p99_steady_ms']:.0f} "
+        f"ms, in swaps {out['p99_swap_ms']:.0f} ms, during the ops {out['p99_op_ms']:.0f} ms; RSS "
+        f"{rss_steady:.0f} MB steady, {out['rss_last_mb']} MB after the last swap"
+    )
+    res["swap_part"] = out
 
 
 if __name__ == "__main__":
