@@ -213,7 +213,11 @@ def test_grouped_service_answers_equal_searching_each_alone(model_cache, tmp_pat
 
     # (admission by the queue limit alone: this CPU's CE is slow, and the test holds the engine
     # while it queues 16 requests)
-    svc = SearchService(ServeConfig(index=str(tmp_path / "idx"), group_queries=8, admit_within=0))
+    # (the default build of 150 items reads one auto row: the default path, auto, is grouped;
+    # a deadline for a loaded machine: 16 requests of 30 CE calls on a CPU)
+    svc = SearchService(
+        ServeConfig(index=str(tmp_path / "idx"), group_queries=8, admit_within=0, timeout_s=300.0)
+    )
     svc.load()
     try:
         assert svc.groups is not None
