@@ -140,17 +140,20 @@ def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -
     import httpx
 
     t = time.monotonic()
-    while True:
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return time.monotonic() - t
-        except httpx.HTTPError:
-            pass
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} before /readyz")
-        if time.monotonic() - t > timeout:
-            raise TimeoutError(f"no /readyz 200 in {timeout} s")
-        time.sleep(0.05)
+    # one client for all the polls (a new one per poll loads the CA bundle: ~1 s on a busy
+    # machine); plain HTTP on loopback, so no certificates at all
+    with httpx.Client(timeout=2, verify=False, trust_env=False) as http:
+        while True:
+            try:
+                if http.get(url + "/readyz").status_code == 200:
+                    return time.monotonic() - t
+            except httpx.HTTPError:
+                pass
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode} before /readyz")
+            if time.monotonic() - t > timeout:
+                raise TimeoutError(f"no /readyz 200 in {timeout} s")
+            time.sleep(0.05)
 
 
 def start_server(index: Path, port: int, log, *args: str) -> subprocess.Popen:
@@ -290,6 +293,11 @@ def fuzz(url: str, *, key: str | None, examples: int, seed: int = 0) -> dict:
     for op in ops:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             fuzz_operation(op, f"{op.method.upper()} {op.path}", mode)
+            print(
+                f"fuzz: {op.method.upper()} {op.path} {mode.value}: {stats['requests']} "
+                f"requests so far, {stats['n_5xx']} x 5xx",
+                flush=True,
+            )
     for kind in ("n_5xx", "leaks", "schema_violations", "auth_failures", "transport_errors"):
         stats.setdefault(kind, 0)
     return {
@@ -371,7 +379,14 @@ def reference_answers(index: Path, queries: list[str], body: dict) -> dict[str, 
     s = crossknn.Searcher(index)
     out = {}
     for q in queries:
-        h = s.search(q, k=body["k"], budget=body["budget"])
+        h = s.search(
+            q,
+            k=body["k"],
+            budget=body["budget"],
+            method=body["method"],
+            rounds=body["rounds"],
+            seed=body["seed"],
+        )
         out[q] = {"ids": list(h.ids), "scores": [float(x) for x in h.scores], "calls": h.ce_calls}
     return out
 
@@ -387,17 +402,20 @@ def same_answer(got: dict, want: dict) -> bool:
     )
 
 
-def kill_run(index: Path, root: Path, *, kills: int, clients: int, seed: int) -> dict:
+def kill_run(
+    index: Path, root: Path, queries: list[str], *, kills: int, clients: int, seed: int
+) -> dict:
     """``kills`` times kill -9 at a random moment (2 to 6 s after the last restart was ready)
     while ``clients`` clients search; the supervisor restarts the server each time."""
     import httpx
 
     rng = random.Random(seed)
-    queries_path = Path(index).parent / "kill-queries.json"  # nfcorpus_index writes it
-    queries = json.loads(queries_path.read_text())
-    body = {"k": 10, "budget": 50}
+    import crossknn
+
+    budget = min(50, len(crossknn.open_index(index)))
+    body = {"k": min(10, budget), "budget": budget, "method": "axn", "rounds": 5, "seed": 0}
     print(f"kill: {len(queries)} reference answers (fresh in-process searches)", flush=True)
-    ref = reference_answers(index, queries, body)
+    in_process = reference_answers(index, queries, body)
     files_before = sorted(str(p.relative_to(index)) for p in index.rglob("*"))
     hash_before = tree_hash(index)
     port = free_port()
@@ -410,7 +428,7 @@ def kill_run(index: Path, root: Path, *, kills: int, clients: int, seed: int) ->
 
     def client(w: int) -> None:
         r = random.Random(seed * 100 + w)
-        with httpx.Client(timeout=httpx.Timeout(60.0)) as http:
+        with httpx.Client(timeout=httpx.Timeout(60.0), verify=False, trust_env=False) as http:
             while not stop.is_set():
                 q = r.choice(queries)
                 try:
@@ -432,6 +450,26 @@ def kill_run(index: Path, root: Path, *, kills: int, clients: int, seed: int) ->
     rows = []
     try:
         first_ready = wait_ready(url, 300, None)
+        # the reference: the first server's answers, before any kill (a fresh process, a fresh
+        # search); whether they equal the in-process searcher's is reported beside
+        ref = {}
+        for q in queries:
+            resp = httpx.post(url + "/search", json={"query": q, **body}, timeout=120)
+            resp.raise_for_status()
+            hit = resp.json()["hits"][0]
+            ref[q] = {
+                "ids": [r["id"] for r in hit["results"]],
+                "scores": [r["score"] for r in hit["results"]],
+                "calls": hit["ce_calls"],
+            }
+        first_equals_in_process = all(
+            ref[q]["ids"] == in_process[q]["ids"]
+            and all(
+                abs(a - b) <= 1e-5
+                for a, b in zip(ref[q]["scores"], in_process[q]["scores"], strict=True)
+            )
+            for q in queries
+        )
         threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in range(clients)]
         for t in threads:
             t.start()
@@ -485,6 +523,8 @@ def kill_run(index: Path, root: Path, *, kills: int, clients: int, seed: int) ->
         "all_within_10s": bool(ready) and max(ready) <= 10.0,
         "client_results": dict(sorted(codes.items())),
         "answers_checked": codes.get("200", 0),
+        "reference": "the first server's answers before any kill",
+        "first_server_equals_in_process_search": first_equals_in_process,
         "wrong_answers": len(wrong) + final_wrong,
         "wrong_examples": wrong[:5],
         "index_unchanged": tree_hash(index) == hash_before,
@@ -494,9 +534,14 @@ def kill_run(index: Path, root: Path, *, kills: int, clients: int, seed: int) ->
     }
 
 
+def nfcorpus_queries(shared: Path, n: int = 16) -> list[str]:
+    """The queries the --kill clients send: the first ``n`` of NFCorpus' queries."""
+    with open(shared / "data" / "nfcorpus" / "queries.jsonl", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for _, line in zip(range(n), f, strict=False)]
+
+
 def nfcorpus_index(shared: Path, cache: Path, max_items: int | None) -> Path:
-    """The NFCorpus index of --kill (built once with ``--index-calls 0``, cached) and the
-    queries the clients send (the first 16 of NFCorpus' queries)."""
+    """The NFCorpus index of --kill (built once with ``--index-calls 0``, cached)."""
     from crossknn.cli import main as cli
 
     corpus = shared / "data" / "nfcorpus" / "corpus.jsonl"
@@ -514,10 +559,6 @@ def nfcorpus_index(shared: Path, cache: Path, max_items: int | None) -> Path:
         if cli(["build", str(sub), str(idx), "--index-calls", "0", "--quiet"]) != 0:
             raise RuntimeError("crossknn build failed")
         print(f"kill: built {idx} in {time.perf_counter() - t:.0f} s", flush=True)
-    qpath = shared / "data" / "nfcorpus" / "queries.jsonl"
-    with open(qpath, encoding="utf-8") as f:
-        queries = [json.loads(line)["text"] for _, line in zip(range(16), f, strict=False)]
-    (cache / "kill-queries.json").write_text(json.dumps(queries))
     return idx
 
 
@@ -532,6 +573,11 @@ def main() -> int:
     p.add_argument("--kill", type=int, default=0, metavar="N", help="kill -9 N times under load")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--kill-max-items", type=int, default=None, help="NFCorpus items (default: all)")
+    p.add_argument(
+        "--kill-index",
+        default=None,
+        help="an NFCorpus index already built (crossknn build CORPUS DIR --index-calls 0)",
+    )
     p.add_argument("--shared", default=str(REPO.parent / "shared"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(OUT))
@@ -593,12 +639,16 @@ def main() -> int:
         )
     if args.kill:
         t0 = time.time()
-        idx = nfcorpus_index(Path(args.shared), cache, args.kill_max_items)
+        if args.kill_index:
+            idx = Path(args.kill_index)
+        else:
+            idx = nfcorpus_index(Path(args.shared), cache, args.kill_max_items)
+        queries = nfcorpus_queries(Path(args.shared))
         import crossknn
 
         n_items = len(crossknn.open_index(idx))
         root = Path(tempfile.mkdtemp(prefix="api-kill-"))
-        kr = kill_run(idx, root, kills=args.kill, clients=args.clients, seed=args.seed)
+        kr = kill_run(idx, root, queries, kills=args.kill, clients=args.clients, seed=args.seed)
         kr = {
             "command": command,
             "index": {

@@ -131,8 +131,13 @@ def server(env):
 
 @pytest.fixture(scope="module")
 def tight(env):
-    """A server with a queue of 2 and a 1.5 s limit."""
-    s = Server(env, "--max-queue", "2", "--timeout-s", "1.5", "--max-body-kb", "8", "--allow-exact")
+    """A server with a queue of 2 and a 1.5 s limit, admission by the queue alone (the deadline
+    check would refuse the 504 test's request at once: tests/test_api_contract.py, case 1)."""
+    s = Server(
+        env,
+        *("--max-queue", "2", "--timeout-s", "1.5", "--max-body-kb", "8", "--allow-exact"),
+        *("--admit-within", "0"),
+    )
     yield s
     s.stop()
 
