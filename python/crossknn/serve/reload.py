@@ -35,7 +35,7 @@ from crossknn.index.versions import index_version
 
 log = logging.getLogger("crossknn.serve")
 
-__all__ = ["IndexFollower", "VersionHeader", "index_stamp"]
+__all__ = ["IndexFollower", "VersionCE", "VersionHeader", "index_stamp"]
 
 CHECK_QUERY = "index version check"
 
@@ -48,6 +48,41 @@ def index_stamp(path: str | os.PathLike) -> tuple | None:
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class VersionCE:
+    """One index version's view of the shared CE: its own item count (``n_items``), the CE's
+    scoring and identity otherwise. The CE's tokenized items are shared by the versions; a
+    version whose items extend the old ones sets them while the old one still serves, and the
+    old one must still see its own N (the search checks the scorer's N against its index)."""
+
+    def __init__(self, ce) -> None:
+        self._ce = ce.base if isinstance(ce, VersionCE) else ce
+        self._n: int | None = None
+
+    @property
+    def base(self):
+        return self._ce
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_ce", "_n"):
+            raise AttributeError(name)
+        return getattr(self._ce, name)
+
+    @property
+    def n_items(self) -> int:
+        return int(self._ce.n_items) if self._n is None else self._n
+
+    def set_items(self, texts) -> None:
+        texts = list(texts)
+        self._ce.set_items(texts)
+        self._n = len(texts)
+
+    def score(self, query, items):
+        return self._ce.score(query, items)
+
+    def score_batch(self, queries, items):
+        return self._ce.score_batch(queries, items)
 
 
 def folder_index_id(path: str | os.PathLike) -> str:
@@ -188,10 +223,11 @@ class IndexFollower:
         old = svc.searcher
         s = crossknn.Searcher(
             index,
-            ce=old.ce,
+            ce=VersionCE(old.ce),
             de=old.de,
             method=c.method,
             rounds=c.rounds,
+            latency_target_ms=getattr(c, "latency_target_ms", "auto"),
             round_index=c.round_index,
             shards=c.shards,
             ray_address=c.ray_address,

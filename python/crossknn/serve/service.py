@@ -35,7 +35,7 @@ from crossknn.serve.engine_lock import ENGINE_ORDERS, engine_lock
 from crossknn.serve.groups import QueryGroups
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
-from crossknn.serve.reload import IndexFollower
+from crossknn.serve.reload import IndexFollower, VersionCE
 from crossknn.serve.schema import RerankRequest, SearchRequest
 
 __all__ = ["ServeConfig", "SearchService"]
@@ -299,7 +299,9 @@ class SearchService:
                     de_run = self.de_thread = DEThread(de)
                 searcher = crossknn.Searcher(
                     index,
-                    ce=batched,
+                    # its own item count: a new index version may extend the CE's items while
+                    # this one still serves (crossknn.serve.reload)
+                    ce=VersionCE(batched),
                     de=de_run,
                     method=c.method,
                     rounds=c.rounds,
