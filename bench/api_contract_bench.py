@@ -403,7 +403,14 @@ def same_answer(got: dict, want: dict) -> bool:
 
 
 def kill_run(
-    index: Path, root: Path, queries: list[str], *, kills: int, clients: int, seed: int
+    index: Path,
+    root: Path,
+    queries: list[str],
+    *,
+    kills: int,
+    clients: int,
+    seed: int,
+    gap: tuple[float, float] = (2.0, 6.0),
 ) -> dict:
     """``kills`` times kill -9 at a random moment (2 to 6 s after the last restart was ready)
     while ``clients`` clients search; the supervisor restarts the server each time."""
@@ -445,7 +452,7 @@ def kill_run(
                         with lock:
                             wrong.append({"query": q, "got": resp.json()["hits"][0]["results"][:3]})
                 else:
-                    time.sleep(0.1)  # 503 while loading: do not spin
+                    time.sleep(0.5)  # 503 while loading, 429: back off (no spinning)
 
     rows = []
     try:
@@ -474,7 +481,7 @@ def kill_run(
         for t in threads:
             t.start()
         for i in range(kills):
-            time.sleep(rng.uniform(2.0, 6.0))
+            time.sleep(rng.uniform(*gap))
             n_starts = len(sup.starts)
             victim = sup.proc
             t_kill = time.monotonic()
@@ -522,7 +529,8 @@ def kill_run(
         "max_kill_to_ready_s": max(r["kill_to_ready_s"] for r in rows) if rows else None,
         "all_within_10s": bool(ready) and max(ready) <= 10.0,
         "client_results": dict(sorted(codes.items())),
-        "answers_checked": codes.get("200", 0),
+        "answers_checked": codes.get("200", 0) + len(queries),  # and the last server's
+        "kill_gap_s": list(gap),
         "reference": "the first server's answers before any kill",
         "first_server_equals_in_process_search": first_equals_in_process,
         "wrong_answers": len(wrong) + final_wrong,
@@ -572,6 +580,14 @@ def main() -> int:
     )
     p.add_argument("--kill", type=int, default=0, metavar="N", help="kill -9 N times under load")
     p.add_argument("--clients", type=int, default=8)
+    p.add_argument(
+        "--kill-gap",
+        type=float,
+        nargs=2,
+        default=[2.0, 6.0],
+        metavar=("LO", "HI"),
+        help="seconds from /readyz to the next kill, drawn uniformly",
+    )
     p.add_argument("--kill-max-items", type=int, default=None, help="NFCorpus items (default: all)")
     p.add_argument(
         "--kill-index",
@@ -648,7 +664,15 @@ def main() -> int:
 
         n_items = len(crossknn.open_index(idx))
         root = Path(tempfile.mkdtemp(prefix="api-kill-"))
-        kr = kill_run(idx, root, queries, kills=args.kill, clients=args.clients, seed=args.seed)
+        kr = kill_run(
+            idx,
+            root,
+            queries,
+            kills=args.kill,
+            clients=args.clients,
+            seed=args.seed,
+            gap=tuple(args.kill_gap),
+        )
         kr = {
             "command": command,
             "index": {
