@@ -87,7 +87,7 @@ class Server:
         penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=penv)
         try:
-            client.wait_ready(self.url, timeout=90)
+            client.wait_ready(self.url, timeout=240)
         except TimeoutError:
             self.stop()
             raise

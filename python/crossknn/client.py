@@ -49,16 +49,18 @@ def search(
     *,
     k: int = 10,
     budget: int = 100,
-    method: str = "axn",
+    method: str | None = None,
     rounds: int | None = None,
     exact: bool = False,
     seed: int = 0,
     timeout: float = 60.0,
     http=None,
 ) -> dict[str, Any]:
-    """``POST {url}/search``: one query (a string) or several (a list)."""
-    body: dict[str, Any] = {"k": k, "budget": budget, "method": method, "exact": exact}
-    body["seed"] = seed
+    """``POST {url}/search``: one query (a string) or several (a list); ``method`` and
+    ``rounds`` None: the server's defaults (its ``--method``, else the index's default path)."""
+    body: dict[str, Any] = {"k": k, "budget": budget, "exact": exact, "seed": seed}
+    if method is not None:
+        body["method"] = method
     if isinstance(query, str):
         body["query"] = query
     else:
