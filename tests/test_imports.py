@@ -30,6 +30,7 @@ LAZY = {
     "ray": "optional (ray extra); seconds to import",
     "fastapi": "optional (serve extra)",
     "uvicorn": "optional (serve extra)",
+    "h11": "optional (serve extra): uvicorn's pure-Python HTTP parser, where httptools is absent",
     "httpx": "optional (serve extra): crossknn.client only",
     "prometheus_client": "optional (serve extra)",
     "scipy": "about 0.8 s to import (scipy.stats); a few rarely used functions",

@@ -11,7 +11,7 @@ import crossknn.ce
 import ref_search as ref
 from crossknn.ce import default_cross_encoder, default_dual_encoder
 from crossknn.cli import main
-from crossknn.corpus_index import _encode_resumable, open_index
+from crossknn.corpus_index import encode_resumable, open_index
 from crossknn.index.files import ModelMismatchError
 from crossknn.scorers import MatrixScorer
 from crossknn.search import DEFAULT_MIX
@@ -336,13 +336,13 @@ class _CountingDE:
 def test_item_encoding_resumes_after_interruption(env, tmp_path):
     texts = env["corpus"].texts
     de = _CountingDE(env["de"])
-    full = _encode_resumable(de, texts, tmp_path, chunk=16, progress=False)
+    full = encode_resumable(de, texts, tmp_path, chunk=16, progress=False)
     assert de.calls == 3
     chunks = sorted(tmp_path.glob("de_*.npy"))
     chunks[1].unlink()  # as if killed while encoding the second chunk
     (tmp_path / f".{chunks[1].name}.x.tmp").write_bytes(b"half-written")
     de.calls = 0
-    again = _encode_resumable(de, texts, tmp_path, chunk=16, progress=False)
+    again = encode_resumable(de, texts, tmp_path, chunk=16, progress=False)
     assert de.calls == 1
     np.testing.assert_array_equal(full, again)
 

@@ -117,7 +117,7 @@ def auto_pseudo_queries(corpus: Corpus, n: int, *, seed: int = 0) -> list[str]:
     return qs
 
 
-def _model_key(model: Any) -> dict:
+def model_fingerprint(model: Any) -> dict:
     """What a model's outputs depend on: its identity, max length, precision (and type)."""
     ident = model_identity(model, require_hash=False)
     return {
@@ -128,7 +128,7 @@ def _model_key(model: Any) -> dict:
     }
 
 
-def _fresh_work(folder: Path, key: dict, what: str) -> None:
+def fresh_work_dir(folder: Path, key: dict, what: str) -> None:
     """Make ``folder`` hold resumable state for ``key`` only: state of other inputs (or of
     unknown inputs) is discarded, saying so on stderr; ``folder/key.json`` records the key
     (removed before the stale state, written after it is gone)."""
@@ -165,7 +165,7 @@ def _remove(path: Path) -> None:
             pass
 
 
-def _encode_resumable(
+def encode_resumable(
     de, texts: list[str], work: Path, *, chunk: int = 1024, progress: bool = True, ids=None
 ) -> np.ndarray:
     """DE vectors of ``texts``, encoded in chunks saved atomically under ``work`` (resumable).
@@ -174,13 +174,13 @@ def _encode_resumable(
     length, precision) and the chunk size: chunks of other inputs are discarded, never reused."""
     key = {
         "what": "de_items",
-        "de": _model_key(de),
+        "de": model_fingerprint(de),
         "chunk": int(chunk),
         "n": len(texts),
         "ids_sha256": None if ids is None else sha256_texts(map(str, ids)),
         "texts_sha256": sha256_texts(texts),
     }
-    _fresh_work(work, key, "DE vectors")
+    fresh_work_dir(work, key, "DE vectors")
     n_chunks = (len(texts) + chunk - 1) // chunk
     parts = []
     with tqdm(total=len(texts), desc="encode items (DE)", unit="item", disable=not progress) as bar:
@@ -370,7 +370,7 @@ def _build_locked(
 
     items_bytes = _items_jsonl(corpus)
     atomic_write_bytes(stage / ITEMS_FILE, items_bytes)
-    V = _encode_resumable(
+    V = encode_resumable(
         de, list(corpus.texts), work / "de", chunk=chunk, progress=progress, ids=corpus.ids
     )
     ce.set_items(list(corpus.texts))
@@ -402,8 +402,12 @@ def _build_locked(
         qs = train_queries or auto_pseudo_queries(
             corpus, pseudo_query_count(index_calls, len(corpus), calibration_queries), seed=seed
         )
-        auto_key = {"what": "auto_rows", "ce": _model_key(ce), "items": sha256_bytes(items_bytes)}
-        _fresh_work(work / "auto", auto_key, "auto index rows")
+        auto_key = {
+            "what": "auto_rows",
+            "ce": model_fingerprint(ce),
+            "items": sha256_bytes(items_bytes),
+        }
+        fresh_work_dir(work / "auto", auto_key, "auto index rows")
         a_arrays, auto, a_calls = build_corpus_auto(
             ce,
             de,
@@ -421,11 +425,11 @@ def _build_locked(
     if cur:
         cur_key = {
             "what": "cur_rows",
-            "ce": _model_key(ce),
+            "ce": model_fingerprint(ce),
             "items_sha256": sha256_bytes(items_bytes),
             "train_queries_sha256": sha256_texts(train_queries),
         }
-        _fresh_work(work / "cur", cur_key, "CUR rows")
+        fresh_work_dir(work / "cur", cur_key, "CUR rows")
         R, _ = score_dense(
             ce,
             list(train_queries),

@@ -34,6 +34,7 @@ from crossknn.ce.folders import (
 )
 from crossknn.ce.interface import is_model
 from crossknn.ce.manifest import MANIFEST, read_manifest
+from crossknn.ce.model_base import on_cpu
 from crossknn.cmc import CmcRetriever
 from crossknn.corpus_folder import CorpusIndex, open_index
 from crossknn.exact_cache import ExactScores
@@ -164,8 +165,6 @@ def _latency_target(value, ce) -> float | None:
     :data:`crossknn.search.round_plan.DEFAULT_GPU_TARGET_MS` when the CE runs on a GPU provider
     and none on a CPU (its pairs dominate); None or 0: none."""
     if value == "auto":
-        from crossknn.ce.model_base import on_cpu
-
         provider = getattr(ce, "provider", None)
         return None if provider is None or on_cpu(provider) else DEFAULT_GPU_TARGET_MS
     if value is None or value == 0:

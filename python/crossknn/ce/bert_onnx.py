@@ -58,6 +58,7 @@ def _check_config(config: dict[str, Any], path: Path) -> None:
 
 def _weights(path: Path) -> dict[str, np.ndarray]:
     """The checkpoint's tensors as float32 numpy arrays, without a "bert." prefix."""
+    # safetensors and onnx: only building the embedded models reads weights and writes graphs
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -79,7 +80,7 @@ class _Graph:
     """Accumulates nodes and initializers; names nodes like the torch export does."""
 
     def __init__(self, weights: dict[str, np.ndarray]) -> None:
-        from onnx import helper, numpy_helper
+        from onnx import helper, numpy_helper  # onnx: only a graph build needs it
 
         self.helper, self.numpy_helper = helper, numpy_helper
         self.w = weights
@@ -219,6 +220,7 @@ def _l2(g: _Graph, v: str, scope: str) -> str:
 def build_bert_graph(hf_dir: str | Path, out: str | Path, *, kind: str, normalize: bool = True):
     """Write the ``kind`` graph ("joint-ce" or "dual-encoder") of the BERT checkpoint in
     ``hf_dir`` to ``out``; returns the manifest entries ``{"output", "inputs"}``."""
+    # onnx: only a graph build needs it
     import onnx
     from onnx import TensorProto, helper
 

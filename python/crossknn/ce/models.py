@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 # export.py imports torch, transformers and onnx only inside its functions
+from crossknn.ce.bert_onnx import OPSET, build_bert_graph
 from crossknn.ce.cache import cache_root
 from crossknn.ce.export import DEFAULT_JOINT_POOLING, finish_export, write_tokenizer
 from crossknn.ce.manifest import FORMAT_VERSION, read_manifest
@@ -98,10 +99,9 @@ def _source_key(src: Path) -> str:
 
 def _build(name: str, precision: str, src: Path, out: Path) -> None:
     """Write the embedded model ``name`` at ``precision`` into ``out`` (numpy + onnx, no torch)."""
+    # onnx and onnxruntime: only building the embedded models (first use) needs them here
     import onnx
     import onnxruntime
-
-    from crossknn.ce.bert_onnx import OPSET, build_bert_graph
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

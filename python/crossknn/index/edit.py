@@ -21,7 +21,7 @@ import numpy as np
 
 from crossknn.core import ItemFeatures
 from crossknn.corpus_folder import open_index
-from crossknn.corpus_index import _encode_resumable, _fresh_work, _model_key
+from crossknn.corpus_index import encode_resumable, fresh_work_dir, model_fingerprint
 from crossknn.data import Corpus
 from crossknn.fileio import atomic_save_npy, fingerprint, folder_lock, sha256_texts
 from crossknn.index.auto import AUTO_ARRAY, AUTO_ITEM_COV
@@ -105,9 +105,11 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
             )
         t0 = time.perf_counter()
         work = path / WORK_DIR / "add"
-        _fresh_work(work, {"what": "add", "key": key, "ce": _model_key(ce)}, "added items' work")
+        fresh_work_dir(
+            work, {"what": "add", "key": key, "ce": model_fingerprint(ce)}, "added items' work"
+        )
         texts = list(items.texts)
-        V_new = _encode_resumable(
+        V_new = encode_resumable(
             de, texts, work / "de", progress=progress, ids=list(items.ids)
         ).astype(np.float32)
         V = np.concatenate([np.asarray(index["de_items"], np.float32), V_new])

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from crossknn.corpus_folder import open_index
-from crossknn.corpus_index import _fresh_work, _model_key
+from crossknn.corpus_index import fresh_work_dir, model_fingerprint
 from crossknn.fileio import fingerprint, folder_lock
 from crossknn.identity import model_identity
 from crossknn.index.auto import (
@@ -224,9 +224,13 @@ def refine_index(
         scorer = LoggedCE(ce, logged, stored)
         scorer.set_items(list(index.corpus.texts))
         work = path / WORK_DIR / "refine"
-        _fresh_work(
+        fresh_work_dir(
             work,
-            {"what": "refine rows", "ce": _model_key(ce), "items": index.info.get("items_sha256")},
+            {
+                "what": "refine rows",
+                "ce": model_fingerprint(ce),
+                "items": index.info.get("items_sha256"),
+            },
             "refine rows",
         )
         V = np.asarray(index["de_items"], np.float32)

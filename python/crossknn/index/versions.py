@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -171,8 +172,6 @@ def _collect(path: Path, old: Mapping, new: Mapping) -> None:
 def clean_work(path, name: str) -> None:
     """Removes an operation's work folder (``.build/lifecycle/NAME``) and the empty folders
     above it."""
-    import shutil
-
     work = Path(path) / WORK_DIR / name
     shutil.rmtree(work, ignore_errors=True)
     for p in (work.parent, work.parent.parent):

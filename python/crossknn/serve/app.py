@@ -613,10 +613,10 @@ def http_protocol():
     ``h11``) with its 400 answer to malformed HTTP in the app's JSON error shape."""
     # uvicorn: optional (serve extra)
     try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # serve extra
     except ImportError:  # no httptools: uvicorn's pure-Python parser
-        import h11
-        from uvicorn.protocols.http.h11_impl import H11Protocol
+        import h11  # uvicorn's pure-Python parser (serve extra)
+        from uvicorn.protocols.http.h11_impl import H11Protocol  # serve extra
 
         class JsonErrorH11Protocol(H11Protocol):
             def send_400_response(self, msg: str) -> None:

@@ -21,6 +21,7 @@ Every response carries the header ``X-Index-Version`` (and ``/search`` the field
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -314,9 +315,7 @@ class VersionHeader:
 def add_reload_routes(app, service, config) -> None:
     """``POST /admin/reload`` (behind the API key: refused without ``--api-key-file``) and the
     ``X-Index-Version`` header on every response."""
-    import asyncio
-
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse  # serve extra
 
     detail = {
         "content": {
