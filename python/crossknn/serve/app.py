@@ -33,7 +33,14 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any
 
+import h11
 from fastapi import FastAPI, Request
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # no httptools: uvicorn's pure-Python parser (h11) only
+    HttpToolsProtocol = None
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
@@ -608,35 +615,32 @@ def _bad_request_body() -> bytes:
     ).encode()
 
 
-def http_protocol():
-    """uvicorn's HTTP protocol class (``httptools`` when installed, as uvicorn's ``auto``, else
-    ``h11``) with its 400 answer to malformed HTTP in the app's JSON error shape."""
-    # uvicorn: optional (serve extra)
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # serve extra
-    except ImportError:  # no httptools: uvicorn's pure-Python parser
-        import h11  # uvicorn's pure-Python parser (serve extra)
-        from uvicorn.protocols.http.h11_impl import H11Protocol  # serve extra
+class JsonErrorH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, its 400 to malformed HTTP in the app's JSON error shape (a
+    module-level class: uvicorn's ``--workers`` pickles it into each worker process)."""
 
-        class JsonErrorH11Protocol(H11Protocol):
-            def send_400_response(self, msg: str) -> None:
-                body = _bad_request_body()
-                headers = [
-                    (b"content-type", b"application/json"),
-                    (b"connection", b"close"),
-                    (b"content-length", str(len(body)).encode()),
-                ]
-                for event in (
-                    h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                    h11.Data(data=body),
-                    h11.EndOfMessage(),
-                ):
-                    self.transport.write(self.conn.send(event))
-                self.transport.close()
+    def send_400_response(self, msg: str) -> None:
+        body = _bad_request_body()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"connection", b"close"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
-        return JsonErrorH11Protocol
+
+if HttpToolsProtocol is not None:
 
     class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
+        """uvicorn's httptools protocol, its 400 in the app's JSON error shape (module level,
+        as :class:`JsonErrorH11Protocol`)."""
+
         def send_400_response(self, msg: str) -> None:
             body = _bad_request_body()
             head = [b"HTTP/1.1 400 Bad Request\r\n"]
@@ -650,4 +654,10 @@ def http_protocol():
             self.transport.write(b"".join(head) + body)
             self.transport.close()
 
+
+def http_protocol():
+    """uvicorn's HTTP protocol class (``httptools`` when installed, as uvicorn's ``auto``, else
+    ``h11``) with its 400 answer to malformed HTTP in the app's JSON error shape."""
+    if HttpToolsProtocol is None:  # no httptools: uvicorn's pure-Python parser
+        return JsonErrorH11Protocol
     return JsonErrorHttpToolsProtocol
