@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from crossknn.ce import token_cache
 from crossknn.ce.tokenize import IdStore, TokenizerPlan, check_texts, longest_first
 
 __all__ = ["CrossEncoderBase", "DualEncoderBase", "ModelBase", "length_batches", "pair_indices"]
@@ -250,6 +251,21 @@ class ModelBase:
             ids.extend(self._plan.encode(texts[start : start + _ENCODE_CHUNK], need))
         return IdStore(ids, self._room)
 
+    def _item_store(self, texts: list[str]) -> IdStore:
+        """The items' ids: from the token cache when this tokenizer stored these texts before
+        (crossknn.ce.token_cache: a restarted server skips the tokenizing), else tokenized and
+        stored."""
+        cached = token_cache.enabled() and len(texts) >= token_cache.MIN_TEXTS
+        if cached:
+            key = token_cache.store_key(self._plan.digest, self._room, texts)
+            store = token_cache.load_store(key, len(texts), self._room)
+            if store is not None:
+                return store
+        store = self._encode_store(texts, self.show_progress_bar)
+        if cached:
+            token_cache.save_store(key, store)
+        return store
+
     def pin_graphs(self) -> None:
         """On a GPU with CUDA graphs: from now on only the threads that called :meth:`warmup`
         replay graphs; any other thread runs its batches without one instead of capturing its
@@ -287,7 +303,7 @@ class CrossEncoderBase(ModelBase):
 
     def set_items(self, texts: list[str]) -> None:
         """Tokenize the item texts once; :meth:`score` then takes item indices into this list."""
-        store = self._encode_store(check_texts(texts, "items"), self.show_progress_bar)
+        store = self._item_store(check_texts(texts, "items"))
         with self._lock:
             self._items = store
 

@@ -13,6 +13,7 @@ gets the larger half).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,8 @@ class TokenizerPlan:
         if not path.is_file():
             raise FileNotFoundError(f"missing file {path}")
         tok = Tokenizer.from_file(str(path))
+        # what the ids depend on besides the texts (crossknn.ce.token_cache's key)
+        self.digest = hashlib.sha256(path.read_bytes()).hexdigest()
         tok.no_truncation()
         tok.no_padding()
         self._tok = tok
