@@ -4,8 +4,9 @@
     .venv/bin/python bench/lifecycle_bench.py --part recall   # refine / add / remove
     .venv/bin/python bench/lifecycle_bench.py --part swap     # serve under load through swaps
 
-``recall`` (CPU scale: an NFCorpus subset of ``--items`` items, seeded, from
-``../shared/matrices/nfcorpus-minilm-gpu``): the CE is the embedded CE for every query that is
+``recall`` (CPU scale: the items of a score matrix in ``../shared/matrices`` -- ``--matrix``,
+``cisi-minilm`` by default, all 1,460 items; or a seeded subset of ``--items`` items, e.g. of
+``nfcorpus-minilm-gpu``): the CE is the embedded CE for every query that is
 not a matrix row (pseudo-queries, the calibration) and the matrix's exact scores of the embedded
 CE for the matrix's train and test queries (the honest CE for them: same model, scored on a GPU);
 the DE is the embedded DE. It builds the default pseudo-row index (``crossknn build``'s default
@@ -43,7 +44,7 @@ from _common import _cpu_model, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-NF = SHARED / "matrices" / "nfcorpus-minilm-gpu"
+MATRICES = SHARED / "matrices"
 OUT = REPO / "bench" / "results" / "lifecycle_bench.json"
 PLOT = REPO / "docs" / "img" / "lifecycle.png"
 WORK = REPO / "build" / "lifecycle_bench"
@@ -147,16 +148,21 @@ class HybridCE:
         return out
 
 
-def _setup(n_items: int, seed: int):
+def _setup(matrix: Path, n_items: int, seed: int):
+    """The matrix's items (all when ``n_items`` is 0 or at least their count, else a seeded
+    subset), its scores over them, and its train and test queries (one row per distinct text)."""
     from crossknn.data import Corpus, load_beir
     from crossknn.matrix import load_score_matrix
 
-    m = load_score_matrix(NF, mmap=True)
+    m = load_score_matrix(matrix, mmap=True)
     beir = load_beir(m.corpus_dir())
     texts_all = beir.items_in_order(m.item_ids)
     qtexts = beir.queries_in_order(m.query_ids)
     rng = np.random.default_rng(seed)
-    cols = np.sort(rng.choice(m.n_items, n_items, replace=False))
+    if 0 < n_items < m.n_items:
+        cols = np.sort(rng.choice(m.n_items, n_items, replace=False))
+    else:
+        cols = np.arange(m.n_items)
     S = np.ascontiguousarray(np.asarray(m.scores)[:, cols], np.float32)
     ids = [m.item_ids[c] for c in cols]
     texts = [texts_all[c] for c in cols]
@@ -169,7 +175,8 @@ def _setup(n_items: int, seed: int):
     train = [qtexts[r] for r in m.train if qrow[qtexts[r]] == r]
     test_rows = [int(r) for r in m.test if qrow[qtexts[r]] == r]
     test = [qtexts[r] for r in test_rows]
-    return Corpus(ids, texts, "nfcorpus-subset"), S, qrow, col_of_text, train, test, test_rows
+    name = matrix.name + (" subset" if cols.size < m.n_items else "")
+    return Corpus(ids, texts, name), S, qrow, col_of_text, train, test, test_rows
 
 
 def _exact_top(S, rows, live=None):
@@ -207,14 +214,16 @@ def part_recall(args, res: dict) -> None:
     from crossknn.query_log import QueryLog, read_log
     from crossknn.searcher import Searcher
 
-    corpus, S, qrow, col_of_text, train, test, test_rows = _setup(args.items, args.seed)
+    corpus, S, qrow, col_of_text, train, test, test_rows = _setup(
+        args.matrix, args.items, args.seed
+    )
     N = len(corpus)
     real_ce = crossknn.ce.default_cross_encoder()
     de = CachedDE(crossknn.ce.default_dual_encoder(show_progress_bar=False))
     if args.fresh:
         shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    key = {"items": args.items, "seed": args.seed, "rows": args.rows}
+    key = {"matrix": args.matrix.name, "items": N, "seed": args.seed, "rows": args.rows}
     if not (WORK / "key.json").is_file() or json.loads((WORK / "key.json").read_text()) != key:
         shutil.rmtree(WORK)
         WORK.mkdir(parents=True)
@@ -227,7 +236,7 @@ def part_recall(args, res: dict) -> None:
     exact_ids = [{ids[j] for j in ex} for ex in _exact_top(S, test_rows)]
     out = {
         "scale": {
-            "dataset": "nfcorpus-minilm-gpu subset",
+            "dataset": corpus.source,
             "items": N,
             "train_queries": len(train),
             "test_queries": len(test),
@@ -236,7 +245,7 @@ def part_recall(args, res: dict) -> None:
             "seed": args.seed,
         }
     }
-    print(f"NFCorpus subset: {N} items, {len(train)} train, {len(test)} test queries")
+    print(f"{corpus.source}: {N} items, {len(train)} train, {len(test)} test queries")
 
     # the default pseudo-row index (build's default budget rule), timed: the rebuild's time
     pseudo = WORK / "pseudo"
@@ -301,7 +310,10 @@ def part_recall(args, res: dict) -> None:
         return _recall(d, ce, de, test, exact_ids), r.as_dict()
 
     curve = [{"served": 0, "rows": rows, "recall": r_pseudo}]
-    for n in sorted({100, 300, len(records)}):
+    # the issue's points (100, 300, all served); on a short log (CISI: 62 train queries) a
+    # quarter and a half of it
+    points = [n for n in (100, 300) if n < len(records)] or [len(records) // 4, len(records) // 2]
+    for n in sorted({*points, len(records)}):
         rec, info = refined(n, C)
         curve.append({"served": n, "rows": rows, "recall": rec, "real_rows": info["real_rows"]})
         print(f"refined after {n} served queries: recall {rec:.4f}")
@@ -408,7 +420,7 @@ def _plot(res: dict) -> None:
     ax[1].legend()
     s = rp["scale"]
     fig.suptitle(
-        f"NFCorpus subset ({s['items']} items, {s['test_queries']} test queries), "
+        f"{s['dataset']} ({s['items']} items, {s['test_queries']} test queries), "
         f"{res.get('hardware', '')}",
         fontsize=9,
     )
@@ -450,7 +462,13 @@ def main(argv=None) -> int:
         default="all",
         help="merge: no measurement, the parts of the --merge results into --out",
     )
-    ap.add_argument("--items", type=int, default=500)
+    ap.add_argument(
+        "--matrix",
+        type=Path,
+        default=MATRICES / "cisi-minilm",
+        help="a score matrix of the embedded CE (default: ../shared/matrices/cisi-minilm)",
+    )
+    ap.add_argument("--items", type=int, default=0, help="a seeded subset (default 0: all)")
     ap.add_argument("--rows", type=int, default=0, help="auto rows (default: N / 100)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--swaps", type=int, default=20)
@@ -467,8 +485,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=WORK, help="work folder (cached, resumable)")
     args = ap.parse_args(argv)
     WORK = args.work
-    if not NF.is_dir():
-        print(f"skipped: {NF} is missing")
+    if not args.matrix.is_dir():
+        print(f"skipped: {args.matrix} is missing")
         return 0
     res = json.loads(args.out.read_text()) if args.out.exists() else {}
     res.pop("provenance", None)
