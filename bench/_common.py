@@ -73,6 +73,32 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+class StealMeter:
+    """The share of CPU time the hypervisor gave to other guests (``steal`` in /proc/stat)
+    since the last :meth:`read`, in percent; None where /proc/stat has no steal column. On a
+    shared VM a restart or a minute of a soak can be slow because the CPU was not ours: the
+    rows say so."""
+
+    def __init__(self) -> None:
+        self._last = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return (v[7], sum(v[:8])) if len(v) >= 8 else None
+
+    def read(self) -> float | None:
+        now, last = self._sample(), self._last
+        self._last = now
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        return round(100.0 * (now[0] - last[0]) / (now[1] - last[1]), 1)
+
+
 def _gpu_name() -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None

@@ -38,6 +38,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import StealMeter  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 OUT = HERE / "results" / "api_contract.json"
@@ -455,6 +458,7 @@ def kill_run(
                     time.sleep(0.5)  # 503 while loading, 429: back off (no spinning)
 
     rows = []
+    steal = StealMeter()
     try:
         first_ready = wait_ready(url, 300, None)
         # the reference: the first server's answers, before any kill (a fresh process, a fresh
@@ -489,6 +493,7 @@ def kill_run(
             while len(sup.starts) == n_starts:  # the supervisor notices and starts a new one
                 time.sleep(0.005)
             t_start, proc = sup.starts[-1]
+            steal.read()
             wait_ready(url, 120, proc)
             t_ready = time.monotonic()
             row = {
@@ -496,6 +501,8 @@ def kill_run(
                 "restart_to_ready_s": round(t_ready - t_start, 2),
                 "kill_to_ready_s": round(t_ready - t_kill, 2),
                 "exit_code": victim.returncode,
+                # the hypervisor's share of this VM's CPU while it restarted (other guests')
+                "cpu_steal_pct": steal.read(),
             }
             rows.append(row)
             print(f"kill: {json.dumps(row)}", flush=True)

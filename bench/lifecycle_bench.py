@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import _cpu_model, write_json  # noqa: E402
+from _common import StealMeter, _cpu_model, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -610,9 +610,11 @@ def part_swap(args, res: dict) -> None:
             time.sleep(1.0)
         rss_steady = _rss_mb(srv.pid)
         swaps, ops = [], []
+        steal = StealMeter()
         for k in range(args.swaps):
             op = ("add", "remove", "refine")[k % 3]
             a = time.monotonic()
+            steal.read()  # from the start of this swap
             if op == "refine":
                 refine_index(
                     idx, log, ce=ce, de=de, index_calls=2 * len(open_index(idx)), quiet=True
@@ -643,6 +645,8 @@ def part_swap(args, res: dict) -> None:
                     "op_s": round(b - a, 2),
                     "reload_s": round(c - b, 2),
                     "rss_mb": round(rss, 1),
+                    # the hypervisor's share of this VM's CPU in the swap (other guests')
+                    "cpu_steal_pct": steal.read(),
                 }
             )
             ops.append((a, b, c))

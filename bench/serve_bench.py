@@ -58,6 +58,9 @@ import numpy as np
 import crossknn
 from crossknn import client
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import StealMeter  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 QUERIES = [
     "parse a date string into a datetime object",
@@ -604,6 +607,11 @@ def padding_stats(index: Path, seed: int = 0, requests: int = 16, pairs: int = 2
 WORDS = sorted({w.strip(",.").lower() for q in QUERIES for w in q.split()})
 
 
+def _mean_or_none(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(float(np.mean(xs)), 1) if xs else None
+
+
 def soak_request(rng: np.random.Generator, n_items: int) -> tuple[str, dict]:
     """One request of the soak's mix: 70% /search (k 1..20, budget k..min(200, N), a query of
     3..40 words), 30% /rerank (1..40 texts of 5..150 words, a query of 3..20 words); every size
@@ -697,7 +705,8 @@ def run_soak(index: Path, root: Path, args, common) -> dict:
         minutes = int(args.soak)
         lock = threading.Lock()
         per_min: list[dict] = [
-            {"lat": [], "codes": Counter(), "rss": [], "fds": []} for _ in range(minutes)
+            {"lat": [], "codes": Counter(), "rss": [], "fds": [], "steal": []}
+            for _ in range(minutes)
         ]
         local = threading.local()
         stop = threading.Event()
@@ -722,9 +731,11 @@ def run_soak(index: Path, root: Path, args, common) -> dict:
                     per_min[m]["lat"].append(lat)
 
         def sampler() -> None:
+            steal = StealMeter()
             with httpx.Client(timeout=30, trust_env=False) as scrape:
                 while not stop.wait(10.0):
                     m = min(int((time.monotonic() - t0) // 60), minutes - 1)
+                    per_min[m]["steal"].append(steal.read())
                     rss, fds = _proc_stats(pid)
                     per_min[m]["rss"].append(rss)
                     per_min[m]["fds"].append(fds)
@@ -796,6 +807,8 @@ def run_soak(index: Path, root: Path, args, common) -> dict:
                 "rss_mib": round(max(r["rss"]), 1) if r["rss"] else None,
                 "open_fds": max(r["fds"]) if r["fds"] else None,
                 "metric_label_sets": r.get("label_sets"),
+                # the hypervisor's share of this VM's CPU time in the minute (other guests')
+                "cpu_steal_pct": _mean_or_none(r["steal"]),
             }
         )
     window = min(5, max(1, minutes // 3))  # the first and last 5 minutes (of a 30-minute run)
