@@ -1,6 +1,6 @@
 """The living index (issue 47): refine on served queries, add, remove, and serve's swaps.
 
-    .venv/bin/python bench/lifecycle_bench.py                 # both parts (~15 min on 2 cores)
+    .venv/bin/python bench/lifecycle_bench.py                 # both parts (~25 min on 2 cores)
     .venv/bin/python bench/lifecycle_bench.py --part recall   # refine / add / remove
     .venv/bin/python bench/lifecycle_bench.py --part swap     # serve under load through swaps
 
@@ -8,18 +8,20 @@
 ``cisi-minilm`` by default, all 1,460 items; or a seeded subset of ``--items`` items, e.g. of
 ``nfcorpus-minilm-gpu``): the CE is the embedded CE for every query that is
 not a matrix row (pseudo-queries, the calibration) and the matrix's exact scores of the embedded
-CE for the matrix's train and test queries (the honest CE for them: same model, scored on a GPU);
+CE for the matrix's train and test queries (the honest CE for them: the same model);
 the DE is the embedded DE. It builds the default pseudo-row index (``crossknn build``'s default
 budget rule, timed: the rebuild time), replays the **train** queries through the searcher with
 the query log on (``--log-queries``'s code: every query's paid-for entries logged, B = 100),
-refines after 0, 100, 300 and all served queries and at several budgets, and evaluates
-Top-10-Recall@100 on the **test** queries against the exact top-10 within the subset; beside it
+refines after 0, 100, 300 and all served queries (a quarter and a half of a shorter log) and at
+several budgets, and evaluates Top-10-Recall@100 on the **test** queries against the exact
+top-10 within the items; beside it
 the real-row index (``build --train-queries`` with the train queries at the same budget). ``add``:
-an index of 90% of the subset plus ``crossknn add`` of the other 10%, against the full build;
+an index of 90% of the items plus ``crossknn add`` of the other 10%, against the full build;
 ``remove``: 10% of the items removed from the refined index (tombstones, and compacted).
 
-``swap``: a real ``crossknn serve`` (embedded CE, a 300-item NFCorpus index, --log-queries) under
-8 concurrent clients while 20 new versions (refine, add, remove in turn, each by the CLI) are
+``swap``: a real ``crossknn serve`` (embedded CE, a 100-item index of stdlib docstrings,
+--log-queries) under 8 concurrent clients while 20 new versions (refine, add, remove in turn, by
+the library calls the commands make, in this process) are
 swapped in by ``POST /admin/reload``: non-2xx responses, p99 latency in the swap windows against
 steady state, the server's RSS after each swap.
 
