@@ -345,6 +345,52 @@ def render_serve_overload() -> str:
     return table(header, out, "lrrrrrrl")
 
 
+# ---- the goals objects of the reliability and living-index benches ------------------------------
+
+# goal key -> (target as written, test on the value)
+API_GOALS = {
+    "fuzz_requests": ("≥ 5,000", lambda v: v >= 5000),
+    "fuzz_5xx": ("0", lambda v: v == 0),
+    "fuzz_schema_violations": ("0", lambda v: v == 0),
+    "fuzz_leaks": ("0", lambda v: v == 0),
+    "soak_minutes": ("≥ 30", lambda v: v >= 30),
+    "soak_5xx": ("0", lambda v: v == 0),
+    "soak_p99_ratio": ("≤ 1.2", lambda v: v <= 1.2),
+    "soak_rss_growth": ("≤ 0.05", lambda v: v <= 0.05),
+    "kill_restarts": ("20", lambda v: v >= 20),
+    "kill_max_ready_s": ("≤ 10", lambda v: v <= 10),
+    "kill_wrong_answers": ("0", lambda v: v == 0),
+}
+LIFECYCLE_GOALS = {
+    "refine_vs_real_rows": ("≥ −0.005", lambda v: v >= -0.005),
+    "refine_vs_pseudo": ("≥ +0.05", lambda v: v >= 0.05),
+    "add_vs_rebuild": ("≥ −0.01", lambda v: v >= -0.01),
+    "add_time_share": ("≤ 0.15", lambda v: v <= 0.15),
+    "remove_leaks": ("0", lambda v: v == 0),
+    "swap_non_2xx": ("0", lambda v: v == 0),
+}
+
+
+def goals_table(name: str, targets: dict) -> str:
+    goals = load(RESULTS / name).get("goals")
+    if not isinstance(goals, dict) or set(goals) != set(targets):
+        raise ReportError(f"{name}: a goals object with exactly the keys {sorted(targets)}")
+    out = []
+    for key, (target, ok) in targets.items():
+        v = goals[key]
+        met = "not measured" if v is None else ("met" if ok(v) else "**missed**")
+        out.append([f"`{key}`", "–" if v is None else f"{v:g}", target, met])
+    return table(["goal", "measured", "target", ""], out, "lrrl")
+
+
+def render_api_contract() -> str:
+    return goals_table("api_contract.json", API_GOALS)
+
+
+def render_lifecycle() -> str:
+    return goals_table("lifecycle_bench.json", LIFECYCLE_GOALS)
+
+
 # ---- quality of the embedded CE on BEIR ----------------------------------------------------------
 
 
@@ -493,6 +539,12 @@ BLOCKS: dict[str, Block] = {
         "nDCG@10 of trained CEs reranking the DE top-100 (difference to the DE)",
     ),
     "gpu": Block(render_gpu, "gpu_bench.h200.json", "the GPU path: CE, rounds, search, serve"),
+    "api-contract": Block(
+        render_api_contract, "api_contract.json", "the HTTP API's contract: fuzz, soak, kill -9"
+    ),
+    "lifecycle": Block(
+        render_lifecycle, "lifecycle_bench.json", "the living index: refine, add, remove, swaps"
+    ),
 }
 
 
