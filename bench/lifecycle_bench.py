@@ -475,6 +475,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--swaps", type=int, default=20)
     ap.add_argument("--steady-s", type=float, default=20.0, help="steady state before the swaps")
+    ap.add_argument(
+        "--op-nice",
+        type=int,
+        default=10,
+        help="niceness of the refine/add/remove commands during the swaps (0: the server's)",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--fresh", action="store_true", help="discard the cached work first")
     ap.add_argument(
@@ -532,8 +538,6 @@ def part_swap(args, res: dict) -> None:
     from crossknn.corpus_index import build_corpus_index, open_index
     from crossknn.data import Corpus
     from crossknn.demo_corpus import stdlib_docstrings
-    from crossknn.index.edit import add_items, remove_items
-    from crossknn.index.refine import refine_index
 
     n, budget, conc = 100, 20, 8
     root = WORK / "swap"
@@ -577,6 +581,21 @@ def part_swap(args, res: dict) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
+
+    def run_op(argv: list[str]) -> None:
+        """One CLI command (``crossknn refine``/``add``/``remove``), as an operator runs it on the
+        serving machine: at ``--op-nice`` niceness, so that the server keeps the CPU first."""
+        with open(root / "ops.log", "a") as err:
+            subprocess.run(
+                [sys.executable, "-m", "crossknn.cli", *argv, "--quiet"]
+                if argv[0] != "remove"
+                else [sys.executable, "-m", "crossknn.cli", *argv],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=(lambda: os.nice(args.op_nice)) if args.op_nice else None,
+            )
+
     words = [w for t in corpus.texts[:n] for w in t.split()[:6] if len(w) > 3]
     rng = np.random.default_rng(0)
     queries = [" ".join(rng.choice(words, 4).tolist()) for _ in range(400)]
@@ -618,20 +637,25 @@ def part_swap(args, res: dict) -> None:
             a = time.monotonic()
             steal.read()  # from the start of this swap
             if op == "refine":
-                refine_index(
-                    idx, log, ce=ce, de=de, index_calls=2 * len(open_index(idx)), quiet=True
-                )
+                calls = str(2 * len(open_index(idx)))
+                run_op(["refine", str(idx), "--queries", str(log), "--index-calls", calls])
             elif op == "add":
                 lo = n + 5 * k
-                add_items(
-                    idx,
-                    Corpus(corpus.ids[lo : lo + 5], corpus.texts[lo : lo + 5], "a"),
-                    ce=ce,
-                    de=de,
+                new = root / f"add_{k}.jsonl"
+                new.write_text(
+                    "".join(
+                        json.dumps({"id": i, "text": t}) + "\n"
+                        for i, t in zip(
+                            corpus.ids[lo : lo + 5], corpus.texts[lo : lo + 5], strict=True
+                        )
+                    )
                 )
+                run_op(["add", str(idx), str(new)])
             else:
                 live = open_index(idx).corpus.ids
-                remove_items(idx, [live[3 + k], live[20 + k]], compact_at=0.5)
+                gone = root / f"remove_{k}.txt"
+                gone.write_text(f"{live[3 + k]}\n{live[20 + k]}\n")
+                run_op(["remove", str(idx), "--ids", str(gone), "--compact-at", "0.5"])
             b = time.monotonic()
             r = httpx.post(url + "/admin/reload", headers=auth, timeout=300)
             c = time.monotonic()
@@ -680,6 +704,7 @@ def part_swap(args, res: dict) -> None:
         "items": n,
         "budget": budget,
         "concurrency": conc,
+        "ops": f"the crossknn CLI, nice {args.op_nice}",
         "swaps": swaps,
         "requests": len(records),
         "non_2xx": int(sum(not 200 <= r[2] < 300 for r in records)),
