@@ -261,3 +261,35 @@ def test_a_version_failing_its_checks_is_refused_and_the_old_one_serves(env, tmp
         assert info["reload"]["refused"] == 1 and info["index"]["version"] == before
     finally:
         server.stop()
+
+
+def test_old_versions_are_freed_after_their_swap(env, tmp_path):
+    """Memory after a swap: the versions swapped out (their index, arrays and searcher) are
+    freed; only the one serving stays (the first is frozen out of the cyclic collector's reach
+    at load, see SearchService.load, and may stay too)."""
+    import gc
+    import shutil
+    import weakref
+
+    from crossknn.serve.service import SearchService, ServeConfig
+
+    idx = tmp_path / "idx"
+    shutil.copytree(env["index_dir"], idx)
+    svc = SearchService(ServeConfig(index=str(idx), watch_index_s=0))
+    svc.load()
+    try:
+        v0 = svc.index_version
+        refs = []
+        for k in range(4):
+            refs.append((weakref.ref(svc.index), weakref.ref(svc.searcher)))
+            gone = tmp_path / "rm.txt"
+            gone.write_text(crossknn.open_index(idx).corpus.ids[k] + "\n")
+            # tombstones (no compaction): a version whose items extend the old ones
+            assert main(["remove", str(idx), "--ids", str(gone), "--compact-at", "1"]) == 0
+            assert svc.follower.reload()["status"] == "swapped"
+        gc.collect()
+        alive = [k for k, (i, s) in enumerate(refs) if i() is not None or s() is not None]
+        assert alive in ([], [0]), f"versions still held after their swap: {alive}"
+        assert svc.index_version == v0 + 4
+    finally:
+        svc.close()
