@@ -621,7 +621,15 @@ def part_swap(args, res: dict) -> None:
                 if code == 429:  # a client honours Retry-After (capped: the load goes on)
                     stop.wait(min(float(r.headers.get("retry-after", 1)), 5.0))
 
+    timeline: list[tuple[float, float]] = []  # (s since the clients started, server RSS MB)
+
+    def sample_rss() -> None:
+        t_start = time.monotonic()
+        while not stop.wait(10.0):
+            timeline.append((round(time.monotonic() - t_start, 1), round(_rss_mb(srv.pid), 1)))
+
     threads = [threading.Thread(target=client, args=(i,)) for i in range(conc)]
+    threads.append(threading.Thread(target=sample_rss))
     try:
         for t in threads:
             t.start()
@@ -720,11 +728,15 @@ def part_swap(args, res: dict) -> None:
         "rss_steady_mb": round(rss_steady, 1),
         "rss_max_after_swap_mb": max(s["rss_mb"] for s in swaps) if swaps else None,
         "rss_last_mb": swaps[-1]["rss_mb"] if swaps else None,
+        # every 10 s; --swaps 0 with a long --steady-s: the same load without swaps (a control)
+        "rss_timeline_mb": timeline,
     }
+    ms = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     print(
-        f"{len(records)} requests, {out['non_2xx']} non-2xx; p99 steady {out['p99_steady_ms']:.0f} "
-        f"ms, in swaps {out['p99_swap_ms']:.0f} ms, during the ops {out['p99_op_ms']:.0f} ms; RSS "
-        f"{rss_steady:.0f} MB steady, {out['rss_last_mb']} MB after the last swap"
+        f"{len(records)} requests, {out['non_2xx']} non-2xx; p99 steady {ms(out['p99_steady_ms'])} "
+        f"ms, in swaps {ms(out['p99_swap_ms'])} ms, during the ops {ms(out['p99_op_ms'])} ms; "
+        f"RSS {rss_steady:.0f} MB steady, {out['rss_last_mb']} MB after the last swap, "
+        f"{timeline[-1][1] if timeline else '-'} MB at the end"
     )
     res["swap_part"] = out
 
