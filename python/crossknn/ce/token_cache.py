@@ -47,6 +47,7 @@ def enabled() -> bool:
 def store_key(tokenizer_digest: str, cap: int, texts: list[str]) -> str:
     """sha256 of what the ids depend on: the tokenizer file, the ``tokenizers`` release, the
     store's cap and every text (each one length-prefixed: no two lists share a key)."""
+    # tokenizers: about 10 ms to import, kept off ``import crossknn`` (as in ce.tokenize)
     import tokenizers
 
     h = hashlib.sha256()
