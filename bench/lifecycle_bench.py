@@ -474,6 +474,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=0, help="auto rows (default: N / 100)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--swaps", type=int, default=20)
+    ap.add_argument(
+        "--ops",
+        default="add,remove,refine",
+        help="the commands the swaps cycle through (default add,remove,refine)",
+    )
     ap.add_argument("--steady-s", type=float, default=20.0, help="steady state before the swaps")
     ap.add_argument(
         "--op-nice",
@@ -492,6 +497,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--work", type=Path, default=WORK, help="work folder (cached, resumable)")
     args = ap.parse_args(argv)
+    bad = sorted(set(args.ops.split(",")) - {"add", "remove", "refine"})
+    if bad:
+        ap.error(f"--ops: expected add, remove or refine, comma-separated; got {', '.join(bad)}")
     WORK = args.work
     if not args.matrix.is_dir():
         print(f"skipped: {args.matrix} is missing")
@@ -639,9 +647,10 @@ def part_swap(args, res: dict) -> None:
             time.sleep(1.0)
         rss_steady = _rss_mb(srv.pid)
         swaps, ops = [], []
+        cycle = [o.strip() for o in args.ops.split(",") if o.strip()]
         steal = StealMeter()
         for k in range(args.swaps):
-            op = ("add", "remove", "refine")[k % 3]
+            op = cycle[k % len(cycle)]
             a = time.monotonic()
             steal.read()  # from the start of this swap
             if op == "refine":
@@ -668,6 +677,14 @@ def part_swap(args, res: dict) -> None:
             r = httpx.post(url + "/admin/reload", headers=auth, timeout=300)
             c = time.monotonic()
             body = r.json()
+            # the old version's memory is released once its last request ends (/info says when)
+            released = None
+            while time.monotonic() - c < 120:
+                rel = httpx.get(url + "/info", headers=auth, timeout=30).json().get("reload", {})
+                if rel.get("releases", 0) >= len(swaps) + 1:
+                    released = round(time.monotonic() - c, 2)
+                    break
+                time.sleep(0.2)
             time.sleep(1.0)
             rss = _rss_mb(srv.pid)
             swaps.append(
@@ -678,7 +695,8 @@ def part_swap(args, res: dict) -> None:
                     "version": body.get("version"),
                     "op_s": round(b - a, 2),
                     "reload_s": round(c - b, 2),
-                    "rss_mb": round(rss, 1),
+                    "rss_mb": round(rss, 1),  # 1 s after the old version's release
+                    "release_s": released,  # from the reload's answer (None: not seen)
                     # the hypervisor's share of this VM's CPU in the swap (other guests')
                     "cpu_steal_pct": steal.read(),
                 }
@@ -728,6 +746,10 @@ def part_swap(args, res: dict) -> None:
         "rss_steady_mb": round(rss_steady, 1),
         "rss_max_after_swap_mb": max(s["rss_mb"] for s in swaps) if swaps else None,
         "rss_last_mb": swaps[-1]["rss_mb"] if swaps else None,
+        # after each swap (its old version released) against the steady state before the swaps
+        "rss_max_over_steady_mb": (
+            round(max(s["rss_mb"] for s in swaps) - rss_steady, 1) if swaps else None
+        ),
         # every 10 s; --swaps 0 with a long --steady-s: the same load without swaps (a control)
         "rss_timeline_mb": timeline,
     }

@@ -265,13 +265,22 @@ def test_a_version_failing_its_checks_is_refused_and_the_old_one_serves(env, tmp
 
 def test_old_versions_are_freed_after_their_swap(env, tmp_path):
     """Memory after a swap: the versions swapped out (their index, arrays and searcher) are
-    freed; only the one serving stays (the first is frozen out of the cyclic collector's reach
-    at load, see SearchService.load, and may stay too)."""
-    import gc
+    freed, and once the last request on one finishes its memory is handed back
+    (crossknn.serve.memory.release_memory: a collection, then malloc_trim); a request still
+    running on the old version holds that release back."""
     import shutil
     import weakref
 
+    from crossknn.serve.memory import _malloc_trim
     from crossknn.serve.service import SearchService, ServeConfig
+
+    def released_after(n: int, within: float = 30.0) -> bool:
+        t = time.monotonic() + within
+        while time.monotonic() < t:
+            if svc.follower.releases >= n:
+                return True
+            time.sleep(0.05)
+        return False
 
     idx = tmp_path / "idx"
     shutil.copytree(env["index_dir"], idx)
@@ -286,10 +295,24 @@ def test_old_versions_are_freed_after_their_swap(env, tmp_path):
             gone.write_text(crossknn.open_index(idx).corpus.ids[k] + "\n")
             # tombstones (no compaction): a version whose items extend the old ones
             assert main(["remove", str(idx), "--ids", str(gone), "--compact-at", "1"]) == 0
-            assert svc.follower.reload()["status"] == "swapped"
-        gc.collect()
+            if k == 3:
+                # a request on the old version: its memory is released when the request ends
+                with svc.follower.pinned() as (searcher, _):
+                    assert svc.follower.reload()["status"] == "swapped"
+                    time.sleep(0.5)
+                    assert svc.follower.releases == 3, "released while a request still ran on it"
+                    assert searcher is not svc.searcher
+                del searcher, _
+            else:
+                assert svc.follower.reload()["status"] == "swapped"
+            assert released_after(k + 1), f"swap {k + 1}: the old version was never released"
+        # no gc.collect() here: the release did what was needed
         alive = [k for k, (i, s) in enumerate(refs) if i() is not None or s() is not None]
-        assert alive in ([], [0]), f"versions still held after their swap: {alive}"
+        assert alive == [], f"versions still held after their swap: {alive}"
         assert svc.index_version == v0 + 4
+        rel = svc.follower.last_release
+        assert set(rel) == {"collected", "trimmed", "seconds"}
+        if _malloc_trim():  # glibc
+            assert isinstance(rel["trimmed"], bool)
     finally:
         svc.close()

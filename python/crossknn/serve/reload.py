@@ -33,6 +33,7 @@ from typing import Any
 
 import crossknn
 from crossknn.index.versions import index_version
+from crossknn.serve.memory import release_memory
 
 log = logging.getLogger("crossknn.serve")
 
@@ -114,6 +115,9 @@ class IndexFollower:
         self.refused = 0
         self.last_error: str | None = None
         self.history: list[dict] = []
+        self.retire_s = 3600.0  # the longest a retired version's requests are waited for
+        self.last_release: dict | None = None
+        self.releases = 0  # retired versions whose memory was released
 
     # -- the version a request runs on ------------------------------------------------------
     @contextmanager
@@ -163,6 +167,7 @@ class IndexFollower:
         with self._lock:
             svc = self.service
             old = svc.index
+            old_key = id(svc.searcher)
             stamp = index_stamp(svc.config.index)
             old_v, old_id = index_version(old), self.index_id
             t0 = time.perf_counter()
@@ -211,6 +216,8 @@ class IndexFollower:
                 "drained": not same_items,
             }
             self.history = (self.history + [rec])[-20:]
+            del old
+            self._retire(old_key)
             log.info(
                 "crossknn serve: index version %d -> %d swapped in (%.2f s)",
                 old_v,
@@ -218,6 +225,20 @@ class IndexFollower:
                 rec["load_s"],
             )
             return rec
+
+    def _retire(self, key: int) -> None:
+        """Once the last request on the swapped-out searcher ``key`` finishes, its memory is
+        handed back (:func:`crossknn.serve.memory.release_memory`), in a thread of its own: the
+        swap does not wait for those requests."""
+
+        def run() -> None:
+            with self._cv:
+                self._cv.wait_for(lambda: key not in self._active, timeout=self.retire_s)
+            self.last_release = release_memory()
+            self.releases += 1
+            log.info("crossknn serve: a retired version's memory released: %s", self.last_release)
+
+        threading.Thread(target=run, name="crossknn-index-retire", daemon=True).start()
 
     def _searcher(self, index):
         svc, c = self.service, self.service.config
@@ -280,6 +301,9 @@ class IndexFollower:
             "last_error": self.last_error,
             "watch_s": self.watch_s,
             "recent": self.history[-5:],
+            # retired versions whose memory was handed back (crossknn.serve.memory), the last
+            "releases": self.releases,
+            "last_release": self.last_release,
         }
 
 
