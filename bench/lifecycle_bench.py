@@ -20,10 +20,12 @@ an index of 90% of the items plus ``crossknn add`` of the other 10%, against the
 ``remove``: 10% of the items removed from the refined index (tombstones, and compacted).
 
 ``swap``: a real ``crossknn serve`` (embedded CE, a 100-item index of stdlib docstrings,
---log-queries) under 8 concurrent clients while 20 new versions (refine, add, remove in turn, by
-the library calls the commands make, in this process) are
-swapped in by ``POST /admin/reload``: non-2xx responses, p99 latency in the swap windows against
-steady state, the server's RSS after each swap.
+--log-queries) under 8 concurrent clients while 20 new versions (``--ops``: add, remove, refine in
+turn, each by the ``crossknn`` command at ``--op-nice`` 10, as an operator runs it beside the
+server) are swapped in by ``POST /admin/reload``: non-2xx responses, p99 latency in the swap
+windows against steady state, the server's RSS after each swap once the old version's memory is
+released (``/info``), against its steady state before the swaps. ``--swaps 0 --steady-s 600``:
+the same load without swaps (a control).
 
 Writes ``bench/results/lifecycle_bench.json`` (``goals``: the issue's six keys) and
 ``docs/img/lifecycle.png``.
@@ -423,7 +425,7 @@ def _plot(res: dict) -> None:
     s = rp["scale"]
     fig.suptitle(
         f"{s['dataset']} ({s['items']} items, {s['test_queries']} test queries), "
-        f"{res.get('hardware', '')}",
+        f"{rp.get('hardware', res.get('hardware', ''))}",
         fontsize=9,
     )
     fig.tight_layout()
@@ -507,19 +509,30 @@ def main(argv=None) -> int:
     res = json.loads(args.out.read_text()) if args.out.exists() else {}
     res.pop("provenance", None)
 
-    res["hardware"] = f"{os.cpu_count()}-core {_cpu_model()}, " + time.strftime(
-        "%Y-%m-%d", time.gmtime()
-    )
+    here = f"{os.cpu_count()}-core {_cpu_model()}, " + time.strftime("%Y-%m-%d", time.gmtime())
+    parts = ("recall_part", "swap_part")
+    for part in parts:  # a part kept from an earlier run keeps the machine it ran on
+        if part in res:
+            res[part].setdefault("hardware", res.get("hardware", ""))
     if args.part in ("recall", "all"):
         part_recall(args, res)
+        res["recall_part"]["hardware"] = here
     if args.part in ("swap", "all"):
         part_swap(args, res)
+        res["swap_part"]["hardware"] = here
     for path in args.merge:
         other = json.loads(path.read_text())
-        for part in ("recall_part", "swap_part"):
+        for part in parts:
             if part in other and args.part not in ("all", part.split("_")[0]):
                 res[part] = other[part]
+                res[part].setdefault("hardware", other.get("hardware", ""))
                 res.setdefault("measured", {})[part] = other.get("provenance")
+    where = {p: res[p]["hardware"] for p in parts if p in res}
+    if len(set(where.values())) == 1:
+        res["hardware"] = next(iter(where.values()))
+    else:
+        names = {"recall_part": "refine/add/remove", "swap_part": "swaps"}
+        res["hardware"] = "; ".join(f"{names[p]}: {h}" for p, h in where.items())
     res["goals"] = goals(res)
     print(json.dumps(res["goals"], indent=1))
     write_json(args.out, res)
