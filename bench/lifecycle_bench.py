@@ -499,9 +499,11 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--work", type=Path, default=WORK, help="work folder (cached, resumable)")
     args = ap.parse_args(argv)
-    bad = sorted(set(args.ops.split(",")) - {"add", "remove", "refine"})
-    if bad:
-        ap.error(f"--ops: expected add, remove or refine, comma-separated; got {', '.join(bad)}")
+    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = sorted(set(args.ops) - {"add", "remove", "refine"})
+    if bad or not args.ops:
+        got = ", ".join(bad) or "nothing"
+        ap.error(f"--ops: expected add, remove or refine, comma-separated; got {got}")
     WORK = args.work
     if not args.matrix.is_dir():
         print(f"skipped: {args.matrix} is missing")
@@ -660,10 +662,9 @@ def part_swap(args, res: dict) -> None:
             time.sleep(1.0)
         rss_steady = _rss_mb(srv.pid)
         swaps, ops = [], []
-        cycle = [o.strip() for o in args.ops.split(",") if o.strip()]
         steal = StealMeter()
         for k in range(args.swaps):
-            op = cycle[k % len(cycle)]
+            op = args.ops[k % len(args.ops)]
             a = time.monotonic()
             steal.read()  # from the start of this swap
             if op == "refine":

@@ -271,7 +271,6 @@ def test_old_versions_are_freed_after_their_swap(env, tmp_path):
     import shutil
     import weakref
 
-    from crossknn.serve.memory import _malloc_trim
     from crossknn.serve.service import SearchService, ServeConfig
 
     def released_after(n: int, within: float = 30.0) -> bool:
@@ -312,7 +311,6 @@ def test_old_versions_are_freed_after_their_swap(env, tmp_path):
         assert svc.index_version == v0 + 4
         rel = svc.follower.last_release
         assert set(rel) == {"collected", "trimmed", "seconds"}
-        if _malloc_trim():  # glibc
-            assert isinstance(rel["trimmed"], bool)
+        assert isinstance(rel["trimmed"], bool)
     finally:
         svc.close()

@@ -216,7 +216,6 @@ class IndexFollower:
                 "drained": not same_items,
             }
             self.history = (self.history + [rec])[-20:]
-            del old
             self._retire(old_key)
             log.info(
                 "crossknn serve: index version %d -> %d swapped in (%.2f s)",
