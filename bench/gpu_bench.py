@@ -375,7 +375,7 @@ def torch_section(rep: Report, dl: Deadline, ctx: dict, args) -> None:
 # -- 3. serial search ------------------------------------------------------------------------
 def build_index(ctx: dict, args, folder: Path) -> Path:
     from crossknn.ce.folders import open_dual_encoder
-    from crossknn.corpus_index import build_corpus_index
+    from crossknn.corpus.build import build_corpus_index
     from crossknn.data import Corpus
 
     ce = open_ce("fp32", args.provider, args.threads)
@@ -402,7 +402,7 @@ def build_index(ctx: dict, args, folder: Path) -> Path:
 
 
 def crossknn_open_index(folder):
-    from crossknn.corpus_index import open_index
+    from crossknn.corpus_folder import open_index
 
     return open_index(folder)
 

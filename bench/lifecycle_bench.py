@@ -198,7 +198,7 @@ def _exact_top(S, rows, live=None):
 def _recall(index_dir, ce, de, test, exact_ids, *, hits_out=None):
     """Mean Top-10-Recall@100 of the index's default method on the test queries (exact_ids: the
     exact top-10 as item ids)."""
-    from crossknn.corpus_index import open_index
+    from crossknn.corpus_folder import open_index
     from crossknn.searcher import Searcher
 
     s = Searcher(open_index(index_dir), ce=ce, de=de)
@@ -210,12 +210,13 @@ def _recall(index_dir, ce, de, test, exact_ids, *, hits_out=None):
 
 def part_recall(args, res: dict) -> None:
     import crossknn.ce
-    from crossknn.corpus_index import build_corpus_index, open_index
+    from crossknn.corpus.build import build_corpus_index
+    from crossknn.corpus.edit import add_items, remove_items
+    from crossknn.corpus.query_log import QueryLog, read_log
+    from crossknn.corpus.refine import refine_index
+    from crossknn.corpus_folder import open_index
     from crossknn.data import Corpus
     from crossknn.index.auto import default_index_rows
-    from crossknn.index.edit import add_items, remove_items
-    from crossknn.index.refine import refine_index
-    from crossknn.query_log import QueryLog, read_log
     from crossknn.searcher import Searcher
 
     corpus, S, qrow, col_of_text, train, test, test_rows = _setup(
@@ -558,7 +559,8 @@ def part_swap(args, res: dict) -> None:
     import httpx
 
     import crossknn.ce
-    from crossknn.corpus_index import build_corpus_index, open_index
+    from crossknn.corpus.build import build_corpus_index
+    from crossknn.corpus_folder import open_index
     from crossknn.data import Corpus
     from crossknn.demo_corpus import stdlib_docstrings
 

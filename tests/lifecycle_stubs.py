@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossknn.corpus_index import build_corpus_index
+from crossknn.corpus.build import build_corpus_index
 from crossknn.data import Corpus
 
 WORDS = [f"w{i}" for i in range(24)]

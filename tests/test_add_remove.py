@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from crossknn.corpus_index import open_index
+from crossknn.corpus.edit import add_items, remove_items
+from crossknn.corpus.versions import index_version
+from crossknn.corpus_folder import open_index
 from crossknn.data import Corpus
-from crossknn.index.edit import add_items, remove_items
-from crossknn.index.versions import index_version
 from crossknn.searcher import Searcher
 from lifecycle_stubs import StubCE, StubDE, build, corpus, index_files, queries, write_items
 

@@ -7,7 +7,7 @@ import pytest
 
 from crossknn.ce import default_cross_encoder
 from crossknn.cli import main
-from crossknn.corpus_index import open_index
+from crossknn.corpus_folder import open_index
 from crossknn.searcher import Searcher
 from shared_fixtures import made_corpus
 
@@ -118,7 +118,7 @@ class _Interrupting:
 
 def test_interrupted_auto_rows_resume(env, tmp_path):
     from crossknn.ce import default_dual_encoder
-    from crossknn.corpus_index import build_corpus_index
+    from crossknn.corpus.build import build_corpus_index
 
     de = default_dual_encoder()
     kw = {"calibration_queries": 3, "calibration_items": 8, "progress": False, "de": de}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from crossknn.commands.build_cmd import _index_calls, auto_summary
-from crossknn.corpus_index import PSEUDO_KINDS, auto_pseudo_queries, pseudo_queries
+from crossknn.corpus.pseudo import PSEUDO_KINDS, auto_pseudo_queries, pseudo_queries
 from crossknn.data import Corpus
 from crossknn.index.auto import (
     ITEMS_PER_ROW,

@@ -211,7 +211,7 @@ def test_half_precision_compute_on_cpu(tiny):
 
 # -- identity across backends: an index built on ONNX, searched on torch ----------------------
 def test_index_built_on_onnx_is_searched_on_torch(tiny):
-    from crossknn.corpus_index import build_corpus_index
+    from crossknn.corpus.build import build_corpus_index
     from crossknn.searcher import Searcher
 
     texts = _texts(40, 4, 30, 30)

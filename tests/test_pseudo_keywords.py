@@ -1,10 +1,10 @@
-"""Keyword pseudo-queries (crossknn.index.pseudo_keywords): one shared, distinctive word each."""
+"""Keyword pseudo-queries (crossknn.corpus.pseudo_keywords): one shared, distinctive word each."""
 
 from __future__ import annotations
 
 import pytest
 
-from crossknn.index.pseudo_keywords import keyword_queries
+from crossknn.corpus.pseudo_keywords import keyword_queries
 
 
 def _corpus() -> list[str]:

@@ -11,8 +11,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from crossknn.corpus_index import open_index
-from crossknn.query_log import QueryLog, read_log
+from crossknn.corpus.query_log import QueryLog, read_log
+from crossknn.corpus_folder import open_index
 from crossknn.searcher import Searcher
 from lifecycle_stubs import StubCE, StubDE, build, queries
 
@@ -53,7 +53,7 @@ def test_concurrent_writers_never_interleave_lines(tmp_path):
     code = textwrap.dedent(
         f"""
         import sys
-        from crossknn.query_log import QueryLog
+        from crossknn.corpus.query_log import QueryLog
         with QueryLog({str(path)!r}) as log:
             for i in range(300):
                 log.append(sys.argv[1] + " " + "x" * 500, ["d%d" % j for j in range(100)],

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crossknn.corpus_index import open_index
-from crossknn.index.refine import refine_index
-from crossknn.index.versions import index_version
-from crossknn.query_log import QueryLog, read_log
+from crossknn.corpus.query_log import QueryLog, read_log
+from crossknn.corpus.refine import refine_index
+from crossknn.corpus.versions import index_version
+from crossknn.corpus_folder import open_index
 from crossknn.searcher import Searcher
 from lifecycle_stubs import StubCE, StubDE, build, corpus, index_files, queries
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crossknn.corpus_index import build_corpus_index, open_index
+from crossknn.corpus.build import build_corpus_index
+from crossknn.corpus_folder import open_index
 from crossknn.data import Corpus
 from crossknn.fileio import FolderInUse, atomic_write_bytes, folder_lock
 
@@ -186,7 +187,7 @@ def test_rebuild_keeps_old_index_usable_and_disk_full_leaves_it_whole(tmp_path, 
     any write of the rebuild leaves it whole; the rerun then completes the new index."""
     import errno
 
-    import crossknn.corpus_index as ci
+    import crossknn.corpus.build as ci
     from crossknn import fileio
 
     out = tmp_path / "idx"
@@ -351,7 +352,7 @@ def test_cli_rebuild_on_a_full_disk_says_the_old_index_is_unchanged(tmp_path, mo
     import errno
 
     import crossknn.commands.build_cmd as build_cmd
-    import crossknn.corpus_index as ci
+    import crossknn.corpus.build as ci
     from crossknn import fileio
     from crossknn.cli import main
 

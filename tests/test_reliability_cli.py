@@ -131,7 +131,7 @@ def test_build_disk_full_is_one_line_and_leaves_nothing(env, tmp_path, capsys, m
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(fileio, "atomic_write_bytes", full)
-    import crossknn.corpus_index as ci
+    import crossknn.corpus.build as ci
 
     monkeypatch.setattr(ci, "atomic_write_bytes", full)
     out = tmp_path / "new"

@@ -20,10 +20,10 @@ import pytest
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
-from crossknn.corpus_index import open_index  # noqa: E402
+from crossknn.corpus.query_log import QueryLog  # noqa: E402
+from crossknn.corpus.versions import index_version  # noqa: E402
+from crossknn.corpus_folder import open_index  # noqa: E402
 from crossknn.fileio import FolderInUse, folder_lock  # noqa: E402
-from crossknn.index.versions import index_version  # noqa: E402
-from crossknn.query_log import QueryLog  # noqa: E402
 from crossknn.searcher import Searcher  # noqa: E402
 from lifecycle_stubs import StubCE, StubDE, build, corpus, queries, write_items  # noqa: E402
 
@@ -150,9 +150,9 @@ def test_a_second_writer_is_refused_naming_the_holder(clean, tmp_path):
 
 
 def _run(op: str, idx: Path, root: Path, delay: float) -> None:
+    from crossknn.corpus.edit import add_items, remove_items
+    from crossknn.corpus.refine import refine_index
     from crossknn.data import load_corpus
-    from crossknn.index.edit import add_items, remove_items
-    from crossknn.index.refine import refine_index
 
     if op == "refine":
         refine_index(idx, root / "q.log", ce=StubCE(delay), de=StubDE(delay), quiet=True)

@@ -48,7 +48,7 @@ def test_build_tunes_round_widths_per_step(model_cache, tmp_path, capsys, monkey
     """--tune-rounds Q: the exact rounds of Q pseudo-queries tune one width per round step; the
     widths land in params.round_index (CE calls counted), the searcher uses them, and a build
     without a FAISS round index refuses the option before doing any work."""
-    from crossknn.corpus_index import open_index
+    from crossknn.corpus_folder import open_index
     from crossknn.searcher import Searcher
 
     monkeypatch.setenv("CROSSKNN_CACHE", str(model_cache))

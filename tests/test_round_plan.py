@@ -8,7 +8,7 @@ import pytest
 
 import crossknn.search.round_plan as rp
 from crossknn.cli import main
-from crossknn.corpus_index import open_index
+from crossknn.corpus_folder import open_index
 from crossknn.matrix import load_score_matrix
 from crossknn.scorers import MatrixScorer
 from crossknn.search.auto import AUTO, IndexCallBudget, build_auto_index, rounds_curve

@@ -11,7 +11,8 @@ import crossknn.ce
 import ref_search as ref
 from crossknn.ce import default_cross_encoder, default_dual_encoder
 from crossknn.cli import main
-from crossknn.corpus_index import encode_resumable, open_index
+from crossknn.corpus.work import encode_resumable
+from crossknn.corpus_folder import open_index
 from crossknn.index.files import ModelMismatchError
 from crossknn.scorers import MatrixScorer
 from crossknn.search import DEFAULT_MIX

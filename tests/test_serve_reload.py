@@ -24,8 +24,8 @@ pytest.importorskip("fastapi")
 
 import crossknn  # noqa: E402
 from crossknn.cli import main  # noqa: E402
+from crossknn.corpus.query_log import read_log  # noqa: E402
 from crossknn.data import Corpus  # noqa: E402
-from crossknn.query_log import read_log  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
@@ -230,7 +230,7 @@ def test_serve_swaps_versions_under_load(env):
 def test_a_version_failing_its_checks_is_refused_and_the_old_one_serves(env, tmp_path):
     import shutil
 
-    from crossknn.index.versions import write_version
+    from crossknn.corpus.versions import write_version
 
     idx = tmp_path / "idx"
     shutil.copytree(env["index_dir"], idx)

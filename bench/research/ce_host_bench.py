@@ -213,7 +213,7 @@ def assembly_rows(ce, queries, n_items: int, sizes, reps: int, seed: int) -> lis
 
 def search_rows(ce, items, queries, n_queries: int, threads: int) -> dict:
     from crossknn import Searcher
-    from crossknn.corpus_index import build_corpus_index
+    from crossknn.corpus.build import build_corpus_index
     from crossknn.data import Corpus
 
     de = default_dual_encoder(threads=threads)

@@ -9,8 +9,9 @@ Three lines for the main job (an index from ``crossknn build``)::
 The pieces (docs/design/architecture.md maps them): :mod:`crossknn.core` (the C++ core: item
 features, least squares, top-k), :mod:`crossknn.search` (RNR, ANNCUR, ADACUR, AXN on one round
 loop), :mod:`crossknn.scorers` (budgeted CE scoring), :mod:`crossknn.ce` (ONNX Runtime
-cross-encoders), :mod:`crossknn.index` (offline indexes), :mod:`crossknn.cmc` (the CMC
-reranker), :mod:`crossknn.eval` (Top-k-Recall@B).
+cross-encoders), :mod:`crossknn.index` (offline index files and their math),
+:mod:`crossknn.corpus` (a corpus index's life: build, versions, add/remove, query log, refine),
+:mod:`crossknn.cmc` (the CMC reranker), :mod:`crossknn.eval` (Top-k-Recall@B).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from crossknn.core import ItemFeatures, RoundState
-from crossknn.corpus_index import build_corpus_index, open_index
+from crossknn.corpus import build_corpus_index
+from crossknn.corpus_folder import open_index
 from crossknn.cross_encoder import CrossEncoder
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import BudgetedScorer, BudgetExceededError, MatrixScorer

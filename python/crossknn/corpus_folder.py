@@ -1,6 +1,6 @@
 """A built corpus index folder, opened: :class:`CorpusIndex` (arrays, metadata, corpus) and
 :func:`open_index`, which checks the item texts against the recorded hash. Built by
-:func:`crossknn.corpus_index.build_corpus_index`."""
+:func:`crossknn.corpus.build.build_corpus_index`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 
 from crossknn.data import Corpus
 from crossknn.fileio import sha256_bytes
-from crossknn.identity import model_identity
-from crossknn.index.files import Index, ModelMismatchError, load_index
+from crossknn.identity import ModelMismatchError, model_identity
+from crossknn.index.files import Index, load_index
 
 __all__ = ["CORPUS_KIND", "ITEMS_FILE", "CorpusIndex", "open_index"]
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["model_identity"]
+__all__ = ["ModelMismatchError", "model_identity"]
+
+
+class ModelMismatchError(ValueError):
+    """The index was built with another CE/DE than the one given at search time."""
 
 
 def model_identity(model: Any, *, require_hash: bool = True) -> dict | None:

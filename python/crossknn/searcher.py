@@ -6,7 +6,7 @@ Three lines from Python::
     searcher = crossknn.Searcher(index)
     hits = searcher.search("how do I parse a date?", k=10, budget=100)
 
-The index comes from :func:`crossknn.corpus_index.build_corpus_index`; the methods from
+The index comes from :func:`crossknn.corpus.build.build_corpus_index`; the methods from
 :func:`crossknn.search.make_method`; the exact ground truth of ``exact=True`` from
 :mod:`crossknn.exact_cache`.
 """
@@ -87,7 +87,7 @@ class Hits:
     # (Searcher.plan_info)
     plan: dict | None = field(default=None, repr=False)
     # (item indices, CE scores) of every item this search scored for the query: the entries it
-    # paid for (with Searcher.record_paid; the query log, crossknn.query_log)
+    # paid for (with Searcher.record_paid; the query log, crossknn.corpus.query_log)
     paid: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
@@ -329,10 +329,10 @@ class Searcher:
         if self.rescore_ce is not None:
             self.rescore_ce.set_items(list(self.corpus.texts))
         self.V = np.ascontiguousarray(index["de_items"], np.float32)
-        # removed items (crossknn remove): never in a result (crossknn.index.edit)
+        # removed items (crossknn remove): never in a result (crossknn.corpus.edit)
         self.dead = tombstones_of(index)
         self._n_dead = 0 if self.dead is None else int(self.dead.sum())
-        self.record_paid = False  # Hits.paid: the query log's entries (crossknn.query_log)
+        self.record_paid = False  # Hits.paid: the query log's entries (crossknn.corpus.query_log)
         self.qvec = _QueryVectors(self.de)
         # what the rounds search: exact, the folder's MIPS index, or shards (search.round_index)
         self.round_features = search_features(

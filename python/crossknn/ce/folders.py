@@ -48,7 +48,7 @@ from crossknn.ce.models import (
     cached_export,
 )
 from crossknn.ce.runtime import FP16
-from crossknn.index.files import ModelMismatchError
+from crossknn.identity import ModelMismatchError
 
 __all__ = [
     "CE_KINDS",

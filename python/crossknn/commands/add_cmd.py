@@ -12,9 +12,9 @@ from crossknn.commands._common import (
     provider_line,
     terminal_safe,
 )
-from crossknn.corpus_index import open_index
+from crossknn.corpus.edit import add_items
+from crossknn.corpus_folder import open_index
 from crossknn.data import load_corpus
-from crossknn.index.edit import add_items
 
 HELP = "add items (JSONL with id/text) to an index: DE vectors, auto row entries, round index"
 

@@ -20,7 +20,7 @@ from crossknn.commands._common import (
     provider_line,
     terminal_safe,
 )
-from crossknn.corpus_index import build_corpus_index
+from crossknn.corpus.build import build_corpus_index
 from crossknn.data import load_corpus, read_queries
 from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
 from crossknn.outputs import check_output_folder as check_not_over
@@ -151,7 +151,7 @@ def check_output_folder(index_dir: str | os.PathLike, inputs: list[str]) -> None
 
 def _unchanged(exc: Exception, index_dir) -> Exception:
     """The error of a failed rebuild, saying that the old index is whole and usable (a rebuild
-    writes beside it: crossknn.corpus_index)."""
+    writes beside it: crossknn.corpus.build)."""
     note = f"the old index in {index_dir} is unchanged and still usable"
     if isinstance(exc, OSError) and exc.strerror:
         return OSError(exc.errno, f"{exc.strerror}; {note}", exc.filename, None, exc.filename2)

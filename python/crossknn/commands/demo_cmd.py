@@ -21,7 +21,8 @@ import numpy as np
 from crossknn.ce import cache_root
 from crossknn.ce.models import minilm_checkpoint_dir
 from crossknn.commands._common import positive_int, print_hits, terminal_safe
-from crossknn.corpus_index import build_corpus_index, open_index
+from crossknn.corpus.build import build_corpus_index
+from crossknn.corpus_folder import open_index
 from crossknn.demo_corpus import stdlib_docstrings
 from crossknn.exact_cache import ExactScores
 from crossknn.searcher import METHODS, Searcher

@@ -14,8 +14,8 @@ from crossknn.commands._common import (
     provider_line,
     terminal_safe,
 )
-from crossknn.corpus_index import open_index
-from crossknn.index.refine import refine_index
+from crossknn.corpus.refine import refine_index
+from crossknn.corpus_folder import open_index
 
 HELP = "re-fit an index's auto rows on the queries a service answered (a --log-queries log)"
 

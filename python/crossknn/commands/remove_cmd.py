@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from crossknn.index.edit import COMPACT_AT, remove_items
+from crossknn.corpus.edit import COMPACT_AT, remove_items
 
 HELP = "remove items from an index (tombstones; compaction past a threshold)"
 

@@ -28,12 +28,12 @@ from crossknn.commands._common import (
     provider_line,
     terminal_safe,
 )
-from crossknn.corpus_index import open_index
+from crossknn.corpus.query_log import QueryLog
+from crossknn.corpus.versions import index_version
+from crossknn.corpus_folder import open_index
 from crossknn.data import find_beir, load_beir, read_qrels, read_query_file
 from crossknn.fileio import atomic_write_json
-from crossknn.index.versions import index_version
 from crossknn.outputs import check_output_file
-from crossknn.query_log import QueryLog
 from crossknn.searcher import METHODS, Searcher
 from crossknn.trec import run_metrics, run_tag, write_run
 
@@ -372,7 +372,7 @@ def _models(searcher) -> dict:
 
 
 def _log_queries(path: str, searcher: Searcher, hits) -> None:
-    """Appends the answered queries to the query log (crossknn.query_log)."""
+    """Appends the answered queries to the query log (crossknn.corpus.query_log)."""
     with QueryLog(path) as log:
         log.append_hits(
             hits,

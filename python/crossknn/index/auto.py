@@ -183,7 +183,7 @@ def build_corpus_auto(
 
 
 def auto_index_of(index) -> AutoIndex | None:
-    """The :class:`AutoIndex` of a corpus index (``crossknn.corpus_index.CorpusIndex``), or None
+    """The :class:`AutoIndex` of a corpus index (``crossknn.corpus_folder.CorpusIndex``), or None
     when it was built without ``--index-calls``."""
     params = index.params.get("auto")
     if params is None:

@@ -37,7 +37,7 @@ from crossknn.fileio import (
     sha256_array,
     sha256_bytes,
 )
-from crossknn.identity import model_identity
+from crossknn.identity import ModelMismatchError, model_identity
 from crossknn.score_map import ScoreMap
 
 __all__ = [
@@ -48,6 +48,9 @@ __all__ = [
     "ModelMismatchError",
     "save_index",
     "load_index",
+    "check_params",
+    "fsync_dir",
+    "meta_hash",
     "update_params",
 ]
 
@@ -59,10 +62,6 @@ HASH_KEY = "meta_sha256"
 
 class IndexFormatError(ValueError):
     """The index directory is malformed, corrupt or of an unsupported version."""
-
-
-class ModelMismatchError(ValueError):
-    """The index was built with another CE/DE than the one given at search time."""
 
 
 @dataclass
@@ -161,7 +160,7 @@ def save_index(
     return path
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -174,7 +173,7 @@ def _listed_files(meta_path: Path) -> set[str]:
     try:
         doc = json.loads(meta_path.read_bytes().decode("utf-8"))
         files = [e["file"] for e in doc["arrays"].values()]
-        # a version's own item texts (crossknn.index.versions: items.vN.jsonl)
+        # a version's own item texts (crossknn.corpus.versions: items.vN.jsonl)
         files.append(doc["info"].get("items_file"))
         return {f for f in files if isinstance(f, str) and f and Path(f).name == f}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -184,7 +183,7 @@ def _listed_files(meta_path: Path) -> set[str]:
 def _swap_in(stage: Path, path: Path, stale: set[str]) -> None:
     """Move every file of ``stage`` into ``path``, ``index.json`` last; remove array files of the
     old index (and ``stale`` ones) that the new one does not have."""
-    _fsync_dir(stage)
+    fsync_dir(stage)
     meta = path / "index.json"
     old = _listed_files(meta) | stale
     new = _listed_files(stage / "index.json")
@@ -192,7 +191,7 @@ def _swap_in(stage: Path, path: Path, stale: set[str]) -> None:
     # killed here) never sees the old index.json with new arrays
     try:
         os.unlink(meta)
-        _fsync_dir(path)
+        fsync_dir(path)
     except FileNotFoundError:
         pass
     for f in sorted(stage.iterdir()):
@@ -204,7 +203,7 @@ def _swap_in(stage: Path, path: Path, stale: set[str]) -> None:
         except FileNotFoundError:
             pass
     os.replace(stage / "index.json", meta)
-    _fsync_dir(path)
+    fsync_dir(path)
 
 
 def _write_index(
@@ -222,7 +221,7 @@ def _write_index(
     """Arrays, then ``index.json``, into the folder ``path`` (the index's ``final`` folder is
     the one errors name); params are checked before anything is written."""
     probe = {"params": dict(params or {}), "info": dict(info or {})}
-    _check_params(probe, final / "index.json")
+    check_params(probe, final / "index.json")
     entries = {}
     for name, arr in arrays.items():
         arr = np.ascontiguousarray(np.asarray(arr))
@@ -243,7 +242,7 @@ def _write_index(
         "ce_calls": int(ce_calls),
         "info": dict(info or {}),
     }
-    doc[HASH_KEY] = _meta_hash(doc)
+    doc[HASH_KEY] = meta_hash(doc)
     atomic_write_json(path / "index.json", doc)
 
 
@@ -256,13 +255,13 @@ def update_params(path: str | os.PathLike, params: Mapping, *, ce_calls_added: i
     doc = json.loads((path / "index.json").read_bytes().decode("utf-8"))
     doc["params"] = dict(params)
     doc["ce_calls"] = int(doc["ce_calls"]) + int(ce_calls_added)
-    _check_params(doc, path / "index.json")
-    doc[HASH_KEY] = _meta_hash(doc)
+    check_params(doc, path / "index.json")
+    doc[HASH_KEY] = meta_hash(doc)
     atomic_write_json(path / "index.json", doc)
     return path
 
 
-def _meta_hash(doc: Mapping) -> str:
+def meta_hash(doc: Mapping) -> str:
     """sha256 of the canonical JSON of ``doc`` without its own hash."""
     return sha256_bytes(json_bytes({k: v for k, v in doc.items() if k != HASH_KEY}))
 
@@ -286,7 +285,7 @@ def _finite_numbers(value: Any, where: str, meta_path: Path) -> None:
             _finite_numbers(v, f"{where}[{i}]", meta_path)
 
 
-def _check_params(doc: Mapping, meta_path: Path) -> None:
+def check_params(doc: Mapping, meta_path: Path) -> None:
     """Numbers finite, non-negative counts, and a recorded CE score map in range."""
     for key in ("params", "info"):
         _finite_numbers(doc[key], key, meta_path)
@@ -422,12 +421,12 @@ def load_index(
                 f"index {path}: {ent['file']} is corrupt (content hash mismatch)"
             )
         arrays[name] = arr
-    if HASH_KEY in doc and doc[HASH_KEY] != _meta_hash(doc):
+    if HASH_KEY in doc and doc[HASH_KEY] != meta_hash(doc):
         raise IndexFormatError(
             f"{meta_path}: index.json was modified after the index was built (its recorded "
             f"{HASH_KEY} does not match); rebuild the index"
         )
-    _check_params(doc, meta_path)
+    check_params(doc, meta_path)
     idx = Index(
         kind=doc["kind"],
         arrays=arrays,

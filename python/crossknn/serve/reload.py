@@ -1,7 +1,7 @@
 """``serve`` follows its index: new versions are loaded beside the running one and swapped in.
 
 A new index version (``crossknn refine``, ``add``, ``remove``, or a rebuild) commits by renaming
-its ``index.json`` (:mod:`crossknn.index.versions`). :class:`IndexFollower` notices it (a watch
+its ``index.json`` (:mod:`crossknn.corpus.versions`). :class:`IndexFollower` notices it (a watch
 on ``index.json`` every ``watch_s`` seconds, or ``POST /admin/reload``), opens the new version
 beside the old one (every array's hash checked, the models checked against the running CE/DE),
 makes its searcher, runs one check search on it, and only then swaps it in: one assignment, so a
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import crossknn
-from crossknn.index.versions import index_version
+from crossknn.corpus.versions import index_version
 from crossknn.serve.memory import release_memory
 
 log = logging.getLogger("crossknn.serve")

@@ -25,8 +25,8 @@ import crossknn
 from crossknn.ce.folders import RUN_PRECISIONS, open_index_models
 from crossknn.ce.interface import DualEncoder, ModelInfo
 from crossknn.ce.model_base import on_cpu
-from crossknn.index.versions import index_version
-from crossknn.query_log import QueryLog
+from crossknn.corpus.query_log import QueryLog
+from crossknn.corpus.versions import index_version
 from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
 from crossknn.serve.batcher import Batcher
@@ -109,7 +109,7 @@ class ServeConfig:
     api_key_file: str | None = None  # a bearer token every request but /healthz, /readyz needs
     cors: tuple[str, ...] = ()  # origins allowed by CORS (none: no CORS headers)
     body_timeout_s: float = 10.0  # the longest pause while a request body comes; then 408
-    # append every answered query with its paid-for CE scores here (crossknn.query_log; off)
+    # append every answered query with its paid-for CE scores here (crossknn.corpus.query_log; off)
     log_queries: str | None = None
     # look for a new index version (index.json renamed) every this many seconds; 0: only on
     # POST /admin/reload (crossknn.serve.reload)

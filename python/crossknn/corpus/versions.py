@@ -44,9 +44,9 @@ from crossknn.index.files import (
     FORMAT,
     FORMAT_VERSION,
     HASH_KEY,
-    _check_params,
-    _fsync_dir,
-    _meta_hash,
+    check_params,
+    fsync_dir,
+    meta_hash,
 )
 
 __all__ = [
@@ -139,11 +139,11 @@ def write_version(
         "ce_calls": int(doc["ce_calls"]) + int(ce_calls_added),
         "info": info,
     }
-    _check_params(new, meta_path)
-    new[HASH_KEY] = _meta_hash(new)
-    _fsync_dir(path)  # the new files are on disk before index.json names them
+    check_params(new, meta_path)
+    new[HASH_KEY] = meta_hash(new)
+    fsync_dir(path)  # the new files are on disk before index.json names them
     atomic_write_json(meta_path, new)  # the commit: one rename
-    _fsync_dir(path)
+    fsync_dir(path)
     _collect(path, doc, new)
     return new_v
 

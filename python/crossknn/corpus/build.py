@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -24,19 +21,16 @@ from tqdm.auto import tqdm
 import crossknn.ce
 from crossknn.ce.folders import model_record
 from crossknn.core import ItemFeatures
+from crossknn.corpus.pseudo import auto_pseudo_queries, pseudo_queries
+from crossknn.corpus.work import encode_resumable, fresh_work_dir, model_fingerprint
 from crossknn.corpus_folder import CORPUS_KIND, ITEMS_FILE, CorpusIndex, open_index
 from crossknn.data import Corpus
 from crossknn.fileio import (
-    atomic_save_npy,
     atomic_write_bytes,
-    atomic_write_json,
-    fingerprint,
     folder_lock,
-    read_json,
     sha256_bytes,
     sha256_texts,
 )
-from crossknn.identity import model_identity
 from crossknn.index.auto import (
     DEFAULT_INDEX_MINUTES,
     build_corpus_auto,
@@ -45,7 +39,6 @@ from crossknn.index.auto import (
 )
 from crossknn.index.cur import score_dense
 from crossknn.index.files import save_index, update_params
-from crossknn.index.pseudo_keywords import keyword_queries
 from crossknn.jobs import JobOptions
 from crossknn.score_map import ScoreMap
 from crossknn.search.round_index import default_round_index, round_index_arrays, round_widths_meta
@@ -57,9 +50,6 @@ __all__ = [
     "CorpusIndex",
     "build_corpus_index",
     "open_index",
-    "PSEUDO_KINDS",
-    "auto_pseudo_queries",
-    "pseudo_queries",
 ]
 
 TUNE_BUDGET = 100  # CE calls per query of the exact rounds --tune-rounds records
@@ -71,136 +61,6 @@ def _items_jsonl(corpus: Corpus) -> bytes:
         for i, t in zip(corpus.ids, corpus.texts, strict=False)
     ]
     return ("\n".join(lines) + "\n").encode("utf-8")
-
-
-PSEUDO_KINDS = ("first", "sentence", "keywords")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def pseudo_queries(
-    corpus: Corpus, n: int, *, seed: int = 0, words: int = 10, kind: str = "first"
-) -> list[str]:
-    """``n`` short pseudo-queries from random items (seeded), one per item.
-
-    ``kind="first"``: the item's first ``words`` words (with a title, mostly the title);
-    ``"sentence"``: one seeded random sentence of the item other than its first (the first when
-    it has only one), clipped to ``words`` + 2 words; ``"keywords"``: one-word topic queries
-    (:func:`crossknn.index.pseudo_keywords.keyword_queries`; fewer than ``n`` when the corpus
-    runs out of distinct words). Used to calibrate the CE score scale and as the rows of
-    ``auto``'s index when the user gives no train queries.
-    """
-    if kind not in PSEUDO_KINDS:
-        raise ValueError(f"pseudo-query kind must be one of {PSEUDO_KINDS}; got {kind!r}")
-    if kind == "keywords":
-        return keyword_queries(corpus.texts, n, seed=seed)
-    rng = np.random.default_rng(seed)
-    picks = rng.choice(len(corpus), size=min(n, len(corpus)), replace=False)
-    if kind == "first":
-        return [" ".join(corpus.texts[i].split()[:words]) for i in sorted(picks.tolist())]
-    out = []
-    for i in sorted(picks.tolist()):
-        sents = [t for t in _SENTENCE_END.split(corpus.texts[i]) if t.split()]
-        pick = sents[1 + int(rng.integers(len(sents) - 1))] if len(sents) > 1 else sents[0]
-        out.append(" ".join(pick.split()[: words + 2]))
-    return out
-
-
-def auto_pseudo_queries(corpus: Corpus, n: int, *, seed: int = 0) -> list[str]:
-    """The pseudo-queries of ``auto``'s rows when no train queries are given: ``n`` keyword
-    queries, filled up with first-words queries when the corpus has fewer distinct keywords (on
-    NFCorpus 167 keyword rows were within 0.019 of dense ADACUR, title rows within 0.033;
-    docs/search.md)."""
-    qs = pseudo_queries(corpus, n, seed=seed, kind="keywords")
-    if len(qs) < n:
-        seen = set(qs)
-        qs += [q for q in pseudo_queries(corpus, n, seed=seed) if q not in seen][: n - len(qs)]
-    return qs
-
-
-def model_fingerprint(model: Any) -> dict:
-    """What a model's outputs depend on: its identity, max length, precision (and type)."""
-    ident = model_identity(model, require_hash=False)
-    return {
-        **ident,
-        "type": type(model).__name__,
-        "max_length": getattr(model, "max_length", None),
-        "precision": getattr(model, "precision", None),
-    }
-
-
-def fresh_work_dir(folder: Path, key: dict, what: str) -> None:
-    """Make ``folder`` hold resumable state for ``key`` only: state of other inputs (or of
-    unknown inputs) is discarded, saying so on stderr; ``folder/key.json`` records the key
-    (removed before the stale state, written after it is gone)."""
-    key_path = folder / "key.json"
-    fp = fingerprint(key)
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        old = read_json(key_path).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
-        old = None
-    if old == fp:
-        return
-    stale = [p for p in folder.iterdir() if p.name != "key.json"]
-    if stale:
-        print(
-            f"crossknn: {folder}: discarding the {what} of an earlier build with different "
-            "inputs (corpus, model or settings changed)",
-            file=sys.stderr,
-        )
-    # the new key first: from here on, whatever is in the folder belongs to it
-    _remove(key_path)
-    for p in stale:
-        _remove(p)
-    atomic_write_json(key_path, {"fingerprint": fp, "key": key})
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-
-
-def encode_resumable(
-    de, texts: list[str], work: Path, *, chunk: int = 1024, progress: bool = True, ids=None
-) -> np.ndarray:
-    """DE vectors of ``texts``, encoded in chunks saved atomically under ``work`` (resumable).
-
-    The chunks are keyed by a fingerprint of the item ids and texts, the DE (identity, max
-    length, precision) and the chunk size: chunks of other inputs are discarded, never reused."""
-    key = {
-        "what": "de_items",
-        "de": model_fingerprint(de),
-        "chunk": int(chunk),
-        "n": len(texts),
-        "ids_sha256": None if ids is None else sha256_texts(map(str, ids)),
-        "texts_sha256": sha256_texts(texts),
-    }
-    fresh_work_dir(work, key, "DE vectors")
-    n_chunks = (len(texts) + chunk - 1) // chunk
-    parts = []
-    with tqdm(total=len(texts), desc="encode items (DE)", unit="item", disable=not progress) as bar:
-        for c in range(n_chunks):
-            lo, hi = c * chunk, min(len(texts), (c + 1) * chunk)
-            path = work / f"de_{c:06d}_{lo}_{hi}.npy"
-            arr = None
-            if path.is_file():
-                try:
-                    arr = np.load(path, allow_pickle=False)
-                except (ValueError, OSError, EOFError):
-                    arr = None
-                if arr is not None and (arr.shape != (hi - lo, de.dim) or arr.dtype != np.float32):
-                    arr = None
-            if arr is None:
-                arr = np.asarray(de.encode(texts[lo:hi]), np.float32)
-                atomic_save_npy(path, arr)
-            parts.append(arr)
-            bar.update(hi - lo)
-    return np.concatenate(parts) if parts else np.empty((0, de.dim), np.float32)
 
 
 def _calibrate(

@@ -7,7 +7,7 @@ queries, chosen to cover the logged distribution as the build chooses its rows (
 of their DE vectors, :func:`crossknn.search.auto.choose_rows`), re-fits ``auto`` with the build's
 own code (:func:`crossknn.index.auto.build_corpus_auto`: its cross-validation and learned prior
 now on real rows), and commits a new index version beside the old one
-(:mod:`crossknn.index.versions`).
+(:mod:`crossknn.corpus.versions`).
 
 - The log's paid-for entries are exact CE scores of the same CE: a row or partial row the refit
   reads is taken from the log where the log has the entry, and only the rest goes to the CE
@@ -30,8 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
+from crossknn.corpus.query_log import LoggedQuery, read_log
+from crossknn.corpus.versions import (
+    WORK_DIR,
+    already_applied,
+    clean_work,
+    index_version,
+    write_version,
+)
+from crossknn.corpus.work import fresh_work_dir, model_fingerprint
 from crossknn.corpus_folder import open_index
-from crossknn.corpus_index import fresh_work_dir, model_fingerprint
 from crossknn.fileio import fingerprint, folder_lock
 from crossknn.identity import model_identity
 from crossknn.index.auto import (
@@ -44,14 +52,6 @@ from crossknn.index.auto import (
     build_corpus_auto,
     default_index_rows,
 )
-from crossknn.index.versions import (
-    WORK_DIR,
-    already_applied,
-    clean_work,
-    index_version,
-    write_version,
-)
-from crossknn.query_log import LoggedQuery, read_log
 
 __all__ = ["AUTO_NAMES", "RefineResult", "refine_index", "real_rows_of"]
 

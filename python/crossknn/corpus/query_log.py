@@ -14,7 +14,7 @@ vector (the DE model's hash and the query text's hash: the vector is recomputed 
 stored). The log is append-only and crash-safe: each record is one ``write`` of a whole line to a
 file opened with ``O_APPEND``; a record torn by a crash (a last line without its newline) is
 skipped by :func:`read_log` with one line on stderr, and the next writer starts on a new line.
-``crossknn refine`` reads it (:mod:`crossknn.index.refine`).
+``crossknn refine`` reads it (:mod:`crossknn.corpus.refine`).
 """
 
 from __future__ import annotations

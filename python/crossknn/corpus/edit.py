@@ -8,7 +8,7 @@ exact rounds) and the item covariance of the row prior, after the corpus checks 
 :class:`crossknn.searcher.Searcher`); when the removed share reaches ``compact_at`` (default
 10%) the index is compacted: the removed items' vectors, row entries, texts and flags are
 dropped and the round index is rebuilt. Both commit a new index version
-(:mod:`crossknn.index.versions`) under the folder's lock; their CE and DE work is kept in the
+(:mod:`crossknn.corpus.versions`) under the folder's lock; their CE and DE work is kept in the
 folder's work area, so a rerun after a kill resumes it, and a rerun after the commit does nothing.
 """
 
@@ -20,18 +20,18 @@ from pathlib import Path
 import numpy as np
 
 from crossknn.core import ItemFeatures
-from crossknn.corpus_folder import open_index
-from crossknn.corpus_index import encode_resumable, fresh_work_dir, model_fingerprint
-from crossknn.data import Corpus
-from crossknn.fileio import atomic_save_npy, fingerprint, folder_lock, sha256_texts
-from crossknn.index.auto import AUTO_ARRAY, AUTO_ITEM_COV
-from crossknn.index.versions import (
+from crossknn.corpus.versions import (
     WORK_DIR,
     already_applied,
     clean_work,
     items_jsonl,
     write_version,
 )
+from crossknn.corpus.work import encode_resumable, fresh_work_dir, model_fingerprint
+from crossknn.corpus_folder import open_index
+from crossknn.data import Corpus
+from crossknn.fileio import atomic_save_npy, fingerprint, folder_lock, sha256_texts
+from crossknn.index.auto import AUTO_ARRAY, AUTO_ITEM_COV
 from crossknn.search.auto import item_covariance
 from crossknn.search.round_index import (
     ARRAY_NAME,
