@@ -251,14 +251,14 @@ class PySelector final : public crossknn::RoundSelector {
     py::gil_scoped_acquire gil;
     py::array_t<float> uu(d_);
     std::copy(u, u + d_, uu.mutable_data());
-    py::object got =
-        ex.allow ? obj_.attr("sample_softmax")(uu, n, py::arg("exclude") = ids_of(ex, 0),
-                                               py::arg("temperature") = temperature,
-                                               py::arg("seed") = py::int_(seed),
-                                               py::arg("allow") = mask_of(ex, 0))
-                 : obj_.attr("sample_softmax")(uu, n, py::arg("exclude") = ids_of(ex, 0),
-                                               py::arg("temperature") = temperature,
-                                               py::arg("seed") = py::int_(seed));
+    py::object got = ex.allow
+                         ? obj_.attr("sample_softmax")(uu, n, py::arg("exclude") = ids_of(ex, 0),
+                                                       py::arg("temperature") = temperature,
+                                                       py::arg("seed") = py::int_(seed),
+                                                       py::arg("allow") = mask_of(ex, 0))
+                         : obj_.attr("sample_softmax")(uu, n, py::arg("exclude") = ids_of(ex, 0),
+                                                       py::arg("temperature") = temperature,
+                                                       py::arg("seed") = py::int_(seed));
     copy_pair(got, n, keys, out, "sample_softmax");
   }
 
@@ -323,8 +323,8 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
                     const std::string& strategy, double temperature, double ridge, int refine,
                     double jitter_rel, double mix, uint64_t seed, const py::object& first_items,
                     const py::object& priors, double score_alpha, double score_beta,
-                    const std::string& solve, const py::object& inv_penalties,
-                    double penalty_decay, bool final_retrieved, const py::object& selector,
+                    const std::string& solve, const py::object& inv_penalties, double penalty_decay,
+                    bool final_retrieved, const py::object& selector,
                     const py::object& first_features, const py::object& first_queries,
                     double first_vmax, const py::object& allow) {
   if (!f) throw py::type_error("features must be a crossknn._core.Features");
@@ -461,8 +461,8 @@ py::array_t<float, py::array::c_style> expect_queries(const py::handle& U, const
 }
 
 py::tuple select(const Features& f, const py::handle& U, int64_t k, const py::object& ex_ids,
-                 const py::object& ex_off, const py::object& allow, bool gumbel,
-                 double temperature, uint64_t seed) {
+                 const py::object& ex_off, const py::object& allow, bool gumbel, double temperature,
+                 uint64_t seed) {
   auto u = expect_queries(U, f);
   const int64_t Q = u.shape(0);
   if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
@@ -488,10 +488,10 @@ py::tuple select(const Features& f, const py::handle& U, int64_t k, const py::ob
 void check_vector(const py::array_t<double, py::array::c_style | py::array::forcecast>& v,
                   int64_t d, const char* what) {
   if (v.ndim() != 1 || v.shape(0) != d)
-    throw std::invalid_argument(std::string(what) + " needs a vector of " + std::to_string(d) +
-                                " values; got " + std::to_string(v.ndim()) + " dims" +
-                                (v.ndim() >= 1 ? ", " + std::to_string(v.shape(0)) + " first"
-                                               : std::string()));
+    throw std::invalid_argument(
+        std::string(what) + " needs a vector of " + std::to_string(d) + " values; got " +
+        std::to_string(v.ndim()) + " dims" +
+        (v.ndim() >= 1 ? ", " + std::to_string(v.shape(0)) + " first" : std::string()));
 }
 
 // crossknn/prior.h: A v for float32 rows A (m x d) and v (d,), in double
@@ -517,9 +517,9 @@ double packed_lower_t_norm2(
   if (v.ndim() != 1) throw std::invalid_argument("packed_lower_t_norm2 needs a vector v (d,)");
   const int64_t d = v.shape(0);
   if (ap.ndim() != 1 || ap.shape(0) != d * (d + 1) / 2)
-    throw std::invalid_argument("packed_lower_t_norm2 needs d (d + 1) / 2 = " +
-                                std::to_string(d * (d + 1) / 2) + " packed values for d = " +
-                                std::to_string(d));
+    throw std::invalid_argument(
+        "packed_lower_t_norm2 needs d (d + 1) / 2 = " + std::to_string(d * (d + 1) / 2) +
+        " packed values for d = " + std::to_string(d));
   const double* a = ap.data();
   const double* x = v.data();
   py::gil_scoped_release release;
@@ -670,9 +670,8 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "top_k",
           [](const Features& f, const py::handle& U, int64_t k, const py::object& ids,
-             const py::object& off, const py::object& allow) {
-            return select(f, U, k, ids, off, allow, false, 1.0, 0);
-          },
+             const py::object& off,
+             const py::object& allow) { return select(f, U, k, ids, off, allow, false, 1.0, 0); },
           py::arg("u"), py::arg("k"), py::arg("exclude_ids") = py::none(),
           py::arg("exclude_offsets") = py::none(), py::arg("allow") = py::none())
       .def(

@@ -346,10 +346,10 @@ std::vector<Eligible> prepare_exclude(const ExcludeLists& ex, int64_t Q, int64_t
     }
     el.avail = el.allowed - static_cast<int64_t>(e.size());
     if (k > el.avail)
-      throw std::invalid_argument(
-          "k=" + std::to_string(k) + " exceeds the " + std::to_string(el.avail) + " items " +
-          (el.allow ? "allowed and not excluded" : "not excluded") +
-          (Q > 1 ? " for query " + std::to_string(q) : std::string()));
+      throw std::invalid_argument("k=" + std::to_string(k) + " exceeds the " +
+                                  std::to_string(el.avail) + " items " +
+                                  (el.allow ? "allowed and not excluded" : "not excluded") +
+                                  (Q > 1 ? " for query " + std::to_string(q) : std::string()));
   }
   return out;
 }
@@ -445,8 +445,7 @@ const detail::Shadow& shadow_of(const detail::FeatureData& fd, int threads) {
         }
         // |v.u - float16 score| <= (||x - x_h|| + gamma (||x_h|| + ||x||)) ||u c||: the float16
         // rounding, then the float32 rounding of both kernels (x_h . u c here, v . u exactly)
-        sh->err_norm[r] =
-            (std::sqrt(r2) + gamma * (std::sqrt(h2) + std::sqrt(x2))) * (1.0 + 1e-9);
+        sh->err_norm[r] = (std::sqrt(r2) + gamma * (std::sqrt(h2) + std::sqrt(x2))) * (1.0 + 1e-9);
       }
     });
     double mxn = 0.0;
@@ -611,8 +610,7 @@ bool candidates(int64_t n, int64_t Q, int64_t k, int64_t bs, int T,
   std::vector<double> los;
   for (int64_t q = 0; q < Q; ++q) {
     los.clear();
-    for (int w = 0; w < T; ++w)
-      los.insert(los.end(), lists[w][q].lo.begin(), lists[w][q].lo.end());
+    for (int w = 0; w < T; ++w) los.insert(los.end(), lists[w][q].lo.begin(), lists[w][q].lo.end());
     if (static_cast<int64_t>(los.size()) < k) return false;  // cannot happen: k <= unmasked rows
     std::nth_element(los.begin(), los.begin() + (k - 1), los.end(), gt);
     const double bound = los[k - 1];
@@ -832,8 +830,7 @@ bool rescore_top_k(const detail::FeatureData& fd, const float* U, int64_t Q, int
 // candidates, the top k of those. false when it declines (scores that could overflow, a scaled
 // query not exact in float32: the full pass decides).
 bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
-                     int64_t k, const std::vector<Eligible>& excl, float* out_s,
-                     int64_t* out_i) {
+                     int64_t k, const std::vector<Eligible>& excl, float* out_s, int64_t* out_i) {
   const int64_t n = fd.n;
   std::vector<std::vector<int64_t>> cand;
   bool ok = false;
@@ -912,12 +909,12 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
   const float NEG_INF = -std::numeric_limits<float>::infinity();
   // queries whose masks allow at most N / 8 items read only those rows (gather_scores: the bits
   // of the full pass), when every query of the call does (float32 / float16 storage)
-  const bool few = fd.st != Storage::Int8 && std::all_of(excl.begin(), excl.end(), [&](const Eligible& e) {
-    return e.allow && e.allowed * 8 <= n_;
-  });
+  const bool few = fd.st != Storage::Int8 &&
+                   std::all_of(excl.begin(), excl.end(),
+                               [&](const Eligible& e) { return e.allow && e.allowed * 8 <= n_; });
   if (few) {
-    const double rows_read = std::accumulate(excl.begin(), excl.end(), 0.0,
-                                             [](double a, const Eligible& e) { return a + e.avail; });
+    const double rows_read = std::accumulate(
+        excl.begin(), excl.end(), 0.0, [](double a, const Eligible& e) { return a + e.avail; });
     const int T = rows_read * d_ < 4e6 ? 1 : static_cast<int>(std::min<int64_t>(threads_, Q));
     parallel_for(T, Q, [&](int, int64_t q) {
       const std::vector<int64_t> rows = eligible_ids(excl[q], n_);

@@ -13,8 +13,8 @@
 #include <string>
 #include <unordered_set>
 
-#include "crossknn/least_squares.h"
 #include "clones.h"
+#include "crossknn/least_squares.h"
 #include "dots.h"
 #include "features_impl.h"
 #include "gram.h"
@@ -47,9 +47,8 @@ class PhaseClock {
   void mark(Phase p) {
     if (!on_) return;
     const auto now = std::chrono::steady_clock::now();
-    g_phase_ns[p].fetch_add(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(now - t_).count(),
-        std::memory_order_relaxed);
+    g_phase_ns[p].fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(now - t_).count(),
+                            std::memory_order_relaxed);
     t_ = now;
   }
 
@@ -224,8 +223,8 @@ namespace {
 // sums its products in row order, so any vector width gives the same bits (clones.h); X_aj
 // widened to double is the value the double copy held
 CROSSKNN_CLONES_AVX512 void add_rows_times(const float* __restrict X, const double* __restrict zd,
-                                          int64_t n, int64_t d, const double* __restrict x,
-                                          double* __restrict w) {
+                                           int64_t n, int64_t d, const double* __restrict x,
+                                           double* __restrict w) {
   for (int64_t a = 0; a < n; ++a) {
     const float* __restrict z = X + a * d;
     const double xa = x[a];
@@ -322,8 +321,8 @@ class PriorRidge {
       int64_t b = 0;
       double out1[4];
       for (; b + 1 < g0; b += 2) {
-        detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z + b * D1, Z + (b + 1) * D1, d_,
-                       out, out1);
+        detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z + b * D1, Z + (b + 1) * D1, d_, out,
+                       out1);
         for (int t = 0; t < ng; ++t) {
           K[(g0 + t) * ld + b] = out[t] + slope(g0 + t, b);
           K[(g0 + t) * ld + b + 1] = out1[t] + slope(g0 + t, b + 1);
@@ -395,9 +394,8 @@ class PriorRidge {
       });
     for (int64_t i = done; i < n_; ++i) {
       for (int64_t j = done > 0 ? done : 0; j <= i; ++j) {
-        const double v =
-            s * K[i * ld + j] + (i == j ? 1.0 : 0.0) -
-            detail::dot_pairwise(L + i * ld, L + j * ld, j);
+        const double v = s * K[i * ld + j] + (i == j ? 1.0 : 0.0) -
+                         detail::dot_pairwise(L + i * ld, L + j * ld, j);
         if (i == j) {
           // s K + I has eigenvalues >= 1: v > 0 up to rounding; keep it positive
           L[i * ld + i] = std::sqrt(std::max(v, 1e-300));
@@ -542,7 +540,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     const detail::FeatureData& fd = detail::data(features);
     const int64_t calls = fd.ls_searches.fetch_add(1, std::memory_order_relaxed) + 1;
     gram = calls >= std::max<int64_t>(64, n_items / 8) ? detail::build_gram(fd, features.threads())
-                                                        : detail::ready_gram(fd);
+                                                       : detail::ready_gram(fd);
   }
   std::vector<std::vector<double>> coefs(gram ? static_cast<size_t>(Q) : 0);
   std::vector<double> coef_err(gram ? static_cast<size_t>(Q) : 0);
@@ -621,9 +619,8 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
         } else {
           if (static_cast<int64_t>(targets_of[i].size()) != d)
             throw std::invalid_argument("the Targets solve needs exactly d = " + std::to_string(d) +
-                                        " scored items before a round; query " +
-                                        std::to_string(i) + " has " +
-                                        std::to_string(targets_of[i].size()));
+                                        " scored items before a round; query " + std::to_string(i) +
+                                        " has " + std::to_string(targets_of[i].size()));
           std::copy(targets_of[i].begin(), targets_of[i].end(), u.begin());
         }
         for (int64_t j = 0; j < d; ++j) U[a * d + j] = static_cast<float>(u[j]);
@@ -640,9 +637,9 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       keys.resize(static_cast<size_t>(Qa * n));
       if (strategy == Strategy::TopK) {
         const ExcludeLists ex{ex_ids.data(), ex_off.data(), allow_act_p};
-        const bool by_gram = gram && !o.selector && std::all_of(act.begin(), act.end(), [&](int64_t i) {
-                               return in_span[i] != 0;
-                             });
+        const bool by_gram =
+            gram && !o.selector &&
+            std::all_of(act.begin(), act.end(), [&](int64_t i) { return in_span[i] != 0; });
         if (o.selector) {
           o.selector->top_k(U.data(), Qa, n, ex, keys.data(), chosen.data());
         } else if (by_gram) {
@@ -691,8 +688,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
             out.assign(static_cast<size_t>(m), 0.0);
             for (int64_t t = 0; t < m; ++t) {
               double acc = 0.0;
-              for (int64_t j = 0; j < d; ++j)
-                acc += rowbuf[t * d + j] * static_cast<double>(ui[j]);
+              for (int64_t j = 0; j < d; ++j) acc += rowbuf[t * d + j] * static_cast<double>(ui[j]);
               out[t] = acc;
             }
           };
