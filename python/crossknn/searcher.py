@@ -627,7 +627,9 @@ class Searcher:
         self._check_method(method)
         rounds = self.rounds if rounds is None else int(rounds)
         show = progress if show_progress_bar is None else bool(show_progress_bar)
+        t_masks = time.perf_counter()
         masks = self.allow_masks(len(qs), filter=filter, ids=ids)
+        t_masks = (time.perf_counter() - t_masks) / max(len(qs), 1)  # in each query's other time
         search = self._make(method, rounds)
         plan = self.plan_info(method, budget=budget, rounds=rounds)
         n_rescore = self._rescore_n(rescore_top, k, budget)
@@ -665,7 +667,7 @@ class Searcher:
                                 scores=scores,
                                 ce_calls=int(res.ce_calls[i]) + calls,
                                 seconds_ce=t_ce / n,
-                                seconds_other=(total - t_ce) / n,
+                                seconds_other=(total - t_ce) / n + t_masks,
                                 texts=[self.corpus.texts[j] for j in idx],
                                 qid=qids[lo + i],
                                 rescore_calls=calls if self.rescore_ce is not None else None,

@@ -72,6 +72,9 @@ TUNE_CANDIDATES = {
 # N = 1e7 nprobe 192 gives 0.980 per-round recall and 256 gives 0.981 for a third more codes)
 PLATEAU = 0.002
 WIDTH_NAME = {"ivf": "nprobe", "hnsw": "efSearch"}
+# allow masks of at most this share of the items: exact rounds over the allowed rows (the core
+# reads only them below N / 8) instead of the index with a selector (bench/filter_bench.py)
+EXACT_BELOW = 0.125
 
 
 def _faiss():
@@ -250,6 +253,9 @@ class IndexedFeatures(ItemFeatures):
         self.width = int(width or DEFAULT_WIDTH[self.kind])
         self.oversample, self.pool = float(oversample), float(pool)
         self.exact_fallbacks = 0  # queries answered by the exact kernel (too few candidates)
+        # an allow mask of at most this share of the items is searched exactly over its rows
+        # (bench/filter_bench.py: cheaper than the selector there)
+        self.exact_below = EXACT_BELOW
         # per-round widths: {scored items at least: width}, set by tune_round_widths; None: width
         self.round_widths: dict[int, int] | None = None
         self._params_cache: dict[int, tuple] = {}
@@ -346,8 +352,8 @@ class IndexedFeatures(ItemFeatures):
 
     def _groups(self, U, exclude, allow, single: bool):
         """The queries in groups of one allow mask: (query rows, mask or None, their exclusion
-        lists); a mask that allows at most N / 8 items is answered by the exact kernel, which
-        then reads only the allowed rows (``exact`` True)."""
+        lists); a mask that allows at most ``exact_below`` N items is answered by the exact
+        kernel, which then reads only the allowed rows (``exact`` True)."""
         Q = U.shape[0]
         ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
         excludes = [None if ids is None else ids[off[q] : off[q + 1]] for q in range(Q)]
@@ -359,7 +365,7 @@ class IndexedFeatures(ItemFeatures):
             groups.setdefault(None if a is None else np.packbits(a).tobytes(), []).append(q)
         for key, rows in groups.items():
             mask = None if key is None else masks[rows[0]]
-            exact = mask is not None and int(mask.sum()) * 8 <= self.n_items
+            exact = mask is not None and int(mask.sum()) <= self.exact_below * self.n_items
             yield np.asarray(rows), mask, [excludes[q] for q in rows], exact
 
     def top_k(self, u, k: int, *, exclude=None, allow=None):
