@@ -165,6 +165,8 @@ def test_mixed_kinds_and_bad_values_are_refused_with_the_field_and_item():
         ({"id": {"$gt": "a"}}, r"\$gt does not apply to a id field"),
         ("[1]", r"filter: expected an object"),
         ("{", r"filter: not valid JSON"),
+        ({"$or": [{"lang": "en"}] * 300}, r"more than 256 conditions in one filter"),
+        ({"year": float("nan")}, r"expected a number; got float nan"),
     ],
 )
 def test_bad_filters_say_where_and_what(spec, where):

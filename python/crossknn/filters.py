@@ -36,6 +36,7 @@ __all__ = ["ID_FIELD", "Filter", "FilterError", "filter_key", "parse_filter"]
 ID_FIELD = "id"
 MAX_DEPTH = 32
 MAX_VALUES = 100_000  # values in one $in / $nin list
+MAX_CONDITIONS = 256  # conditions in one filter (each reads a column once)
 _LOGIC = ("$and", "$or", "$not")
 _COMPARE = ("$eq", "$ne", "$in", "$nin", "$gt", "$gte", "$lt", "$lte", "$exists")
 _RANGE = ("$gt", "$gte", "$lt", "$lte")
@@ -79,6 +80,7 @@ def _type_name(v: Any) -> str:
 class _Parser:
     def __init__(self, fields: Mapping[str, str]) -> None:
         self.fields = dict(fields)
+        self.conditions = 0
 
     def fail(self, where: str, msg: str):
         raise FilterError(f"{where}: {msg}")
@@ -107,6 +109,9 @@ class _Parser:
         return parts[0] if len(parts) == 1 else _Node("$and", tuple(parts))
 
     def field(self, name: str, cond: Any, where: str) -> list:
+        self.conditions += 1
+        if self.conditions > MAX_CONDITIONS:
+            self.fail(where, f"more than {MAX_CONDITIONS} conditions in one filter")
         if name == ID_FIELD:
             kind = "id"
         elif name in self.fields:
