@@ -215,3 +215,17 @@ def test_the_loop_refuses_first_items_outside_the_mask():
             first_items=np.arange(20, dtype=np.int64)[None],
             allow=allow,
         )
+
+
+def test_a_retriever_without_allow_masks_is_refused_in_one_line():
+    class OldRetriever:  # a retriever written before masks: retrieve(queries, k)
+        n_items = N_I
+
+        def retrieve(self, queries, k):
+            return np.tile(np.arange(k), (len(queries), 1))
+
+    masks = [np.arange(N_I) % 2 == 0] * len(TEST)
+    with pytest.raises(TypeError, match="OldRetriever cannot search within a subset"):
+        RNR(OldRetriever()).search(MatrixScorer(S), list(TEST), budget=40, k=5, allow=masks)
+    # without masks it runs as before
+    assert RNR(OldRetriever()).search(MatrixScorer(S), list(TEST), budget=40, k=5).indices.shape

@@ -21,6 +21,7 @@ be chosen on held-out train queries (:func:`crossknn.search.tuning.choose_on_dev
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -223,6 +224,12 @@ class RoundMethod:
                 feats.sample_random(n, seed=s, allow=a) for s, a in zip(seeds, masks, strict=True)
             ]
         kw = {} if allow is None else {"allow": masks}
+        if allow is not None and "allow" not in inspect.signature(self.first.retrieve).parameters:
+            raise TypeError(
+                f"the first-stage retriever {type(self.first).__name__} cannot search within a "
+                "subset: its retrieve(queries, k) takes no allow= masks (crossknn.retrievers."
+                "Retriever); give it one to use filters or removed items with it"
+            )
         top = np.asarray(self.first.retrieve(list(queries), n, **kw), np.int64)
         if top.shape != (len(queries), n):
             raise ValueError(
