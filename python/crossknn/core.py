@@ -321,11 +321,21 @@ def allowed_count(words: np.ndarray | None, n_items: int) -> np.ndarray | int:
     """Items each packed mask allows (``n_items`` for None): an int for (W,), (Q,) for (Q, W)."""
     if words is None:
         return int(n_items)
-    bits = np.unpackbits(
-        np.ascontiguousarray(words).astype("<u8").view(np.uint8), axis=-1, bitorder="little"
-    )[..., :n_items]
-    c = bits.sum(axis=-1)
-    return int(c) if np.ndim(c) == 0 else c.astype(np.int64)
+    w = np.ascontiguousarray(words, np.uint64)
+    if n_items % 64:  # bits past N count for nothing
+        w = w.copy()
+        w[..., -1] &= np.uint64((1 << (n_items % 64)) - 1)
+    if hasattr(np, "bitwise_count"):  # numpy >= 2
+        c = np.bitwise_count(w).sum(axis=-1, dtype=np.int64)
+    else:
+        c = np.unpackbits(w.astype("<u8").view(np.uint8), axis=-1).sum(axis=-1, dtype=np.int64)
+    return int(c) if np.ndim(c) == 0 else c
+
+
+def allowed_items(words: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Whether each of ``items`` is allowed by one packed mask (boolean, like ``items``)."""
+    items = np.asarray(items, np.int64)
+    return ((np.asarray(words, np.uint64)[items >> 6] >> (items & 63).astype(np.uint64)) & 1) == 1
 
 
 def check_k(k, n_items: int) -> int:

@@ -33,8 +33,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from crossknn.core import ItemFeatures, check_float, check_k, check_seed, exclude_csr
-from crossknn.retrievers import query_masks
+from crossknn.core import (
+    ItemFeatures,
+    allowed_count,
+    allowed_items,
+    check_float,
+    check_k,
+    check_seed,
+    exclude_csr,
+    pack_allow,
+)
 
 __all__ = [
     "ARRAY_NAME",
@@ -309,14 +317,15 @@ class IndexedFeatures(ItemFeatures):
         """Per query, the unscored (and allowed) candidates the index returns for ``need`` items,
         and the sorted unique ids each query excludes. FAISS returns distinct ids (an item is in
         one IVF list, a graph result lists a node once), so only -1 padding, excluded ids and
-        (with ``mask``, one boolean array shared by the queries) disallowed ids are dropped."""
+        (with ``mask``, one packed allow mask shared by the queries) disallowed ids are
+        dropped."""
         Q = U.shape[0]
         excl = [None if e is None else np.unique(e[e >= 0]) for e in excludes]
         m = max((0 if e is None else e.size) for e in excl) if excl else 0
         allowed, selectivity = None, 1.0
         if mask is not None:
-            selectivity = float(mask.sum()) / self.n_items
-            allowed = np.packbits(mask, bitorder="little")
+            selectivity = allowed_count(mask, self.n_items) / self.n_items
+            allowed = np.ascontiguousarray(mask.astype("<u8").view(np.uint8))  # FAISS's bitmap
         fetch = int(
             min(self.n_items, math.ceil(self.oversample * (int(need.max()) + m) / selectivity))
         )
@@ -335,7 +344,7 @@ class IndexedFeatures(ItemFeatures):
             c = ids_k[q]
             c = c[c >= 0]
             if mask is not None:
-                c = c[mask[c]]
+                c = c[allowed_items(mask, c)]
             e = excl[q]
             if e is not None and e.size and c.size:
                 hit = e.take(np.searchsorted(e, c), mode="clip") == c
@@ -351,21 +360,30 @@ class IndexedFeatures(ItemFeatures):
         return self._scores_of_rows(self._f.rows(items), u)
 
     def _groups(self, U, exclude, allow, single: bool):
-        """The queries in groups of one allow mask: (query rows, mask or None, their exclusion
-        lists); a mask that allows at most ``exact_below`` N items is answered by the exact
-        kernel, which then reads only the allowed rows (``exact`` True)."""
+        """The queries in groups of one allow mask: (query rows, packed mask or None, their
+        exclusion lists, exact); a mask that allows at most ``exact_below`` N items is answered
+        by the exact kernel, which then reads only the allowed rows (``exact`` True). The masks
+        stay packed (as the C++ loop hands them over): nothing of N bytes per round step."""
         Q = U.shape[0]
         ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
         excludes = [None if ids is None else ids[off[q] : off[q + 1]] for q in range(Q)]
-        masks = query_masks(
-            None if allow is None else ([allow] if single else allow), Q, self.n_items
-        )
+        if allow is None:
+            yield np.arange(Q), None, excludes, False
+            return
+        rows_of = [allow] if single else list(allow)
+        if len(rows_of) != Q:
+            raise ValueError(f"allow: {len(rows_of)} masks for {Q} queries")
+        packed = [
+            None if a is None else pack_allow(np.asarray(a), 1, self.n_items) for a in rows_of
+        ]
         groups: dict[bytes | None, list[int]] = {}
-        for q, a in enumerate(masks):
-            groups.setdefault(None if a is None else np.packbits(a).tobytes(), []).append(q)
+        for q, w in enumerate(packed):
+            groups.setdefault(None if w is None else w.tobytes(), []).append(q)
         for key, rows in groups.items():
-            mask = None if key is None else masks[rows[0]]
-            exact = mask is not None and int(mask.sum()) <= self.exact_below * self.n_items
+            mask = None if key is None else packed[rows[0]]
+            exact = mask is not None and (
+                allowed_count(mask, self.n_items) <= self.exact_below * self.n_items
+            )
             yield np.asarray(rows), mask, [excludes[q] for q in rows], exact
 
     def top_k(self, u, k: int, *, exclude=None, allow=None):
