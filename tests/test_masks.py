@@ -16,29 +16,13 @@ from crossknn.search import ADACUR, ANNCUR, AXN, RNR, CurIndex
 from crossknn.search.auto import AUTO, IndexCallBudget, build_auto_index
 from crossknn.synthetic import synthetic_matrix
 from crossknn.topk import exact_top_k
+from shared_fixtures import RecordingScorer as Recording
 
 N_Q, N_I = 30, 400
 S, DQ, DI = synthetic_matrix(N_Q, N_I, rank=8, noise=0.2, de_dim=12, seed=5)
 TRAIN, TEST = np.arange(0, 20), np.arange(20, N_Q)
 INDEX = CurIndex.from_matrix(S, TRAIN, test_rows=TEST)
 DE = DenseRetriever(DI, query_vectors=DQ)
-
-
-class Recording:
-    """A matrix scorer that keeps every (query, item) pair it was asked to score."""
-
-    def __init__(self, scores):
-        self.inner = MatrixScorer(scores)
-        self.n_items = self.inner.n_items
-        self.pairs: list[tuple[int, int]] = []
-
-    def score(self, q, items):
-        return self.score_batch([q], [items])[0]
-
-    def score_batch(self, queries, items):
-        for q, it in zip(queries, items, strict=True):
-            self.pairs += [(int(q), int(i)) for i in np.asarray(it).ravel()]
-        return self.inner.score_batch(queries, items)
 
 
 def _auto():

@@ -176,17 +176,24 @@ struct MatrixScorer final : Scorer {
   }
 };
 
-static void test_search() {
-  const int64_t n = 2000, d = 16, Q = 3;
-  auto V = randn(n * d, 5);
-  auto Uq = randn(Q * d, 6);
+// Q x n exact scores V u_q (the scorer's matrix): rounds over V can recover them exactly
+static std::vector<float> planted_scores(const std::vector<float>& V, const std::vector<float>& U,
+                                         int64_t n, int64_t d, int64_t Q) {
   std::vector<float> S(Q * n);
   for (int64_t q = 0; q < Q; ++q)
     for (int64_t i = 0; i < n; ++i) {
       double s = 0;
-      for (int64_t j = 0; j < d; ++j) s += double(V[i * d + j]) * Uq[q * d + j];
+      for (int64_t j = 0; j < d; ++j) s += double(V[i * d + j]) * U[q * d + j];
       S[q * n + i] = static_cast<float>(s);
     }
+  return S;
+}
+
+static void test_search() {
+  const int64_t n = 2000, d = 16, Q = 3;
+  auto V = randn(n * d, 5);
+  const auto Uq = randn(Q * d, 6);
+  const auto S = planted_scores(V, Uq, n, d, Q);
   Features f(V.data(), n, d, Storage::Float32, 2);
   std::vector<SearchQuery> qs(Q);
   for (int64_t q = 0; q < Q; ++q) qs[q].id = static_cast<uint64_t>(q);
@@ -481,14 +488,7 @@ static void test_scored_sets() {
 static void test_masks() {
   const int64_t n = 1500, d = 12, Q = 4;
   auto V = randn(n * d, 21);
-  auto Uq = randn(Q * d, 22);
-  std::vector<float> S(Q * n);
-  for (int64_t q = 0; q < Q; ++q)
-    for (int64_t i = 0; i < n; ++i) {
-      double s = 0;
-      for (int64_t j = 0; j < d; ++j) s += double(V[i * d + j]) * Uq[q * d + j];
-      S[q * n + i] = static_cast<float>(s);
-    }
+  const auto S = planted_scores(V, randn(Q * d, 22), n, d, Q);
   Features f(V.data(), n, d, Storage::Float32, 2);
   const int64_t W = mask_words(n);
   std::mt19937_64 rng(5);
