@@ -33,7 +33,7 @@ test queries with a random 1% filter: exact rounds within the filter against the
 features, both ways an IVF round index can take a mask (exact rounds over the allowed rows, and
 the index searched with a selector and 1 / selectivity its width), beside the unfiltered IVF
 rounds; engine ms per query (search time less the CE's) and recall against the exact top-10
-within the filter. Also at 10% and 50% to place the switch between the two ways.
+within the filter. Also at 3%, 5%, 10% and 50% to place the switch between the two ways.
 
 Writes ``bench/results/filter_bench.json`` (``goals``: the issue's keys) and prints tables.
 """
@@ -440,7 +440,7 @@ def run_scale(n: int, d: int, n_test: int) -> dict:
     # every configuration of a query back to back (the machine is shared: side by side, one
     # run), the best of two passes per configuration and query
     ways = ("unfiltered", "exact", "exact_over_allowed", "selector", "default")
-    for s in (0.01, 0.1, 0.5):
+    for s in (0.01, 0.03, 0.05, 0.1, 0.5):
         mask = attr < s
         truth = [filtered_top(q, mask) for q in queries]
         ms = {w: np.full(len(queries), np.inf) for w in ways}
