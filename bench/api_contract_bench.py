@@ -175,9 +175,20 @@ def build_small_index(root: Path, n_docs: int = 12) -> Path:
         return idx
     topics = ["dates and times", "compression", "email", "shell commands", "csv files"]
     corpus = root / "c.jsonl"
+    # metadata of every kind a filter can name (the /search filter examples name them)
     corpus.write_text(
         "".join(
-            json.dumps({"id": f"d{i}", "text": f"document {i} about {topics[i % 5]} and more"})
+            json.dumps(
+                {
+                    "id": f"d{i}",
+                    "text": f"document {i} about {topics[i % 5]} and more",
+                    "lang": ("en", "de", "fr")[i % 3],
+                    "year": 2015 + i,
+                    "tags": [topics[i % 5].split()[0], f"t{i % 4}"],
+                    "published": f"2024-0{1 + i % 9}-15",
+                    "open": bool(i % 2),
+                }
+            )
             + "\n"
             for i in range(n_docs)
         )
@@ -645,7 +656,8 @@ def main() -> int:
             print(json.dumps({k: v for k, v in run.items() if k != "failures"}), flush=True)
         fz = {
             "command": command,
-            "index": "12 short documents (crossknn build, embedded models); --max-rerank-texts 16",
+            "index": "12 short documents with metadata (lang, year, tags, published, open; "
+            "crossknn build, embedded models); --max-rerank-texts 16",
             "examples_per_operation_and_mode": args.examples,
             "requests": sum(r["requests"] for r in runs),
             "n_5xx": sum(r["n_5xx"] for r in runs),

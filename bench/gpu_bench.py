@@ -71,7 +71,7 @@ import numpy as np
 from _common import SHARED, machine, provenance, result_path, utc_now
 
 K = 10
-STANDIN = Path(__file__).with_name("standin_device.py")
+STANDIN = Path(__file__).with_name("_standin_device.py")
 SINGULAR = {"errors": "error", "skipped": "skipped"}
 
 
@@ -699,7 +699,7 @@ class Server:
         standin: str | None = None,
     ) -> None:
         self.port = port
-        # the stand-in device (bench/standin_device.py): the same CLI behind its patch
+        # the stand-in device (bench/_standin_device.py): the same CLI behind its patch
         cli = ["-m", "crossknn.cli"] if standin is None else [str(STANDIN), standin]
         self.cmd = [sys.executable, *cli, "serve", str(index), "--port", str(port)]
         self.cmd += ["--log-level", "warning", *extra]
@@ -1168,7 +1168,7 @@ def main() -> int:
         "--standin-device",
         default=None,
         metavar="A,B[,C,D]",
-        help="no GPU: a stand-in device (bench/standin_device.py) whose CE session runs sleep "
+        help="no GPU: a stand-in device (bench/_standin_device.py) whose CE session runs sleep "
         "A + B ms a pair (DE: C + D a query), one batch at a time; with --provider cpu "
         "--sections serve: the serving path's host side at a GPU's device times",
     )
@@ -1196,7 +1196,7 @@ def main() -> int:
     if args.standin_device:
         if not cpu or any(sec.strip() not in ("serve", "") for sec in args.sections.split(",")):
             ap.error("--standin-device needs --provider cpu and --sections serve")
-        import standin_device
+        import _standin_device as standin_device
 
         standin_device.install(standin_device.parse(args.standin_device))
     out = args.out or result_path("gpu_bench", gpu=not cpu)
@@ -1218,7 +1218,7 @@ def main() -> int:
             "bench": "gpu_bench",
             "started": utc_now(),
             "device": (
-                f"stand-in device {args.standin_device} ms (bench/standin_device.py) on "
+                f"stand-in device {args.standin_device} ms (bench/_standin_device.py) on "
                 if args.standin_device
                 else ""
             )

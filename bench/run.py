@@ -178,7 +178,7 @@ SUITES: dict[str, list[Step]] = {
                 "bench/results/gpu_bench.standin.json",
             ),
             needs=(SCIFACT,),
-            uses=("bench/standin_device.py",),
+            uses=("bench/_standin_device.py",),
         ),
         Step(
             "living index: serve through swaps",

@@ -1,4 +1,4 @@
-"""``bench/standin_device.py``: the stand-in GPU of the serve bench (``gpu_bench.py
+"""``bench/_standin_device.py``: the stand-in GPU of the serve bench (``gpu_bench.py
 --standin-device``). What its rows rest on: models opened under it say they run on the CUDA
 provider (so ``serve`` takes its GPU defaults), a pair's score does not depend on the batch it is
 in, DE vectors are unit length, and a session run takes at least its modelled time. Run in a
@@ -20,7 +20,7 @@ SNIPPET = r"""
 import json, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-import standin_device
+import _standin_device as standin_device
 from crossknn.ce import default_cross_encoder, default_dual_encoder
 standin_device.install(standin_device.parse("2,0.5"))  # CE: 2 + 0.5 ms a pair
 ce = default_cross_encoder(threads=1)
@@ -62,7 +62,7 @@ def test_standin_device_answers_as_a_gpu_session_would(model_cache):
 def test_timings_are_parsed_or_refused():
     sys.path.insert(0, str(BENCH))
     try:
-        import standin_device
+        import _standin_device as standin_device
     finally:
         sys.path.remove(str(BENCH))
     assert standin_device.parse("0.5,0.021") == (0.5, 0.021, 0.5, 0.02)

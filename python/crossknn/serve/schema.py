@@ -86,10 +86,18 @@ class SearchRequest(BaseModel):
         'filter such as {"lang": "en", "year": {"$gte": 2020}}, with $eq $ne $in $nin $gt $gte '
         "$lt $lte $exists $and $or $not and the field id (docs: Filtered search); applies to "
         "every query of the request",
+        examples=[
+            {"lang": "en"},
+            {"year": {"$gte": 2020, "$lt": 2024}, "tags": {"$in": ["email", "csv"]}},
+            {"$or": [{"lang": "de"}, {"published": {"$gte": "2024-05-01"}}]},
+            {"$not": {"open": True}},
+            {"id": {"$in": ["d1", "d2", "d3"]}},
+        ],
     )
     ids: list[StrictStr] | None = Field(
         None,
         description=f"an id allow-list: only these items may be returned (at most {MAX_IDS})",
+        examples=[["d1", "d2", "d7"]],
         json_schema_extra={"maxItems": MAX_IDS},
     )
 

@@ -17,7 +17,7 @@ includes waiting for the other's). The DE's query batches are not measured there
 a query is assumed.
 
     python bench/gpu_bench.py --provider cpu --sections serve --standin-device 0.5,0.021
-    python bench/standin_device.py 0.5,0.021,0.5,0.02 serve INDEX [serve options]   # a server
+    python bench/_standin_device.py 0.5,0.021,0.5,0.02 serve INDEX [serve options]   # a server
 
 Not with ``serve --workers`` (the worker processes would not have the stand-in).
 
@@ -91,10 +91,10 @@ def install(timings: tuple[float, float, float, float] = DEFAULT) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``standin_device.py TIMINGS CROSSKNN-ARGS...``: the crossknn CLI on the stand-in."""
+    """``_standin_device.py TIMINGS CROSSKNN-ARGS...``: the crossknn CLI on the stand-in."""
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
-        print("usage: standin_device.py A,B[,C,D] serve INDEX [options]", file=sys.stderr)
+        print("usage: _standin_device.py A,B[,C,D] serve INDEX [options]", file=sys.stderr)
         return 2
     install(parse(argv[0]))
     from crossknn.cli import main as cli
