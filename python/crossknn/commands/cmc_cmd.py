@@ -10,6 +10,7 @@ from crossknn.cmc.data import beir_data, matrix_data
 from crossknn.cmc.evaluate import qrels_metrics, rank_cmc, rank_de
 from crossknn.cmc.export import export_onnx
 from crossknn.cmc.runtime import DEFAULT_CANDIDATES, CmcReranker
+from crossknn.commands._common import add_shared
 from crossknn.eval import EvalConfig, evaluate, format_table
 from crossknn.outputs import check_output_file, check_output_folder
 
@@ -36,7 +37,7 @@ def _source(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="cache for models and encoded vectors (default $CROSSKNN_CACHE or ~/.cache/crossknn)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared(p, "quiet")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,7 +13,8 @@ import socket
 import sys
 
 import crossknn
-from crossknn.commands._common import add_model_arguments, add_round_arguments, fraction
+from crossknn.commands._common import add_model_arguments, add_round_arguments
+from crossknn.commands._numbers import fraction
 from crossknn.search.registry import names as method_names
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from crossknn.commands._common import fraction, positive_float, positive_int
+from crossknn.commands._numbers import fraction, positive_float, positive_int
 from crossknn.outputs import check_output_folder
 
 HELP = "fine-tune a cross-encoder ([CLS] head or [EMB] dot product) and export it as a model"
