@@ -32,6 +32,19 @@ READY_S = 240.0
 # a quick build for a corpus of a few dozen items (seconds): the flags of `crossknn build`
 QUICK_BUILD = ("--calibration-queries", "2", "--calibration-items", "4", "--quiet")
 TOPICS = ("dates and times", "compression", "email", "shell commands", "csv files")
+# what the tests ask an index of standard library docstrings (crossknn.demo_corpus)
+QUERIES = [
+    "parse a date string into a datetime object",
+    "compress data with gzip",
+    "send an email through an SMTP server",
+    "run a shell command and capture its output",
+    "read a CSV file row by row",
+    "create a temporary directory",
+    "encode bytes as base64",
+    "sort a list in place",
+    "open a network socket",
+    "format a number with thousands separators",
+]
 
 _STARTED: list[Server] = []  # every server of this session, for the failure report
 

@@ -22,23 +22,11 @@ pytest.importorskip("fastapi")
 
 import crossknn  # noqa: E402
 from crossknn import client  # noqa: E402
-from serve_fixture import Server, index_env, run_cli, served, serving  # noqa: E402
+from serve_fixture import QUERIES, Server, index_env, run_cli, served, serving  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
 N_ITEMS = 200
-QUERIES = [
-    "parse a date string into a datetime object",
-    "compress data with gzip",
-    "send an email through an SMTP server",
-    "run a shell command and capture its output",
-    "read a CSV file row by row",
-    "create a temporary directory",
-    "encode bytes as base64",
-    "sort a list in place",
-    "open a network socket",
-    "format a number with thousands separators",
-]
 
 
 @pytest.fixture(scope="module")

@@ -21,19 +21,13 @@ import crossknn  # noqa: E402
 from crossknn.cli import main  # noqa: E402
 from crossknn.corpus.query_log import read_log  # noqa: E402
 from crossknn.data import Corpus  # noqa: E402
+from serve_fixture import QUERIES as SERVE_QUERIES  # noqa: E402
 from serve_fixture import Server, index_env  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
 N_ITEMS = 160
-QUERIES = [
-    "parse a date string into a datetime object",
-    "compress data with gzip",
-    "send an email through an SMTP server",
-    "run a shell command and capture its output",
-    "read a CSV file row by row",
-    "create a temporary directory",
-]
+QUERIES = SERVE_QUERIES[:6]
 KEY = "s3cret-key"
 
 

@@ -4,6 +4,7 @@ options, the model, round and job option groups, and opening an index's models w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from crossknn.ce.folders import RUN_PRECISIONS, open_index_models
 from crossknn.ce.runtime import PROVIDERS
@@ -17,6 +18,7 @@ __all__ = [
     "add_model_arguments",
     "add_round_arguments",
     "add_shared",
+    "config_from",
     "index_models",
     "job_options",
     "model_options",
@@ -172,6 +174,15 @@ def model_options(args: argparse.Namespace) -> dict:
         "backend": getattr(args, "backend", None),
         "max_batch_tokens": getattr(args, "max_batch_tokens", None),
     }
+
+
+def config_from(cls, args: argparse.Namespace, **given):
+    """The dataclass ``cls`` from the options named as its fields (a field without an option keeps
+    its default) and ``given`` (a field whose value is computed, or whose option is named
+    otherwise)."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    named = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    return cls(**{**named, **given})
 
 
 def index_models(args: argparse.Namespace, index):
