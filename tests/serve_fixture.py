@@ -67,8 +67,8 @@ class Server:
 
     ``url``, ``port``, ``pid``, ``proc`` (the Popen), ``log_path``, ``headers`` (the
     Authorization header of ``api_key``, else empty). ``program`` replaces ``python -m
-    crossknn.cli`` (e.g. the console script); ``log_level=None`` leaves the flag out; ``env`` is
-    added to this process's environment."""
+    crossknn.cli`` (e.g. the console script); ``log_level=None`` leaves the flag out; ``environ``
+    is added to this process's environment."""
 
     def __init__(
         self,
@@ -77,7 +77,7 @@ class Server:
         logs: Path,
         log_level: str | None = "warning",
         api_key: str | None = None,
-        env: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
         program: tuple[str, ...] = (sys.executable, "-m", "crossknn.cli"),
         ready_s: float = READY_S,
     ) -> None:
@@ -95,7 +95,7 @@ class Server:
         self.stopped_at: float | None = None
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(environ or {})}
             )
         _STARTED.append(self)
         try:

@@ -69,7 +69,7 @@ def test_rerank_client_against_a_real_server(quickstart, tmp_path):
     crossknn = (str(Path(sys.executable).parent / "crossknn"),)  # the console script
     flags = ("--api-key-file", str(key), "--threads", "1")
     where = {"index_dir": index, "root": tmp_path}
-    with serving(where, *flags, program=crossknn, env=env, log_level=None) as s:
+    with serving(where, *flags, program=crossknn, environ=env, log_level=None) as s:
         run = [sys.executable, str(EXAMPLES / "rerank_client.py"), s.url]
         r = subprocess.run(
             [*run, "--api-key-file", str(key)], capture_output=True, text=True, timeout=120

@@ -326,7 +326,7 @@ def test_ray_serve_two_replicas(env, searcher):
     """``crossknn serve --ray --replicas 2``: the same app on Ray Serve, two replicas."""
     pytest.importorskip("ray.serve", exc_type=ImportError)
     flags = ("--ray", "--replicas", "2", "--threads", "1")
-    with serving(env, *flags, log_level=None, env={"RAY_USAGE_STATS_ENABLED": "0"}) as s:
+    with serving(env, *flags, log_level=None, environ={"RAY_USAGE_STATS_ENABLED": "0"}) as s:
         body = {"query": QUERIES[0], "k": 3, "budget": 10}
 
         def call(_):
