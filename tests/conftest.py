@@ -12,6 +12,7 @@ cannot find its data fails instead, so CI runs all of them.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,14 @@ def pytest_report_header(config):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A data test skipped for want of data is reported at one place (this file), so that
-    pytest's summary folds all of them into one line: ``SKIPPED [N] tests/conftest.py: ...``."""
+    pytest's summary folds all of them into one line: ``SKIPPED [N] tests/conftest.py: ...``.
+    A failed test shows the log tails of the ``crossknn serve`` processes that ran during it
+    (tests/serve_fixture.py)."""
     outcome = yield
     rep = outcome.get_result()
+    serve_fixture = sys.modules.get("serve_fixture")  # imported by the tests that serve
+    if rep.failed and serve_fixture is not None:
+        rep.sections += serve_fixture.failure_report(since=call.start)
     longrepr = rep.longrepr
     if rep.skipped and isinstance(longrepr, tuple) and HOW_TO_GET_DATA in str(longrepr[2]):
         rep.longrepr = (str(Path(__file__)), _SKIP_LINE, longrepr[2])
@@ -92,3 +98,13 @@ _SKIP_LINE = next(
 def model_cache(tmp_path_factory) -> Path:
     """One cache directory for the embedded models, exported once per test session."""
     return tmp_path_factory.mktemp("crossknn-models")
+
+
+@pytest.fixture(scope="module")
+def model_env(model_cache) -> Path:
+    """``$CROSSKNN_CACHE`` set to :func:`model_cache` for a whole test module (the subprocesses
+    it starts inherit it); the module's tests and servers share the exported models."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CROSSKNN_CACHE", str(model_cache))
+    yield model_cache
+    mp.undo()

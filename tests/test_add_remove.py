@@ -130,12 +130,12 @@ def test_remove_refuses_unknown_ids_and_a_rerun_does_nothing(tmp_path):
 
 
 def test_cli_add_and_remove(tmp_path, monkeypatch, capsys):
-    import crossknn.commands.add_cmd as add_cmd
     from crossknn.cli import main
+    from crossknn.commands import _common  # index_models opens the index's CE and DE
 
     idx = tmp_path / "idx"
     build(idx, rows=3)
-    monkeypatch.setattr(add_cmd, "open_index_models", lambda *a, **k: (StubCE(), StubDE()))
+    monkeypatch.setattr(_common, "open_index_models", lambda *a, **k: (StubCE(), StubDE()))
     items = write_items(tmp_path / "new.jsonl", corpus(5, prefix="n", seed=3))
     assert main(["add", str(idx), str(items), "--quiet"]) == 0
     assert "version 2: 5 items added, 15 CE calls" in capsys.readouterr().out

@@ -7,18 +7,15 @@ Schemathesis' generated requests are in tests/test_api_contract_fuzz.py."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import stat
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from crossknn.serve.admission import Admission
+from serve_fixture import cli_index_env, run_cli, served, serving, topic_rows
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -62,114 +59,14 @@ def test_a_lone_request_over_the_deadline_is_refused_at_once():
 # -- the real server ----------------------------------------------------------------------------
 
 
-def _corpus(path: Path) -> Path:
-    topics = ["dates and times", "compression", "email", "shell commands", "csv files"]
-    rows = [
-        {"id": f"d{i}", "text": f"document {i} about {topics[i % len(topics)]} and more {i}"}
-        for i in range(N_DOCS)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
-def env(model_cache, tmp_path_factory):
-    from crossknn.cli import main
-
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    root = tmp_path_factory.mktemp("api-contract")
-    corpus = _corpus(root / "c.jsonl")
-    idx = root / "idx"
-    args = ["--calibration-queries", "2", "--calibration-items", "4", "--quiet"]
-    assert main(["build", str(corpus), str(idx), *args]) == 0
-    key_file = root / "key"
-    key_file.write_text(KEY + "\n")
-    key_file.chmod(0o600)
-    yield {"root": root, "idx": idx, "cache": str(model_cache), "key_file": key_file}
-    mp.undo()
+def env(model_env, tmp_path_factory):
+    return cli_index_env(tmp_path_factory, "api-contract", topic_rows(N_DOCS))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cli(env, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "crossknn.cli", *argv]
-    penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
-    return subprocess.run(cmd, capture_output=True, text=True, env=penv, timeout=timeout)
-
-
-class Server:
-    def __init__(self, env, *args: str, port: int | None = None) -> None:
-        from crossknn import client
-
-        self.port = port or _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(env["idx"])]
-        cmd += ["--port", str(self.port), "--log-level", "info", *args]
-        self.log_path = env["root"] / f"server-{self.port}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115
-        penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=penv)
-        try:
-            client.wait_ready(self.url, timeout=120)
-        except TimeoutError:
-            self.stop()
-            raise
-
-    def metric(self, name: str, **labels: str) -> float:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics", headers=self.auth).text
-        total = 0.0
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    total += s.value
-        return total
-
-    auth: dict[str, str] = {}
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        return self.proc.returncode
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-
-@pytest.fixture(scope="module")
-def server(env):
-    s = Server(env, "--timeout-s", "4", "--body-timeout-s", "1")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def roomy(env):
-    """A server whose limit fits 300 long /rerank texts (case 2)."""
-    s = Server(env, "--timeout-s", "120")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def keyed(env):
-    s = Server(env, "--api-key-file", str(env["key_file"]))
-    s.auth = {"Authorization": f"Bearer {KEY}"}
-    yield s
-    s.stop()
+server = served("--timeout-s", "4", "--body-timeout-s", "1", log_level="info")
+roomy = served("--timeout-s", "120", log_level="info")  # fits 300 long /rerank texts (case 2)
+keyed = served(log_level="info", api_key=KEY)
 
 
 def _raw(port: int, data: bytes, *, wait: float = 10.0) -> bytes:
@@ -290,7 +187,7 @@ def test_case04_two_authorization_headers_are_401(keyed):
     assert "more than one" in r.json()["detail"]
     r = httpx.get(keyed.url + "/info", headers=list(reversed(headers)))
     assert r.status_code == 401
-    assert httpx.get(keyed.url + "/info", headers=keyed.auth).status_code == 200
+    assert httpx.get(keyed.url + "/info", headers=keyed.headers).status_code == 200
 
 
 # -- cases 5 and 6: the key file's permissions and encoding -----------------------------------
@@ -302,13 +199,13 @@ def test_case05_world_readable_key_file_warns(env, tmp_path):
     key.write_text("abc\n")
     key.chmod(0o644)
     # a missing index stops it right after the key check: rc 2, the warning first
-    r = _cli(env, "serve", str(tmp_path / "no-index"), "--api-key-file", str(key))
+    r = run_cli("serve", str(tmp_path / "no-index"), "--api-key-file", str(key))
     assert r.returncode == 2
     warn = [line for line in r.stderr.splitlines() if "warning" in line]
     assert len(warn) == 1 and str(key) in warn[0] and "chmod 600" in warn[0], r.stderr
     assert "abc" not in r.stderr and "abc" not in r.stdout  # the key is never printed
     key.chmod(0o600)
-    r = _cli(env, "serve", str(tmp_path / "no-index"), "--api-key-file", str(key))
+    r = run_cli("serve", str(tmp_path / "no-index"), "--api-key-file", str(key))
     assert r.returncode == 2 and "warning" not in r.stderr, r.stderr
 
 
@@ -317,7 +214,7 @@ def test_case06_key_file_not_utf8_names_the_file(env, tmp_path):
     key = tmp_path / "bad.key"
     key.write_bytes(b"ab\xff\xfecd\n")
     key.chmod(0o600)
-    r = _cli(env, "serve", str(tmp_path / "no-index"), "--api-key-file", str(key))
+    r = run_cli("serve", str(tmp_path / "no-index"), "--api-key-file", str(key))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(key) in lines[0] and "UTF-8" in lines[0], r.stderr
@@ -435,7 +332,7 @@ def test_case11_head_healthz_and_readyz_are_200(server, keyed):
 def test_every_route_but_the_probes_needs_the_key(keyed):
     """Every route of the app (read from the app's own OpenAPI, so routes added later are
     covered), with every method it declares: 401 without the key, 401 with a wrong one."""
-    spec = httpx.get(keyed.url + "/openapi.json", headers=keyed.auth).json()
+    spec = httpx.get(keyed.url + "/openapi.json", headers=keyed.headers).json()
     routes = [(m.upper(), p) for p, ops in spec["paths"].items() for m in ops]
     routes += [("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/redoc")]
     assert ("POST", "/search") in routes and ("GET", "/info") in routes
@@ -464,7 +361,7 @@ def test_error_bodies_reveal_no_paths(server, env):
             server.url + path, content=data, headers={"Content-Type": "application/json"}
         )
         assert 400 <= r.status_code < 500, r.text
-        assert str(env["idx"]) not in r.text and not PATHLIKE.search(r.text), r.text
+        assert str(env["index_dir"]) not in r.text and not PATHLIKE.search(r.text), r.text
     assert "Traceback" not in server.output()
 
 
@@ -488,19 +385,16 @@ def test_cors_is_off_by_default(server):
 
 @pytest.mark.slow
 def test_two_servers_on_one_index_both_answer(env, server):
-    other = Server(env)
-    try:
+    with serving(env, log_level="info") as other:
         body = {"query": "email", "k": 3, "budget": 10}
         a = httpx.post(server.url + "/search", json=body).json()
         b = httpx.post(other.url + "/search", json=body).json()
         assert a["hits"][0]["results"] == b["hits"][0]["results"]
-    finally:
-        other.stop()
 
 
 @pytest.mark.slow
 def test_port_in_use_is_one_line_and_nonzero(env, server):
-    r = _cli(env, "serve", str(env["idx"]), "--port", str(server.port), timeout=60)
+    r = run_cli("serve", str(env["index_dir"]), "--port", str(server.port), timeout=60)
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(server.port) in lines[0] and "in use" in lines[0], r.stderr

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from serve_fixture import serving
 
 pytest.importorskip("schemathesis")
 pytest.importorskip("fastapi")
@@ -35,39 +36,18 @@ def bench():
 
 
 @pytest.fixture(scope="module")
-def index(bench, model_cache, tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CROSSKNN_CACHE", str(model_cache))
+def env(bench, model_env, tmp_path_factory):
     root = tmp_path_factory.mktemp("api-fuzz")
-    yield bench.build_small_index(root), root
-    mp.undo()
+    return {"root": root, "index_dir": bench.build_small_index(root)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "api-key-file"])
-def test_generated_requests_hold_the_contract(bench, index, keyed):
-    idx, root = index
+def test_generated_requests_hold_the_contract(bench, env, keyed):
     args = ["--timeout-s", "20", "--max-queue", "8", "--max-rerank-texts", "16"]
-    if keyed:
-        key_file = root / "key"
-        key_file.write_text(KEY + "\n")
-        key_file.chmod(0o600)
-        args += ["--api-key-file", str(key_file)]
-    port = bench.free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = root / f"serve-{port}.log"
-    with open(log_path, "w") as log:
-        proc = bench.start_server(idx, port, log, *args)
-        try:
-            bench.wait_ready(url, 120, proc)
-            out = bench.fuzz(url, key=KEY if keyed else None, examples=EXAMPLES)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    key = KEY if keyed else None
+    with serving(env, *args, api_key=key) as server:
+        out = bench.fuzz(server.url, key=key, examples=EXAMPLES)
     ops = set(out["operations"])
     assert {"POST /search", "POST /rerank", "GET /healthz", "HEAD /healthz", "GET /readyz"} <= ops
     assert {"GET /info", "GET /metrics"} <= ops
@@ -78,7 +58,7 @@ def test_generated_requests_hold_the_contract(bench, index, keyed):
     if keyed:
         bad["auth_failures"] = out["auth_failures"]
     assert not any(bad.values()), (bad, out["failures"])
-    text = log_path.read_text()
+    text = server.output()
     assert "Traceback" not in text, text[-3000:]
     assert KEY not in text
     # the server answered 2xx as well as 4xx: the generated requests reached the searches

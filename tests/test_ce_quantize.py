@@ -194,7 +194,7 @@ def test_default_int8_is_the_measured_choice():
 
 def test_verbose_prints_the_recorded_fidelity(all_recipes, tmp_path, capsys):
     from crossknn.cli import main
-    from crossknn.commands._common import fidelity_line
+    from crossknn.commands._printing import fidelity_line
 
     assert fidelity_line(OnnxCrossEncoder(all_recipes)) is None  # fp32: nothing to report
     rec = fidelity_record(all_recipes, "int8-dynamic")["fidelity"]

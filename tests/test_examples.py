@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from serve_fixture import serving
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -59,33 +59,18 @@ def test_readme_quickstart_is_the_example():
         assert call in readme and call in example, call
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rerank_client_against_a_real_server(quickstart, tmp_path):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    from crossknn.client import wait_ready
 
     _, index, env = quickstart
     key = tmp_path / "key.txt"
     key.write_text("example-secret-key-0123456789\n")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "crossknn"), "serve", str(index), "--port", str(port)]
-        + ["--api-key-file", str(key), "--threads", "1"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    try:
-        wait_ready(url, timeout=180)
-        run = [sys.executable, str(EXAMPLES / "rerank_client.py"), url]
+    crossknn = (str(Path(sys.executable).parent / "crossknn"),)  # the console script
+    flags = ("--api-key-file", str(key), "--threads", "1")
+    where = {"index_dir": index, "root": tmp_path}
+    with serving(where, *flags, program=crossknn, environ=env, log_level=None) as s:
+        run = [sys.executable, str(EXAMPLES / "rerank_client.py"), s.url]
         r = subprocess.run(
             [*run, "--api-key-file", str(key)], capture_output=True, text=True, timeout=120
         )
@@ -98,13 +83,6 @@ def test_rerank_client_against_a_real_server(quickstart, tmp_path):
         # without the key the server refuses, and the client says so in one line
         r = subprocess.run(run, capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and "/rerank answered 401" in r.stderr, r.stderr
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def test_cpp_example_builds_against_the_source_tree_and_runs():

@@ -84,11 +84,11 @@ def test_searcher_records_every_entry_it_paid_for(tmp_path):
 
 
 def test_cli_search_log_queries_appends_each_answered_query(tmp_path, monkeypatch):
-    import crossknn.commands.search_cmd as search_cmd
     from crossknn.cli import main
+    from crossknn.commands import _common  # index_models opens the index's CE and DE
 
     build(tmp_path / "idx")
-    monkeypatch.setattr(search_cmd, "open_index_models", lambda *a, **k: (StubCE(), StubDE()))
+    monkeypatch.setattr(_common, "open_index_models", lambda *a, **k: (StubCE(), StubDE()))
     log = tmp_path / "served.log"
     qs = queries(4)
     for q in qs[:2], qs[2:]:

@@ -112,12 +112,12 @@ def test_fewer_logged_queries_than_rows_keep_pseudo_rows_for_the_rest(tmp_path):
 
 
 def test_refine_cli_and_its_errors(tmp_path, monkeypatch, capsys):
-    import crossknn.commands.refine_cmd as refine_cmd
     from crossknn.cli import main
+    from crossknn.commands import _common  # index_models opens the index's CE and DE
 
     idx = tmp_path / "idx"
     build(idx, rows=3)
-    monkeypatch.setattr(refine_cmd, "open_index_models", lambda *a, **k: (StubCE(), StubDE()))
+    monkeypatch.setattr(_common, "open_index_models", lambda *a, **k: (StubCE(), StubDE()))
     log = tmp_path / "q.log"
     _serve_and_log(idx, log, queries(1))
     assert main(["refine", str(idx), "--queries", str(log), "--quiet"]) == 2

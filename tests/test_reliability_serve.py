@@ -10,20 +10,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from crossknn.ce.tokenize import check_texts
-from crossknn.commands._common import terminal_safe
+from crossknn.commands._printing import terminal_safe
 from crossknn.serve.admission import Admission, request_cost
+from serve_fixture import cli_index_env, run_cli, served, topic_rows
 
 BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 RAW_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f" + BIDI + r"\ud800-\udfff]")
@@ -241,37 +238,11 @@ EVIL_ID = "doc\u202e1gpj.exe"
 N_DOCS = 40
 
 
-def _corpus(path: Path) -> Path:
-    topics = ["dates and times", "compression", "email", "shell commands", "csv files"]
-    rows = [
-        {"id": f"d{i}", "text": f"document {i} about {topics[i % len(topics)]} and more {i}"}
-        for i in range(N_DOCS - 1)
-    ]
-    rows.append({"id": EVIL_ID, "text": "evil \u2066 document about \u202e email"})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
-def env(model_cache, tmp_path_factory):
-    from crossknn.cli import main
-
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    root = tmp_path_factory.mktemp("reliability-serve")
-    corpus = _corpus(root / "c.jsonl")
-    idx = root / "idx"
-    args = ["--calibration-queries", "2", "--calibration-items", "4", "--quiet"]
-    assert main(["build", str(corpus), str(idx), *args]) == 0
-    yield {"root": root, "corpus": corpus, "idx": idx, "cache": str(model_cache)}
-    mp.undo()
-
-
-def _cli(env, *argv: str) -> subprocess.CompletedProcess:
-    """The real command line (argv bytes that are not UTF-8 reach Python as surrogates)."""
-    cmd = [sys.executable, "-m", "crossknn.cli", *argv]
-    penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
-    return subprocess.run(cmd, capture_output=True, env=penv, timeout=300)
+def env(model_env, tmp_path_factory):
+    evil = {"id": EVIL_ID, "text": "evil \u2066 document about \u202e email"}
+    rows = topic_rows(N_DOCS - 1) + [evil]
+    return cli_index_env(tmp_path_factory, "reliability-serve", rows)
 
 
 @pytest.mark.slow
@@ -283,10 +254,10 @@ def _cli(env, *argv: str) -> subprocess.CompletedProcess:
     ],
 )
 def test_cli_query_that_is_not_utf8_is_one_line(env, cmd, query, where):
-    argv = [cmd, os.fsencode(env["idx"]), query, "-k", "3", "--budget", "5"]
+    argv = [cmd, os.fsencode(env["index_dir"]), query, "-k", "3", "--budget", "5"]
     if cmd == "rank":
         argv = [cmd, query, "--corpus", os.fsencode(env["corpus"]), "--top-k", "3"]
-    r = _cli(env, *argv)
+    r = run_cli(*argv, text=False)
     err = r.stderr.decode("utf-8", "replace")
     assert r.returncode == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -297,7 +268,7 @@ def test_cli_query_that_is_not_utf8_is_one_line(env, cmd, query, where):
 def test_python_api_refuses_invalid_unicode_query(env):
     import crossknn
 
-    s = crossknn.Searcher(env["idx"])
+    s = crossknn.Searcher(env["index_dir"])
     with pytest.raises(ValueError, match="not valid UTF-8.*character 3"):
         s.search("abc\udcff", k=2, budget=5)
     assert s.search("email", k=2, budget=5).ce_calls == 5  # and it goes on
@@ -305,82 +276,31 @@ def test_python_api_refuses_invalid_unicode_query(env):
 
 @pytest.mark.slow
 def test_printed_tables_escape_bidi_controls(env):
-    r = _cli(env, "search", str(env["idx"]), "email", "-k", str(N_DOCS), "--budget", str(N_DOCS))
+    argv = ["search", str(env["index_dir"]), "email", "-k", str(N_DOCS), "--budget", str(N_DOCS)]
+    r = run_cli(*argv, text=False)
     out = r.stdout.decode("utf-8")
     assert r.returncode == 0, r.stderr.decode()
     assert "doc\\u202e1gpj.exe" in out and "\\u2066" in out
     assert not RAW_UNSAFE.search(out)
-    r = _cli(env, "rank", "email", "--corpus", str(env["corpus"]), "--top-k", str(N_DOCS))
+    r = run_cli("rank", "email", "--corpus", str(env["corpus"]), "--top-k", str(N_DOCS), text=False)
     out = r.stdout.decode("utf-8")
     assert r.returncode == 0 and "doc\\u202e1gpj.exe" in out and not RAW_UNSAFE.search(out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+server = served("--max-queue", "16", "--timeout-s", "6", log_level="info")
 
 
-class Server:
-    def __init__(self, env, *args: str) -> None:
-        from crossknn import client
-
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(env["idx"])]
-        cmd += ["--port", str(self.port), "--log-level", "info", *args]
-        self.log_path = env["root"] / f"server-{self.port}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115
-        penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=penv)
-        try:
-            client.wait_ready(self.url, timeout=120)
-        except TimeoutError:
-            self.stop()
-            raise
-
-    def statuses(self) -> dict[str, float]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        out = {}
-        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics").text):
-            for s in fam.samples:
-                if s.name == "crossknn_requests_total" and s.labels["path"] == "/search":
-                    out[s.labels["status"]] = s.value
-        return out
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
-        return self.proc.returncode
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-
-@pytest.fixture(scope="module")
-def server(env):
-    s = Server(env, "--max-queue", "16", "--timeout-s", "6")
-    yield s
-    s.stop()
+def _statuses(server) -> dict[str, float]:
+    """The count of /search answers by status."""
+    found = server.samples("crossknn_requests_total", path="/search")
+    return {s.labels["status"]: s.value for s in found}
 
 
 @pytest.mark.slow
 def test_the_service_time_is_measured_before_the_first_request(server):
     """One warm-up search at load: a burst at startup is admitted only as far as it fits."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(server.url + "/metrics").text
-    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    assert values["crossknn_service_seconds_per_pair"] > 0
-    assert server.statuses().get("200", 0) == 0  # no request has been answered yet
+    assert server.metrics()["crossknn_service_seconds_per_pair"] > 0
+    assert _statuses(server).get("200", 0) == 0  # no request has been answered yet
 
 
 def _post(url: str, body: bytes, timeout: float = 60) -> httpx.Response:
@@ -414,7 +334,7 @@ def test_http_body_nested_100000_deep_is_422(server):
 
 @pytest.mark.slow
 def test_client_leaving_mid_body_counts_as_499_without_a_traceback(server):
-    before = server.statuses()
+    before = _statuses(server)
     with socket.create_connection(("127.0.0.1", server.port)) as s:
         s.sendall(
             b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -422,10 +342,10 @@ def test_client_leaving_mid_body_counts_as_499_without_a_traceback(server):
         )
         time.sleep(0.5)
     deadline = time.monotonic() + 30
-    while server.statuses().get("499", 0) <= before.get("499", 0):
-        assert time.monotonic() < deadline, server.statuses()
+    while _statuses(server).get("499", 0) <= before.get("499", 0):
+        assert time.monotonic() < deadline, _statuses(server)
         time.sleep(0.2)
-    after = server.statuses()
+    after = _statuses(server)
     assert after.get("500", 0) == before.get("500", 0), after
     assert "Traceback" not in server.output()
     assert httpx.get(server.url + "/healthz").status_code == 200

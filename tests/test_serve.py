@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -24,49 +22,25 @@ pytest.importorskip("fastapi")
 
 import crossknn  # noqa: E402
 from crossknn import client  # noqa: E402
+from serve_fixture import QUERIES, Server, index_env, run_cli, served, serving  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
 N_ITEMS = 200
-QUERIES = [
-    "parse a date string into a datetime object",
-    "compress data with gzip",
-    "send an email through an SMTP server",
-    "run a shell command and capture its output",
-    "read a CSV file row by row",
-    "create a temporary directory",
-    "encode bytes as base64",
-    "sort a list in place",
-    "open a network socket",
-    "format a number with thousands separators",
-]
 
 
 @pytest.fixture(scope="module")
-def env(model_cache, tmp_path_factory):
+def env(model_env, tmp_path_factory):
     from crossknn.demo_corpus import stdlib_docstrings
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    root = tmp_path_factory.mktemp("serve")
-    corpus = stdlib_docstrings(max_items=N_ITEMS)
-    index = crossknn.build_corpus_index(
-        corpus, root / "idx", calibration_queries=4, calibration_items=16, progress=False
-    )
-    assert len(index) == N_ITEMS
-    yield {"root": root, "index_dir": root / "idx", "cache": str(model_cache)}
-    mp.undo()
+    built = index_env(tmp_path_factory, "serve", stdlib_docstrings(max_items=N_ITEMS))
+    assert len(built["index"]) == N_ITEMS
+    return built
 
 
 @pytest.fixture(scope="module")
 def searcher(env):
     return crossknn.Searcher(env["index_dir"])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tree_hash(path: Path) -> dict[str, str]:
@@ -77,69 +51,15 @@ def _tree_hash(path: Path) -> dict[str, str]:
     }
 
 
-class Server:
-    def __init__(self, env, *args: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(env["index_dir"])]
-        cmd += ["--port", str(self.port), "--log-level", "warning", *args]
-        self.log = open(env["root"] / f"server-{self.port}.log", "w+")  # noqa: SIM115
-        penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=penv)
-        try:
-            client.wait_ready(self.url, timeout=240)
-        except TimeoutError:
-            self.stop()
-            raise
-
-    def metrics(self) -> dict[str, float]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics").text
-        out = {}
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                key = s.name + (json.dumps(s.labels, sort_keys=True) if s.labels else "")
-                out[key] = s.value
-        return out
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        return self.proc.returncode
-
-    def output(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return Path(self.log.name).read_text()
-
-
-@pytest.fixture(scope="module")
-def server(env):
-    s = Server(
-        env, "--max-batch-pairs", "128", "--max-wait-ms", "5", "--timeout-s", "300", "--allow-exact"
-    )
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def tight(env):
-    """A server with a queue of 2 and a 1.5 s limit, admission by the queue alone (the deadline
-    check would refuse the 504 test's request at once: tests/test_api_contract.py, case 1)."""
-    s = Server(
-        env,
-        *("--max-queue", "2", "--timeout-s", "1.5", "--max-body-kb", "8", "--allow-exact"),
-        *("--admit-within", "0"),
-    )
-    yield s
-    s.stop()
+server = served(
+    "--max-batch-pairs", "128", "--max-wait-ms", "5", "--timeout-s", "300", "--allow-exact"
+)
+# a queue of 2 and a 1.5 s limit, admission by the queue alone (the deadline check would refuse
+# the 504 test's request at once: tests/test_api_contract.py, case 1)
+tight = served(
+    *("--max-queue", "2", "--timeout-s", "1.5", "--max-body-kb", "8", "--allow-exact"),
+    *("--admit-within", "0"),
+)
 
 
 def _same(out: dict, hits) -> None:
@@ -376,25 +296,25 @@ def test_info_health_ready_and_openapi(server, searcher):
 
 def test_sigterm_drains_in_flight_requests_and_leaves_the_index_unchanged(env):
     before = _tree_hash(env["index_dir"])
-    s = Server(env, "--admit-within", "0")  # all four admitted, however loaded this machine is
     results = []
+    # all four admitted, however loaded this machine is
+    with serving(env, "--admit-within", "0") as s:
 
-    def call(q):
-        body = {"query": q, "k": 5, "budget": 25}
-        results.append(httpx.post(s.url + "/search", json=body, timeout=300))
+        def call(q):
+            body = {"query": q, "k": 5, "budget": 25}
+            results.append(httpx.post(s.url + "/search", json=body, timeout=300))
 
-    threads = [threading.Thread(target=call, args=(q,)) for q in QUERIES[:4]]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 60
-    while s.metrics().get("crossknn_queue_depth", 0) < 4:  # all four in flight
-        assert time.monotonic() < deadline, "the requests never got in flight"
-        time.sleep(0.05)
-    s.proc.send_signal(signal.SIGTERM)
-    for t in threads:
-        t.join(300)
-    rc = s.proc.wait(120)  # no second signal: the server exits by itself once drained
-    s.stop()
+        threads = [threading.Thread(target=call, args=(q,)) for q in QUERIES[:4]]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while s.metrics().get("crossknn_queue_depth", 0) < 4:  # all four in flight
+            assert time.monotonic() < deadline, "the requests never got in flight"
+            time.sleep(0.05)
+        s.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(300)
+        rc = s.proc.wait(120)  # no second signal: the server exits by itself once drained
     assert [r.status_code for r in results] == [200] * 4, s.output()
     assert all(r.json()["hits"][0]["ce_calls"] == 25 for r in results)
     # uvicorn re-raises the signal after its graceful shutdown: the exit status says SIGTERM
@@ -405,37 +325,22 @@ def test_sigterm_drains_in_flight_requests_and_leaves_the_index_unchanged(env):
 def test_ray_serve_two_replicas(env, searcher):
     """``crossknn serve --ray --replicas 2``: the same app on Ray Serve, two replicas."""
     pytest.importorskip("ray.serve", exc_type=ImportError)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(env["index_dir"]), "--ray"]
-    cmd += ["--replicas", "2", "--port", str(port), "--threads", "1"]
-    log = open(env["root"] / "ray.log", "w+")  # noqa: SIM115
-    penv = dict(os.environ, CROSSKNN_CACHE=env["cache"], RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=penv)
-    try:
-        client.wait_ready(url, timeout=240)
+    flags = ("--ray", "--replicas", "2", "--threads", "1")
+    with serving(env, *flags, log_level=None, environ={"RAY_USAGE_STATS_ENABLED": "0"}) as s:
         body = {"query": QUERIES[0], "k": 3, "budget": 10}
 
         def call(_):
-            r = httpx.post(url + "/search", json=body, timeout=300)
+            r = httpx.post(s.url + "/search", json=body, timeout=300)
             return r.status_code, r.headers.get("x-served-by"), r.json()
 
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(call, range(16)))
-        want = searcher.search(QUERIES[0], k=3, budget=10)
-        for status, _, out in answers:
-            assert status == 200
-            _same(out, want)
-        # concurrent requests were spread over both replicas (processes)
-        assert len({by for _, by, _ in answers}) == 2, answers
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-        log.close()
+    want = searcher.search(QUERIES[0], k=3, budget=10)
+    for status, _, out in answers:
+        assert status == 200
+        _same(out, want)
+    # concurrent requests were spread over both replicas (processes)
+    assert len({by for _, by, _ in answers}) == 2, answers
 
 
 def test_serve_with_item_shards_equals_in_process_searcher(env, searcher, monkeypatch):
@@ -443,15 +348,12 @@ def test_serve_with_item_shards_equals_in_process_searcher(env, searcher, monkey
     the single-process searcher exactly."""
     pytest.importorskip("ray")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    s = Server(env, "--shards", "2", "--threads", "1", "--timeout-s", "300")
-    try:
+    with serving(env, "--shards", "2", "--threads", "1", "--timeout-s", "300") as s:
         rf = client.info(s.url)["round_features"]
         assert rf == {"kind": "ShardedFeatures", "shards": 2}
         for method in ("axn", "rnr"):
             out = client.search(s.url, QUERIES[:2], k=5, budget=20, method=method, seed=3)
             _same(out, searcher.search(QUERIES[:2], k=5, budget=20, method=method, seed=3))
-    finally:
-        s.stop()
 
 
 def test_two_worker_processes_answer_like_the_in_process_searcher(env, searcher):
@@ -459,7 +361,7 @@ def test_two_worker_processes_answer_like_the_in_process_searcher(env, searcher)
     answers equal the in-process searcher's, and the server process has both as children."""
     import concurrent.futures
 
-    s = Server(env, "--workers", "2", "--threads", "1")
+    s = Server(env["index_dir"], "--workers", "2", "--threads", "1", logs=env["root"])
     try:
         # /readyz answered by one worker says nothing of the other: wait for a streak of 200s
         streak, deadline = 0, time.monotonic() + 120
@@ -478,7 +380,7 @@ def test_two_worker_processes_answer_like_the_in_process_searcher(env, searcher)
         for q, out in zip(QUERIES[:6], outs, strict=True):
             _same(out, searcher.search(q, k=5, budget=12, method="axn", seed=1))
         children = subprocess.run(
-            ["pgrep", "-P", str(s.proc.pid)], capture_output=True, text=True
+            ["pgrep", "-P", str(s.pid)], capture_output=True, text=True
         ).stdout.split()
         assert len(children) >= 2, s.output()  # the two workers (the command supervises them)
     finally:
@@ -490,10 +392,5 @@ def test_workers_refuse_ray_and_bad_counts(env):
         (["--workers", "0"], "--workers must be >= 1; got 0"),
         (["--workers", "2", "--shards", "2"], "cannot be combined with --ray or --shards"),
     ):
-        out = subprocess.run(
-            [sys.executable, "-m", "crossknn.cli", "serve", str(env["index_dir"]), *args],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, CROSSKNN_CACHE=env["cache"]),
-        )
+        out = run_cli("serve", str(env["index_dir"]), *args)
         assert out.returncode == 2 and msg in out.stderr, out.stderr

@@ -48,49 +48,46 @@ class RecordingDE:
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def test_encodes_from_many_threads_run_in_the_one_de_thread_with_the_des_answers():
+@pytest.fixture
+def threaded():
+    """A RecordingDE and its DEThread (closed after the test)."""
     de = RecordingDE()
     dt = DEThread(de)
-    try:
-        texts = [f"query number {i}" for i in range(40)]
-        with ThreadPoolExecutor(8) as pool:
-            got = list(pool.map(lambda t: dt.encode([t, t + "!"]), texts))
-        assert len(set(de.threads)) == 1 and de.threads[0].startswith("crossknn-de")
-        assert dt.thread_name == de.threads[0]
-        for t, v in zip(texts, got, strict=True):
-            np.testing.assert_array_equal(v, RecordingDE().encode([t, t + "!"]))
-        dt.encode(["x"], batch_size=3)
-        assert de.kwargs[-1] == {"batch_size": 3}
-    finally:
-        dt.close()
+    yield de, dt
+    dt.close()
 
 
-def test_an_encode_error_reaches_the_caller_and_the_thread_goes_on():
-    de = RecordingDE()
-    dt = DEThread(de)
-    try:
-        with pytest.raises(ValueError, match="refused 'boom'"):
-            dt.encode(["ok", "boom"])
-        assert dt.encode(["ok"]).shape == (1, 4)
-    finally:
-        dt.close()
+def test_encodes_from_many_threads_run_in_the_one_de_thread_with_the_des_answers(threaded):
+    de, dt = threaded
+    texts = [f"query number {i}" for i in range(40)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda t: dt.encode([t, t + "!"]), texts))
+    assert len(set(de.threads)) == 1 and de.threads[0].startswith("crossknn-de")
+    assert dt.thread_name == de.threads[0]
+    for t, v in zip(texts, got, strict=True):
+        np.testing.assert_array_equal(v, RecordingDE().encode([t, t + "!"]))
+    dt.encode(["x"], batch_size=3)
+    assert de.kwargs[-1] == {"batch_size": 3}
 
 
-def test_the_wrapper_is_the_des_model_everywhere_else():
-    de = RecordingDE()
-    dt = DEThread(de)
-    try:
-        assert isinstance(dt, DualEncoder)
-        assert (dt.model_id, dt.dim, dt.provider) == ("rec", 4, "CUDAExecutionProvider")
-        assert dt.thread_name is None  # nothing encoded yet
-        dt.encode(["hello"])
-        assert de.threads == [dt.thread_name]
-        with pytest.raises(TypeError, match="list of texts"):  # the DE's own check of its input
-            dt.encode("hello")
-        with pytest.raises(AttributeError):
-            _ = dt.no_such_member
-    finally:
-        dt.close()
+def test_an_encode_error_reaches_the_caller_and_the_thread_goes_on(threaded):
+    _, dt = threaded
+    with pytest.raises(ValueError, match="refused 'boom'"):
+        dt.encode(["ok", "boom"])
+    assert dt.encode(["ok"]).shape == (1, 4)
+
+
+def test_the_wrapper_is_the_des_model_everywhere_else(threaded):
+    de, dt = threaded
+    assert isinstance(dt, DualEncoder)
+    assert (dt.model_id, dt.dim, dt.provider) == ("rec", 4, "CUDAExecutionProvider")
+    assert dt.thread_name is None  # nothing encoded yet
+    dt.encode(["hello"])
+    assert de.threads == [dt.thread_name]
+    with pytest.raises(TypeError, match="list of texts"):  # the DE's own check of its input
+        dt.encode("hello")
+    with pytest.raises(AttributeError):
+        _ = dt.no_such_member
 
 
 @pytest.mark.parametrize(

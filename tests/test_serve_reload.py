@@ -7,14 +7,9 @@ refused while the old one keeps serving."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,115 +21,54 @@ import crossknn  # noqa: E402
 from crossknn.cli import main  # noqa: E402
 from crossknn.corpus.query_log import read_log  # noqa: E402
 from crossknn.data import Corpus  # noqa: E402
+from serve_fixture import QUERIES as SERVE_QUERIES  # noqa: E402
+from serve_fixture import Server, index_env  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
 N_ITEMS = 160
-QUERIES = [
-    "parse a date string into a datetime object",
-    "compress data with gzip",
-    "send an email through an SMTP server",
-    "run a shell command and capture its output",
-    "read a CSV file row by row",
-    "create a temporary directory",
-]
+QUERIES = SERVE_QUERIES[:6]
 KEY = "s3cret-key"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def env(model_cache, tmp_path_factory):
+def env(model_env, tmp_path_factory):
     from crossknn.demo_corpus import stdlib_docstrings
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    root = tmp_path_factory.mktemp("reload")
     corpus = stdlib_docstrings(max_items=N_ITEMS + 10)
     base = Corpus(corpus.ids[:N_ITEMS], corpus.texts[:N_ITEMS], "base")
-    crossknn.build_corpus_index(
-        base,
-        root / "idx",
-        calibration_queries=4,
-        calibration_items=16,
-        index_calls=2 * N_ITEMS,
-        progress=False,
-    )
-    extra = root / "new.jsonl"
+    built = index_env(tmp_path_factory, "reload", base, index_calls=2 * N_ITEMS)
+    extra = built["root"] / "new.jsonl"
     extra.write_text(
         "".join(
             json.dumps({"id": f"new-{i}", "text": t}) + "\n"
             for i, t in enumerate(corpus.texts[N_ITEMS : N_ITEMS + 10])
         )
     )
-    (root / "key").write_text(KEY + "\n")
-    (root / "key").chmod(0o600)
-    yield {"root": root, "index_dir": root / "idx", "cache": str(model_cache), "new": extra}
-    mp.undo()
+    return {**built, "new": extra}
 
 
-class Server:
-    def __init__(self, env, *args: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "crossknn.cli", "serve", str(env["index_dir"])]
-        cmd += ["--port", str(self.port), "--log-level", "warning", *args]
-        self.log = open(env["root"] / f"server-{self.port}.log", "w+")  # noqa: SIM115
-        penv = dict(os.environ, CROSSKNN_CACHE=env["cache"])
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=penv)
-        self.headers = {"Authorization": f"Bearer {KEY}"}
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 120:
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"server not ready: {self.output()}")
+def _search(server: Server, q: str, http=None):
+    return (http or httpx).post(
+        server.url + "/search",
+        json={"query": q, "k": 5, "budget": 20},
+        headers=server.headers,
+        timeout=120,
+    )
 
-    def search(self, q: str, http=None):
-        http = http or httpx
-        return http.post(
-            self.url + "/search",
-            json={"query": q, "k": 5, "budget": 20},
-            headers=self.headers,
-            timeout=120,
-        )
 
-    def info(self) -> dict:
-        return httpx.get(self.url + "/info", headers=self.headers, timeout=30).json()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        return self.proc.returncode
-
-    def output(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return Path(self.log.name).read_text()
+def _info(server: Server) -> dict:
+    return httpx.get(server.url + "/info", headers=server.headers, timeout=30).json()
 
 
 def _wait_version(server: Server, v: int, timeout: float = 60.0) -> dict:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        info = server.info()
+        info = _info(server)
         if info["index"]["version"] == v:
             return info
         time.sleep(0.2)
-    raise AssertionError(f"version {v} never served: {server.info().get('reload')}")
+    raise AssertionError(f"version {v} never served: {_info(server).get('reload')}")
 
 
 class Load:
@@ -151,7 +85,7 @@ class Load:
         with httpx.Client() as http:
             j = i
             while not self.stop_.is_set():
-                r = self.server.search(QUERIES[j % len(QUERIES)], http)
+                r = _search(self.server, QUERIES[j % len(QUERIES)], http)
                 j += 1
                 ok = r.status_code == 200
                 body = r.json() if ok else {}
@@ -175,12 +109,10 @@ class Load:
 def test_serve_swaps_versions_under_load(env):
     idx = env["index_dir"]
     log = env["root"] / "served.log"
-    server = Server(
-        env, "--api-key-file", str(env["root"] / "key"), "--log-queries", str(log),
-        "--watch-index", "0.3", "--timeout-s", "300",
-    )  # fmt: skip
+    flags = ("--log-queries", str(log), "--watch-index", "0.3", "--timeout-s", "300")
+    server = Server(idx, *flags, logs=env["root"], api_key=KEY)
     try:
-        r = server.search(QUERIES[0])
+        r = _search(server, QUERIES[0])
         assert r.status_code == 200 and r.json()["index_version"] == 1
         assert r.headers["x-index-version"] == "1"
         assert httpx.post(server.url + "/admin/reload", timeout=30).status_code == 401
@@ -234,13 +166,10 @@ def test_a_version_failing_its_checks_is_refused_and_the_old_one_serves(env, tmp
 
     idx = tmp_path / "idx"
     shutil.copytree(env["index_dir"], idx)
-    copy = dict(env, index_dir=idx, root=tmp_path)
-    (tmp_path / "key").write_text(KEY + "\n")
-    (tmp_path / "key").chmod(0o600)
-    server = Server(copy, "--api-key-file", str(tmp_path / "key"), "--watch-index", "0")
+    server = Server(idx, "--watch-index", "0", logs=tmp_path, api_key=KEY)
     try:
-        before = server.info()["index"]["version"]
-        r0 = server.search(QUERIES[1])
+        before = _info(server)["index"]["version"]
+        r0 = _search(server, QUERIES[1])
         assert r0.status_code == 200
         index = crossknn.open_index(idx)
         v = np.asarray(index["de_items"], np.float32).copy()
@@ -253,11 +182,11 @@ def test_a_version_failing_its_checks_is_refused_and_the_old_one_serves(env, tmp
         r = httpx.post(server.url + "/admin/reload", headers=server.headers, timeout=60)
         assert r.status_code == 409 and r.json()["status"] == "refused"
         assert "corrupt" in r.json()["error"]
-        r1 = server.search(QUERIES[1])
+        r1 = _search(server, QUERIES[1])
         assert r1.status_code == 200 and r1.json()["index_version"] == before
         same = [[(x["id"], x["score"]) for x in h["results"]] for h in r1.json()["hits"]]
         assert same == [[(x["id"], x["score"]) for x in h["results"]] for h in r0.json()["hits"]]
-        info = server.info()
+        info = _info(server)
         assert info["reload"]["refused"] == 1 and info["index"]["version"] == before
     finally:
         server.stop()

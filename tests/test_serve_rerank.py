@@ -15,9 +15,9 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-import crossknn  # noqa: E402
 from crossknn.commands import serve_cmd  # noqa: E402
 from crossknn.serve.app import create_app  # noqa: E402
+from serve_fixture import index_env  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
@@ -34,18 +34,11 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def env(model_cache, tmp_path_factory):
+def env(model_env, tmp_path_factory):
     from crossknn.demo_corpus import stdlib_docstrings
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    root = tmp_path_factory.mktemp("rerank")
-    corpus = stdlib_docstrings(max_items=N_ITEMS)
-    crossknn.build_corpus_index(
-        corpus, root / "idx", calibration_queries=4, calibration_items=16, progress=False
-    )
-    yield {"root": root, "index_dir": str(root / "idx")}
-    mp.undo()
+    built = index_env(tmp_path_factory, "rerank", stdlib_docstrings(max_items=N_ITEMS))
+    return {**built, "index_dir": str(built["index_dir"])}
 
 
 def _client(env, *flags: str):

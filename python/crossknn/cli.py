@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from crossknn import __version__
-from crossknn.commands._common import terminal_safe
+from crossknn.commands._printing import terminal_safe
 
 # name -> module under crossknn.commands (modules are imported lazily, so a
 # command's heavy dependencies are only loaded when that command runs).

@@ -529,7 +529,7 @@ class _OnnxModel:
     backend = "onnx"  # its name in crossknn.ce.backends
     _names = ("OnnxDualEncoder", "OnnxCrossEncoder")
     # the batch inputs from cached ids, in bulk (crossknn.ce.feeds; the row-by-row reference
-    # crossknn.ce.tokenize.assemble_* builds the same arrays: bench/ce_host_bench.py times both)
+    # crossknn.ce.tokenize.assemble_* builds the same arrays: tests/test_providers.py)
     _pair_feeds = staticmethod(pair_feeds)
     _single_feeds = staticmethod(single_feeds)
 

@@ -1,96 +1,52 @@
-"""Pieces shared by several commands: job options, printing hits, text safe for a terminal."""
+"""Options shared by several commands (the same name and meaning on each): a table of single
+options, the model, round and job option groups, and opening an index's models with them."""
 
 from __future__ import annotations
 
 import argparse
-import re
-import sys
+import dataclasses
 
-from crossknn.ce.fidelity import fidelity_record
-from crossknn.ce.folders import RUN_PRECISIONS
+from crossknn.ce.folders import RUN_PRECISIONS, open_index_models
 from crossknn.ce.runtime import PROVIDERS
+from crossknn.commands._numbers import nonneg_float, nonneg_int, positive_int
+from crossknn.commands._printing import say_providers
 from crossknn.jobs import JobOptions
 
 __all__ = [
+    "SHARED",
     "add_job_arguments",
     "add_model_arguments",
-    "fidelity_line",
-    "model_options",
-    "fraction",
+    "add_round_arguments",
+    "add_shared",
+    "config_from",
+    "index_models",
     "job_options",
-    "nonneg_float",
-    "nonneg_int",
-    "positive_float",
-    "positive_int",
-    "print_hits",
-    "provider_line",
-    "terminal_safe",
+    "model_options",
 ]
 
-# C0 and C1 control characters (ESC, BEL, CSI ...) and DEL; newlines and tabs included: one hit
-# is one line. Also the bidirectional controls (U+061C, U+200E/F, U+202A-202E, U+2066-2069: a
-# U+202E makes the rest of a line read right to left, so a printed id or score can lie) and lone
-# surrogates (undecodable bytes of a command line, which a UTF-8 terminal cannot print)
-_CONTROL = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
+# options that mean the same on every command that takes them: name -> (flags, add_argument's
+# keywords); a command adds them with add_shared(parser, name, ...)
+SHARED: dict[str, tuple[tuple[str, ...], dict]] = {
+    "index_dir": (("index_dir",), {"help": "index directory from 'crossknn build'"}),
+    "quiet": (("--quiet",), {"action": "store_true", "help": "no progress bars"}),
+    "seed": (("--seed",), {"type": nonneg_int, "default": 0}),
+    "json": (("--json",), {"action": "store_true", "help": "print JSON instead of a table"}),
+    "k": (
+        ("-k", "--k"),
+        {"type": positive_int, "default": 10, "help": "results per query (default 10)"},
+    ),
+    "budget": (
+        ("--budget",),
+        {"type": positive_int, "default": 100, "help": "CE calls per query (default 100)"},
+    ),
+}
 
 
-def terminal_safe(text: str) -> str:
-    """``text`` with every control character shown as an escape (``\\x1b``, ``\\u202e``), so a
-    hostile corpus cannot move the cursor, clear the screen, retitle the window or reorder what
-    is printed after it."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
-
-
-def _number(text: str, kind, what: str):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
-    if kind is float and value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = _number(text, int, "an integer >= 1")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}")
-    return value
-
-
-def nonneg_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    value = _number(text, int, "an integer >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    """argparse type: a number in [0, 1]."""
-    value = _number(text, float, "a number in [0, 1]")
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1]; got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    value = _number(text, float, "a number > 0")
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0; got {text!r}")
-    return value
-
-
-def nonneg_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    value = _number(text, float, "a number >= 0")
-    if not value >= 0.0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}")
-    return value
+def add_shared(p, *names: str) -> None:
+    """The options ``names`` of :data:`SHARED`, in this order, to ``p`` (a parser or a group)."""
+    for name in names:
+        flags, keywords = SHARED[name]
+        p.add_argument(*flags, **keywords)
 
 
 def add_model_arguments(
@@ -208,30 +164,6 @@ def add_round_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def fidelity_line(ce) -> str | None:
-    """What the export measured for a quantized CE (its manifest's fidelity record), one line;
-    None for fp32 (``--verbose``)."""
-    precision = ce.precision  # a crossknn.ce.interface.CrossEncoder
-    if precision == "fp32":
-        return None
-
-    try:
-        rec = fidelity_record(ce.model_dir, precision)
-    except ValueError as exc:
-        return f"# {precision}: {exc}"
-    f = rec.get("fidelity")
-    if not f:
-        return f"# {precision} = {rec['recipe']}: no fidelity measured at export"
-    cal = rec.get("calibration", {})
-    kept = rec.get("fp32_groups")
-    return (
-        f"# {precision} = {rec['recipe']} vs fp32 on {cal.get('pairs', '?')} calibration pairs "
-        f"({cal.get('queries', '?')} queries): top-10 agreement {f['top10_agreement']:.3f}, "
-        f"Spearman on the top candidates {f['spearman_top']:.3f}, max |diff| "
-        f"{f['max_abs_diff']:.4f}" + (f"; fp32 groups {', '.join(kept)}" if kept else "")
-    )
-
-
 def model_options(args: argparse.Namespace) -> dict:
     """The :func:`crossknn.ce.folders.open_cross_encoder` options of
     :func:`add_model_arguments` (provider, threads, batch size, token budget)."""
@@ -244,16 +176,29 @@ def model_options(args: argparse.Namespace) -> dict:
     }
 
 
-def provider_line(*models) -> str:
-    """Which execution provider and precision each model runs on, one line for stderr (with
-    ``--provider auto`` the provider is the first whose session opened)."""
-    parts = []
-    for m in models:
-        if m is None or not hasattr(m, "provider"):
-            continue
-        role = "DE" if getattr(m, "kind", "") == "dual-encoder" else "CE"
-        parts.append(f"{role} {getattr(m, 'model_id', '?')} ({m.precision}) on {m.provider}")
-    return "# " + "; ".join(parts)
+def config_from(cls, args: argparse.Namespace, **given):
+    """The dataclass ``cls`` from the options named as its fields (a field without an option keeps
+    its default) and ``given`` (a field whose value is computed, or whose option is named
+    otherwise)."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    named = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    return cls(**{**named, **given})
+
+
+def index_models(args: argparse.Namespace, index):
+    """The CE and DE an index records, opened with the options of :func:`add_model_arguments`
+    (``precision_default=None``: the index's unless given); which provider each runs on is
+    printed to stderr unless ``--quiet``."""
+    ce, de = open_index_models(
+        index,
+        model=args.model,
+        de_model=args.de_model,
+        precision=args.precision,
+        de_precision=args.de_precision,
+        **model_options(args),
+    )
+    say_providers(args, ce, de)
+    return ce, de
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
@@ -287,33 +232,3 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         ray_gpus_per_worker=args.ray_gpus,
         keep_job=args.keep_job,
     )
-
-
-def print_hits(hits, *, texts: bool = True, file=None, width: int = 70) -> None:
-    """Hits as aligned columns: rank (``*`` = not in the exact top-k), CE score, id, a snippet
-    of ``width`` characters (whitespace folded, control characters escaped)."""
-    file = file or sys.stdout
-    for h in hits:
-        qid = f"[{terminal_safe(h.qid)}] " if getattr(h, "qid", None) is not None else ""
-        print(f"\nquery {qid}{terminal_safe(h.query)}", file=file)
-        ids = [terminal_safe(i) for i in h.ids]
-        id_width = min(max(map(len, ids), default=2), 32)
-        for r, (i, s, t) in enumerate(zip(ids, h.scores, h.texts, strict=False), start=1):
-            mark = ""
-            if h.exact_ids is not None:
-                mark = " " if h.ids[r - 1] in h.exact_ids else "*"
-            text = " ".join(t.split())
-            text = text if len(text) <= width else text[: width - 3] + "..."
-            tail = "  " + terminal_safe(text) if texts else ""
-            print(f"  {r:>3}{mark} {s:+9.4f}  {i:<{id_width}}{tail}", file=file)
-        line = (
-            f"  CE calls {h.ce_calls}; time CE {h.seconds_ce:.2f} s, other {h.seconds_other:.2f} s"
-        )
-        if h.recall is not None:
-            line += f"; Top-{len(h.exact_ids)}-Recall vs exact CE: {h.recall:.2f}"
-            line += " (* = not in the exact top-k)"
-        if getattr(h, "allowed", None) is not None:
-            line += f"; {h.allowed} items allowed"
-            if h.allowed <= len(h.ids):
-                line += " (every one of them is here)"
-        print(line, file=file)

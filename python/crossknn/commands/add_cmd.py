@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from crossknn.ce.folders import open_index_models
-from crossknn.commands._common import (
-    add_model_arguments,
-    model_options,
-    provider_line,
-    terminal_safe,
-)
+from crossknn.commands._common import add_model_arguments, add_shared, index_models
 from crossknn.corpus.edit import add_items
 from crossknn.corpus_folder import open_index
 from crossknn.data import load_corpus
@@ -20,25 +13,16 @@ HELP = "add items (JSONL with id/text) to an index: DE vectors, auto row entries
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("index_dir", help="index directory from 'crossknn build'")
+    add_shared(p, "index_dir")
     p.add_argument("items", help="JSONL file of new items (id or _id, text, optional title)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared(p, "quiet")
     add_model_arguments(p, precision_default=None)
 
 
 def run(args: argparse.Namespace) -> int:
     items = load_corpus(args.items)
     index = open_index(args.index_dir)
-    ce, de = open_index_models(
-        index,
-        model=args.model,
-        de_model=args.de_model,
-        precision=args.precision,
-        de_precision=args.de_precision,
-        **model_options(args),
-    )
-    if not args.quiet:
-        print(terminal_safe(provider_line(ce, de)), file=sys.stderr)
+    ce, de = index_models(args, index)
     r = add_items(args.index_dir, items, ce=ce, de=de, progress=not args.quiet)
     if r["already"]:
         print(f"index {args.index_dir}: these items were added already (version {r['version']})")

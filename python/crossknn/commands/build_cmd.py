@@ -6,20 +6,13 @@ import argparse
 import os
 import re
 import shutil
-import sys
 import time
 from pathlib import Path
 
 from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
-from crossknn.commands._common import (
-    add_model_arguments,
-    model_options,
-    nonneg_float,
-    nonneg_int,
-    positive_int,
-    provider_line,
-    terminal_safe,
-)
+from crossknn.commands._common import add_model_arguments, add_shared, model_options
+from crossknn.commands._numbers import nonneg_float, nonneg_int, positive_int
+from crossknn.commands._printing import say_providers
 from crossknn.corpus.build import build_corpus_index
 from crossknn.data import load_corpus, read_queries
 from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
@@ -88,8 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MIN",
         help="time cap of the default index budget (default 10 minutes of CE time)",
     )
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared(p, "seed", "quiet")
     add_model_arguments(p)
 
 
@@ -183,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
     de = open_dual_encoder(
         args.de_model, precision=args.de_precision, **{**opts, "batch_size": None}
     )
-    if not args.quiet:
-        print(terminal_safe(provider_line(ce, de)), file=sys.stderr)
+    say_providers(args, ce, de)
     try:
         idx = build_corpus_index(
             corpus,

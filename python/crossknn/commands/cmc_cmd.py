@@ -10,6 +10,7 @@ from crossknn.cmc.data import beir_data, matrix_data
 from crossknn.cmc.evaluate import qrels_metrics, rank_cmc, rank_de
 from crossknn.cmc.export import export_onnx
 from crossknn.cmc.runtime import DEFAULT_CANDIDATES, CmcReranker
+from crossknn.commands._common import add_shared, config_from
 from crossknn.eval import EvalConfig, evaluate, format_table
 from crossknn.outputs import check_output_file, check_output_folder
 
@@ -36,7 +37,7 @@ def _source(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="cache for models and encoded vectors (default $CROSSKNN_CACHE or ~/.cache/crossknn)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared(p, "quiet")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,26 +161,9 @@ def _train(args) -> int:
     from crossknn.cmc.train import TrainConfig, train
 
     data = _data(args)
-    cfg = TrainConfig(
-        k=args.k,
-        top_fraction=args.top_fraction,
-        pool=args.pool,
-        target_temperature=args.target_temperature,
-        lambda_ce=args.lambda_ce,
-        lambda_kl=args.lambda_kl,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-    )
-    mcfg = CmcConfig(
-        dim=data.dim,
-        width=min(args.width, data.dim),
-        layers=args.layers,
-        heads=args.heads,
-        dropout=args.dropout,
-    )
+    # the options are named as the configs' fields
+    cfg = config_from(TrainConfig, args)
+    mcfg = config_from(CmcConfig, args, dim=data.dim, width=min(args.width, data.dim))
     info = train(
         data,
         args.out,

@@ -20,7 +20,9 @@ import numpy as np
 
 from crossknn.ce import cache_root
 from crossknn.ce.models import minilm_checkpoint_dir
-from crossknn.commands._common import positive_int, print_hits, terminal_safe
+from crossknn.commands._common import add_shared
+from crossknn.commands._numbers import positive_int
+from crossknn.commands._printing import print_hits, terminal_safe
 from crossknn.corpus.build import build_corpus_index
 from crossknn.corpus_folder import open_index
 from crossknn.demo_corpus import stdlib_docstrings
@@ -56,12 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="a query of your own (repeatable); default: four example queries",
     )
-    p.add_argument(
-        "-k", "--k", type=positive_int, default=10, help="results per query (default 10)"
-    )
-    p.add_argument(
-        "--budget", type=positive_int, default=100, help="CE calls per query (default 100)"
-    )
+    add_shared(p, "k", "budget")
     p.add_argument(
         "--method",
         choices=("axn", "rnr"),
@@ -89,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "~/.cache/crossknn, under demo/)",
     )
     p.add_argument("--rebuild", action="store_true", help="rebuild the cached index")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared(p, "quiet")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossknn.commands._common import (
+from crossknn.commands._numbers import (
     fraction,
     nonneg_float,
     nonneg_int,

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from crossknn.commands._common import add_shared
 from crossknn.data import read_qrels
 from crossknn.trec import parse_measures, read_run, run_metrics
 
@@ -32,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "'nDCG@10 RR@10 R@100 P@5 AP' (default: nDCG@10, RR@10, and R@100 for runs of 100+ "
         "results per query)",
     )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_shared(p, "json")
 
 
 def run(args: argparse.Namespace) -> int:

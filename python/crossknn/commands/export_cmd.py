@@ -18,7 +18,8 @@ from pathlib import Path
 
 from crossknn.ce.export import checkpoint_hash, export_cross_encoder, export_dual_encoder
 from crossknn.ce.folders import infer_kind, st_layout
-from crossknn.commands._common import positive_int, terminal_safe
+from crossknn.commands._numbers import positive_int
+from crossknn.commands._printing import terminal_safe
 from crossknn.outputs import check_output_folder
 
 HELP = "export a Hugging Face CE (or DE) folder to a crossknn model folder (ONNX)"

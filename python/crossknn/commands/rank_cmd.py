@@ -7,13 +7,9 @@ import json
 import sys
 
 from crossknn.ce.folders import open_cross_encoder
-from crossknn.commands._common import (
-    add_model_arguments,
-    fidelity_line,
-    model_options,
-    positive_int,
-    terminal_safe,
-)
+from crossknn.commands._common import add_model_arguments, add_shared, model_options
+from crossknn.commands._numbers import positive_int
+from crossknn.commands._printing import say_fidelity, terminal_safe
 from crossknn.data import load_corpus
 
 HELP = "rank a corpus (JSONL or BEIR folder) for one query with the cross-encoder (exhaustive)"
@@ -30,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top-k", type=positive_int, default=10, help="how many items to print (default 10)"
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_shared(parser, "json")
     add_model_arguments(parser, de=False, verbose=True)
     parser.add_argument("--int8", action="store_true", help="the same as --precision int8")
     parser.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -51,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the embedded model cannot be built without the export extra
         print(f"crossknn rank: error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
-    if args.verbose and (line := fidelity_line(ce)):
-        print(terminal_safe(line), file=sys.stderr)
+    say_fidelity(args, ce)
     hits = ce.rank(args.query, corpus.texts, top_k=min(args.top_k, len(corpus)), doc_ids=corpus.ids)
     rows = [
         {

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from crossknn.ce.folders import open_index_models
-from crossknn.commands._common import (
-    add_model_arguments,
-    model_options,
-    nonneg_float,
-    nonneg_int,
-    provider_line,
-    terminal_safe,
-)
+from crossknn.commands._common import add_model_arguments, add_shared, index_models
+from crossknn.commands._numbers import nonneg_float, nonneg_int
 from crossknn.corpus.refine import refine_index
 from crossknn.corpus_folder import open_index
 
@@ -21,7 +13,7 @@ HELP = "re-fit an index's auto rows on the queries a service answered (a --log-q
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("index_dir", help="index directory from 'crossknn build'")
+    add_shared(p, "index_dir")
     p.add_argument(
         "--queries",
         required=True,
@@ -41,23 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MIN",
         help="spend about MIN minutes of CE time (speed measured on a small batch)",
     )
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared(p, "seed", "quiet")
     add_model_arguments(p, precision_default=None)
 
 
 def run(args: argparse.Namespace) -> int:
     index = open_index(args.index_dir)
-    ce, de = open_index_models(
-        index,
-        model=args.model,
-        de_model=args.de_model,
-        precision=args.precision,
-        de_precision=args.de_precision,
-        **model_options(args),
-    )
-    if not args.quiet:
-        print(terminal_safe(provider_line(ce, de)), file=sys.stderr)
+    ce, de = index_models(args, index)
     r = refine_index(
         args.index_dir,
         args.queries,

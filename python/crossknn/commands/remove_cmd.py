@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from crossknn.commands._common import add_shared
 from crossknn.corpus.edit import COMPACT_AT, remove_items
 
 HELP = "remove items from an index (tombstones; compaction past a threshold)"
@@ -22,7 +23,7 @@ def _share(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("index_dir", help="index directory from 'crossknn build'")
+    add_shared(p, "index_dir")
     p.add_argument(
         "--ids",
         required=True,

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from crossknn.commands._common import (
-    add_job_arguments,
-    add_model_arguments,
-    job_options,
-    nonneg_int,
-    positive_int,
-)
+from crossknn.commands._common import add_job_arguments, add_model_arguments, job_options
+from crossknn.commands._numbers import nonneg_int, positive_int
 from crossknn.score_matrix_job import build_score_matrix
 
 HELP = "exact CE score matrix of a BEIR folder's queries x items (docs/data.md), resumable"

@@ -14,20 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from crossknn.ce.folders import model_record, open_index_models
+from crossknn.ce.folders import model_record
 from crossknn.ce.tokenize import check_encodable
 from crossknn.commands._common import (
     add_model_arguments,
     add_round_arguments,
-    fidelity_line,
-    model_options,
-    nonneg_float,
-    nonneg_int,
-    positive_int,
-    print_hits,
-    provider_line,
-    terminal_safe,
+    add_shared,
+    index_models,
 )
+from crossknn.commands._numbers import nonneg_float, positive_int
+from crossknn.commands._printing import print_hits, say_fidelity
 from crossknn.corpus.query_log import QueryLog
 from crossknn.corpus.versions import index_version
 from crossknn.corpus_folder import open_index
@@ -42,7 +38,7 @@ HELP = "search an index built by 'crossknn build' with the cross-encoder on a bu
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("index_dir", help="index directory from 'crossknn build'")
+    add_shared(p, "index_dir")
     p.add_argument("query", nargs="*", help="query text(s); or use --queries / --beir")
     q = p.add_argument_group("queries, qrels and run files")
     q.add_argument(
@@ -81,12 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write nDCG@10, RR@10, R@100 (k >= 100; ir_measures) and CE calls/query as JSON "
         "(needs qrels: --beir or --qrels)",
     )
-    p.add_argument(
-        "-k", "--k", type=positive_int, default=10, help="results per query (default 10)"
-    )
-    p.add_argument(
-        "--budget", type=positive_int, default=100, help="CE calls per query (default 100)"
-    )
+    add_shared(p, "k", "budget")
     p.add_argument(
         "--method",
         choices=METHODS,
@@ -118,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="only these items: an id allow-list file (one item id per line)",
     )
-    p.add_argument("--seed", type=nonneg_int, default=0)
+    add_shared(p, "seed")
     p.add_argument(
         "--query-batch",
         type=positive_int,
@@ -157,7 +148,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_round_arguments(p)
     p.add_argument("--ray-address", help="Ray cluster for item shards (with --shards)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_shared(p, "json")
     p.add_argument(
         "--log-queries",
         metavar="FILE",
@@ -260,16 +251,7 @@ def run(args: argparse.Namespace) -> int:
         if f is not None:
             parse_filter(f, index.metadata.fields)
     # the models with the run's precision (fp16: the recorded fp32 graph on a GPU) and options
-    ce, de = open_index_models(
-        index,
-        model=args.model,
-        de_model=args.de_model,
-        precision=args.precision,
-        de_precision=args.de_precision,
-        **model_options(args),
-    )
-    if not args.quiet:
-        print(terminal_safe(provider_line(ce, de)), file=sys.stderr)
+    ce, de = index_models(args, index)
     searcher = Searcher(
         index,
         ce=ce,
@@ -284,8 +266,7 @@ def run(args: argparse.Namespace) -> int:
         rescore=rescore,
         latency_target_ms="auto" if args.latency_target_ms is None else args.latency_target_ms,
     )
-    if args.verbose and (line := fidelity_line(searcher.ce)):
-        print(terminal_safe(line), file=sys.stderr)
+    say_fidelity(args, searcher.ce)
     searcher.record_paid = bool(args.log_queries)
     # exact CE rows are kept under INDEX_DIR/exact (keyed by query, items and CE hash)
     hits = searcher.search(

@@ -13,7 +13,8 @@ import socket
 import sys
 
 import crossknn
-from crossknn.commands._common import add_model_arguments, add_round_arguments, fraction
+from crossknn.commands._common import add_model_arguments, add_round_arguments, config_from
+from crossknn.commands._numbers import fraction
 from crossknn.search.registry import names as method_names
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
@@ -220,39 +221,15 @@ def config_from_args(args: argparse.Namespace):
     # crossknn.serve imports fastapi and prometheus_client (serve extra)
     from crossknn.serve.service import ServeConfig
 
-    return ServeConfig(
-        de_precision=args.de_precision,
-        max_batch_tokens=args.max_batch_tokens,
+    # the options named as its fields, and those named otherwise or computed
+    return config_from(
+        ServeConfig,
+        args,
         index=args.index_dir,
-        model=args.model,
-        de_model=args.de_model,
-        precision=args.precision,
-        provider=args.provider,
-        backend=args.backend,
-        threads=args.threads,
-        max_batch_pairs=args.max_batch_pairs,
-        max_wait_ms=args.max_wait_ms,
-        ce_workers=args.ce_workers,
-        de_thread=args.de_thread,
-        engine_order=args.engine_order,
-        group_queries=args.group_queries,
-        warmup=args.warmup,
-        max_queue=args.max_queue,
-        timeout_s=args.timeout_s,
-        admit_within=args.admit_within,
         max_body_bytes=args.max_body_kb * 1024,
-        body_timeout_s=args.body_timeout_s,
-        method=args.method,
-        rounds=args.rounds,
         latency_target_ms="auto" if args.latency_target_ms is None else args.latency_target_ms,
-        round_index=args.round_index,
-        shards=args.shards,
         # without shards the address is Ray Serve's (--ray); the searcher needs none
         ray_address=args.ray_address if args.shards else None,
-        allow_exact=args.allow_exact,
-        max_rerank_texts=args.max_rerank_texts,
-        api_key_file=args.api_key_file,
-        log_queries=args.log_queries,
         watch_index_s=args.watch_index,
         cors=tuple(o.strip() for o in (args.cors or "").split(",") if o.strip()),
     )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from crossknn.commands._common import fraction, positive_float, positive_int
+from crossknn.commands._common import config_from
+from crossknn.commands._numbers import fraction, positive_float, positive_int
 from crossknn.outputs import check_output_folder
 
 HELP = "fine-tune a cross-encoder ([CLS] head or [EMB] dot product) and export it as a model"
@@ -135,32 +136,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = [("DATA", args.data), ("--base", args.base), ("--de", args.de)]
     inputs += [("--teacher", args.teacher), ("--cache-dir", args.cache_dir)]
     check_output_folder(args.out_dir, kind="model", inputs=inputs, foreign=False)
-    cfg = TrainConfig(
-        kind=args.kind,
-        loss=args.loss,
-        split=args.split,
-        negatives=args.negatives,
-        negatives_skip=args.negatives_skip,
-        group_size=args.group_size,
-        random_negatives=args.random_negatives,
-        max_steps=args.max_steps,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        grad_accum=args.grad_accum,
-        lr=args.lr,
-        head_lr=args.head_lr,
-        max_length=args.max_length,
-        dev_fraction=args.dev_fraction,
-        dev_queries=args.dev_queries,
-        eval_every=args.eval_every,
-        patience=args.patience,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-        max_minutes=args.max_minutes,
-        threads=args.threads,
-        int8=args.int8,
-        bf16=args.bf16,
-    )
+    cfg = config_from(TrainConfig, args)  # the options are named as its fields
     rec = train_cross_encoder(
         args.data,
         args.out_dir,
