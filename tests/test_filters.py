@@ -277,12 +277,12 @@ def test_tombstones_are_a_mask_no_call_no_short_answer(tmp_path):
 
 
 def test_cli_filter_and_ids_and_per_query_filters(idx, tmp_path, capsys, monkeypatch):
-    import crossknn.commands.search_cmd as search_cmd
+    from crossknn.commands import _common
 
     class CE(StubCE):
         provider = "CPUExecutionProvider"  # what --json reports
 
-    monkeypatch.setattr(search_cmd, "open_index_models", lambda *a, **k: (CE(), StubDE()))
+    monkeypatch.setattr(_common, "open_index_models", lambda *a, **k: (CE(), StubDE()))
     common = ["--budget", "20", "-k", "4", "--json", "--quiet"]
     assert main(["search", str(idx), "w1 w2", "--filter", '{"tenant": "t1"}', *common]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -319,7 +319,7 @@ def test_cli_filter_and_ids_and_per_query_filters(idx, tmp_path, capsys, monkeyp
         "d13",
         "d16",
     }
-    monkeypatch.setattr(search_cmd, "open_index_models", None)  # refused before the models
+    monkeypatch.setattr(_common, "open_index_models", None)  # refused before the models
     assert main(["search", str(idx), "w1", "--filter", '{"tenantt": "t1"}', *common]) == 2
     err = capsys.readouterr().err
     assert "filter.tenantt: unknown field 'tenantt' (the index's fields: author.name" in err
