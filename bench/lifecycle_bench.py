@@ -294,15 +294,22 @@ def part_recall(args, res: dict) -> None:
 
     # replay the train queries through the searcher, logging them (search/serve --log-queries)
     log_path = WORK / "queries.log"
-    if log_path.is_file() and len(read_log(log_path, quiet=True)) != len(train):
-        log_path.unlink()
+    if log_path.is_file():
+        cached = read_log(log_path, quiet=True)  # kept only if whole, with item-text hashes
+        if len(cached) != len(train) or any(r.item_hashes is None for r in cached):
+            log_path.unlink()
     s = Searcher(p_idx, ce=ce, de=de)
     s.record_paid = True
     t = time.perf_counter()
     hits = [] if log_path.is_file() else s.search(train, k=K, budget=B)
     with QueryLog(log_path) as log:
         log.append_hits(
-            hits, ids, index_version=1, ce_model_hash=ce.model_hash, de_model_hash=de.model_hash
+            hits,
+            ids,
+            s.corpus.texts,
+            index_version=1,
+            ce_model_hash=ce.model_hash,
+            de_model_hash=de.model_hash,
         )
     print(f"replayed {len(train)} train queries in {time.perf_counter() - t:.1f} s")
     records = read_log(log_path)

@@ -204,6 +204,16 @@ def run(args: argparse.Namespace) -> int:
     check_encodable(queries, "queries")  # one line before any model opens
     if args.metrics and qrels is None:
         raise ValueError("--metrics needs relevance judgments: --beir DIR or --qrels FILE")
+    # the query log is opened (and a log it cannot write refused) before any model or CE call
+    log = QueryLog(args.log_queries) if args.log_queries else None
+    try:
+        return _run(args, ids, queries, qrels, rescore, log)
+    finally:
+        if log is not None:
+            log.close()
+
+
+def _run(args, ids, queries, qrels, rescore, log: QueryLog | None) -> int:
 
     index = open_index(args.index_dir)
     # the models with the run's precision (fp16: the recorded fp32 graph on a GPU) and options
@@ -246,8 +256,8 @@ def run(args: argparse.Namespace) -> int:
         query_batch=args.query_batch,
         show_progress_bar=not args.quiet and (len(queries) > 1 or args.exact),
     )
-    if args.log_queries:
-        _log_queries(args.log_queries, searcher, hits)
+    if log is not None:
+        _log_queries(log, searcher, hits)
     tag = run_tag(searcher.method, args.budget)
     # what ran: the method, its rounds, the plan's steps and why (auto's round choice)
     plan = hits[0].plan if hits else searcher.plan_info(budget=args.budget, rounds=args.rounds)
@@ -371,13 +381,13 @@ def _models(searcher) -> dict:
     return {"ce": model_record(searcher.ce), "de": model_record(searcher.de)}
 
 
-def _log_queries(path: str, searcher: Searcher, hits) -> None:
+def _log_queries(log: QueryLog, searcher: Searcher, hits) -> None:
     """Appends the answered queries to the query log (crossknn.corpus.query_log)."""
-    with QueryLog(path) as log:
-        log.append_hits(
-            hits,
-            searcher.corpus.ids,
-            index_version=index_version(searcher.index),
-            de_model_hash=getattr(searcher.de, "model_hash", None),
-            ce_model_hash=getattr(searcher.ce, "model_hash", None),
-        )
+    log.append_hits(
+        hits,
+        searcher.corpus.ids,
+        searcher.corpus.texts,
+        index_version=index_version(searcher.index),
+        de_model_hash=getattr(searcher.de, "model_hash", None),
+        ce_model_hash=getattr(searcher.ce, "model_hash", None),
+    )
