@@ -40,6 +40,8 @@ from crossknn.index.auto import (
 from crossknn.index.cur import score_dense
 from crossknn.index.files import save_index, update_params
 from crossknn.jobs import JobOptions
+from crossknn.metadata import PARAMS_KEY as METADATA_KEY
+from crossknn.metadata import ItemMetadata
 from crossknn.score_map import ScoreMap
 from crossknn.search.round_index import default_round_index, round_index_arrays, round_widths_meta
 from crossknn.searcher import Searcher
@@ -176,6 +178,13 @@ def build_corpus_index(
     return open_index(out)
 
 
+def item_metadata(corpus: Corpus) -> ItemMetadata:
+    """The metadata columns of a corpus's items (none when its items have no other fields)."""
+    if corpus.metadata is None:
+        return ItemMetadata({}, len(corpus))
+    return ItemMetadata.from_records(corpus.metadata, ids=corpus.ids)
+
+
 def _tune_round_widths(out, ce, de, train_queries, n, seed, progress):
     """Per-round widths of the built index's FAISS round index, tuned on the exact rounds of
     ``n`` train (or pseudo-) queries with the default search settings, written into
@@ -229,6 +238,8 @@ def _build_locked(
     ce = ce if ce is not None else crossknn.ce.default_cross_encoder()
 
     items_bytes = _items_jsonl(corpus)
+    # the items' other fields (crossknn.metadata), checked before any model runs
+    meta_arrays, meta_params = item_metadata(corpus).to_index()
     atomic_write_bytes(stage / ITEMS_FILE, items_bytes)
     V = encode_resumable(
         de, list(corpus.texts), work / "de", chunk=chunk, progress=progress, ids=corpus.ids
@@ -316,6 +327,9 @@ def _build_locked(
         ItemFeatures(V), round_index, progress=progress
     )
     arrays.update(rarrays)
+    arrays.update(meta_arrays)
+    if meta_params is not None:
+        params[METADATA_KEY] = meta_params
     info = {
         "items_file": ITEMS_FILE,
         "items_sha256": sha256_bytes(items_bytes),

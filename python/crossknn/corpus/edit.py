@@ -35,6 +35,8 @@ from crossknn.corpus_folder import open_index
 from crossknn.data import Corpus
 from crossknn.fileio import atomic_save_npy, fingerprint, sha256_texts
 from crossknn.index.auto import AUTO_ARRAY, AUTO_ITEM_COV
+from crossknn.metadata import PARAMS_KEY as METADATA_KEY
+from crossknn.metadata import ItemMetadata
 from crossknn.search.auto import item_covariance
 from crossknn.search.round_index import (
     ARRAY_NAME,
@@ -75,6 +77,19 @@ def _check_new(index, items: Corpus) -> None:
             f"{len(dup)} item id(s) to add are already in the index (first {dup[0]!r}); "
             "remove them first (crossknn remove) or give new ids"
         )
+
+
+def _metadata_changes(index, meta: ItemMetadata, changed: dict, params: dict) -> None:
+    """Every metadata array of ``meta`` into ``changed`` (the index's old ones dropped) and its
+    fields into ``params``."""
+    for name in ItemMetadata.array_names(index.arrays):
+        changed[name] = None
+    arrays, spec = meta.to_index()
+    changed.update(arrays)
+    if spec is None:
+        params.pop(METADATA_KEY, None)
+    else:
+        params[METADATA_KEY] = spec
 
 
 def _dead(index) -> np.ndarray:
@@ -124,6 +139,12 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
         if done is not None:
             return {"version": done, "already": True, "added": len(items)}
         _check_new(index, items)
+        item_meta = None  # every item's metadata, its kinds checked before any model runs
+        if items.metadata is not None or index.metadata.columns:
+            item_meta = ItemMetadata.from_records(
+                index.metadata.records() + list(items.metadata or [None] * len(items)),
+                ids=list(index.corpus.ids) + list(items.ids),
+            )
         if "R" in index.arrays:
             raise ValueError(
                 f"index {path} has CUR rows (--cur) of train queries it does not store; "
@@ -174,6 +195,8 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
             )
         ids = list(index.corpus.ids) + list(items.ids)
         all_texts = list(index.corpus.texts) + texts
+        if item_meta is not None:
+            _metadata_changes(index, item_meta, changed, params)
         seconds = time.perf_counter() - t0
         op = {
             "op": "add",
@@ -272,6 +295,8 @@ def remove_items(path, ids, *, compact_at: float = COMPACT_AT, progress: bool = 
             gone = np.union1d(old_gone.astype(np.uint64), new_gone)
             changed[REMOVED_IDS] = np.setdiff1d(gone, kept_h).astype(np.uint64)
             params["n_items"] = int(keep.size)
+            if index.metadata.columns:
+                _metadata_changes(index, index.metadata.take(keep), changed, params)
             items = items_jsonl(
                 [index.corpus.ids[j] for j in keep], [index.corpus.texts[j] for j in keep]
             )

@@ -549,6 +549,7 @@ def create_app(
             max_rounds=config.max_rounds,
             indexes=service.index_kinds,
             max_query_chars=config.max_query_chars,
+            fields=service.metadata_fields,
         )
         if req.exact and not config.allow_exact:
             raise RequestError(
