@@ -27,6 +27,11 @@ windows against steady state, the server's RSS after each swap once the old vers
 released (``/info``), against its steady state before the swaps. ``--swaps 0 --steady-s 600``:
 the same load without swaps (a control).
 
+``chaos`` (issue 54; ``bench/_lifecycle_chaos.py``, its own arguments): a server under 8 clients
+while a seeded random sequence of 220 operations (add, remove, refine, reload, kill -9 of a
+command, log rotation, a full disk) runs beside it, every invariant checked after each step;
+writes ``bench/results/lifecycle_chaos.json``.
+
 Writes ``bench/results/lifecycle_bench.json`` (``goals``: the issue's six keys) and
 ``docs/img/lifecycle.png``.
 """
@@ -467,12 +472,19 @@ def goals(res: dict) -> dict:
 
 def main(argv=None) -> int:
     global WORK
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chaos = _chaos(argv)
+    if chaos is not None:  # the chaos run has arguments of its own (bench/_lifecycle_chaos.py)
+        from _lifecycle_chaos import main as chaos_main
+
+        return chaos_main(chaos)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--part",
-        choices=("recall", "swap", "all", "merge"),
+        choices=("recall", "swap", "all", "merge", "chaos"),
         default="all",
-        help="merge: no measurement, the parts of the --merge results into --out",
+        help="merge: no measurement, the parts of the --merge results into --out; chaos: "
+        "bench/_lifecycle_chaos.py (its own arguments: --part chaos --help)",
     )
     ap.add_argument(
         "--matrix",
@@ -548,6 +560,14 @@ def main(argv=None) -> int:
     write_json(args.out, res)
     _plot(res)
     return 0
+
+
+def _chaos(argv: list[str]) -> list[str] | None:
+    """The chaos run's arguments when ``argv`` asks for ``--part chaos`` (else None)."""
+    for i, a in enumerate(argv):
+        if a == "--part=chaos" or (a == "--part" and argv[i + 1 : i + 2] == ["chaos"]):
+            return argv[:i] + argv[i + (1 if "=" in a else 2) :]
+    return None
 
 
 def _rss_mb(pid: int) -> float:

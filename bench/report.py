@@ -370,6 +370,18 @@ LIFECYCLE_GOALS = {
     "swap_non_2xx": ("0", lambda v: v == 0),
 }
 
+CHAOS_GOALS = {
+    "operations": ("≥ 200", lambda v: v >= 200),
+    "kills": ("≥ 30", lambda v: v >= 30),
+    "removed_served": ("0", lambda v: v == 0),
+    "short_answers": ("0", lambda v: v == 0),
+    # None (not measured) below 1,000 sampled entries
+    "wrong_row_entries": ("0 of ≥ 1,000 sampled", lambda v: v == 0),
+    "log_records_lost": ("0", lambda v: v == 0),
+    "non_2xx": ("0 (429 with Retry-After allowed)", lambda v: v == 0),
+    "rss_growth": ("≤ 0.05", lambda v: v <= 0.05),
+}
+
 
 def goals_table(name: str, targets: dict) -> str:
     goals = load(RESULTS / name).get("goals")
@@ -389,6 +401,10 @@ def render_api_contract() -> str:
 
 def render_lifecycle() -> str:
     return goals_table("lifecycle_bench.json", LIFECYCLE_GOALS)
+
+
+def render_lifecycle_chaos() -> str:
+    return goals_table("lifecycle_chaos.json", CHAOS_GOALS)
 
 
 # ---- quality of the embedded CE on BEIR ----------------------------------------------------------
@@ -544,6 +560,11 @@ BLOCKS: dict[str, Block] = {
     ),
     "lifecycle": Block(
         render_lifecycle, "lifecycle_bench.json", "the living index: refine, add, remove, swaps"
+    ),
+    "lifecycle-chaos": Block(
+        render_lifecycle_chaos,
+        "lifecycle_chaos.json",
+        "the living index under chaos: kill -9, rotation, a full disk",
     ),
 }
 
