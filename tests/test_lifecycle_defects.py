@@ -22,6 +22,7 @@ import socket
 import stat
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -305,6 +306,36 @@ def test_case04_a_full_disk_leaves_no_partial_record_and_loses_none(served):
         f"after space came back {i}" for i in range(3)
     ]
     assert "failed" in s.info()["query_log"] and s.info()["query_log"]["pending"] == 0
+
+
+def test_case04_records_wait_for_room_and_are_written_at_close(tmp_path):
+    """In a process whose file-size limit is reached (as on a full disk), appends fail but
+    every record is kept, none is half written, and they are written once there is room."""
+    path = tmp_path / "q.log"
+    code = textwrap.dedent(
+        f"""
+        import resource
+        from crossknn.corpus.query_log import QueryLog
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        log = QueryLog({str(path)!r})
+        log.append("fits", ["d1"], [1.0])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, hard))
+        failed = 0
+        for i in range(4):
+            try:
+                log.append("while full %d " % i + "x" * 100, ["d1", "d2"], [0.5, 0.25])
+            except OSError:
+                failed += 1
+        assert failed >= 3, failed
+        assert open({str(path)!r}, "rb").read().endswith(b"\\n")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        log.close()
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = [x.query.split()[0:3] for x in read_log(path)]
+    assert got == [["fits"]] + [["while", "full", str(i)] for i in range(4)], got
 
 
 # -- case 5: the log's mode ---------------------------------------------------------------------

@@ -443,12 +443,17 @@ def _models(searcher) -> dict:
 
 
 def _log_queries(log: QueryLog, searcher: Searcher, hits) -> None:
-    """Appends the answered queries to the query log (crossknn.corpus.query_log)."""
-    log.append_hits(
-        hits,
-        searcher.corpus.ids,
-        searcher.corpus.texts,
-        index_version=index_version(searcher.index),
-        de_model_hash=getattr(searcher.de, "model_hash", None),
-        ce_model_hash=getattr(searcher.ce, "model_hash", None),
-    )
+    """Appends the answered queries to the query log (crossknn.corpus.query_log). A full disk
+    does not fail the search: the records wait and are written when the log closes, or said
+    lost in one line."""
+    try:
+        log.append_hits(
+            hits,
+            searcher.corpus.ids,
+            searcher.corpus.texts,
+            index_version=index_version(searcher.index),
+            de_model_hash=getattr(searcher.de, "model_hash", None),
+            ce_model_hash=getattr(searcher.ce, "model_hash", None),
+        )
+    except OSError as exc:
+        print(f"crossknn search: warning: {exc}", file=sys.stderr)

@@ -290,7 +290,9 @@ class QueryLog:
     ) -> None:
         """Appends each :class:`crossknn.searcher.Hits` with its paid-for entries (``paid``);
         ``corpus_ids`` / ``corpus_texts``: the searched index's items (the texts' hashes go into
-        each record: ``refine`` uses an entry only for the item it scored)."""
+        each record: ``refine`` uses an entry only for the item it scored). Every record is
+        kept (written, or waiting); the first failure to write is raised after the last one."""
+        failed: OSError | None = None
         for h in hits:
             paid = getattr(h, "paid", None)
             if paid is None:
@@ -299,7 +301,12 @@ class QueryLog:
                 idx, sc = paid
             ix = [int(i) for i in idx]
             texts = [corpus_texts[i] for i in ix]
-            self.append(h.query, [corpus_ids[i] for i in ix], sc, item_texts=texts, **kw)
+            try:
+                self.append(h.query, [corpus_ids[i] for i in ix], sc, item_texts=texts, **kw)
+            except OSError as exc:  # kept in the backlog: the next records are kept too
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 def _records(path: Path) -> Iterator[tuple[int, bytes]]:
