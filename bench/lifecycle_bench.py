@@ -27,6 +27,11 @@ windows against steady state, the server's RSS after each swap once the old vers
 released (``/info``), against its steady state before the swaps. ``--swaps 0 --steady-s 600``:
 the same load without swaps (a control).
 
+``chaos`` (issue 54; ``bench/_lifecycle_chaos.py``, its own arguments): a server under 8 clients
+while a seeded random sequence of 220 operations (add, remove, refine, reload, kill -9 of a
+command, log rotation, a full disk) runs beside it, every invariant checked after each step;
+writes ``bench/results/lifecycle_chaos.json``.
+
 Writes ``bench/results/lifecycle_bench.json`` (``goals``: the issue's six keys) and
 ``docs/img/lifecycle.png``.
 """
@@ -294,15 +299,22 @@ def part_recall(args, res: dict) -> None:
 
     # replay the train queries through the searcher, logging them (search/serve --log-queries)
     log_path = WORK / "queries.log"
-    if log_path.is_file() and len(read_log(log_path, quiet=True)) != len(train):
-        log_path.unlink()
+    if log_path.is_file():
+        cached = read_log(log_path, quiet=True)  # kept only if whole, with item-text hashes
+        if len(cached) != len(train) or any(r.item_hashes is None for r in cached):
+            log_path.unlink()
     s = Searcher(p_idx, ce=ce, de=de)
     s.record_paid = True
     t = time.perf_counter()
     hits = [] if log_path.is_file() else s.search(train, k=K, budget=B)
     with QueryLog(log_path) as log:
         log.append_hits(
-            hits, ids, index_version=1, ce_model_hash=ce.model_hash, de_model_hash=de.model_hash
+            hits,
+            ids,
+            s.corpus.texts,
+            index_version=1,
+            ce_model_hash=ce.model_hash,
+            de_model_hash=de.model_hash,
         )
     print(f"replayed {len(train)} train queries in {time.perf_counter() - t:.1f} s")
     records = read_log(log_path)
@@ -460,12 +472,19 @@ def goals(res: dict) -> dict:
 
 def main(argv=None) -> int:
     global WORK
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chaos = _chaos(argv)
+    if chaos is not None:  # the chaos run has arguments of its own (bench/_lifecycle_chaos.py)
+        from _lifecycle_chaos import main as chaos_main
+
+        return chaos_main(chaos)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--part",
-        choices=("recall", "swap", "all", "merge"),
+        choices=("recall", "swap", "all", "merge", "chaos"),
         default="all",
-        help="merge: no measurement, the parts of the --merge results into --out",
+        help="merge: no measurement, the parts of the --merge results into --out; chaos: "
+        "bench/_lifecycle_chaos.py (its own arguments: --part chaos --help)",
     )
     ap.add_argument(
         "--matrix",
@@ -541,6 +560,14 @@ def main(argv=None) -> int:
     write_json(args.out, res)
     _plot(res)
     return 0
+
+
+def _chaos(argv: list[str]) -> list[str] | None:
+    """The chaos run's arguments when ``argv`` asks for ``--part chaos`` (else None)."""
+    for i, a in enumerate(argv):
+        if a == "--part=chaos" or (a == "--part" and argv[i + 1 : i + 2] == ["chaos"]):
+            return argv[:i] + argv[i + (1 if "=" in a else 2) :]
+    return None
 
 
 def _rss_mb(pid: int) -> float:

@@ -370,6 +370,18 @@ LIFECYCLE_GOALS = {
     "swap_non_2xx": ("0", lambda v: v == 0),
 }
 
+CHAOS_GOALS = {
+    "operations": ("≥ 200", lambda v: v >= 200),
+    "kills": ("≥ 30", lambda v: v >= 30),
+    "removed_served": ("0", lambda v: v == 0),
+    "short_answers": ("0", lambda v: v == 0),
+    # None (not measured) below 1,000 sampled entries
+    "wrong_row_entries": ("0 of ≥ 1,000 sampled", lambda v: v == 0),
+    "log_records_lost": ("0", lambda v: v == 0),
+    "non_2xx": ("0 (429 with Retry-After allowed)", lambda v: v == 0),
+    "rss_growth": ("≤ 0.05", lambda v: v <= 0.05),
+}
+
 
 def goals_table(name: str, targets: dict) -> str:
     goals = load(RESULTS / name).get("goals")
@@ -463,6 +475,10 @@ def render_filter_scale() -> str:
         "default way",
     ]
     return table(header, out, "lrrrrl")
+
+
+def render_lifecycle_chaos() -> str:
+    return goals_table("lifecycle_chaos.json", CHAOS_GOALS)
 
 
 # ---- quality of the embedded CE on BEIR ----------------------------------------------------------
@@ -626,6 +642,11 @@ BLOCKS: dict[str, Block] = {
         render_filter_scale, "filter_bench.json", "filtered IVF rounds on 10^6 items"
     ),
     "filter-goals": Block(render_filter_goals, "filter_bench.json", "filtered search: goals"),
+    "lifecycle-chaos": Block(
+        render_lifecycle_chaos,
+        "lifecycle_chaos.json",
+        "the living index under chaos: kill -9, rotation, a full disk",
+    ),
 }
 
 

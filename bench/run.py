@@ -17,8 +17,9 @@ Suites:
 - ``gpu``: the GPU path (``gpu_bench``: CE, rounds, search, serve) on the first GPU.
 - ``serve``: the HTTP server under load and overload (``serve_bench``), the GPU serving path's
   host side against a stand-in device (``gpu_bench --standin-device``), serving through index
-  swaps (``lifecycle_bench --part swap``), the API contract under generated requests and kill -9
-  (``api_contract_bench``).
+  swaps (``lifecycle_bench --part swap``), the living index under chaos (``lifecycle_bench
+  --part chaos``: kill -9 of its commands, log rotation, a full disk), the API contract under
+  generated requests and kill -9 (``api_contract_bench``).
 - ``scale``: FAISS round indexes from 10^5 to 10^7 items (``scale_bench``; about an hour).
 - ``train``: trained cross-encoders (``train_ce_bench``; 45 minutes of training per CE kind).
 
@@ -185,6 +186,10 @@ SUITES: dict[str, list[Step]] = {
             ("bench/lifecycle_bench.py", "--part", "swap"),
             needs=(NFCORPUS,),
             optional=True,
+        ),
+        Step(
+            "living index: chaos (kill -9, rotation, full disk; about an hour)",
+            ("bench/lifecycle_bench.py", "--part", "chaos"),
         ),
         Step(
             "API contract: fuzzed requests",

@@ -113,7 +113,7 @@ def test_case01_lone_oversized_rerank_is_429_at_once(server):
     r = httpx.post(server.url + "/rerank", json=body, timeout=60)
     took = time.monotonic() - t
     assert r.status_code == 429, (r.status_code, r.text[:300], took)
-    assert int(r.headers["retry-after"]) >= 1
+    assert "retry-after" not in r.headers  # retrying it cannot help (issue 54)
     assert "alone" in r.json()["detail"] and "4 s limit" in r.json()["detail"]
     # and a small one is still answered
     small = httpx.post(server.url + "/rerank", json={"query": "a river", "texts": [LONG]})

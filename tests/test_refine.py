@@ -20,7 +20,9 @@ def _serve_and_log(index_dir, log_path, qs, budget=30):
     s.record_paid = True
     hits = s.search(qs, k=5, budget=budget)
     with QueryLog(log_path) as log:
-        log.append_hits(hits, s.corpus.ids, index_version=1, ce_model_hash=StubCE.model_hash)
+        log.append_hits(
+            hits, s.corpus.ids, s.corpus.texts, index_version=1, ce_model_hash=StubCE.model_hash
+        )
     return read_log(log_path)
 
 

@@ -65,7 +65,7 @@ def _prepare(root: Path) -> dict:
     s = Searcher(open_index(idx), ce=StubCE(), de=StubDE())
     s.record_paid = True
     with QueryLog(root / "q.log") as log:
-        log.append_hits(s.search(queries(12), k=3, budget=15), s.corpus.ids)
+        log.append_hits(s.search(queries(12), k=3, budget=15), s.corpus.ids, s.corpus.texts)
     write_items(root / "new.jsonl", corpus(8, prefix="n", seed=4))
     (root / "rm.txt").write_text("d3\nd9\nd11\n")
     return {"base": idx}

@@ -8,11 +8,13 @@ fsync, ``os.replace``. A killed process leaves either the old file or the whole 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -23,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "FolderInUse",
+    "UnsafeLockFile",
     "atomic_save_npy",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -165,8 +168,44 @@ class FolderInUse(ValueError):
     """Another process holds the lock of a folder crossknn writes into."""
 
 
+class UnsafeLockFile(ValueError):
+    """A lock file that is not a plain file of its own: a symbolic link, a FIFO, a device, a
+    directory or a file with other hard links. It is never opened for writing (a symbolic link
+    to another file would have that file truncated and overwritten with a PID)."""
+
+
+# O_NOFOLLOW: a symbolic link at the lock's path is refused, never followed; O_NONBLOCK: a FIFO
+# there does not block the open (it is refused after it)
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_lock(path: Path, what: str) -> int:
+    """The lock file at ``path``, opened (created if missing) without following a symbolic link;
+    :class:`UnsafeLockFile` for anything but a regular file with one link."""
+    fix = f"remove it (rm {path}) if no crossknn process is writing {what}"
+    try:
+        fd = os.open(path, _LOCK_FLAGS, file_mode())
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeLockFile(
+                f"{what}: the lock file {path} is a symbolic link; a lock file is never followed: "
+                f"{fix}"
+            ) from None
+        if exc.errno == errno.EISDIR:
+            raise UnsafeLockFile(f"{what}: the lock file {path} is a directory; {fix}") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        kind = "has other hard links" if stat.S_ISREG(st.st_mode) else "is not a regular file"
+        raise UnsafeLockFile(f"{what}: the lock file {path} {kind}; {fix}")
+    return fd
+
+
 @contextlib.contextmanager
-def folder_lock(lock_path: str | os.PathLike, *, what: str | None = None) -> Iterator[Path]:
+def folder_lock(
+    lock_path: str | os.PathLike, *, what: str | None = None, create: bool = True
+) -> Iterator[Path]:
     """Hold an exclusive, non-blocking ``flock`` on ``lock_path`` (created, with this PID in it)
     for the ``with`` block; the file is removed on exit.
 
@@ -175,11 +214,19 @@ def folder_lock(lock_path: str | os.PathLike, *, what: str | None = None) -> Ite
     dies with it) is stale: it is taken over, saying so in one line on stderr.
     The lock is per open file, so a second ``folder_lock`` on the same path in this process
     fails too. ``what``: the folder named in the message (default: the lock file's folder).
+    ``create``: make the lock's folder (and its parents) if missing; False: a missing folder is
+    FileNotFoundError and nothing is created.
+    The lock file is opened without following a symbolic link, and anything but a regular file
+    with one link at its path is refused (:class:`UnsafeLockFile`): never written through.
     """
     path = Path(lock_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    where = what or str(path.parent)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    elif not path.parent.is_dir():
+        raise FileNotFoundError(f"{where}: no such folder")
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode())
+        fd = _open_lock(path, where)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -188,11 +235,12 @@ def folder_lock(lock_path: str | os.PathLike, *, what: str | None = None) -> Ite
             finally:
                 os.close(fd)
             raise FolderInUse(
-                f"{what or path.parent} is in use by process {holder} (lock {path}); "
+                f"{where} is in use by process {holder} (lock {path}); "
                 "wait for it to finish or stop it"
             ) from None
         try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            st = os.lstat(path)
+            same = os.fstat(fd).st_ino == st.st_ino and stat.S_ISREG(st.st_mode)
         except FileNotFoundError:
             same = False
         if same:
@@ -202,7 +250,7 @@ def folder_lock(lock_path: str | os.PathLike, *, what: str | None = None) -> Ite
         old = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
         if old and old != str(os.getpid()):
             print(
-                f"crossknn: {what or path.parent}: taking over the stale lock {path} of process "
+                f"crossknn: {where}: taking over the stale lock {path} of process "
                 f"{old}, {'which is gone' if not _alive(old) else 'which no longer holds it'}",
                 file=sys.stderr,
             )

@@ -135,27 +135,46 @@ class Hits:
 
 #: DE query vectors kept by text (about 1.5 KB each at d = 384)
 QUERY_CACHE = 4096
+#: and at most this many bytes of them, texts included (a few very long queries cannot fill the
+#: memory either)
+QUERY_CACHE_BYTES = 32 << 20
 
 
 class _QueryVectors:
     """DE query vectors by text, encoded once per text (the first stage and AXN's prior); the
-    last :data:`QUERY_CACHE` texts are kept (a long-running service sees endless new texts)."""
+    last :data:`QUERY_CACHE` texts are kept, and at most :data:`QUERY_CACHE_BYTES` of texts and
+    vectors (a long-running service sees endless new texts, some of them long)."""
 
-    def __init__(self, de, *, max_texts: int = QUERY_CACHE) -> None:
+    def __init__(self, de, *, max_texts: int = QUERY_CACHE, max_bytes: int = QUERY_CACHE_BYTES):
         self.de = de
         self.max_texts = int(max_texts)
+        self.max_bytes = int(max_bytes)
         self.cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.nbytes = 0  # of the texts (UTF-8 size, about) and vectors kept
+
+    @staticmethod
+    def _size(text: str, vec: np.ndarray) -> int:
+        return len(text) + int(vec.nbytes)
 
     def prefetch(self, texts: Sequence[str]) -> None:
         todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
         if todo:
             for t, v in zip(todo, np.asarray(self.de.encode(todo), np.float32), strict=False):
                 self.cache[t] = v
-        for t in texts:  # most recently used last; the oldest go once over the cap
+                self.nbytes += self._size(t, v)
+        for t in texts:  # most recently used last; the oldest go once over a cap
             if t in self.cache:
                 self.cache.move_to_end(t)
-        while len(self.cache) > max(self.max_texts, len(texts)):
-            self.cache.popitem(last=False)
+        keep = len(dict.fromkeys(texts))  # this call's texts stay, whatever their size
+        while len(self.cache) > keep and (
+            len(self.cache) > self.max_texts or self.nbytes > self.max_bytes
+        ):
+            t, v = self.cache.popitem(last=False)
+            self.nbytes -= self._size(t, v)
+
+    def clear(self) -> None:
+        self.cache.clear()
+        self.nbytes = 0
 
     def __call__(self, text: str) -> np.ndarray:
         self.prefetch([text])

@@ -277,6 +277,14 @@ class ModelBase:
             pin()
 
 
+# the most bytes of query texts and token ids the CE's query cache keeps
+QUERY_CACHE_BYTES = 32 << 20
+
+
+def _query_bytes(query: str, store: IdStore) -> int:
+    return len(query) + int(store.flat.nbytes) + 64
+
+
 class CrossEncoderBase(ModelBase):
     """Pairs from cached ids through the session: the item store, the query LRU cache and the
     scorer protocol of :mod:`crossknn.search` (``score``, ``score_batch``)."""
@@ -292,6 +300,7 @@ class CrossEncoderBase(ModelBase):
         self._items: IdStore | None = None
         self._qcache: OrderedDict[str, IdStore] = OrderedDict()
         self._qcache_size = int(query_cache_size)
+        self._qcache_bytes = 0  # of its query texts and token ids (at most QUERY_CACHE_BYTES)
         if items is not None:
             self.set_items(items)
 
@@ -333,9 +342,15 @@ class CrossEncoderBase(ModelBase):
                 got[q] = IdStore([ids], self._room)
             with self._lock:
                 for q in new:
+                    if q not in self._qcache:
+                        self._qcache_bytes += _query_bytes(q, got[q])
                     self._qcache[q] = got[q]
-                while len(self._qcache) > self._qcache_size:
-                    self._qcache.popitem(last=False)
+                # the oldest go beyond the count or the bytes (a few very long queries)
+                while len(self._qcache) > 1 and (
+                    len(self._qcache) > self._qcache_size or self._qcache_bytes > QUERY_CACHE_BYTES
+                ):
+                    q, store = self._qcache.popitem(last=False)
+                    self._qcache_bytes -= _query_bytes(q, store)
         return [got[q] for q in queries]
 
     def _run_pairs(

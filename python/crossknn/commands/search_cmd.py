@@ -250,6 +250,17 @@ def run(args: argparse.Namespace) -> int:
     for f in filters or []:  # checked against the index's fields before any model opens
         if f is not None:
             parse_filter(f, index.metadata.fields)
+    # the query log is opened (and a log it cannot write refused) before any model or CE call
+    log = QueryLog(args.log_queries) if args.log_queries else None
+    try:
+        return _search(args, index, ids, queries, qrels, rescore, filters, allow_ids, log)
+    finally:
+        if log is not None:
+            log.close()
+
+
+def _search(args, index, ids, queries, qrels, rescore, filters, allow_ids, log) -> int:
+    """The body of :func:`run` from the models on (``log``: the open query log, or None)."""
     # the models with the run's precision (fp16: the recorded fp32 graph on a GPU) and options
     ce, de = index_models(args, index)
     searcher = Searcher(
@@ -282,8 +293,8 @@ def run(args: argparse.Namespace) -> int:
         filter=filters,
         ids=allow_ids,
     )
-    if args.log_queries:
-        _log_queries(args.log_queries, searcher, hits)
+    if log is not None:
+        _log_queries(log, searcher, hits)
     tag = run_tag(searcher.method, args.budget)
     # what ran: the method, its rounds, the plan's steps and why (auto's round choice)
     plan = hits[0].plan if hits else searcher.plan_info(budget=args.budget, rounds=args.rounds)
@@ -412,13 +423,18 @@ def _models(searcher) -> dict:
     return {"ce": model_record(searcher.ce), "de": model_record(searcher.de)}
 
 
-def _log_queries(path: str, searcher: Searcher, hits) -> None:
-    """Appends the answered queries to the query log (crossknn.corpus.query_log)."""
-    with QueryLog(path) as log:
+def _log_queries(log: QueryLog, searcher: Searcher, hits) -> None:
+    """Appends the answered queries to the query log (crossknn.corpus.query_log). A full disk
+    does not fail the search: the records wait and are written when the log closes, or said
+    lost in one line."""
+    try:
         log.append_hits(
             hits,
             searcher.corpus.ids,
+            searcher.corpus.texts,
             index_version=index_version(searcher.index),
             de_model_hash=getattr(searcher.de, "model_hash", None),
             ce_model_hash=getattr(searcher.ce, "model_hash", None),
         )
+    except OSError as exc:
+        print(f"crossknn search: warning: {exc}", file=sys.stderr)

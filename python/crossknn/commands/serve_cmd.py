@@ -8,13 +8,16 @@ requests. ``--ray --replicas R`` deploys the same app on Ray Serve instead. See 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import socket
 import sys
 
 import crossknn
 from crossknn.commands._common import add_model_arguments, add_round_arguments, config_from
 from crossknn.commands._numbers import fraction
+from crossknn.corpus.query_log import QueryLog
 from crossknn.search.registry import names as method_names
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
@@ -174,6 +177,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="most texts in one /rerank request; more get 422 (default 1000)",
     )
     p.add_argument(
+        "--max-query-chars",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="most characters in one query of /search or /rerank; more get 422 (default 4096; "
+        "the CE reads at most its max_length tokens of a pair)",
+    )
+    p.add_argument(
         "--api-key-file",
         metavar="FILE",
         help="require 'Authorization: Bearer KEY' (KEY: the file's first line) on every path "
@@ -271,6 +282,11 @@ def run(args: argparse.Namespace) -> int:
             config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address
         )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    # a served index file cut or overwritten in place (cp, rsync --inplace over the folder) makes
+    # the next read of its memory map a SIGBUS: say so (a traceback on stderr), never die silently
+    faulthandler.enable()
+    # a query log that cannot be written is one line now, before any model loads
+    query_log = QueryLog(config.log_queries) if config.log_queries else None
     # a wrong path or a corrupt index is one clear line now, not a failed /readyz later
     index = crossknn.open_index(args.index_dir)
     # and so is a port in use: bound here, before loading (uvicorn serves on this socket)
@@ -280,7 +296,9 @@ def run(args: argparse.Namespace) -> int:
         # the serve package imports fastapi at its top (the serve extra)
         from crossknn.serve.workers import run_workers
 
-        del index  # each worker opens its own
+        del index  # each worker opens its own (and its own query log)
+        if query_log is not None:
+            query_log.close()
         return run_workers(
             config,
             host=args.host,
@@ -288,7 +306,10 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers,
             log_level=args.log_level,
         )
-    service = SearchService(config, index=index)
+    service = SearchService(config, index=index, query_log=query_log)
+    del index  # the service holds it only while it serves it (a swap releases it)
+    if query_log is not None:  # SIGHUP: start the log again at its path (after a rotation)
+        signal.signal(signal.SIGHUP, lambda *_: query_log.reopen())
     server: uvicorn.Server | None = None
     failed = []
 
@@ -297,7 +318,8 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(config, service=service, on_load_error=on_load_error)
+    # the key file's warning was printed above, once
+    app = create_app(config, service=service, on_load_error=on_load_error, warn_key_file=False)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

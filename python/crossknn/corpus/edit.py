@@ -14,6 +14,7 @@ folder's work area, so a rerun after a kill resumes it, and a rerun after the co
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -24,13 +25,15 @@ from crossknn.corpus.versions import (
     WORK_DIR,
     already_applied,
     clean_work,
+    index_lock,
+    index_version,
     items_jsonl,
     write_version,
 )
 from crossknn.corpus.work import encode_resumable, fresh_work_dir, model_fingerprint
 from crossknn.corpus_folder import open_index
 from crossknn.data import Corpus
-from crossknn.fileio import atomic_save_npy, fingerprint, folder_lock, sha256_texts
+from crossknn.fileio import atomic_save_npy, fingerprint, sha256_texts
 from crossknn.index.auto import AUTO_ARRAY, AUTO_ITEM_COV
 from crossknn.metadata import PARAMS_KEY as METADATA_KEY
 from crossknn.metadata import ItemMetadata
@@ -41,10 +44,14 @@ from crossknn.search.round_index import (
     faiss_to_array,
     round_index_arrays,
 )
+from crossknn.text import is_blank
 
-__all__ = ["COMPACT_AT", "TOMBSTONES", "add_items", "remove_items"]
+__all__ = ["COMPACT_AT", "REMOVED_IDS", "TOMBSTONES", "add_items", "id_hashes", "remove_items"]
 
 TOMBSTONES = "tombstones"
+# ids of items a compaction dropped (sorted uint64 hashes of the ids, id_hashes): removing one
+# of them again is a no-op, as removing a tombstoned one is
+REMOVED_IDS = "removed_ids"
 COMPACT_AT = 0.10  # removed share of the items at which remove compacts the index
 
 
@@ -54,8 +61,11 @@ def _check_new(index, items: Corpus) -> None:
         raise ValueError("no items to add: the file has none")
     seen: set[str] = set()
     for i, (iid, text) in enumerate(zip(items.ids, items.texts, strict=True)):
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"item {iid!r} (line {i + 1}) has an empty text; expected text")
+        if not isinstance(text, str) or is_blank(text):
+            raise ValueError(
+                f"item {iid!r} (line {i + 1}) has an empty text (only whitespace, invisible "
+                "characters or combining marks); expected text"
+            )
         if iid in seen:
             raise ValueError(f"item id {iid!r} appears twice in the items to add; ids are unique")
         seen.add(iid)
@@ -87,6 +97,22 @@ def _dead(index) -> np.ndarray:
     return np.zeros(len(index), bool) if t is None else np.asarray(t, bool)
 
 
+def id_hashes(ids) -> np.ndarray:
+    """64-bit hashes of item ids (the first 8 bytes of each id's sha256), as uint64."""
+    out = np.empty(len(ids), np.uint64)
+    for j, i in enumerate(ids):
+        out[j] = int.from_bytes(hashlib.sha256(str(i).encode("utf-8")).digest()[:8], "little")
+    return out
+
+
+def _compacted_away(index, ids) -> np.ndarray:
+    """Which of ``ids`` a compaction dropped (removed before, and not added again since)."""
+    gone = index.arrays.get(REMOVED_IDS)
+    if gone is None or not len(ids) or not len(gone):
+        return np.zeros(len(ids), bool)
+    return np.isin(id_hashes(ids), np.asarray(gone, np.uint64))
+
+
 def _row_queries(index) -> list[str]:
     auto = index.params.get("auto")
     if auto is None or AUTO_ARRAY not in index.arrays:
@@ -105,7 +131,7 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
     """Adds ``items`` to the corpus index at ``path``; returns what it did (see the module
     docstring)."""
     path = Path(path)
-    with folder_lock(path / ".lock", what=f"index folder {path}"):
+    with index_lock(path):
         index = open_index(path)
         index.check_models(ce=ce, de=de)
         key = fingerprint({"op": "add", "ids": list(items.ids), "texts": sha256_texts(items.texts)})
@@ -206,7 +232,7 @@ def remove_items(path, ids, *, compact_at: float = COMPACT_AT, progress: bool = 
         raise ValueError("no item ids to remove: the file has none")
     if not 0.0 <= compact_at <= 1.0:
         raise ValueError(f"compact_at must be within [0, 1]; got {compact_at}")
-    with folder_lock(path / ".lock", what=f"index folder {path}"):
+    with index_lock(path):
         index = open_index(path)
         key = fingerprint({"op": "remove", "ids": sorted(set(ids))})
         done = already_applied(index, key)
@@ -215,13 +241,20 @@ def remove_items(path, ids, *, compact_at: float = COMPACT_AT, progress: bool = 
         pos: dict[str, list[int]] = {}
         for j, iid in enumerate(index.corpus.ids):
             pos.setdefault(iid, []).append(j)
-        unknown = [i for i in ids if i not in pos]
+        dead = _dead(index).copy()
+        live = [i for i in dict.fromkeys(ids) if i in pos and not dead[pos[i]].all()]
+        # removed already: tombstoned (every position of the id), or dropped by a compaction
+        absent = [i for i in dict.fromkeys(ids) if i not in pos]
+        gone = _compacted_away(index, absent)
+        unknown = [i for i, g in zip(absent, gone, strict=True) if not g]
         if unknown:
             raise ValueError(
                 f"{len(unknown)} id(s) to remove are not in the index (first {unknown[0]!r}); "
                 "expected ids of its items"
             )
-        dead = _dead(index).copy()
+        if not live:  # every id was removed already: nothing to do, no new version
+            return {"version": index_version(index), "already": True, "removed": 0}
+        ids = live
         for i in ids:
             dead[pos[i]] = True
         if dead.all():
@@ -253,6 +286,14 @@ def remove_items(path, ids, *, compact_at: float = COMPACT_AT, progress: bool = 
                 del changed[ARRAY_NAME]
             if TOMBSTONES in index.arrays:
                 changed[TOMBSTONES] = None  # compacted: no removed item is left
+            # the ids dropped here (unless a live item keeps the id), for later removes
+            kept = {index.corpus.ids[j] for j in keep}
+            dropped = [index.corpus.ids[j] for j in np.flatnonzero(dead)]
+            old_gone = np.asarray(index.arrays.get(REMOVED_IDS, np.empty(0, np.uint64)))
+            new_gone = id_hashes([i for i in dict.fromkeys(dropped) if i not in kept])
+            kept_h = id_hashes(sorted(kept))
+            gone = np.union1d(old_gone.astype(np.uint64), new_gone)
+            changed[REMOVED_IDS] = np.setdiff1d(gone, kept_h).astype(np.uint64)
             params["n_items"] = int(keep.size)
             if index.metadata.columns:
                 _metadata_changes(index, index.metadata.take(keep), changed, params)

@@ -30,17 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
-from crossknn.corpus.query_log import LoggedQuery, read_log
+from crossknn.corpus.query_log import LoggedQuery, item_text_hash, read_log
 from crossknn.corpus.versions import (
     WORK_DIR,
     already_applied,
     clean_work,
+    index_lock,
     index_version,
     write_version,
 )
 from crossknn.corpus.work import fresh_work_dir, model_fingerprint
 from crossknn.corpus_folder import open_index
-from crossknn.fileio import fingerprint, folder_lock
+from crossknn.fileio import atomic_write_json, fingerprint, read_json
 from crossknn.identity import model_identity
 from crossknn.index.auto import (
     AUTO_ARRAY,
@@ -67,12 +68,28 @@ AUTO_NAMES = (
 
 class LoggedCE:
     """The CE over the corpus items, with the entries the log (or a stored row) already holds
-    served from there: only the rest goes to the CE (counted in ``ce_calls``)."""
+    served from there: only the rest goes to the CE (counted in ``ce_calls``).
 
-    def __init__(self, ce, logged: dict[str, dict[int, float]], stored: dict[str, np.ndarray]):
+    ``spent``: a file that keeps the counts across runs (the work folder's): a refine killed
+    and rerun resumes with the rows its first run finished, and ``ce_calls`` counts the CE calls
+    of both runs (every call spent, the killed run's included), not only the rerun's."""
+
+    def __init__(
+        self,
+        ce,
+        logged: dict[str, dict[int, float]],
+        stored: dict[str, np.ndarray],
+        spent: Path | None = None,
+    ):
         self.ce, self.logged, self.stored = ce, logged, stored
-        self.ce_calls = 0
-        self.from_log = 0
+        self.spent = spent
+        before = _read_spent(spent)
+        self.ce_calls = before.get("ce_calls", 0)
+        self.from_log = before.get("from_log", 0)
+
+    def _save_spent(self) -> None:
+        if self.spent is not None:
+            atomic_write_json(self.spent, {"ce_calls": self.ce_calls, "from_log": self.from_log})
 
     @property
     def n_items(self) -> int:
@@ -113,7 +130,83 @@ class LoggedCE:
             for (k, need), s in zip(where, scores, strict=True):
                 out[k][need] = np.asarray(s, np.float32).ravel()
                 self.ce_calls += need.size
+            self._save_spent()  # spent: counted even if this run is killed before its commit
         return out
+
+
+def _read_spent(path: Path | None) -> dict[str, int]:
+    """The counts a killed run of the same refine kept in its work folder (none: zeros)."""
+    if path is None:
+        return {}
+    try:
+        doc = read_json(path)
+        return {k: int(doc[k]) for k in ("ce_calls", "from_log")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def logged_entries(
+    records: list[LoggedQuery], index, ce_hash: str | None
+) -> tuple[dict[str, dict[int, float]], dict[str, int]]:
+    """The entries of ``records`` that ``refine`` may use for ``index``, by query text and item
+    position, and the counts of those it may not, by reason.
+
+    An entry is used only for the item it scored: its record's item-text hash must be the hash
+    of the text at the item's position now (not an item of another index with the same id, not
+    a new item added under a removed one's id). Entries of records without item hashes (logs
+    written before they had them) cannot be checked and are not used; nor are those of another
+    CE's records."""
+    where: dict[str, list[int]] = {}
+    for j, iid in enumerate(index.corpus.ids):
+        where.setdefault(iid, []).append(j)
+    texts = index.corpus.texts
+    hashes: dict[int, str] = {}
+
+    def text_hash(j: int) -> str:
+        if j not in hashes:
+            hashes[j] = item_text_hash(texts[j])
+        return hashes[j]
+
+    logged: dict[str, dict[int, float]] = {}
+    skipped = {"other_ce": 0, "not_in_index": 0, "other_item": 0, "unchecked": 0}
+    for r in records:
+        if r.ce_model_hash is not None and r.ce_model_hash != ce_hash:
+            skipped["other_ce"] += len(r.items)
+            continue
+        got = logged.setdefault(r.query, {})
+        if r.item_hashes is None:
+            skipped["unchecked"] += len(r.items)
+            continue
+        for i, h, s in zip(r.items, r.item_hashes, r.scores.tolist(), strict=True):
+            pos = where.get(i)
+            if not pos:
+                skipped["not_in_index"] += 1
+                continue
+            match = [j for j in pos if text_hash(j) == h]
+            if not match:
+                skipped["other_item"] += 1
+                continue
+            for j in match:
+                got[j] = float(s)
+    return logged, skipped
+
+
+def skipped_line(skipped: dict[str, int]) -> str | None:
+    """One line on the logged entries ``refine`` did not use (None: it used all)."""
+    why = {
+        "other_item": "the item they scored is not the item in the index now (another index "
+        "with the same ids, or an item replaced since)",
+        "unchecked": "their records carry no item hashes (written by an older crossknn)",
+        "not_in_index": "their items are not in the index",
+        "other_ce": "another CE scored them",
+    }
+    parts = [f"{n:,} because {why[k]}" for k, n in skipped.items() if n]
+    if not parts:
+        return None
+    total = sum(skipped.values())
+    return f"crossknn refine: {total:,} logged entries not used (scored by the CE instead): " + (
+        "; ".join(parts)
+    )
 
 
 class RefineResult:
@@ -164,13 +257,12 @@ def refine_index(
     module docstring) and commits a new version; returns what it did."""
     path = Path(path)
     records = log if isinstance(log, list) else read_log(log, quiet=quiet)
-    with folder_lock(path / ".lock", what=f"index folder {path}"):
+    with index_lock(path):
         index = open_index(path)
         ce_id = model_identity(ce)
         index.check_models(ce=ce, de=de)
         N = len(index)
         auto = index.params.get("auto") or {}
-        pos = {i: j for j, i in enumerate(index.corpus.ids)}
         recs = _distinct(records)
         if len(recs) < 2:
             raise ValueError(
@@ -200,15 +292,11 @@ def refine_index(
         done = already_applied(index, key)
         if done is not None:
             return RefineResult(version=done, already=True, index_calls=index_calls)
-        # the log's paid-for entries of this CE, by query text and item position
-        logged: dict[str, dict[int, float]] = {}
-        for r in recs:
-            if r.ce_model_hash is not None and r.ce_model_hash != ce_id["model_hash"]:
-                continue
-            got = logged.setdefault(r.query, {})
-            for i, s in zip(r.items, r.scores.tolist(), strict=True):
-                if i in pos:
-                    got[pos[i]] = float(s)
+        # the log's paid-for entries of this CE, by query text and item position: each only
+        # for the item it scored
+        logged, skipped = logged_entries(recs, index, ce_id["model_hash"])
+        if not quiet and (line := skipped_line(skipped)):
+            print(line, file=sys.stderr)
         real = [r.query for r in recs]
         m_target = index_calls // N
         stored: dict[str, np.ndarray] = {}
@@ -221,8 +309,6 @@ def refine_index(
                     stored[q] = np.asarray(rows[j], np.float32)
             fill = [q for q in old_q if q in stored][: m_target - len(real)]
         queries = real + fill
-        scorer = LoggedCE(ce, logged, stored)
-        scorer.set_items(list(index.corpus.texts))
         work = path / WORK_DIR / "refine"
         fresh_work_dir(
             work,
@@ -233,6 +319,8 @@ def refine_index(
             },
             "refine rows",
         )
+        scorer = LoggedCE(ce, logged, stored, spent=work / "spent.json")
+        scorer.set_items(list(index.corpus.texts))
         V = np.asarray(index["de_items"], np.float32)
         t0 = time.perf_counter()
         arrays, new_auto, calls = build_corpus_auto(
@@ -268,6 +356,7 @@ def refine_index(
             "index_calls": int(calls),
             "ce_calls": int(scorer.ce_calls),
             "log_entries_used": int(scorer.from_log),
+            "log_entries_skipped": int(sum(skipped.values())),
             "seconds": round(seconds, 2),
         }
         version = write_version(
@@ -287,6 +376,7 @@ def refine_index(
             index_calls=int(calls),
             ce_calls=int(scorer.ce_calls),
             log_entries_used=int(scorer.from_log),
+            log_entries_skipped=skipped,
             rows=int(new_auto["rows"]),
             real_rows=n_real,
             logged_queries=len(real),

@@ -21,12 +21,13 @@ command whose version already committed finds its key in the last entry and does
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from crossknn.fileio import (
     atomic_save_npy,
     atomic_write_bytes,
     atomic_write_json,
+    folder_lock,
     sha256_array,
     sha256_bytes,
 )
@@ -54,6 +56,7 @@ __all__ = [
     "WORK_DIR",
     "already_applied",
     "clean_work",
+    "index_lock",
     "index_version",
     "items_jsonl",
     "write_version",
@@ -69,6 +72,18 @@ def index_version(index: CorpusIndex | Mapping) -> int:
     info = index.info if isinstance(index, CorpusIndex) else index
     v = info.get("version", 1)
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
+
+
+@contextlib.contextmanager
+def index_lock(path: str | os.PathLike) -> Iterator[Path]:
+    """The writer's lock of the index folder ``path`` (``.lock``) for the ``with`` block; a path
+    that is not an index folder is one line (FileNotFoundError) and nothing is created there."""
+    path = Path(path)
+    if not (path / "index.json").is_file():
+        what = "no such folder" if not path.exists() else "not an index (no index.json)"
+        raise FileNotFoundError(f"{path}: {what}; expected an index folder from crossknn build")
+    with folder_lock(path / ".lock", what=f"index folder {path}", create=False) as lock:
+        yield lock
 
 
 def already_applied(index: CorpusIndex, key: str) -> int | None:

@@ -47,7 +47,7 @@ from starlette.requests import ClientDisconnect
 import crossknn
 from crossknn.serve.batcher import Cancelled
 from crossknn.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from crossknn.serve.reload import add_reload_routes
+from crossknn.serve.reload import VERSION_HEADER, add_reload_routes
 from crossknn.serve.schema import (
     CohereRerankResponse,
     RequestError,
@@ -338,10 +338,12 @@ def create_app(
     service: SearchService | None = None,
     load: str = "background",
     on_load_error=None,
+    warn_key_file: bool = True,
 ) -> FastAPI:
     """The app. ``load``: ``"background"`` (start loading at startup; ``/readyz`` says when
     done), ``"now"`` (load before returning: Ray Serve replicas) or ``"none"`` (the caller
-    does it)."""
+    does it). ``warn_key_file``: log the key file's mode warning (False: the caller, ``crossknn
+    serve``, printed it already)."""
     service = service or SearchService(config)
     metrics = service.metrics
     if load == "now":
@@ -365,7 +367,7 @@ def create_app(
     app.state.service = service
     if config.api_key_file:
         app.add_middleware(_BearerAuth, key=read_api_key(config.api_key_file))
-        warning = key_file_warning(config.api_key_file)
+        warning = key_file_warning(config.api_key_file) if warn_key_file else None
         if warning:
             log.warning("crossknn serve: %s", warning)
     if config.cors:
@@ -430,8 +432,11 @@ def create_app(
             **_UNAUTHORIZED,
         },
     )
-    async def info() -> dict[str, Any]:
-        return service.info()
+    async def info() -> JSONResponse:
+        body = service.info()
+        v = (body.get("index") or {}).get("version")
+        # the header says the version the body describes
+        return JSONResponse(body, headers=None if v is None else {VERSION_HEADER: str(v)})
 
     async def run_request(request: Request, parse, admit, work, what: str):
         """Shared by /search and /rerank: read and parse the body, admit it, run ``work(req,
@@ -459,7 +464,12 @@ def create_app(
         decision = admit(req)
         if not decision.admitted:
             metrics.rejected.inc()
-            retry = {"Retry-After": str(decision.retry_after_s)}
+            # too large: retrying the same request cannot help, so no Retry-After
+            retry = (
+                None
+                if decision.reason == "too_large"
+                else {"Retry-After": str(decision.retry_after_s)}
+            )
             if decision.reason == "queue_full":
                 return _error(
                     429, f"queue full ({config.max_queue} requests in flight); retry later", retry
@@ -525,7 +535,11 @@ def create_app(
             log.exception("crossknn serve: %s failed", what)
             return _error(500, "internal error (logged)")
         metrics.latency.observe(time.perf_counter() - t0)
-        return JSONResponse(result, headers={"Server-Timing": ctx.server_timing(t0)})
+        headers = {"Server-Timing": ctx.server_timing(t0)}
+        if isinstance(result, dict) and result.get("index_version") is not None:
+            # the version the search ran on, as in the body (not the one serving now)
+            headers[VERSION_HEADER] = str(result["index_version"])
+        return JSONResponse(result, headers=headers)
 
     def parse_search(body: bytes) -> SearchRequest:
         req = parse_search_request(
@@ -534,6 +548,7 @@ def create_app(
             has_cur=service.has_cur,
             max_rounds=config.max_rounds,
             indexes=service.index_kinds,
+            max_query_chars=config.max_query_chars,
             fields=service.metadata_fields,
         )
         if req.exact and not config.allow_exact:
@@ -590,7 +605,9 @@ def create_app(
     )
     async def rerank(request: Request):
         def parse(body: bytes) -> RerankRequest:
-            return parse_rerank_request(body, max_texts=config.max_rerank_texts)
+            return parse_rerank_request(
+                body, max_texts=config.max_rerank_texts, max_query_chars=config.max_query_chars
+            )
 
         return await run_request(
             request,
@@ -600,7 +617,8 @@ def create_app(
             "rerank",
         )
 
-    # POST /admin/reload, X-Index-Version on every response (crossknn.serve.reload)
+    # POST /admin/reload, X-Index-Version on the answers to callers with the key
+    # (crossknn.serve.reload)
     add_reload_routes(app, service, config)
     _add_schemas(app, [RerankResult, CohereRerankResponse])
 

@@ -37,9 +37,12 @@ from crossknn.serve.memory import release_memory
 
 log = logging.getLogger("crossknn.serve")
 
-__all__ = ["IndexFollower", "VersionCE", "VersionHeader", "index_stamp"]
+__all__ = ["VERSION_HEADER", "IndexFollower", "VersionCE", "VersionHeader", "index_stamp"]
 
 CHECK_QUERY = "index version check"
+VERSION_HEADER = "X-Index-Version"
+_HEADER = VERSION_HEADER.lower().encode()
+OPEN_PATHS = ("/healthz", "/readyz")  # answered without the key: they name no version
 
 
 def index_stamp(path: str | os.PathLike) -> tuple | None:
@@ -175,6 +178,8 @@ class IndexFollower:
                 new_id = folder_index_id(svc.config.index)
                 if new_id == old_id:
                     self.stamp = stamp
+                    # the folder holds the version serving (again): no refusal stands
+                    self.last_error = None
                     return {"status": "unchanged", "version": old_v, "index_id": old_id}
                 new = crossknn.open_index(svc.config.index)
                 if folder_index_id(svc.config.index) != new_id:
@@ -312,23 +317,30 @@ def _extends(old, new) -> bool:
 
 
 class VersionHeader:
-    """Pure ASGI middleware: every response says the index version that is serving
-    (``X-Index-Version``; the version a search ran on is in its body)."""
+    """Pure ASGI middleware: a response says the index version that is serving
+    (``X-Index-Version``) unless the route set it itself (``/search``: the version its queries
+    ran on, as in its body; ``/info``: the version it describes). With a key (``keyed``) only
+    the answers to callers with the key say it: never a 401 nor the open probes."""
 
-    def __init__(self, app, service) -> None:
-        self.app, self.service = app, service
+    def __init__(self, app, service, keyed: bool = False) -> None:
+        self.app, self.service, self.keyed = app, service, keyed
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        open_path = scope.get("path") in OPEN_PATHS
 
         async def send_v(message) -> None:
             if message["type"] == "http.response.start":
-                idx = self.service.index
-                if idx is not None:
-                    headers = list(message.get("headers", []))
-                    headers.append((b"x-index-version", str(index_version(idx)).encode()))
+                headers = list(message.get("headers", []))
+                named = any(k.lower() == _HEADER for k, _ in headers)
+                hide = self.keyed and (message["status"] == 401 or open_path)
+                if hide and named:
+                    headers = [(k, v) for k, v in headers if k.lower() != _HEADER]
+                    message = {**message, "headers": headers}
+                elif not hide and not named and (idx := self.service.index) is not None:
+                    headers.append((_HEADER, str(index_version(idx)).encode()))
                     message = {**message, "headers": headers}
             await send(message)
 
@@ -399,4 +411,4 @@ def add_reload_routes(app, service, config) -> None:
         out = await loop.run_in_executor(None, service.follower.reload)
         return JSONResponse(out, status_code=409 if out["status"] == "refused" else 200)
 
-    app.add_middleware(VersionHeader, service=service)
+    app.add_middleware(VersionHeader, service=service, keyed=bool(config.api_key_file))

@@ -9,7 +9,6 @@ run, ``rounds > budget``).
 from __future__ import annotations
 
 import json
-import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from crossknn.ce.tokenize import check_encodable
 from crossknn.filters import ID_FIELD, FilterError, parse_filter
 from crossknn.search import registry
+from crossknn.text import is_blank  # one rule for queries, rerank texts and added items
 
 __all__ = [
     "METHODS",
+    "MAX_QUERY_CHARS",
     "MAX_RERANK_TEXTS",
     "RequestError",
     "RerankRequest",
@@ -34,6 +35,10 @@ METHODS = registry.names()  # every method `crossknn search` runs (crossknn.sear
 NEEDS_CUR = tuple(n for n, s in registry.REGISTRY.items() if s.index == "cur")
 MAX_QUERIES = 64  # queries in one request
 MAX_RERANK_TEXTS = 1000  # texts in one /rerank request (serve --max-rerank-texts)
+# characters in one query (serve --max-query-chars): the CE reads at most its max_length tokens of
+# a pair (128 for the embedded CE; 512 tokens are about 2,000 characters of English), so a longer
+# query only costs memory and log space
+MAX_QUERY_CHARS = 4096
 MAX_IDS = 100_000  # ids in one request's id allow-list
 
 
@@ -44,7 +49,10 @@ class SearchRequest(BaseModel):
 
     # json_schema_extra: bounds the server enforces (422 otherwise), shown in /openapi.json
     query: StrictStr | None = Field(
-        None, description="one query text (or use 'queries')", json_schema_extra={"minLength": 1}
+        None,
+        description="one query text (or use 'queries'); at most the server's --max-query-chars "
+        f"characters ({MAX_QUERY_CHARS:,} by default)",
+        json_schema_extra={"minLength": 1},
     )
     queries: list[StrictStr] | None = Field(
         None,
@@ -126,16 +134,14 @@ def _err(field: str | None, msg: str, kind: str = "value_error") -> RequestError
     return RequestError([{"loc": loc, "msg": msg, "type": kind}])
 
 
-# what makes a text blank besides whitespace: controls (NUL...), format characters (zero-width
-# spaces and joiners, U+FEFF, bidi marks), separators, unassigned and private-use code points:
-# none of them is a word the models can match
-_INVISIBLE = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Cn", "Co"))
-
-
-def is_blank(text: str) -> bool:
-    """True when ``text`` holds nothing but whitespace and invisible characters (``"\u200b"``,
-    ``"\u0000"``, NBSP...): answered as an empty query, not searched."""
-    return all(c.isspace() or unicodedata.category(c) in _INVISIBLE for c in text)
+def _check_length(text: str, loc: list, max_chars: int) -> None:
+    """422 for a query over ``max_chars`` characters."""
+    if len(text) > max_chars:
+        msg = (
+            f"the query is {len(text):,} characters long; at most {max_chars:,} "
+            "(the server's --max-query-chars)"
+        )
+        raise RequestError([{"loc": loc, "msg": msg, "type": "string_too_long"}])
 
 
 def _check_text(text: str, loc: list) -> None:
@@ -281,9 +287,11 @@ def _validate(model, data: dict):
         raise RequestError(detail) from None
 
 
-def parse_rerank_request(body: bytes, *, max_texts: int = MAX_RERANK_TEXTS) -> RerankRequest:
-    """Parse and check a ``/rerank`` body: a non-empty query, 1..max_texts non-empty texts,
-    all valid Unicode, top_n / top_k >= 0."""
+def parse_rerank_request(
+    body: bytes, *, max_texts: int = MAX_RERANK_TEXTS, max_query_chars: int = MAX_QUERY_CHARS
+) -> RerankRequest:
+    """Parse and check a ``/rerank`` body: a non-empty query of at most ``max_query_chars``
+    characters, 1..max_texts non-empty texts, all valid Unicode, top_n / top_k >= 0."""
     req = _validate(RerankRequest, _load_object(body, "rerank request"))
     if req.texts is not None and req.documents is not None:
         raise _err("documents", "give texts (TEI) or documents (Cohere), not both")
@@ -295,6 +303,7 @@ def parse_rerank_request(body: bytes, *, max_texts: int = MAX_RERANK_TEXTS) -> R
         raise _err(field, f"{field} must hold 1 to {max_texts} texts; got {len(texts)}")
     if is_blank(req.query):
         raise _err("query", "the query is empty")
+    _check_length(req.query, ["body", "query"], max_query_chars)
     _check_text(req.query, ["body", "query"])
     for i, t in enumerate(texts):
         if is_blank(t):
@@ -316,11 +325,13 @@ def parse_search_request(
     max_queries: int = MAX_QUERIES,
     max_rounds: int = 20,
     indexes: Sequence[str] | None = None,
+    max_query_chars: int = MAX_QUERY_CHARS,
     fields: Mapping[str, str] | None = None,
 ) -> SearchRequest:
     """Parse and check a request body against an index of ``n_items`` items holding the method
     indexes ``indexes`` (kinds of crossknn.search.registry; default: ``cur`` when ``has_cur``)
-    and the metadata ``fields`` (name -> kind) a ``filter`` may name."""
+    and the metadata ``fields`` (name -> kind) a ``filter`` may name; a query is at most
+    ``max_query_chars`` characters."""
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -344,6 +355,7 @@ def parse_search_request(
     if req.query is not None and is_blank(req.query):
         raise _err("query", "the query is empty")
     if req.query is not None:
+        _check_length(req.query, ["body", "query"], max_query_chars)
         _check_text(req.query, ["body", "query"])
     if req.queries is not None:
         if not req.queries:
@@ -357,6 +369,7 @@ def parse_search_request(
                 raise RequestError(
                     [{"loc": loc, "msg": "the query is empty", "type": "value_error"}]
                 )
+            _check_length(q, ["body", "queries", i], max_query_chars)
             _check_text(q, ["body", "queries", i])
     if indexes is None:
         indexes = ("cur",) if has_cur else ()

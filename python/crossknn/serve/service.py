@@ -44,8 +44,6 @@ log = logging.getLogger("crossknn.serve")
 
 # the most queries in one lockstep group by default (docs/serve.md, "On a GPU")
 GROUP_QUERIES = 8
-# DE query vectors the searcher keeps between requests (each ~1.5 KB); cleared beyond this
-QUERY_VECTOR_CACHE = 10_000
 # the search run once at load to measure the service time (and warm the models up)
 WARM_UP_QUERY = "how long does one search take"
 WARM_UP_BUDGET = 32  # small: startup stays short; its fixed costs make the first value high
@@ -106,6 +104,7 @@ class ServeConfig:
     ray_address: str | None = None  # the Ray cluster of the shards (default: a local one)
     allow_exact: bool = False  # "exact": true in /search (N CE calls per query) is refused unless
     max_rerank_texts: int = 1000  # texts in one /rerank request
+    max_query_chars: int = 4096  # characters in one query (/search, /rerank); more: 422
     api_key_file: str | None = None  # a bearer token every request but /healthz, /readyz needs
     cors: tuple[str, ...] = ()  # origins allowed by CORS (none: no CORS headers)
     body_timeout_s: float = 10.0  # the longest pause while a request body comes; then 408
@@ -140,6 +139,7 @@ class ServeConfig:
             ),
             ("shards", self.shards >= 0),
             ("max_rerank_texts", self.max_rerank_texts >= 1),
+            ("max_query_chars", self.max_query_chars >= 1),
             ("round_index", self.round_index in ("auto", "exact", "ivf", "hnsw")),
             ("engine_order", self.engine_order in ENGINE_ORDERS),
             ("group_queries", self.group_queries >= 0),
@@ -203,10 +203,21 @@ def _model_info(m: ModelInfo) -> dict[str, Any]:
     return {k: v for k, v in info.items() if v is not None}
 
 
+def _warn_line(line: str) -> None:
+    log.warning("crossknn serve: %s", line)
+
+
 class SearchService:
     """See the module docstring. ``load()`` (or ``start_loading()``) before ``search``."""
 
-    def __init__(self, config: ServeConfig, *, index=None, metrics: Metrics | None = None):
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        index=None,
+        metrics: Metrics | None = None,
+        query_log: QueryLog | None = None,
+    ):
         self.config = config
         self.metrics = metrics or Metrics()
         self._index = index  # an already opened crossknn index (the CLI opens it up front)
@@ -231,7 +242,8 @@ class SearchService:
         )
         self._loader: threading.Thread | None = None
         self.follower: IndexFollower | None = None  # new index versions (made at load)
-        self.query_log: QueryLog | None = None  # --log-queries
+        # --log-queries (opened by the CLI before anything loads, or first thing in load())
+        self.query_log: QueryLog | None = query_log
         self.metrics.inflight.set_function(lambda: self.admission.in_server)
         self.metrics.service_seconds_per_pair.set_function(
             lambda: self.admission.seconds_per_unit() or 0.0
@@ -245,7 +257,12 @@ class SearchService:
         t = time.perf_counter()
         c = self.config
         try:
+            if c.log_queries and self.query_log is None:  # a log it cannot write: no model loads
+                self.query_log = QueryLog(c.log_queries, warn=_warn_line)
             index = self._index if self._index is not None else crossknn.open_index(c.index)
+            # from here on only self.index holds it: the version loaded at start is released
+            # after its swap like any other (crossknn.serve.reload)
+            self._index = None
             threads = c.threads
             ce, de = open_index_models(
                 index,
@@ -322,8 +339,7 @@ class SearchService:
         if c.warmup:  # the engine's caches too (the item Gram cache: ~1 s at 3.6k x 1.7k items)
             self.warmup = {**(self.warmup or {}), "engine": searcher.prepare()}
         self.index, self.ce, self.de, self.batcher, self.searcher = index, ce, de, batcher, searcher
-        if c.log_queries:
-            self.query_log = QueryLog(c.log_queries)
+        if self.query_log is not None:
             searcher.record_paid = True
         self.follower = IndexFollower(self, watch_s=c.watch_index_s)
         if c.group_queries > 1:
@@ -426,13 +442,6 @@ class SearchService:
         return RequestContext(time.monotonic() + self.config.timeout_s, self.engine_lock)
 
     # -- searching (in a request thread) --------------------------------------------------------
-    def _trim_caches(self) -> None:
-        # the searcher keeps every query's DE vector; a long-running service must bound that.
-        # Safe here: the engine lock is held, so no other request is inside the searcher.
-        cache = getattr(getattr(self.searcher, "qvec", None), "cache", None)
-        if isinstance(cache, dict) and len(cache) > QUERY_VECTOR_CACHE:
-            cache.clear()
-
     def _group_key(self, req: SearchRequest) -> tuple:
         """What requests must share to be searched in one lockstep group."""
         return (req.method, req.k, req.budget, req.rounds or self.config.rounds, req.seed)
@@ -441,7 +450,6 @@ class SearchService:
         """One lockstep search of every query of ``reqs`` (same group key), in the leading
         request's thread, holding the engine lock; the hits of each request."""
         ctx.check()
-        self._trim_caches()
         first = reqs[0]
         texts = [t for r in reqs for t in r.texts()]
         # the version serving now (the requests of the group are pinned to it or to one whose
@@ -479,7 +487,6 @@ class SearchService:
             else:
                 with ctx:
                     ctx.check()
-                    self._trim_caches()
                     hits = searcher.search(
                         req.texts(),
                         k=req.k,
@@ -533,12 +540,13 @@ class SearchService:
                 self.query_log.append_hits(
                     hits,
                     searcher.corpus.ids,
+                    searcher.corpus.texts,
                     index_version=v,
                     de_model_hash=getattr(searcher.de, "model_hash", None),
                     ce_model_hash=getattr(searcher.ce, "model_hash", None),
                 )
-            except OSError as exc:  # a full disk must not fail the answer
-                log.error("crossknn serve: --log-queries: cannot append (%s)", exc)
+            except OSError as exc:  # a full disk must not fail the answer (the record waits)
+                log.error("crossknn serve: --log-queries: %s", exc)
 
     def rerank(self, req: RerankRequest, ctx: RequestContext) -> Any:
         """The ``/rerank`` answer: the texts by CE score, best first (ties: lower index first),
@@ -624,6 +632,8 @@ class SearchService:
             cost = getattr(s, "_round_cost", None)
             out["round_cost_ms"] = None if cost is None else cost.to_dict()
             out["latency_target_ms"] = s.latency_target_ms
+        if self.query_log is not None:
+            out["query_log"] = self.query_log.info()
         if self.load_error is not None:
             out["load_error"] = str(self.load_error)
         return out

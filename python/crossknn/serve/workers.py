@@ -56,7 +56,8 @@ def worker_app():
         log.error("crossknn serve: worker %d: loading failed: %s; stopping", os.getpid(), exc)
         os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops every worker
 
-    return create_app(config, on_load_error=on_load_error)
+    # crossknn serve printed the key file's warning once, before starting the workers
+    return create_app(config, on_load_error=on_load_error, warn_key_file=False)
 
 
 def run_workers(
