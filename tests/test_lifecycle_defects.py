@@ -53,9 +53,7 @@ KEY = "lifecycle-defects-key"
 
 def _stub_models(monkeypatch) -> list[str]:
     """The CLI's search/add/refine open the stand-in models; returns the list of opens."""
-    import crossknn.commands.add_cmd as add_cmd
-    import crossknn.commands.refine_cmd as refine_cmd
-    import crossknn.commands.search_cmd as search_cmd
+    from crossknn.commands import _common
 
     opened: list[str] = []
 
@@ -63,8 +61,8 @@ def _stub_models(monkeypatch) -> list[str]:
         opened.append("models")
         return StubCE(), StubDE()
 
-    for mod in (search_cmd, add_cmd, refine_cmd):
-        monkeypatch.setattr(mod, "open_index_models", fake)
+    # search, add and refine open them through _common.index_models
+    monkeypatch.setattr(_common, "open_index_models", fake)
     return opened
 
 
