@@ -262,7 +262,7 @@ def part_recall(args, res: dict) -> None:
         t = time.perf_counter() - (time.time() - (WORK / "key.json").stat().st_mtime)
         # the default rule's rows (N / 100, at most 32) without its time cap, which on a busy
         # CPU would buy a row or two
-        rows = args.rows or default_index_rows(N, None)
+        rows = args.rows or default_index_rows(N)
         build_corpus_index(corpus, pseudo, ce=ce_t, de=de, index_calls=rows * N, progress=False)
         t_build = time.perf_counter() - t
         timed.write_text(json.dumps({"build_s": t_build, "real_pairs": ce_t.real_pairs}))
