@@ -1,12 +1,13 @@
 """The default index budget of ``crossknn build`` and the pseudo-query kinds (issue 29)."""
 
 import argparse
+import re
 
 import numpy as np
 import pytest
 
 from crossknn.commands.build_cmd import _index_calls, auto_summary, budget_summary
-from crossknn.corpus.pseudo import PSEUDO_KINDS, auto_pseudo_queries, pseudo_queries
+from crossknn.corpus.pseudo import PSEUDO_KINDS, SPAN_WORDS, auto_pseudo_queries, pseudo_queries
 from crossknn.data import Corpus
 from crossknn.index.auto import (
     ITEMS_PER_ROW,
@@ -112,7 +113,7 @@ def test_pseudo_query_kinds():
     assert pseudo_queries(one, 1, kind="sentence") == ["just one sentence without an end"]
     with pytest.raises(ValueError, match="kind must be one of"):
         pseudo_queries(c, 2, kind="title")
-    assert PSEUDO_KINDS == ("first", "sentence", "keywords")
+    assert PSEUDO_KINDS == ("first", "sentence", "keywords", "spans", "mix")
     # keywords: the corpus above has no shared, non-generic word (every word is in every item)
     assert pseudo_queries(c, 3, seed=3, kind="keywords") == []
     topics = ["melatonin", "thyroid", "curcumin", "acrylamide", "cranberry", "beets"] * 5
@@ -127,3 +128,31 @@ def test_pseudo_query_kinds():
     rows = auto_pseudo_queries(kc, 40, seed=3)
     assert rows[:30] == kw and len(rows) == 40 and len(set(rows)) == 40
     assert auto_pseudo_queries(c, 5, seed=3) == first  # no keyword: the first-words kind
+
+
+def test_spans_run_from_topics_to_claims_and_mix_takes_a_third_of_each_kind():
+    topics = [
+        a + b
+        for a in ("mel", "thy", "cur", "acr")
+        for b in ("atonin", "oid", "cumin", "ylic", "ber")
+    ]
+    texts = [
+        f"{topics[i // 2]} alpha beta gamma. Second sentence of item {i} has quite a few words "
+        f"in it to cut from here on. Third {i}!"
+        for i in range(40)
+    ]
+    c = Corpus([f"d{i}" for i in range(40)], texts)
+    spans = pseudo_queries(c, 14, seed=5, kind="spans")
+    assert spans == pseudo_queries(c, 14, seed=5, kind="spans") and len(set(spans)) == 14
+    for j, q in enumerate(spans):
+        # the opening words of one of the item's sentences, SPAN_WORDS long in turn (a short
+        # sentence gives all its words)
+        assert any(s.startswith(q) for t in texts for s in re.split(r"(?<=[.!?])\s+", t))
+        assert len(q.split()) <= SPAN_WORDS[j % len(SPAN_WORDS)]
+    assert {len(q.split()) for q in spans} >= {2, 3, 4}  # topics beside claims
+    mix = pseudo_queries(c, 9, seed=5, kind="mix")
+    kw = auto_pseudo_queries(c, 3, seed=5, kind="keywords")
+    first = pseudo_queries(c, 3, seed=5)
+    sent = pseudo_queries(c, 3, seed=5, kind="sentence")
+    assert mix == [q for trio in zip(kw, first, sent, strict=True) for q in trio]
+    assert len(pseudo_queries(c, 100, seed=5, kind="spans")) <= 40  # one per item at most

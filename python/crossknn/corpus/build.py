@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -206,6 +207,7 @@ def build_corpus_index(
     index_calls: int | str | None = "default",
     tune_rounds: int = 0,
     index_minutes: float | None = None,
+    auto_options: Mapping[str, Any] | None = None,
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
@@ -228,6 +230,9 @@ def build_corpus_index(
     - ``index_minutes``: an explicit time cap on ``auto``'s complete rows (no row is started
       that would end after it); ``params.budget.time_cap`` says whether it cut. Without it two
       builds of one corpus with one seed are the same index on any machine.
+
+    ``auto_options``: keyword arguments of auto's index build
+    (:func:`crossknn.search.auto.build_auto_index`), for experiments.
 
     ``params.budget`` in ``index.json`` says how the budget was spent: ``index_calls`` (C),
     ``rule``, ``spent`` (calibration, auto rows, auto partial rows, and the stated ``extra`` of
@@ -271,6 +276,7 @@ def build_corpus_index(
             round_index=round_index,
             index_calls=index_calls,
             index_minutes=index_minutes,
+            auto_options=auto_options,
         )
         if tune_rounds:
             _tune_round_widths(out, ce, de, train_queries, tune_rounds, seed, progress)
@@ -324,6 +330,7 @@ def _build_locked(
     round_index: str = "auto",
     index_calls: int | str | None = None,
     index_minutes: float | None = None,
+    auto_options: Mapping[str, Any] | None = None,
 ) -> None:
     # the new index is written beside the old one (work/stage) and moved in at the end: the old
     # index stays whole and usable until then, whatever fails on the way (a full disk ...)
@@ -376,6 +383,7 @@ def _build_locked(
             progress=progress,
             work=work / "auto",
             max_seconds=None if index_minutes is None else 60.0 * float(index_minutes),
+            options=auto_options,
         )
         spent["auto_rows"] = int(auto["rows"]) * n
         spent["auto_partial_rows"] = int(a_calls) - spent["auto_rows"]

@@ -16,8 +16,9 @@ train queries); an index without them searches with the row prior.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -172,13 +173,16 @@ def build_corpus_auto(
     progress: bool = False,
     work: Path | None = None,
     max_seconds: float | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict, int]:
     """(arrays, params, CE calls spent) of the auto index; ``ce`` must have the corpus items set
     (``ce.set_items``). Train queries are addressed by position; ``de.encode`` gives their DE
     vectors (used for the cross-validated choices). ``work``: a folder that keeps the finished
     rows of an interrupted build (the caller keys it to the CE and the items). ``max_seconds``:
     a time cap on the complete rows: no row is started that would end after it (at the mean
-    time of the rows read so far; 0 reads none); ``params["time_cap"]`` says whether it cut."""
+    time of the rows read so far; 0 reads none); ``params["time_cap"]`` says whether it cut.
+    ``options``: keyword arguments of :func:`crossknn.search.auto.build_auto_index` (e.g.
+    ``partial_items=0``: no learned prior)."""
     qs = list(train_queries)
     if not qs:
         raise ValueError("the auto index needs at least one train or pseudo query")
@@ -203,10 +207,14 @@ def build_corpus_auto(
         seed=seed,
         progress=progress,
         stop_rows=stop,
+        **dict(options or {}),
     )
     params = {**idx.meta(), "index_calls_limit": int(index_calls), "n_train_queries": len(qs)}
     if max_seconds is not None:
-        planned = partial_plan(int(index_calls), V.shape[0], len(qs))[0]
+        items = (options or {}).get("partial_items")
+        planned = partial_plan(
+            int(index_calls), V.shape[0], len(qs), *(() if items is None else (int(items),))
+        )[0]
         params["time_cap"] = {
             "minutes": round(float(max_seconds) / 60.0, 4),
             "rows_planned": int(planned),
