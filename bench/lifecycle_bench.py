@@ -146,9 +146,12 @@ class HybridCE:
                     cols = [int(x) for x in self.cols[it]]
                     self.cache.update(zip([(q, c) for c in cols], out[j].tolist(), strict=True))
                     lines.append(json.dumps([q, cols, out[j].tolist()]) + "\n")
-            if lines:
-                with open(self.cache_file, "a", encoding="utf-8") as f:
-                    f.write("".join(lines))
+            if lines:  # one append: two processes caching the same corpus never tear a line
+                fd = os.open(self.cache_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, "".join(lines).encode("utf-8"))
+                finally:
+                    os.close(fd)
         return out
 
 
