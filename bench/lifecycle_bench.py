@@ -151,9 +151,12 @@ class HybridCE:
                     cols = [int(x) for x in self.cols[it]]
                     self.cache.update(zip([(q, c) for c in cols], out[j].tolist(), strict=True))
                     lines.append(json.dumps([q, cols, out[j].tolist()]) + "\n")
-            if lines:
-                with open(self.cache_file, "a", encoding="utf-8") as f:
-                    f.write("".join(lines))
+            if lines:  # one append: two processes caching the same corpus never tear a line
+                fd = os.open(self.cache_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, "".join(lines).encode("utf-8"))
+                finally:
+                    os.close(fd)
         return out
 
 
@@ -267,7 +270,7 @@ def part_recall(args, res: dict) -> None:
         t = time.perf_counter() - (time.time() - (WORK / "key.json").stat().st_mtime)
         # the default rule's rows (N / 100, at most 32) without its time cap, which on a busy
         # CPU would buy a row or two
-        rows = args.rows or default_index_rows(N, None)
+        rows = args.rows or default_index_rows(N)
         build_corpus_index(corpus, pseudo, ce=ce_t, de=de, index_calls=rows * N, progress=False)
         t_build = time.perf_counter() - t
         timed.write_text(json.dumps({"build_s": t_build, "real_pairs": ce_t.real_pairs}))

@@ -380,6 +380,11 @@ CHAOS_GOALS = {
     "log_records_lost": ("0", lambda v: v == 0),
     "non_2xx": ("0 (429 with Retry-After allowed)", lambda v: v == 0),
     "rss_growth": ("≤ 0.05", lambda v: v <= 0.05),
+DAY_ONE_GOALS = {
+    "gap_closed_min": ("≥ 0.5", lambda v: v >= 0.5),
+    "worst_vs_keywords": ("≥ −0.005", lambda v: v >= -0.005),
+    "reproducible": ("true", lambda v: v is True),
+    "calibration_in_budget": ("true", lambda v: v is True),
 }
 
 
@@ -479,6 +484,35 @@ def render_filter_scale() -> str:
 
 def render_lifecycle_chaos() -> str:
     return goals_table("lifecycle_chaos.json", CHAOS_GOALS)
+
+
+def render_day_one_goals() -> str:
+    return goals_table("day_one_rows.json", DAY_ONE_GOALS)
+
+
+def render_day_one_recall() -> str:
+    """Per corpus: auto's Top-10-Recall@B on the test queries with today's keyword rows, the
+    default build's rows and rows of the train queries, all at the default budget; RNR."""
+    d = load(RESULTS / "day_one_rows.json")
+    names = {"cisi": "CISI", "nfcorpus": "NFCorpus", "scifact": "SciFact"}
+    out = []
+    for key, c in (d.get("corpora") or {}).items():
+        r = c["recall"]
+        where = f"{names.get(key, key)} ({count(c['items'])} items, {c['rows']} rows)"
+        for kind, label in (
+            ("keywords", "keyword rows (before)"),
+            ("default", "**default build**"),
+            ("real_rows", "train-query rows"),
+            ("rnr", "RNR (DE top-B)"),
+        ):
+            if kind in r:
+                cells = [
+                    f3(r[kind][str(b)] if str(b) in r[kind] else r[kind][b]) for b in (50, 100, 200)
+                ]
+                out.append([where, label, *cells])
+    if not out:
+        raise ReportError("day_one_rows.json: no corpora measured")
+    return table(["corpus", "rows of", "B = 50", "B = 100", "B = 200"], out, "llrrr")
 
 
 # ---- quality of the embedded CE on BEIR ----------------------------------------------------------
@@ -646,6 +680,13 @@ BLOCKS: dict[str, Block] = {
         render_lifecycle_chaos,
         "lifecycle_chaos.json",
         "the living index under chaos: kill -9, rotation, a full disk",
+    "day-one-goals": Block(
+        render_day_one_goals, "day_one_rows.json", "day-one rows: the default build's goals"
+    ),
+    "day-one-recall": Block(
+        render_day_one_recall,
+        "day_one_rows.json",
+        "Top-10-Recall@B of keyword, default and train-query rows at the default budget",
     ),
 }
 

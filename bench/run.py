@@ -10,10 +10,13 @@ Suites:
 - ``quick``: every kind of bench at small sizes, results into ``build/bench-quick/`` (never over
   the committed results), then ``bench/report.py --check``. About 10 minutes on a busy 2-core CPU.
 - ``recall``: Top-k-Recall on the shared score matrices (``recall_bench``, cisi + nfcorpus), the
-  embedded CE's nDCG on BEIR (``beir_bench``), CMC quality (``cmc_bench``). No model timing.
+  embedded CE's nDCG on BEIR (``beir_bench``), CMC quality (``cmc_bench``), the default build's
+  pseudo-query rows against keyword and train-query rows (``day_one_bench``; SciFact's exact
+  scores are computed once, hours on 2 cores). No model timing.
 - ``cpu``: speed on this CPU: round engine (``core_bench``), non-CE time per query
   (``overhead_bench``), CE runtime and int8 recipes (``ce_bench``), CMC latency, and the living
-  index's recall after refine / add / remove (``lifecycle_bench --part recall``).
+  index's recall after refine / add / remove (``lifecycle_bench --part recall``), two default
+  builds compared bit for bit, one beside busy processes (``day_one_bench --part repro``).
 - ``gpu``: the GPU path (``gpu_bench``: CE, rounds, search, serve) on the first GPU.
 - ``serve``: the HTTP server under load and overload (``serve_bench``), the GPU serving path's
   host side against a stand-in device (``gpu_bench --standin-device``), serving through index
@@ -109,6 +112,25 @@ SUITES: dict[str, list[Step]] = {
             ),
             needs=(SCIFACT,),
         ),
+        Step(
+            "day-one rows (cisi, 200 items, keyword rows)",
+            (
+                "bench/day_one_bench.py",
+                "--part",
+                "choose",
+                "--corpora",
+                "cisi",
+                "--items",
+                "200",
+                "--candidates",
+                "keywords",
+                "--work",
+                f"{Q}/day-one-work",
+                "--out",
+                f"{Q}/day_one_rows.json",
+            ),
+            needs=(CISI,),
+        ),
         Step("tables match the JSON", ("bench/report.py", "--check")),
     ],
     "recall": [
@@ -126,6 +148,16 @@ SUITES: dict[str, list[Step]] = {
             "filtered search on the matrices",
             ("bench/filter_bench.py", "--part", "matrices"),
             needs=(CISI, NFCORPUS_MATRIX),
+        ),
+        Step(
+            "day-one rows: pseudo-query kinds on train splits",
+            ("bench/day_one_bench.py", "--part", "choose"),
+            needs=(CISI, NFCORPUS_MATRIX, SCIFACT),
+        ),
+        Step(
+            "day-one rows: default vs keyword vs train-query rows",
+            ("bench/day_one_bench.py", "--part", "final"),
+            needs=(CISI, NFCORPUS_MATRIX, SCIFACT),
         ),
     ],
     "cpu": [
@@ -145,6 +177,11 @@ SUITES: dict[str, list[Step]] = {
             ("bench/lifecycle_bench.py", "--part", "recall"),
             needs=(NFCORPUS_MATRIX,),
             optional=True,
+        ),
+        Step(
+            "day-one rows: two default builds, one under load",
+            ("bench/day_one_bench.py", "--part", "repro"),
+            needs=(CISI,),
         ),
     ],
     "gpu": [

@@ -46,7 +46,13 @@ def test_build_index_calls_makes_auto_the_default(env, capsys):
     # the row prior's item covariance is stored by the build (no O(N d^2) pass at every load)
     V = np.asarray(idx["de_items"], np.float64)
     np.testing.assert_allclose(idx["auto_item_cov"], np.cov(V, rowvar=False, bias=True), atol=1e-9)
-    assert idx.ce_calls == len(TRAIN) * 8 + 2 * N_ITEMS  # calibration + auto rows
+    # the calibration's pairs are read from the rows: every CE call is inside the budget
+    assert idx.ce_calls == 2 * N_ITEMS and idx.params["calibration"] == "auto rows"
+    assert idx.params["budget"]["spent"] == {
+        "calibration": 0,
+        "auto_rows": 2 * N_ITEMS,
+        "auto_partial_rows": 0,
+    }
     ce = default_cross_encoder()
     ce.set_items(env["corpus"].texts)
     exact = np.stack([ce.score(q, np.arange(N_ITEMS)) for q in TRAIN])
@@ -89,13 +95,16 @@ def test_default_budget_builds_auto_from_the_rule(env, monkeypatch, capsys):
     idx = _build(env, env["root"] / "e", "--calibration-queries", "3")
     auto = idx.params["auto"]
     assert auto["rows"] == 4 and auto["index_calls"] == 4 * N_ITEMS == auto["index_calls_limit"]
-    assert auto["default_rule"]["rows"] == 4 and auto["default_rule"]["pairs_per_s"] > 0
-    assert idx.ce_calls == 3 * 8 + 4 * N_ITEMS and Searcher(idx).method == "auto"
+    assert idx.ce_calls == 4 * N_ITEMS and Searcher(idx).method == "auto"
     out = capsys.readouterr().out
-    assert f"auto index: {4 * N_ITEMS} CE calls for 4 complete rows (default rule" in out
-    # a zero time cap reads no row
+    assert f"auto index: {4 * N_ITEMS} CE calls for 4 complete rows;" in out
+    assert f"index budget: {4 * N_ITEMS} CE calls (default: 4 complete rows" in out
+    # a zero time cap reads no row: no auto index, the calibration inside the budget
     capped = _build(env, env["root"] / "f", "--calibration-queries", "3", "--index-minutes", "0")
-    assert "auto" not in capped.params
+    assert "auto" not in capped.params and capped.ce_calls == 3 * 8
+    assert capped.params["budget"]["time_cap"]["cut"] is True
+    out = capsys.readouterr().out
+    assert "time cap 0 min: cut at 0 of 4 rows" in out and "the time cap read no row" in out
 
 
 class _Interrupting:
@@ -150,7 +159,7 @@ def test_build_spends_partial_rows_on_the_learned_prior(env, monkeypatch, capsys
     auto = idx.params["auto"]
     assert (auto["rows"], auto["partial_rows"]) == (3, 8)
     assert auto["index_calls"] == 3 * N_ITEMS + 8 * 5 <= 4 * N_ITEMS
-    assert idx.ce_calls == 12 * 8 + auto["index_calls"]  # calibration + auto rows + partial rows
+    assert idx.ce_calls == auto["index_calls"]  # auto rows + partial rows; calibration from rows
     n = auto["learned_prior"]
     assert 1 <= n <= 11 and idx["auto_prior_vectors"].shape == (n, idx["de_items"].shape[1])
     assert idx["auto_prior_deltas"].shape[0] == n and "auto_item_cov" in idx.arrays

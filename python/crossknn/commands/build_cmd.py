@@ -69,17 +69,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--index-calls",
         type=nonneg_int,
         metavar="C",
-        help="build the default method's (auto) index from at most C CE calls on the train "
-        "(or pseudo) queries; crossknn search then uses auto. Default: one complete CE row per "
-        "100 items, at most 32 rows and what the CE scores in --index-minutes at the speed "
-        "measured on the calibration batches (no auto index below 100 items); 0: no auto index",
+        help="the index budget: every CE call of the build (the score calibration and the "
+        "default method's (auto) index of train or pseudo-query rows) within C; crossknn search "
+        "then uses auto. Default: one complete CE row per 100 items, at most 32 rows (C = rows x "
+        "items, the calibration read from these rows; below 100 items only the calibration), "
+        "the same on every machine; 0: no CE call, no auto index",
     )
     p.add_argument(
         "--index-minutes",
         type=nonneg_float,
         default=None,
         metavar="MIN",
-        help="time cap of the default index budget (default 10 minutes of CE time)",
+        help="a time cap on the default budget's rows: no row is started that would end after "
+        "MIN minutes of CE time (the build then says where it cut; the index depends on the "
+        "machine's speed). Default: none",
     )
     add_shared(p, "seed", "quiet")
     add_model_arguments(p)
@@ -206,34 +209,56 @@ def run(args: argparse.Namespace) -> int:
         f"{idx.ce_calls} CE calls spent, {time.perf_counter() - t0:.1f} s; "
         f"CE {ce.model_id} ({ce.precision}), DE {de.model_id} ({de.precision})"
     )
-    print(auto_summary(idx.params.get("auto"), len(corpus)))
+    print(budget_summary(idx.params.get("budget")))
+    print(auto_summary(idx.params.get("auto"), len(corpus), idx.params.get("budget")))
     return 0
 
 
-def _index_calls(args: argparse.Namespace) -> int | str | None:
-    """``--index-calls``: absent -> the default rule; 0 -> no auto index; C -> at most C."""
+def _index_calls(args: argparse.Namespace) -> int | str:
+    """``--index-calls``: absent -> the default rule; C -> at most C CE calls (0: none)."""
     if args.index_calls is None:
         return "default"
     if args.index_minutes is not None:
         raise ValueError("--index-minutes caps the default index budget; drop --index-calls")
-    return args.index_calls or None
+    return args.index_calls
 
 
-def auto_summary(auto: dict | None, n_items: int) -> str:
+def budget_summary(budget: dict | None) -> str:
+    """The line that says how the index budget was spent (``params.budget``)."""
+    if not budget:
+        return "index budget: not recorded (an index built before it)"
+    spent = budget["spent"]
+    parts = [f"calibration {spent.get('calibration', 0):,}"]
+    parts.append(f"auto rows {spent.get('auto_rows', 0):,}")
+    if spent.get("auto_partial_rows"):
+        parts.append(f"partial rows {spent['auto_partial_rows']:,}")
+    for key, what in (("cur_rows", "--cur rows"), ("tune_rounds", "--tune-rounds")):
+        if key in spent:
+            parts.append(f"{what} {spent[key]:,} (of {budget['extra'][key]:,} stated)")
+    line = (
+        f"index budget: {budget['index_calls']:,} CE calls ({budget['rule']}); spent "
+        f"{budget['ce_calls']:,}: " + ", ".join(parts)
+    )
+    cap = budget.get("time_cap")
+    if cap:
+        line += f"; time cap {cap['minutes']:g} min: " + (
+            f"cut at {cap['rows_read']} of {cap['rows_planned']} rows"
+            if cap["cut"]
+            else f"not reached ({cap['rows_read']} rows)"
+        )
+    return line
+
+
+def auto_summary(auto: dict | None, n_items: int, budget: dict | None = None) -> str:
     """The summary line of auto's index: CE calls spent and what they are expected to buy."""
     if auto is None:
         why = f"fewer than {ITEMS_PER_ROW} items" if n_items < ITEMS_PER_ROW else "none asked"
+        if (budget or {}).get("time_cap"):
+            why = "the time cap read no row"
         return f"auto index: none ({why}); crossknn search uses axn over the DE vectors"
-    rule = auto.get("default_rule")
-    how = (
-        f"default rule: {rule['rows']} rows, CE at {rule['pairs_per_s']:,.0f} pairs/s, "
-        f"cap {rule['minutes']:g} min"
-        if rule
-        else f"--index-calls {auto['index_calls_limit']:,}"
-    )
     part = int(auto.get("partial_rows", 0))
     rows = f"{auto['rows']} complete rows" + (f" + {part} partial rows" if part else "")
     return (
-        f"auto index: {auto['index_calls']:,} CE calls for {rows} ({how}); "
+        f"auto index: {auto['index_calls']:,} CE calls for {rows}; "
         f"{expected_gain(int(auto['index_calls']), n_items)}; crossknn search uses auto"
     )

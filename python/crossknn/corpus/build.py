@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -32,9 +32,12 @@ from crossknn.fileio import (
     sha256_texts,
 )
 from crossknn.index.auto import (
-    DEFAULT_INDEX_MINUTES,
+    AUTO_ARRAY,
+    AUTO_ROW_VECTORS,
+    ITEMS_PER_ROW,
+    MAX_DEFAULT_ROWS,
     build_corpus_auto,
-    default_index_rows,
+    default_index_budget,
     pseudo_query_count,
 )
 from crossknn.index.cur import score_dense
@@ -77,17 +80,13 @@ def _calibrate(
 ) -> tuple[ScoreMap, int]:
     """The CE score map (CE ~ scale * DE + offset), fitted on ``queries`` against their DE-top
     half and a random half of ``items_per_query`` items; returns it and the CE calls spent."""
-    n = V.shape[0]
-    m = min(items_per_query, n)
+    m = min(items_per_query, V.shape[0])
     Q = np.asarray(de.encode(queries), np.float32)
     rng = np.random.default_rng(seed)
     items, de_scores = [], []
     for qv in Q:
         s = V @ qv
-        top = top_k_rows(s, m // 2)[0]
-        rest = np.setdiff1d(np.arange(n), top)
-        rand = rng.choice(rest, size=min(m - top.size, rest.size), replace=False)
-        it = np.concatenate([top, rand]).astype(np.int64)
+        it = _calibration_items(s, m, rng)
         items.append(it)
         de_scores.append(s[it])
     ce_scores: list[np.ndarray] = []
@@ -98,6 +97,99 @@ def _calibrate(
             bar.update(sum(len(i) for i in items[lo : lo + 4]))
     smap = ScoreMap.fit(np.concatenate(ce_scores), np.concatenate(de_scores))
     return smap, int(sum(len(i) for i in items))
+
+
+def _calibration_items(s: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+    """The calibration items of one query: its DE-top ``m // 2`` items (DE scores ``s``) and a
+    seeded random rest, ``m`` in all."""
+    n = s.shape[0]
+    top = top_k_rows(s, m // 2)[0]
+    rest = np.setdiff1d(np.arange(n), top)
+    rand = rng.choice(rest, size=min(m - top.size, rest.size), replace=False)
+    return np.concatenate([top, rand]).astype(np.int64)
+
+
+def _calibrate_from_rows(
+    V: np.ndarray,
+    rows: np.ndarray,
+    row_vectors: np.ndarray,
+    *,
+    queries: int,
+    items_per_query: int,
+    seed: int,
+) -> tuple[ScoreMap, int]:
+    """The CE score map fitted on pairs read from ``rows`` (complete CE rows already paid for by
+    the auto index) instead of new CE calls: ``queries x items_per_query`` pairs (the DE-top half
+    and a random half of each row's items, as :func:`_calibrate` takes them), spread over the m
+    rows (``items_per_query x ceil(queries / m)`` pairs a row, at most N). Returns the map and
+    the pairs it was fitted on (no CE call)."""
+    m, n = rows.shape
+    per_row = min(n, int(items_per_query) * -(-int(queries) // m))
+    rng = np.random.default_rng(seed)
+    ce_s, de_s = [], []
+    for row, v in zip(rows, np.asarray(row_vectors, np.float32), strict=True):
+        s = V @ v
+        it = _calibration_items(s, per_row, rng)
+        ce_s.append(np.asarray(row, np.float64)[it])
+        de_s.append(s[it])
+    return ScoreMap.fit(np.concatenate(ce_s), np.concatenate(de_s)), m * per_row
+
+
+def _index_budget(
+    index_calls, n: int, *, n_train: int | None, calibration_queries: int, calibration_items: int
+) -> dict:
+    """The stated index budget of a build: ``{"index_calls": C, "rule": ..., "auto": whether
+    an auto index is built}``; every CE call of the calibration and the auto rows is inside C."""
+    if index_calls == "default":
+        C, m = default_index_budget(
+            n,
+            n_train=n_train,
+            calibration_queries=calibration_queries,
+            calibration_items=calibration_items,
+        )
+        rule = (
+            f"default: {m} complete rows (one per {ITEMS_PER_ROW} items, at most "
+            f"{MAX_DEFAULT_ROWS}) x {n} items"
+            if m
+            else f"default: the calibration's pairs alone (fewer than {ITEMS_PER_ROW} items)"
+        )
+        return {"index_calls": C, "rule": rule, "auto": m > 0}
+    if index_calls is None:  # no auto index: the calibration's pairs
+        q = calibration_queries if n_train is None else min(calibration_queries, n_train)
+        C = int(q) * min(int(calibration_items), n)
+        return {"index_calls": C, "rule": "no auto index: the calibration's pairs", "auto": False}
+    if isinstance(index_calls, bool) or not isinstance(index_calls, (int, np.integer)):
+        raise ValueError(f"index_calls must be an int, 'default' or None; got {index_calls!r}")
+    if index_calls < 0:
+        raise ValueError(f"index_calls must be >= 0; got {index_calls}")
+    return {"index_calls": int(index_calls), "rule": "--index-calls", "auto": index_calls > 0}
+
+
+def _calibrate_within(
+    ce, de, V, corpus, train_queries, *, left, queries, items, seed, progress
+) -> tuple[ScoreMap | None, dict]:
+    """The score map from new CE calls, at most ``left`` of them (what the index budget has
+    left): ``q x m`` pairs, m = min(items, N, left), q = min(queries, train queries, left // m)
+    queries (a seeded sample of the train queries, else pseudo-queries from item texts); no
+    map (AXN then uses the CE scores as they are) when fewer than 2 pairs fit."""
+    m = min(int(items), V.shape[0], max(int(left), 0))
+    n_src = len(train_queries) if train_queries else int(queries)
+    q = min(int(queries), n_src, int(left) // m) if m else 0
+    what = "train queries" if train_queries else "pseudo-queries from item texts"
+    if q * m < 2:
+        return None, {
+            "from": f"none (no CE call left for it: {max(int(left), 0)})",
+            "queries": 0,
+            "pairs": 0,
+        }
+    if train_queries:
+        rng = np.random.default_rng([int(seed), 31])
+        picks = np.sort(rng.choice(len(train_queries), q, replace=False))
+        cal = [train_queries[int(i)] for i in picks]
+    else:
+        cal = pseudo_queries(corpus, q, seed=seed)
+    smap, calls = _calibrate(ce, de, V, cal, items_per_query=m, seed=seed, progress=progress)
+    return smap, {"from": what, "queries": len(cal), "pairs": int(calls)}
 
 
 def build_corpus_index(
@@ -117,22 +209,36 @@ def build_corpus_index(
     index_calls: int | str | None = "default",
     tune_rounds: int = 0,
     index_minutes: float | None = None,
+    auto_options: Mapping[str, Any] | None = None,
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
-    - always: ``de_items`` (N x d) and the CE->DE score normalization (alpha, beta) fitted on
-      ``train_queries`` (or ``calibration_queries`` pseudo-queries made from item texts), each
-      scored against ``calibration_items`` items;
+    - always: ``de_items`` (N x d) and the CE->DE score normalization (alpha, beta), fitted on
+      ``calibration_queries x calibration_items`` pairs (each query's DE-top half and a random
+      half): read from ``auto``'s complete rows when the build has some (no CE call), else
+      scored for a seeded sample of ``train_queries`` (or pseudo-queries made from item texts)
+      inside what the index budget leaves;
     - ``cur=True`` (needs ``train_queries``): the dense rows ``R`` = CE(train queries x all items)
-      for ADACUR/ANNCUR, through a resumable sharded job;
+      for ADACUR/ANNCUR, through a resumable sharded job (its stated cost: train queries x N);
     - ``tune_rounds=Q`` with a FAISS round index: its width per round step, tuned on the exact
-      rounds of the first Q train (or pseudo-) queries (100 CE calls each; see
+      rounds of the first Q train (or pseudo-) queries (at most 100 CE calls each; see
       :meth:`crossknn.Searcher.tune_round_widths`), stored in ``params.round_index``;
-    - ``index_calls=C``: ``auto``'s index (:mod:`crossknn.index.auto`) from at most C CE calls;
-      ``"default"``: C by the default rule (:func:`crossknn.index.auto.default_index_rows`, the
-      CE's speed measured on the calibration batches, capped at ``index_minutes``; no auto index
-      when it gives no row; the default, as ``crossknn build`` without ``--index-calls``); None
-      or 0: no auto index.
+    - ``index_calls=C``: the index budget, every CE call of the calibration and of ``auto``'s
+      index (:mod:`crossknn.index.auto`) inside it (0: no CE call at all, no auto index and no
+      score map); ``"default"`` (as ``crossknn build`` without ``--index-calls``): C by the
+      default rule, a function of the corpus alone
+      (:func:`crossknn.index.auto.default_index_budget`: one complete row per 100 items, at most
+      32; no auto index below 100 items); None: no auto index, C = the calibration's pairs;
+    - ``index_minutes``: an explicit time cap on ``auto``'s complete rows (no row is started
+      that would end after it); ``params.budget.time_cap`` says whether it cut. Without it two
+      builds of one corpus with one seed are the same index on any machine.
+
+    ``auto_options``: keyword arguments of auto's index build
+    (:func:`crossknn.search.auto.build_auto_index`), for experiments.
+
+    ``params.budget`` in ``index.json`` says how the budget was spent: ``index_calls`` (C),
+    ``rule``, ``spent`` (calibration, auto rows, auto partial rows, and the stated ``extra`` of
+    ``cur`` and ``tune_rounds``) and ``ce_calls`` (their sum, ``index.json``'s ``ce_calls``).
 
     Work in progress lives in ``OUT_DIR/.build`` and is resumed after an interruption (DE
     vectors in chunks of ``chunk`` items); each piece of it is keyed by a fingerprint of its
@@ -172,6 +278,7 @@ def build_corpus_index(
             round_index=round_index,
             index_calls=index_calls,
             index_minutes=index_minutes,
+            auto_options=auto_options,
         )
         if tune_rounds:
             _tune_round_widths(out, ce, de, train_queries, tune_rounds, seed, progress)
@@ -206,7 +313,14 @@ def _tune_round_widths(out, ce, de, train_queries, n, seed, progress):
         "rounds": searcher.plan_info(budget=budget)["rounds"],
         "budget": budget,
     }
-    update_params(out, {**index.params, "round_index": meta}, ce_calls_added=calls)
+    params = {**index.params, "round_index": meta}
+    if "budget" in params:  # stated by --tune-rounds: Q queries x TUNE_BUDGET calls at most
+        b = dict(params["budget"])
+        b["extra"] = {**b.get("extra", {}), "tune_rounds": len(queries) * budget}
+        b["spent"] = {**b["spent"], "tune_rounds": int(calls)}
+        b["ce_calls"] = int(b["ce_calls"]) + int(calls)
+        params["budget"] = b
+    update_params(out, params, ce_calls_added=calls)
 
 
 def _build_locked(
@@ -225,6 +339,7 @@ def _build_locked(
     round_index: str = "auto",
     index_calls: int | str | None = None,
     index_minutes: float | None = None,
+    auto_options: Mapping[str, Any] | None = None,
 ) -> None:
     # the new index is written beside the old one (work/stage) and moved in at the end: the old
     # index stays whole and usable until then, whatever fails on the way (a full disk ...)
@@ -246,32 +361,22 @@ def _build_locked(
     )
     ce.set_items(list(corpus.texts))
 
-    cal = (
-        list(train_queries)
-        if train_queries
-        else pseudo_queries(corpus, calibration_queries, seed=seed)
+    n = len(corpus)
+    n_train = len(train_queries) if train_queries else None
+    budget = _index_budget(
+        index_calls,
+        n,
+        n_train=n_train,
+        calibration_queries=calibration_queries,
+        calibration_items=calibration_items,
     )
-    t_cal = time.perf_counter()
-    smap, ce_calls = _calibrate(
-        ce, de, V, cal, items_per_query=calibration_items, seed=seed, progress=progress
-    )
-    rule = None
-    if index_calls == "default":  # C from the CE's speed on the calibration batches
-        rate = ce_calls / max(time.perf_counter() - t_cal, 1e-9)
-        minutes = DEFAULT_INDEX_MINUTES if index_minutes is None else float(index_minutes)
-        n_train = len(train_queries) if train_queries else None
-        rows = default_index_rows(len(corpus), rate, n_train=n_train, minutes=minutes)
-        rule = {"rows": rows, "pairs_per_s": round(rate, 1), "minutes": minutes}
-        index_calls = rows * len(corpus) if rows else None
-    elif isinstance(index_calls, str):
-        raise ValueError(f"index_calls must be an int, 'default' or None; got {index_calls!r}")
-    elif index_calls == 0:  # as --index-calls 0: no auto index
-        index_calls = None
+    C = budget["index_calls"]
+    spent = {"calibration": 0, "auto_rows": 0, "auto_partial_rows": 0}
     arrays: dict[str, np.ndarray] = {"de_items": V}
     auto = None
-    if index_calls is not None:  # the default method's index (crossknn.index.auto)
+    if budget.pop("auto"):  # the default method's index (crossknn.index.auto)
         qs = train_queries or auto_pseudo_queries(
-            corpus, pseudo_query_count(index_calls, len(corpus), calibration_queries), seed=seed
+            corpus, pseudo_query_count(C, n, calibration_queries), seed=seed
         )
         auto_key = {
             "what": "auto_rows",
@@ -284,15 +389,46 @@ def _build_locked(
             de,
             V,
             list(qs),
-            index_calls=index_calls,
+            index_calls=C,
             seed=seed,
             progress=progress,
             work=work / "auto",
+            max_seconds=None if index_minutes is None else 60.0 * float(index_minutes),
+            options=auto_options,
         )
-        arrays.update(a_arrays)
-        ce_calls += a_calls
-        if rule is not None:
-            auto["default_rule"] = rule
+        spent["auto_rows"] = int(auto["rows"]) * n
+        spent["auto_partial_rows"] = int(a_calls) - spent["auto_rows"]
+        if auto.get("time_cap"):
+            budget["time_cap"] = auto["time_cap"]
+        if auto["rows"] == 0 and index_calls == "default":
+            auto = None  # the time cap read no row: no auto index, as a rule of no rows
+        else:
+            arrays.update(a_arrays)
+    rows = arrays.get(AUTO_ARRAY)
+    if rows is not None and rows.shape[0]:  # the score map from the rows' pairs: no CE call
+        smap, pairs = _calibrate_from_rows(
+            V,
+            rows,
+            arrays[AUTO_ROW_VECTORS],
+            queries=calibration_queries,
+            items_per_query=calibration_items,
+            seed=seed,
+        )
+        cal_info = {"from": "auto rows", "queries": int(rows.shape[0]), "pairs": pairs}
+    else:  # CE calls of the calibration, inside what the rows left of C
+        smap, cal_info = _calibrate_within(
+            ce,
+            de,
+            V,
+            corpus,
+            train_queries,
+            left=C - sum(spent.values()),
+            queries=calibration_queries,
+            items=calibration_items,
+            seed=seed,
+            progress=progress,
+        )
+        spent["calibration"] = int(cal_info["pairs"])
     if cur:
         cur_key = {
             "what": "cur_rows",
@@ -309,16 +445,21 @@ def _build_locked(
             extra={"items_sha256": cur_key["items_sha256"]},
         )
         arrays["R"] = R
-        ce_calls += int(R.size)
+        budget["extra"] = {"cur_rows": int(R.size)}  # stated by --cur: train queries x N
+        spent["cur_rows"] = int(R.size)
+    ce_calls = sum(spent.values())
+    budget["spent"] = spent
+    budget["ce_calls"] = ce_calls
     params = {
-        "n_items": len(corpus),
+        "n_items": n,
         "dim": int(V.shape[1]),
-        "score_map": smap.to_list(),
-        "calibration": "train queries" if train_queries else "pseudo-queries from item texts",
-        "n_calibration_queries": len(cal),
+        **({"score_map": smap.to_list()} if smap is not None else {}),
+        "calibration": cal_info["from"],
+        "n_calibration_queries": int(cal_info["queries"]),
         "calibration_items": int(calibration_items),
         "n_train_queries": len(train_queries) if train_queries else 0,
         "seed": int(seed),
+        "budget": budget,
         **({"auto": auto} if auto is not None else {}),
     }
     # the rounds' MIPS index over de_items (crossknn.search.round_index; none for 'exact')

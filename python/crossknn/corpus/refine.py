@@ -273,7 +273,7 @@ def refine_index(
             rate = _measured_rate(ce_set(ce, index), N, recs[0].query)
             index_calls = int(index_minutes * 60.0 * rate // N) * N
         if index_calls is None:  # the index's own budget: its complete rows over today's items
-            rows = int(auto.get("rows") or 0) or default_index_rows(N, None)
+            rows = int(auto.get("rows") or 0) or default_index_rows(N)
             index_calls = max(int(auto.get("index_calls_limit") or 0), rows * N)
         index_calls = int(index_calls)
         if index_calls < 2 * N:

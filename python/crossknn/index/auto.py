@@ -16,13 +16,20 @@ train queries); an index without them searches with the row prior.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from crossknn.fileio import atomic_save_npy, sha256_texts
-from crossknn.search.auto import PRIOR_KERNEL_TAU, AutoIndex, IndexCallBudget, build_auto_index
+from crossknn.search.auto import (
+    PRIOR_KERNEL_TAU,
+    AutoIndex,
+    IndexCallBudget,
+    build_auto_index,
+    partial_plan,
+)
 
 __all__ = [
     "AUTO_ARRAY",
@@ -31,11 +38,11 @@ __all__ = [
     "AUTO_PRIOR_VECTORS",
     "AUTO_QUERY_DIRS",
     "AUTO_ROW_VECTORS",
-    "DEFAULT_INDEX_MINUTES",
     "ITEMS_PER_ROW",
     "MAX_DEFAULT_ROWS",
     "auto_index_of",
     "build_corpus_auto",
+    "default_index_budget",
     "default_index_rows",
     "expected_gain",
     "pseudo_query_count",
@@ -53,13 +60,15 @@ AUTO_PRIOR_VECTORS = "auto_prior_vectors"
 AUTO_PRIOR_DELTAS = "auto_prior_deltas"
 
 # The default index budget of ``crossknn build`` (no --index-calls): m complete CE rows, C = m x N,
-#   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, rows the CE scores in DEFAULT_INDEX_MINUTES at
-#           the speed measured on the calibration batches, train queries given)
-# so a corpus under 100 items spends nothing (search keeps AXN over DE there), and a GPU build
-# of NFCorpus (3,633 items) reads 32 rows in seconds. docs/methods.md has the numbers behind it.
+#   m = min(N // ITEMS_PER_ROW, MAX_DEFAULT_ROWS, train queries given)
+# a function of the corpus alone, so that two builds of one corpus are the same index on any
+# machine and under any load (the CE's speed at build time does not enter; --index-minutes is an
+# explicit time cap that says when it cut). Every CE call of the build is inside C: the score
+# map's calibration pairs are read from these rows. A corpus under 100 items reads no row; its
+# budget is the calibration's pairs alone (default_index_budget). docs/methods.md has the numbers
+# behind the rule.
 ITEMS_PER_ROW = 100
 MAX_DEFAULT_ROWS = 32
-DEFAULT_INDEX_MINUTES = 10.0
 # measured on nfcorpus-minilm-gpu (323 test queries, DE first round, seed 0; bench/recall_bench.py
 # --nfcorpus; row prior, query-subspace block, the learned prior of partial rows below 64 rows,
 # its kernel ridge):
@@ -68,24 +77,35 @@ EXPECTED_K10_B100 = {0: 0.758, 1: 0.787, 16: 0.942, 32: 0.950, 167: 0.964}
 AXN_K10_B100 = 0.707
 
 
-def default_index_rows(
-    n_items: int,
-    pairs_per_s: float | None,
-    *,
-    n_train: int | None = None,
-    minutes: float = DEFAULT_INDEX_MINUTES,
-) -> int:
-    """The rows m of the default index budget (C = m x N; see the constants above):
-    ``pairs_per_s`` the CE's measured speed (None: no time cap), ``n_train`` the train queries
-    given (None: pseudo-queries, as many as needed)."""
-    if n_items < 1 or minutes < 0:
-        raise ValueError(f"need n_items >= 1 and minutes >= 0; got {n_items}, {minutes}")
+def default_index_rows(n_items: int, *, n_train: int | None = None) -> int:
+    """The rows m of the default index budget (C = m x N; see the constants above); ``n_train``
+    the train queries given (None: pseudo-queries, as many as needed). Depends on nothing but
+    its arguments: no clock, no measured speed."""
+    if n_items < 1:
+        raise ValueError(f"need n_items >= 1; got {n_items}")
     m = min(int(n_items) // ITEMS_PER_ROW, MAX_DEFAULT_ROWS)
     if n_train is not None:
         m = min(m, int(n_train))
-    if pairs_per_s is not None:
-        m = min(m, int(minutes * 60.0 * float(pairs_per_s) // n_items))
     return max(m, 0)
+
+
+def default_index_budget(
+    n_items: int,
+    *,
+    n_train: int | None = None,
+    calibration_queries: int = 16,
+    calibration_items: int = 32,
+) -> tuple[int, int]:
+    """``(C, m)``: the default index budget of a build and the complete rows it pays for.
+
+    ``C = m x N`` with m = :func:`default_index_rows`; where m = 0 (fewer than 100 items, or no
+    train query), ``C`` is the calibration's pairs alone: ``calibration_queries`` (at most the
+    train queries given) x ``calibration_items`` (at most N)."""
+    m = default_index_rows(n_items, n_train=n_train)
+    if m:
+        return m * int(n_items), m
+    q = int(calibration_queries) if n_train is None else min(int(calibration_queries), n_train)
+    return max(q, 0) * min(int(calibration_items), int(n_items)), 0
 
 
 def expected_gain(index_calls: int, n_items: int) -> str:
@@ -152,11 +172,17 @@ def build_corpus_auto(
     seed: int = 0,
     progress: bool = False,
     work: Path | None = None,
+    max_seconds: float | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict, int]:
     """(arrays, params, CE calls spent) of the auto index; ``ce`` must have the corpus items set
     (``ce.set_items``). Train queries are addressed by position; ``de.encode`` gives their DE
     vectors (used for the cross-validated choices). ``work``: a folder that keeps the finished
-    rows of an interrupted build (the caller keys it to the CE and the items)."""
+    rows of an interrupted build (the caller keys it to the CE and the items). ``max_seconds``:
+    a time cap on the complete rows: no row is started that would end after it (at the mean
+    time of the rows read so far; 0 reads none); ``params["time_cap"]`` says whether it cut.
+    ``options``: keyword arguments of :func:`crossknn.search.auto.build_auto_index` (e.g.
+    ``partial_items=0``: no learned prior)."""
     qs = list(train_queries)
     if not qs:
         raise ValueError("the auto index needs at least one train or pseudo query")
@@ -165,10 +191,36 @@ def build_corpus_auto(
     if work is not None:
         Path(work).mkdir(parents=True, exist_ok=True)
     reader = IndexCallBudget(_TextScorer(ce, qs, V.shape[0], work), range(len(qs)), index_calls)
+    stop = None
+    if max_seconds is not None:
+        limit = float(max_seconds)
+
+        def stop(j: int, spent: float) -> bool:  # would row j end after the cap?
+            return limit <= 0 or spent + (spent / j if j else 0.0) > limit
+
     idx = build_auto_index(
-        reader, list(range(len(qs))), V, Q, index_calls=index_calls, seed=seed, progress=progress
+        reader,
+        list(range(len(qs))),
+        V,
+        Q,
+        index_calls=index_calls,
+        seed=seed,
+        progress=progress,
+        stop_rows=stop,
+        **dict(options or {}),
     )
     params = {**idx.meta(), "index_calls_limit": int(index_calls), "n_train_queries": len(qs)}
+    if max_seconds is not None:
+        items = (options or {}).get("partial_items")
+        planned = partial_plan(
+            int(index_calls), V.shape[0], len(qs), *(() if items is None else (int(items),))
+        )[0]
+        params["time_cap"] = {
+            "minutes": round(float(max_seconds) / 60.0, 4),
+            "rows_planned": int(planned),
+            "rows_read": idx.n_rows,
+            "cut": idx.n_rows < planned,
+        }
     # the texts of the row queries: crossknn add scores new items against them
     params["row_queries"] = [qs[int(p)] for p in idx.row_ids]
     arrays = {AUTO_ARRAY: idx.rows, AUTO_ROW_VECTORS: np.asarray(idx.row_vectors, np.float32)}

@@ -48,7 +48,8 @@ it: the softmax-weighted corrections of its DE neighbours), in every block
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -83,6 +84,7 @@ __all__ = [
     "build_auto_index",
     "choose_rows",
     "fit_prior_ridge",
+    "partial_plan",
     "query_directions",
     "rounds_curve",
     "zrows",
@@ -617,6 +619,7 @@ def build_auto_index(
     partial_items: int | None = None,
     progress: bool = False,
     curve_rounds: Sequence[int] | None = ROUNDS_GRID,
+    stop_rows: Callable[[int, float], bool] | None = None,
 ) -> AutoIndex:
     """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
 
@@ -630,7 +633,10 @@ def build_auto_index(
     none), see :func:`query_directions`; ``partial_items``: entries a partial row of the
     learned prior (None: :data:`PARTIAL_ITEMS`; 0: none), see :func:`partial_plan` and
     :func:`learned_prior`; ``curve_rounds``: the round counts of the index's rounds curve
-    (:func:`rounds_curve`, with 4 rows or more; None or empty: no curve).
+    (:func:`rounds_curve`, with 4 rows or more; None or empty: no curve); ``stop_rows(j,
+    seconds)``: asked before the j-th complete row (``seconds`` spent on the rows so far), True
+    stops reading rows there (a time cap): the index is made of the j rows read, with the
+    choices of j rows and no partial rows (None: every planned row is read).
     """
     budgets = CV_BUDGETS if budgets is None else budgets
     partial_items = PARTIAL_ITEMS if partial_items is None else int(partial_items)
@@ -654,6 +660,7 @@ def build_auto_index(
     R = np.empty((m, N), np.float32)
 
     # one bar over the CE pairs of the rows: pairs/s and the time left
+    t0 = time.perf_counter()
     with tqdm(
         total=m * N,
         desc=f"auto index ({m} CE rows)",
@@ -663,6 +670,10 @@ def build_auto_index(
         leave=False,
     ) as bar:
         for j, p in enumerate(pos):
+            if stop_rows is not None and stop_rows(j, time.perf_counter() - t0):
+                m, n_part, pos, R = j, 0, pos[:j], R[:j]  # cut: the rows read so far
+                A = A if m >= 2 else None
+                break
             R[j] = reader.score(train[p], all_items)
             bar.update(N)
     rho_d, rho_r, rounds, first = DEFAULTS
