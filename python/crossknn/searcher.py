@@ -258,9 +258,9 @@ class Searcher:
     ``de_precision`` (the DE's), ``provider``, ``threads``, ``max_batch_tokens``,
     ``batch_size`` (CE pairs per batch) and ``backend`` ("onnx" or "torch",
     :mod:`crossknn.ce.backends`) are the model options.
-    ``method``: ``auto`` (the default when the index was built with ``index_calls``), ``axn``
-    (the default otherwise: rounds over the DE item vectors, DE first round, least squares
-    mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
+    ``method``: ``auto`` (the default when the index has auto's rows, as a default build of 100
+    items or more has), ``axn`` (the default otherwise: rounds over the DE item vectors, DE first
+    round, least squares mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
     an index built with train queries and ``cur=True``). ``cmc_model``: a CMC model directory
     (``crossknn cmc export``) trained on this DE; the first round then takes the DE's top
     ``cmc_candidates`` reranked by CMC instead of the DE's top items.

@@ -142,8 +142,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--method",
         choices=method_names(),
         default=None,
-        help="default method of requests that name none (default: auto when the index was "
-        "built with --index-calls, else axn)",
+        help="default method of requests that name none (default: auto when the index has "
+        "auto's rows, as a default build of 100 items or more has; else axn)",
     )
     p.add_argument(
         "--rounds",
