@@ -8,8 +8,12 @@ crossknn model folder or a Hugging Face folder (exported to ONNX on first use, i
 
 Keywords with sentence-transformers' meaning: ``device`` ("cpu", "cuda", "cuda:N"; crossknn's
 ``provider`` also works), ``max_length``, ``activation_fn`` (the default activation of
-``predict``/``rank``), ``cache_folder`` (where exports are kept). Nothing is downloaded: a name
-that is not a local folder is refused.
+``predict``/``rank``), ``cache_folder`` (where exports are kept). A name that is not a folder
+may be a Hugging Face Hub id, as sentence-transformers takes it:
+``crossknn.CrossEncoder("cross-encoder/ms-marco-MiniLM-L-6-v2")`` reads the model from the
+Hugging Face cache (downloading it there once when the Hub is reachable; with
+``HF_HUB_OFFLINE=1`` or no route, the cache only) and exports it to ONNX once
+(:mod:`crossknn.ce.hub`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from crossknn.ce.folders import resolve_model
+from crossknn.ce.hub import looks_like_hub_id
 from crossknn.ce.runtime import OnnxCrossEncoder, provider_of_device
 
 __all__ = ["CrossEncoder"]
@@ -27,9 +32,10 @@ __all__ = ["CrossEncoder"]
 class CrossEncoder(OnnxCrossEncoder):
     """An :class:`~crossknn.ce.OnnxCrossEncoder` opened the way sentence-transformers opens one.
 
-    ``model_name_or_path``: a crossknn model folder, or a Hugging Face checkpoint folder
-    (``*ForSequenceClassification``: a [CLS]-CE; a bare encoder with ``kind="emb"``), exported
-    on first use into ``cache_folder`` (default ``$CROSSKNN_CACHE`` or ``~/.cache/crossknn``).
+    ``model_name_or_path``: a crossknn model folder, a Hugging Face checkpoint folder
+    (``*ForSequenceClassification``: a [CLS]-CE; a bare encoder: an [EMB]-CE) or a Hugging Face
+    Hub id (``ORG/NAME[@REVISION]``, read from the Hugging Face cache), exported on first use
+    into ``cache_folder`` (default ``$CROSSKNN_CACHE`` or ``~/.cache/crossknn``).
     ``precision`` picks the fp32 or an int8 variant; other keywords are
     :class:`OnnxCrossEncoder`'s (``threads``, ``batch_size``, ``max_batch_tokens``, ...).
     """
@@ -47,10 +53,10 @@ class CrossEncoder(OnnxCrossEncoder):
         provider: str | None = None,
         **options: Any,
     ) -> None:
-        if not os.path.isdir(model_name_or_path):
+        if not os.path.isdir(model_name_or_path) and not looks_like_hub_id(model_name_or_path):
             raise FileNotFoundError(
-                f"model folder not found: {model_name_or_path} (crossknn downloads nothing: pass "
-                "a local Hugging Face or crossknn model folder)"
+                f"model folder not found: {model_name_or_path} (pass a local Hugging Face or "
+                "crossknn model folder, or a Hugging Face Hub id such as ORG/NAME)"
             )
         from_device = provider_of_device(device)
         if provider is not None and from_device is not None and provider != from_device:

@@ -5,6 +5,10 @@ Hugging Face folder (``config.json`` + weights): a Hugging Face folder is export
 into the cache (``cache_root()/models/hf-<role>-<kind>-<hash>-<precision>-f<format>r<recipe>``,
 the hash taken over the folder's config, weights, tokenizer and sentence-transformers files), so
 the second use opens the cached export at once and a changed checkpoint gets a new export.
+A name that is no folder but a Hugging Face Hub id (``ORG/NAME[@REVISION]``,
+:mod:`crossknn.ce.hub`) is the snapshot of that model in the Hugging Face cache (downloaded
+there when the Hub is reachable), exported once under a name keyed by its repository and commit
+(``hub-<role>-<kind>-<ORG--NAME>-<commit>-...``).
 
 - a cross-encoder folder: ``*ForSequenceClassification`` -> a [CLS]-CE (``kind="cls"``), a bare
   encoder (``*Model``) -> an [EMB]-CE (``kind="emb"``: the joint encoding of ANNCUR); other
@@ -38,6 +42,7 @@ from crossknn.ce.export import (
     export_cross_encoder,
     export_dual_encoder,
 )
+from crossknn.ce.hub import hub_snapshot, looks_like_hub_id
 from crossknn.ce.interface import CrossEncoder, DualEncoder, is_model
 from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST
 from crossknn.ce.models import (
@@ -170,12 +175,14 @@ def resolve_model(
     cache_dir: str | os.PathLike | None = None,
 ) -> Path:
     """The crossknn model folder of ``path``: itself if it is one, else the cached export of the
-    Hugging Face (or sentence-transformers) folder, made now if missing. ``role`` is ``"ce"`` or
+    Hugging Face (or sentence-transformers) folder, or of the Hub model ``path`` names
+    (:mod:`crossknn.ce.hub`), made now if missing. ``role`` is ``"ce"`` or
     ``"de"``; ``kind`` ("cls" | "emb") overrides the CE kind inferred from the config."""
     precision = _variant(precision)
     if kind is not None and kind not in CE_KINDS:
         raise ValueError(f"kind must be one of {CE_KINDS}; got {kind!r}")
-    path = Path(path)
+    hub = hub_snapshot(str(path)) if looks_like_hub_id(path) else None
+    path = hub.path if hub is not None else Path(path)
     _check_folder(path, role.upper())
     if (path / MANIFEST).is_file():
         return path
@@ -194,22 +201,23 @@ def resolve_model(
     common: dict[str, Any] = {
         "quantize": int8,
         "fp32": not int8,
-        "model_id": path.resolve().name,
+        "model_id": hub.repo_id if hub is not None else path.resolve().name,
         "overwrite": True,
     }
+    prefix = "hub" if hub is not None else "hf"
     if role == "de":
-        key = _key(src, layout["files"])
+        key = hub.key if hub is not None else _key(src, layout["files"])
         limit = int(_read_json(src / "config.json").get("max_position_embeddings", 512))
         max_length = int(min(layout["max_length"] or _DE_MAX_LENGTH, limit))
-        name = f"hf-de-mean-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+        name = f"{prefix}-de-mean-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
 
         def build(out: Path) -> None:
             export_dual_encoder(src, out, max_length=max_length, normalize=True, **common)
 
     else:
         kind = kind or infer_kind(src)
-        key = _key(src, [])
-        name = f"hf-ce-{kind}-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+        key = hub.key if hub is not None else _key(src, [])
+        name = f"{prefix}-ce-{kind}-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
         limit = int(_read_json(src / "config.json").get("max_position_embeddings", 512))
 
         def build(out: Path) -> None:
@@ -305,6 +313,9 @@ def reopen(record: dict[str, Any], role: str, *, backend: str | None = None, **o
     for where in (record.get("path"), record.get("source")):
         if where and Path(where).is_dir():
             return opener(where, precision=precision, backend=backend, **options)
+    mid = str(record.get("model_id") or "")
+    if "/" in mid and looks_like_hub_id(mid):  # a model named by its Hub id: by that id again
+        return opener(mid, precision=precision, backend=backend, **options)
     raise FileNotFoundError(
         f"the index was built with {role.upper()} {record.get('model_id')!r} from "
         f"{record.get('path')} (source {record.get('source')}), which is no longer there; pass "
