@@ -66,7 +66,7 @@ def looks_like_hub_id(name: str | os.PathLike) -> bool:
 def _how_to_get(repo_id: str, cache: str) -> str:
     folder = "models--" + repo_id.replace("/", "--")
     return (
-        f"get it where the Hub is reachable (python -c \"import huggingface_hub; "
+        f'get it where the Hub is reachable (python -c "import huggingface_hub; '
         f"huggingface_hub.snapshot_download('{repo_id}')\") and copy that cache's {folder} "
         f"folder into {cache}, or pass a local model folder"
     )

@@ -22,6 +22,7 @@ __all__ = [
     "nonneg_int",
     "positive_float",
     "plan_text",
+    "plural",
     "positive_int",
     "print_hits",
     "provider_line",
@@ -290,6 +291,11 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     )
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 item``, ``2 items``: a count with its noun (``nouns``: an irregular plural)."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def plan_text(plan: dict) -> str:
     """What a search ran, in a few words: ``auto, 30 rounds (10 + 29 x 3 CE calls)``: the
     method, its rounds and the CE calls each round asked for (``Searcher.plan_info``)."""
@@ -302,7 +308,7 @@ def plan_text(plan: dict) -> str:
             runs.append([n, 1])
     steps = " + ".join(f"{c} x {n}" if c > 1 else f"{n}" for n, c in runs)
     rounds = int(plan.get("rounds", len(sizes)))
-    return f"{plan['method']}, {rounds} round{'s' if rounds != 1 else ''} ({steps} CE calls)"
+    return f"{plan['method']}, {plural(rounds, 'round')} ({steps} CE calls)"
 
 
 def print_hits(hits, *, texts: bool = True, file=None, width: int = 70) -> None:

@@ -9,6 +9,7 @@ from crossknn.ce.folders import open_index_models
 from crossknn.commands._common import (
     add_model_arguments,
     model_options,
+    plural,
     provider_line,
     terminal_safe,
 )
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"index {args.index_dir}: these items were added already (version {r['version']})")
         return 0
     print(
-        f"index {args.index_dir}: version {r['version']}: {r['added']} items added, "
+        f"index {args.index_dir}: version {r['version']}: {plural(r['added'], 'item')} added, "
         f"{r['ce_calls']:,} CE calls, {r['seconds']:.1f} s"
     )
     return 0

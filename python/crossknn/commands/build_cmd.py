@@ -20,7 +20,8 @@ from crossknn.commands._common import (
     provider_line,
     terminal_safe,
 )
-from crossknn.corpus.build import build_corpus_index
+from crossknn.corpus.build import build_corpus_index, corpus_build_key
+from crossknn.corpus.build_key import up_to_date
 from crossknn.data import load_corpus, read_queries
 from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
 from crossknn.outputs import check_output_folder as check_not_over
@@ -89,6 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="time cap of the default index budget (default 10 minutes of CE time)",
     )
     p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild even when INDEX_DIR holds this build's index already (the same items, "
+        "models and settings), which is otherwise left as it is",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_model_arguments(p)
 
@@ -185,6 +192,23 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print(terminal_safe(provider_line(ce, de)), file=sys.stderr)
+    settings = {
+        "cur": args.cur,
+        "calibration_queries": args.calibration_queries,
+        "calibration_items": args.calibration_items,
+        "seed": args.seed,
+        "round_index": args.round_index,
+        "index_calls": _index_calls(args),
+        "index_minutes": args.index_minutes,
+        "tune_rounds": args.tune_rounds,
+    }
+    key = corpus_build_key(corpus, ce, de, train_queries=train, **settings)
+    if not args.force and up_to_date(args.index_dir, key):
+        print(
+            f"index {terminal_safe(args.index_dir)} is up to date: built from the same "
+            f"{len(corpus)} items with the same models and settings (--force rebuilds it)"
+        )
+        return 0
     try:
         idx = build_corpus_index(
             corpus,
@@ -192,15 +216,9 @@ def run(args: argparse.Namespace) -> int:
             ce=ce,
             de=de,
             train_queries=train,
-            cur=args.cur,
-            calibration_queries=args.calibration_queries,
-            calibration_items=args.calibration_items,
-            seed=args.seed,
             progress=not args.quiet,
-            round_index=args.round_index,
-            index_calls=_index_calls(args),
-            index_minutes=args.index_minutes,
-            tune_rounds=args.tune_rounds,
+            force=True,  # up to date or not is decided above
+            **settings,
         )
     except Exception as exc:
         # a failed build (full disk, unreadable model ...) leaves no half index behind; an
@@ -215,8 +233,23 @@ def run(args: argparse.Namespace) -> int:
         f"{idx.ce_calls} CE calls spent, {time.perf_counter() - t0:.1f} s; "
         f"CE {ce.model_id} ({ce.precision}), DE {de.model_id} ({de.precision})"
     )
+    print(max_length_line(ce, len(corpus)))
     print(auto_summary(idx.params.get("auto"), len(corpus)))
     return 0
+
+
+def max_length_line(ce, n_items: int) -> str:
+    """The CE's maximum pair length and how many items it cuts (scorers without a tokenizer,
+    such as test stand-ins, have no such line)."""
+    length = getattr(ce, "max_length", None)
+    if length is None:
+        return "CE maximum length: not known for this CE"
+    cut = ce.items_cut() if hasattr(ce, "items_cut") else None
+    how = "" if cut is None else f"; {cut:,} of {n_items:,} items are longer and cut in every pair"
+    return (
+        f"CE maximum length: {length} tokens per (query, item) pair, truncated longest first"
+        f"{how} (a model folder's manifest sets it)"
+    )
 
 
 def _index_calls(args: argparse.Namespace) -> int | str | None:

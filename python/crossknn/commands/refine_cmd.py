@@ -11,6 +11,7 @@ from crossknn.commands._common import (
     model_options,
     nonneg_float,
     nonneg_int,
+    plural,
     provider_line,
     terminal_safe,
 )
@@ -72,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
     if r.already:
         print(f"index {args.index_dir}: already refined on this log (version {r.version})")
         return 0
+    logged = plural(r.logged_queries, "distinct query", "distinct queries")
     print(
-        f"index {args.index_dir}: version {r.previous} -> {r.version}: {r.rows} auto rows "
-        f"({r.real_rows} of logged queries, {r.logged_queries} distinct queries in the log), "
+        f"index {args.index_dir}: version {r.previous} -> {r.version}: "
+        f"{plural(r.rows, 'auto row')} ({r.real_rows} of logged queries, {logged} in the log), "
         f"{r.index_calls:,} entries read, {r.ce_calls:,} CE calls ({r.log_entries_used:,} "
         f"entries from the log), {r.seconds:.1f} s"
     )

@@ -8,12 +8,16 @@ requests. ``--ray --replicas R`` deploys the same app on Ray Serve instead. See 
 from __future__ import annotations
 
 import argparse
-import logging
 import socket
 import sys
 
 import crossknn
-from crossknn.commands._common import add_model_arguments, add_round_arguments, fraction
+from crossknn.commands._common import (
+    add_model_arguments,
+    add_round_arguments,
+    fraction,
+    terminal_safe,
+)
 from crossknn.search.registry import names as method_names
 
 HELP = "serve an index over HTTP (FastAPI + uvicorn; --ray for Ray Serve replicas)"
@@ -293,11 +297,15 @@ def run(args: argparse.Namespace) -> int:
         return run_ray(
             config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address
         )
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    # the serve package imports fastapi at its top (the serve extra)
+    from crossknn.serve.log_format import configure
+
+    configure(args.log_level)
     # a wrong path or a corrupt index is one clear line now, not a failed /readyz later
     index = crossknn.open_index(args.index_dir)
     # and so is a port in use: bound here, before loading (uvicorn serves on this socket)
     sock = bind_socket(args.host, args.port)
+    print(listening_line(args.host, args.port, args.index_dir), file=sys.stderr, flush=True)
     if args.workers > 1:
         sock.close()  # uvicorn's supervisor binds it again for its workers
         # the serve package imports fastapi at its top (the serve extra)
@@ -340,6 +348,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"crossknn serve: error: loading failed: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def listening_line(host: str, port: int, index_dir) -> str:
+    """The one line ``serve`` prints once its port is bound: where to send requests."""
+    where = f"[{host}]" if ":" in host else host
+    return (
+        f"crossknn serve: listening on http://{where}:{port} (index {terminal_safe(index_dir)}; "
+        "GET /readyz answers 200 once the models are loaded)"
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
