@@ -80,16 +80,116 @@ class CrossEncoder(OnnxCrossEncoder):
         self.model_name_or_path = str(model_name_or_path)
         self.activation_fn = activation_fn
 
-    def predict(self, pairs, *args, activation_fn: Callable | None = None, **kwargs):
-        if activation_fn is None and len(args) < 5 and kwargs.get("apply_activation", True):
-            activation_fn = self.activation_fn
-        if activation_fn is not None:
-            kwargs["activation_fn"] = activation_fn
-        return super().predict(pairs, *args, **kwargs)
+    def predict(
+        self,
+        pairs,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+        apply_softmax: bool | None = False,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device: str | None = None,
+        *,
+        apply_activation: bool = True,
+    ):
+        """Scores of ``(query, document)`` pairs, in input order, as sentence-transformers'
+        ``CrossEncoder.predict`` gives them::
 
-    def rank(self, query, documents, *args, activation_fn: Callable | None = None, **kwargs):
-        if activation_fn is None and len(args) < 7 and kwargs.get("apply_activation", True):
+            model.predict([("what is a cat", "Cats are small felines."), ("q", "d")])
+            # array([0.83, 0.12], dtype=float32)
+
+        Args:
+            pairs (list[tuple[str, str]]): ``(query, document)`` string pairs (one pair alone:
+                its score alone).
+            prompt_name: not supported (refused), as ``prompt``.
+            prompt: not supported (refused).
+            batch_size: pairs per model call (default: the model's).
+            show_progress_bar: a bar over the batches.
+            activation_fn: applied to the logits instead of the model's own activation
+                (default: the one given when the model was opened, else the model's).
+            apply_softmax: a softmax over the labels of a multi-label model.
+            convert_to_numpy: False gives a list of one torch tensor per pair.
+            convert_to_tensor: one torch tensor.
+            device: ``"cpu"`` or ``"cuda[:N]"``: must be where the model runs (chosen when
+                it is opened).
+            apply_activation: False gives the raw logits (crossknn's).
+
+        Returns:
+            scores (numpy.ndarray): float32, one per pair (a torch tensor when asked for).
+        """
+        if activation_fn is None and apply_activation:
             activation_fn = self.activation_fn
-        if activation_fn is not None:
-            kwargs["activation_fn"] = activation_fn
-        return super().rank(query, documents, *args, **kwargs)
+        return super().predict(
+            pairs,
+            prompt_name,
+            prompt,
+            batch_size,
+            show_progress_bar,
+            activation_fn,
+            apply_softmax,
+            convert_to_numpy,
+            convert_to_tensor,
+            device,
+            apply_activation=apply_activation,
+        )
+
+    def rank(
+        self,
+        query: str,
+        documents: list[str],
+        top_k: int | None = None,
+        return_documents: bool = False,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+        device: str | None = None,
+        *,
+        doc_ids: list | None = None,
+        apply_activation: bool = True,
+    ) -> list[dict[str, Any]]:
+        """The documents ranked by their score for ``query``, best first, as
+        sentence-transformers' ``CrossEncoder.rank`` ranks them::
+
+            model.rank("what is a cat", ["Dogs bark.", "Cats are small felines."], top_k=1)
+            # [{"corpus_id": 1, "score": 0.83}]
+
+        Args:
+            query: the query.
+            documents: the texts to rank.
+            top_k: keep the best k (None: all; 0: none); ties keep the lower ``corpus_id``
+                first.
+            return_documents: add each document's ``text``.
+            prompt_name: not supported (refused), as ``prompt``.
+            prompt: not supported (refused).
+            batch_size: pairs per model call (default: the model's).
+            show_progress_bar: a bar over the batches.
+            activation_fn: applied to the logits instead of the model's own activation
+                (default: the one given when the model was opened, else the model's).
+            device: ``"cpu"`` or ``"cuda[:N]"``: must be where the model runs.
+            doc_ids: one id per document, returned as ``id`` (crossknn's).
+            apply_activation: False ranks by the raw logits (crossknn's).
+
+        Returns:
+            ``[{"corpus_id": i, "score": s, ("id": doc_ids[i]), ("text": documents[i])}, ...]``.
+        """
+        if activation_fn is None and apply_activation:
+            activation_fn = self.activation_fn
+        return super().rank(
+            query,
+            documents,
+            top_k,
+            return_documents,
+            prompt_name,
+            prompt,
+            batch_size,
+            show_progress_bar,
+            activation_fn,
+            device,
+            doc_ids=doc_ids,
+            apply_activation=apply_activation,
+        )

@@ -63,12 +63,26 @@ METHODS = registry.names()
 class Hits:
     """One query's result: the top-k item ids with exact CE scores, and what it cost.
 
-    ``seconds_ce`` / ``seconds_other``: this query's own CE time and the rest of its search time
-    (queries are searched one at a time unless ``query_batch`` > 1, where they are the group's
-    times divided by its queries). With ``exact=True``: the exact top-k (``exact_ids``,
-    ``exact_scores``), the ids of it the search missed and the Top-k-Recall. With a rescore
-    (:class:`Searcher`'s ``rescore``): ``scores`` are the rescore CE's, ``rescore_calls`` its CE
-    calls (also counted in ``ce_calls``)."""
+    Attributes:
+        query (str): the query.
+        ids (list[str]): the top-k item ids, best first.
+        indices (numpy.ndarray): their positions in the index (int64).
+        scores (numpy.ndarray): their exact CE scores (float32; with a rescore, the rescore
+            CE's).
+        ce_calls (int): the CE calls this query spent (at most the budget, plus a rescore's).
+        seconds_ce (float): this query's own CE time (with ``query_batch`` > 1: the group's
+            divided by its queries).
+        seconds_other (float): the rest of its search time, likewise.
+        texts (list[str]): the items' texts (empty with ``return_documents=False``).
+        qid (str | None): the query's id (``query_ids``; default "1", "2", ...).
+        exact_ids (list[str] | None): with ``exact=True``: the exact top-k ids.
+        exact_scores (numpy.ndarray | None): with ``exact=True``: their CE scores.
+        recall (float | None): with ``exact=True``: the Top-k-Recall of ``ids``.
+        rescore_calls (int | None): with a rescore (:class:`Searcher`'s ``rescore``): its CE
+            calls (also counted in ``ce_calls``).
+        plan (dict | None): what ran: the method, its rounds, the CE calls of each round
+            (:meth:`Searcher.plan_info`).
+    """
 
     query: str
     ids: list[str]
@@ -270,8 +284,10 @@ class Searcher:
 
     Args:
         index: a corpus index (:func:`crossknn.open_index`) or its folder.
-        ce: a CE object to search with (default: the one the index records).
-        de: a DE object for the query vectors (default: the one the index records).
+        ce (CrossEncoder | None): a CE object to search with (default: the one the index
+            records).
+        de (DualEncoder | None): a DE object for the query vectors (default: the one the index
+            records).
         model: the CE as a folder or a Hugging Face Hub id, where it moved since the build.
         de_model: the DE as a folder or a Hub id, likewise.
         method: ``auto`` (the default when the index has auto's rows, as a default build of

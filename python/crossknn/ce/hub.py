@@ -77,7 +77,7 @@ def hub_snapshot(name: str) -> HubSnapshot:
     now if the Hub is reachable and it is missing; :class:`HubModelNotFound` in one line when it
     can be neither found nor downloaded."""
     # huggingface_hub: only a model named by its Hub id needs it (imported with tokenizers)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -88,7 +88,6 @@ def hub_snapshot(name: str) -> HubSnapshot:
 
     repo_id, _, revision = str(name).partition("@")
     revision = revision or None
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "on", "yes", "true"}
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=_FILES))
         if not any((folder / w).is_file() for w in _WEIGHTS):
@@ -100,12 +99,13 @@ def hub_snapshot(name: str) -> HubSnapshot:
                     break
     except (LocalEntryNotFoundError, RepositoryNotFoundError, GatedRepoError) as exc:
         if isinstance(exc, LocalEntryNotFoundError):
-            from huggingface_hub.constants import HF_HUB_CACHE
-
+            # what huggingface_hub itself read at its import (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE)
+            offline = bool(getattr(constants, "HF_HUB_OFFLINE", False))
             why = "the Hub is offline (HF_HUB_OFFLINE=1)" if offline else "the Hub is unreachable"
+            cache = constants.HF_HUB_CACHE
             raise HubModelNotFound(
                 f"model {name!r} is not a folder, and it is not in the local Hugging Face cache "
-                f"({HF_HUB_CACHE}) while {why}: {_how_to_get(repo_id, HF_HUB_CACHE)}"
+                f"({cache}) while {why}: {_how_to_get(repo_id, cache)}"
             ) from None
         raise HubModelNotFound(
             f"model {name!r} is not a folder, and the Hub has no model {repo_id!r} that can be "
