@@ -33,6 +33,10 @@ def test_a_message_that_names_its_logger_is_not_prefixed_twice():
     assert _line("uvicorn.error", "crossknn.ce: x") == "uvicorn.error: crossknn.ce: x"
     assert _line("crossknn.serve", "note: a: b") == "crossknn.serve: note: a: b"
     assert _line("crossknn.serve", "plain") == "crossknn.serve: plain"
+    # the command's name as its messages to the terminal spell it
+    assert _line("crossknn.serve", "crossknn serve: ready") == "crossknn.serve: ready"
+    assert _line("crossknn.serve.app", "crossknn serve: ready") == "crossknn.serve.app: ready"
+    assert _line("crossknn.ce", "crossknn serve: x") == "crossknn.ce: crossknn serve: x"
 
 
 def _free_port() -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import sys
 import time
@@ -44,6 +45,8 @@ Use your own trained CE (crossknn export needs the 'export' extra):
   crossknn build CORPUS INDEX --model MY_CE
   crossknn search INDEX --beir DIR --run run.trec --metrics metrics.json"""
 
+# the default of --max-items, for a quick run (the docs' walk test sets it)
+ITEMS_ENV = "CROSSKNN_DEMO_ITEMS"
 # auto's index of the demo: rows' worth of CE calls (a minute or two of CE time on 2 CPU cores)
 DEMO_ROWS = 2
 
@@ -66,7 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-k", "--k", type=positive_int, default=10, help="results per query (default 10)"
     )
     p.add_argument(
-        "--budget", type=positive_int, default=100, help="CE calls per query (default 100)"
+        "--budget",
+        type=positive_int,
+        default=None,
+        help="CE calls per query (default 100, at most half the docstrings)",
     )
     p.add_argument(
         "--method",
@@ -92,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="use an evenly spaced subset of N docstrings (default: all)",
+        help=f"use an evenly spaced subset of N docstrings (default: ${ITEMS_ENV}, else all)",
     )
     p.add_argument(
         "--exact",
@@ -110,8 +116,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _items_from_env() -> int | None:
+    value = os.environ.get(ITEMS_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"${ITEMS_ENV}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     minilm_checkpoint_dir()  # the embedded model's weights: one line saying how to install them
+    if args.max_items is None:
+        args.max_items = _items_from_env()
 
     t0 = time.perf_counter()
     corpus = stdlib_docstrings(max_items=args.max_items)
@@ -150,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"index: built in {time.perf_counter() - t:.1f} s, {index.ce_calls:,} CE calls")
 
+    if args.budget is None:
+        args.budget = max(min(100, len(corpus) // 2), min(args.k, len(corpus)))
     searcher = Searcher(index, method=args.method, rounds=args.rounds)
     queries = args.query or EXAMPLE_QUERIES
     hits = searcher.search(queries, k=args.k, budget=args.budget)

@@ -17,11 +17,13 @@ FORMAT = "%(asctime)s %(name)s: %(message)s"
 
 class ServeFormatter(logging.Formatter):
     """:data:`FORMAT`, with a message's leading ``NAME: `` dropped when NAME is its logger's
-    name or the name of a package above it (``crossknn.ce`` for ``crossknn.ce.runtime``)."""
+    name or the name of a package above it (``crossknn.ce`` for ``crossknn.ce.runtime``), dotted
+    or spelled as a command (``crossknn serve: ...`` from the ``crossknn.serve`` logger)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         head, sep, rest = record.message.partition(": ")
-        if sep and head and (record.name == head or record.name.startswith(head + ".")):
+        name = head.replace(" ", ".")
+        if sep and head and (record.name == name or record.name.startswith(name + ".")):
             record = logging.makeLogRecord({**record.__dict__, "message": rest})
         return super().formatMessage(record)
 
