@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from crossknn.ce.hub import looks_like_hub_id
@@ -129,6 +130,19 @@ def test_cross_encoder_by_hub_id_from_the_local_cache(hub, tmp_path, offline):
     assert json.loads(again.stdout.splitlines()[-1])["hub"] == out["hub"]
     assert sorted(p.name for p in (tmp_path / "ck" / "models").glob("hub-*")) == exported
     assert "exporting" not in again.stderr
+
+
+@pytest.mark.slow
+def test_a_hub_id_opens_without_torch(hub, tmp_path):
+    """As after ``make demo`` (no torch): the Hub model is written by the torch-free builder,
+    the same graph as the embedded CE's."""
+    env = _env(hub, tmp_path / "ck")
+    blocked = 'import sys\nfor n in ("torch", "transformers"):\n    sys.modules[n] = None\n'
+    run = _python(blocked + SCORES, env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out["model_id"] == REPO_ID and Path(out["dir"]).name.endswith("b1")
+    np.testing.assert_allclose(out["hub"], out["embedded"], atol=1e-6, rtol=0)
 
 
 def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:

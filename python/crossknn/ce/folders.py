@@ -30,12 +30,14 @@ index records the variant, so an index built with fp16 on a GPU opens its fp32 g
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from crossknn.ce.backends import get_backend
+from crossknn.ce.bert_folder import BERT_RECIPE, covers, export_bert
 from crossknn.ce.export import (
     EXPORT_RECIPE,
     checkpoint_hash,
@@ -151,6 +153,13 @@ def st_layout(folder: str | os.PathLike) -> dict[str, Any]:
     return {"hf_dir": hf_dir, "pooling": pooling, "max_length": max_length, "files": files}
 
 
+def _has_torch() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as none
+        return False
+
+
 def _key(hf_dir: Path, extra: list[Path]) -> str:
     h = hashlib.sha256(checkpoint_hash(hf_dir).encode())
     for f in extra:
@@ -198,32 +207,49 @@ def resolve_model(
         )
     # checkpoint_hash names a folder without weights as the error
     int8 = precision == "int8"
-    common: dict[str, Any] = {
-        "quantize": int8,
-        "fp32": not int8,
-        "model_id": hub.repo_id if hub is not None else path.resolve().name,
-        "overwrite": True,
-    }
+    mid = hub.repo_id if hub is not None else path.resolve().name
+    common: dict[str, Any] = {"quantize": int8, "fp32": not int8, "model_id": mid}
+    common["overwrite"] = True
     prefix = "hub" if hub is not None else "hf"
+    # traced with torch where it is installed (the export extra: the same export as crossknn
+    # export), else, for a BERT the torch-free builder covers, written with numpy + onnx as the
+    # embedded models are (a light install opens a Hub cross-encoder); the routes' caches differ
+    torch_free = not _has_torch() and covers(src)
+    route = f"b{BERT_RECIPE}" if torch_free else f"r{EXPORT_RECIPE}"
     if role == "de":
         key = hub.key if hub is not None else _key(src, layout["files"])
         limit = int(_read_json(src / "config.json").get("max_position_embeddings", 512))
         max_length = int(min(layout["max_length"] or _DE_MAX_LENGTH, limit))
-        name = f"{prefix}-de-mean-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+        name = f"{prefix}-de-mean-{key}-{precision}-f{FORMAT_VERSION}{route}"
 
         def build(out: Path) -> None:
-            export_dual_encoder(src, out, max_length=max_length, normalize=True, **common)
+            if torch_free:
+                export_bert(
+                    src, out, kind="de", max_length=max_length, model_id=mid, precision=precision
+                )
+            else:
+                export_dual_encoder(src, out, max_length=max_length, normalize=True, **common)
 
     else:
         kind = kind or infer_kind(src)
         key = hub.key if hub is not None else _key(src, [])
-        name = f"{prefix}-ce-{kind}-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+        name = f"{prefix}-ce-{kind}-{key}-{precision}-f{FORMAT_VERSION}{route}"
         limit = int(_read_json(src / "config.json").get("max_position_embeddings", 512))
 
         def build(out: Path) -> None:
-            export_cross_encoder(
-                src, out, kind=_EXPORT_KIND[kind], max_length=min(512, limit), **common
-            )
+            if torch_free:
+                export_bert(
+                    src,
+                    out,
+                    kind=_EXPORT_KIND[kind],
+                    max_length=min(512, limit),
+                    model_id=mid,
+                    precision=precision,
+                )
+            else:
+                export_cross_encoder(
+                    src, out, kind=_EXPORT_KIND[kind], max_length=min(512, limit), **common
+                )
 
     return cached_export(cache_root(cache_dir) / "models" / name, build, what=f"{path}")
 
