@@ -391,6 +391,80 @@ def render_lifecycle() -> str:
     return goals_table("lifecycle_bench.json", LIFECYCLE_GOALS)
 
 
+FILTER_GOALS = {
+    "leaks": ("0", lambda v: v == 0),
+    "recall_drop_worst": ("≥ −0.02", lambda v: v >= -0.02),
+    "exact_when_small": ("1.0", lambda v: v == 1.0),
+    "overhead_ratio_10": ("≤ 1.2", lambda v: v <= 1.2),
+    "scale_1e6_recall_drop_1": ("≥ −0.01", lambda v: v >= -0.01),
+    "scale_1e6_ms_1": ("≤ 2× unfiltered", None),
+    "tombstone_short_answers": ("0", lambda v: v == 0),
+    "tombstone_ce_calls": ("0", lambda v: v == 0),
+}
+
+
+def render_filter_goals() -> str:
+    goals = dict(load(RESULTS / "filter_bench.json").get("goals") or {})
+    ratio = goals.pop("scale_1e6_ms_1_vs_unfiltered", None)
+    targets = dict(FILTER_GOALS)
+    targets["scale_1e6_ms_1"] = ("≤ 2× unfiltered", lambda v: ratio is not None and ratio <= 2)
+    if set(goals) != set(targets):
+        raise ReportError(f"filter_bench.json: a goals object with the keys {sorted(targets)}")
+    out = []
+    for key, (target, ok) in targets.items():
+        v = goals[key]
+        met = "not measured" if v is None else ("met" if ok(v) else "**missed**")
+        shown = "–" if v is None else f"{v:g}"
+        if key == "scale_1e6_ms_1" and v is not None and ratio is not None:
+            shown += f" ({ratio:g}× unfiltered)"
+        out.append([f"`{key}`", shown, target, met])
+    return table(["goal", "measured", "target", ""], out, "lrrl")
+
+
+def render_filter_recall() -> str:
+    d = load(RESULTS / "filter_bench.json")
+    out = []
+    for name, m in d.get("matrices", {}).items():
+        for kind in ("random", "correlated", "anti"):
+            rows = sorted(
+                (r for r in m["rows"] if r["kind"] == kind), key=lambda r: -r["selectivity"]
+            )
+            cells = [f"{f3(r['recall'])} ({r['ce_calls_mean']:.0f})" for r in rows]
+            out.append([name, kind, *cells, f3(rows[0]["recall_unfiltered"])])
+    sels = ["50%", "10%", "1%", "0.1%"]
+    header = ["matrix", "filter", *[f"{s} (CE calls)" for s in sels], "no filter"]
+    return table(header, out, "llrrrrr")
+
+
+def render_filter_scale() -> str:
+    sc = load(RESULTS / "filter_bench.json").get("scale")
+    if not sc:
+        raise ReportError(
+            "filter_bench.json has no scale part (bench/filter_bench.py --part scale)"
+        )
+    out = [["no filter", "–", "–", "–", f"{sc['unfiltered_ivf_ms']:.2f}", "–"]]
+    for r in sc["rows"]:
+        out.append(
+            [
+                f"{r['selectivity']:.0%}",
+                f"{r['exact_rounds_ms']:.2f} / {f3(r['exact_rounds_recall'])}",
+                f"{r['ivf_exact_over_allowed_ms']:.2f} / {f3(r['ivf_exact_over_allowed_recall'])}",
+                f"{r['ivf_selector_ms']:.2f} / {f3(r['ivf_selector_recall'])}",
+                f"{r['ivf_default_ms']:.2f}",
+                r["ivf_default_path"],
+            ]
+        )
+    header = [
+        f"filter ({power10(sc['N'])} items)",
+        "exact rounds: ms / recall",
+        "IVF, exact over allowed",
+        "IVF, selector",
+        "IVF default ms",
+        "default way",
+    ]
+    return table(header, out, "lrrrrl")
+
+
 # ---- quality of the embedded CE on BEIR ----------------------------------------------------------
 
 
@@ -545,6 +619,13 @@ BLOCKS: dict[str, Block] = {
     "lifecycle": Block(
         render_lifecycle, "lifecycle_bench.json", "the living index: refine, add, remove, swaps"
     ),
+    "filter-recall": Block(
+        render_filter_recall, "filter_bench.json", "filtered search: recall by selectivity"
+    ),
+    "filter-scale": Block(
+        render_filter_scale, "filter_bench.json", "filtered IVF rounds on 10^6 items"
+    ),
+    "filter-goals": Block(render_filter_goals, "filter_bench.json", "filtered search: goals"),
 }
 
 

@@ -121,6 +121,11 @@ SUITES: dict[str, list[Step]] = {
         Step("CMC on cisi", ("bench/cmc_bench.py", "--part", "cisi"), needs=(CISI,)),
         Step("CMC on BEIR", ("bench/cmc_bench.py", "--part", "beir"), needs=(SCIFACT, NFCORPUS)),
         Step("CMC ablation", ("bench/cmc_bench.py", "--part", "ablation"), needs=(CISI,)),
+        Step(
+            "filtered search on the matrices",
+            ("bench/filter_bench.py", "--part", "matrices"),
+            needs=(CISI, NFCORPUS_MATRIX),
+        ),
     ],
     "cpu": [
         Step("round engine", ("bench/core_bench.py",)),
@@ -195,6 +200,7 @@ SUITES: dict[str, list[Step]] = {
     "scale": [
         Step("FAISS round indexes", ("bench/scale_bench.py",)),
         Step("real-data check on cisi", ("bench/scale_bench.py", "--cisi"), needs=(CISI,)),
+        Step("filtered IVF rounds at 10^6", ("bench/filter_bench.py", "--part", "scale")),
     ],
     "train": [
         Step("trained CEs", ("bench/train_ce_bench.py", "--bf16"), needs=(SCIFACT, NFCORPUS)),

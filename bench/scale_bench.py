@@ -172,8 +172,8 @@ class RoundRetriever:
     def __init__(self, features, W) -> None:
         self.features, self.W, self.n_items = features, W, features.n_items
 
-    def retrieve(self, qs, n):
-        return self.features.top_k(self.W[list(qs)], n)[1]
+    def retrieve(self, qs, n, *, allow=None):
+        return self.features.top_k(self.W[list(qs)], n, allow=allow)[1]
 
 
 def method_for(features, W, beta):

@@ -42,6 +42,10 @@ const char* dtype_name<int64_t>() {
   return "int64";
 }
 template <>
+const char* dtype_name<uint64_t>() {
+  return "uint64";
+}
+template <>
 const char* dtype_name<int8_t>() {
   return "int8";
 }
@@ -187,11 +191,44 @@ void check_result_size(int64_t Q, int64_t k, const char* what) {
                           ") per call; split the queries into smaller calls");
 }
 
+// Allow masks from Python: None, one uint64 mask of mask_words(N) words shared by the Q queries
+// (1-D), or one per query (Q x words); the pointers live as long as this object.
+struct Masks {
+  py::array_t<uint64_t, py::array::c_style> words;
+  std::vector<const uint64_t*> rows;
+  const uint64_t* const* data() const { return rows.empty() ? nullptr : rows.data(); }
+};
+
+Masks make_masks(const py::object& allow, int64_t Q, int64_t n_items) {
+  Masks m;
+  if (allow.is_none()) return m;
+  if (!py::isinstance<py::array>(allow))
+    throw py::type_error("allow must be a numpy uint64 array of packed bits; got " +
+                         std::string(py::str(py::type::of(allow).attr("__name__"))));
+  const int ndim = py::reinterpret_borrow<py::array>(allow).ndim();
+  if (ndim != 1 && ndim != 2)
+    throw py::value_error("allow must be 1-D (one mask for every query) or 2-D (Q x words); got " +
+                          std::to_string(ndim) + "-D");
+  m.words = expect<uint64_t>(allow, "allow", ndim);
+  const int64_t words = crossknn::mask_words(n_items);
+  const int64_t got = m.words.shape(ndim - 1);
+  if (got != words)
+    throw py::value_error("an allow mask over " + std::to_string(n_items) + " items has " +
+                          std::to_string(words) + " uint64 words; got " + std::to_string(got));
+  if (ndim == 2 && m.words.shape(0) != Q)
+    throw py::value_error("allow has " + std::to_string(m.words.shape(0)) + " masks for " +
+                          std::to_string(Q) + " queries");
+  m.rows.resize(static_cast<size_t>(Q));
+  for (int64_t q = 0; q < Q; ++q) m.rows[q] = m.words.data() + (ndim == 2 ? q * words : 0);
+  return m;
+}
+
 // Round selection through a Python object with ItemFeatures' top_k / sample_softmax (a FAISS
 // round index, item shards, a recording wrapper); called with the GIL held.
 class PySelector final : public crossknn::RoundSelector {
  public:
-  PySelector(py::object obj, int64_t d) : obj_(std::move(obj)), d_(d) {}
+  PySelector(py::object obj, int64_t d, int64_t n_items)
+      : obj_(std::move(obj)), d_(d), words_(crossknn::mask_words(n_items)) {}
   void top_k(const float* U, int64_t Q, int64_t n, const crossknn::ExcludeLists& ex, float* keys,
              int64_t* out) override {
     py::gil_scoped_acquire gil;
@@ -199,7 +236,14 @@ class PySelector final : public crossknn::RoundSelector {
     std::copy(U, U + Q * d_, u.mutable_data());
     py::list exclude;
     for (int64_t q = 0; q < Q; ++q) exclude.append(ids_of(ex, q));
-    py::object got = obj_.attr("top_k")(u, n, py::arg("exclude") = exclude);
+    py::object got;
+    if (ex.allow) {
+      py::list allow;
+      for (int64_t q = 0; q < Q; ++q) allow.append(mask_of(ex, q));
+      got = obj_.attr("top_k")(u, n, py::arg("exclude") = exclude, py::arg("allow") = allow);
+    } else {
+      got = obj_.attr("top_k")(u, n, py::arg("exclude") = exclude);
+    }
     copy_pair(got, Q * n, keys, out, "top_k");
   }
   void sample_softmax(const float* u, int64_t n, const crossknn::ExcludeLists& ex,
@@ -207,9 +251,14 @@ class PySelector final : public crossknn::RoundSelector {
     py::gil_scoped_acquire gil;
     py::array_t<float> uu(d_);
     std::copy(u, u + d_, uu.mutable_data());
-    py::object got = obj_.attr("sample_softmax")(uu, n, py::arg("exclude") = ids_of(ex, 0),
-                                                 py::arg("temperature") = temperature,
-                                                 py::arg("seed") = py::int_(seed));
+    py::object got = ex.allow
+                         ? obj_.attr("sample_softmax")(uu, n, py::arg("exclude") = ids_of(ex, 0),
+                                                       py::arg("temperature") = temperature,
+                                                       py::arg("seed") = py::int_(seed),
+                                                       py::arg("allow") = mask_of(ex, 0))
+                         : obj_.attr("sample_softmax")(uu, n, py::arg("exclude") = ids_of(ex, 0),
+                                                       py::arg("temperature") = temperature,
+                                                       py::arg("seed") = py::int_(seed));
     copy_pair(got, n, keys, out, "sample_softmax");
   }
 
@@ -219,6 +268,14 @@ class PySelector final : public crossknn::RoundSelector {
     py::array_t<int64_t> a(hi - lo);
     if (hi > lo) std::copy(ex.ids + lo, ex.ids + hi, a.mutable_data());
     return a;
+  }
+  // query q's allow mask as a uint64 array of mask_words(N) words (None: every item)
+  py::object mask_of(const crossknn::ExcludeLists& ex, int64_t q) const {
+    const uint64_t* w = ex.allow_of(q);
+    if (!w) return py::none();
+    py::array_t<uint64_t> a(words_);
+    std::copy(w, w + words_, a.mutable_data());
+    return std::move(a);
   }
   static void copy_pair(const py::object& got, int64_t count, float* keys, int64_t* out,
                         const char* what) {
@@ -236,7 +293,7 @@ class PySelector final : public crossknn::RoundSelector {
     std::copy(i.data(), i.data() + count, out);
   }
   py::object obj_;
-  int64_t d_;
+  int64_t d_, words_;
 };
 
 crossknn::Solve parse_solve(const std::string& s) {
@@ -266,10 +323,10 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
                     const std::string& strategy, double temperature, double ridge, int refine,
                     double jitter_rel, double mix, uint64_t seed, const py::object& first_items,
                     const py::object& priors, double score_alpha, double score_beta,
-                    const std::string& solve, const py::object& inv_penalties,
-                    double penalty_decay, bool final_retrieved, const py::object& selector,
+                    const std::string& solve, const py::object& inv_penalties, double penalty_decay,
+                    bool final_retrieved, const py::object& selector,
                     const py::object& first_features, const py::object& first_queries,
-                    double first_vmax) {
+                    double first_vmax, const py::object& allow) {
   if (!f) throw py::type_error("features must be a crossknn._core.Features");
   if (!PyCallable_Check(scorer.ptr())) throw py::type_error("scorer must be callable");
   std::vector<crossknn::Step> plan;
@@ -295,7 +352,7 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
   o.final_retrieved = final_retrieved;
   std::unique_ptr<PySelector> sel;
   if (!selector.is_none()) {
-    sel = std::make_unique<PySelector>(selector, f->dim());
+    sel = std::make_unique<PySelector>(selector, f->dim(), f->n_items());
     o.selector = sel.get();
   }
   const int64_t Q = static_cast<int64_t>(query_ids.size());
@@ -331,8 +388,10 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
       throw py::value_error("priors must have shape (Q, d) = (" + std::to_string(Q) + ", " +
                             std::to_string(f->dim()) + "); got " + shape_str(pr));
   }
+  const Masks masks = make_masks(allow, Q, f->n_items());
   for (int64_t i = 0; i < Q; ++i) {
     qs[i].id = query_ids[i];
+    if (masks.data()) qs[i].allow = masks.rows[i];
     if (!first_items.is_none()) qs[i].first_items = fi.data() + i * fi.shape(1);
     if (!priors.is_none()) qs[i].prior = pr.data() + i * f->dim();
     if (ff) qs[i].first_query = fq.data() + i * ff->dim();
@@ -366,13 +425,17 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
 
 struct Exclude {
   py::array_t<int64_t, py::array::c_style> ids, offsets;
+  Masks masks;
   ExcludeLists lists;
 };
 
-Exclude make_exclude(const py::object& ids, const py::object& offsets, int64_t Q) {
+Exclude make_exclude(const py::object& ids, const py::object& offsets, int64_t Q,
+                     const py::object& allow, int64_t n_items) {
   Exclude e;
   if (ids.is_none() != offsets.is_none())
     throw py::value_error("exclude ids and offsets must both be given or both be None");
+  e.masks = make_masks(allow, Q, n_items);
+  e.lists.allow = e.masks.data();
   if (ids.is_none()) return e;
   e.ids = expect<int64_t>(ids, "exclude ids", 1);
   e.offsets = expect<int64_t>(offsets, "exclude offsets", 1);
@@ -398,14 +461,15 @@ py::array_t<float, py::array::c_style> expect_queries(const py::handle& U, const
 }
 
 py::tuple select(const Features& f, const py::handle& U, int64_t k, const py::object& ex_ids,
-                 const py::object& ex_off, bool gumbel, double temperature, uint64_t seed) {
+                 const py::object& ex_off, const py::object& allow, bool gumbel, double temperature,
+                 uint64_t seed) {
   auto u = expect_queries(U, f);
   const int64_t Q = u.shape(0);
   if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
   if (k > f.n_items())  // before allocating Q x k outputs
     throw py::value_error("k=" + std::to_string(k) + " exceeds the " + std::to_string(f.n_items()) +
                           " items");
-  Exclude ex = make_exclude(ex_ids, ex_off, Q);
+  Exclude ex = make_exclude(ex_ids, ex_off, Q, allow, f.n_items());
   py::array_t<float> s({Q, k});
   py::array_t<int64_t> idx({Q, k});
   float* ps = s.mutable_data();
@@ -424,10 +488,10 @@ py::tuple select(const Features& f, const py::handle& U, int64_t k, const py::ob
 void check_vector(const py::array_t<double, py::array::c_style | py::array::forcecast>& v,
                   int64_t d, const char* what) {
   if (v.ndim() != 1 || v.shape(0) != d)
-    throw std::invalid_argument(std::string(what) + " needs a vector of " + std::to_string(d) +
-                                " values; got " + std::to_string(v.ndim()) + " dims" +
-                                (v.ndim() >= 1 ? ", " + std::to_string(v.shape(0)) + " first"
-                                               : std::string()));
+    throw std::invalid_argument(
+        std::string(what) + " needs a vector of " + std::to_string(d) + " values; got " +
+        std::to_string(v.ndim()) + " dims" +
+        (v.ndim() >= 1 ? ", " + std::to_string(v.shape(0)) + " first" : std::string()));
 }
 
 // crossknn/prior.h: A v for float32 rows A (m x d) and v (d,), in double
@@ -453,9 +517,9 @@ double packed_lower_t_norm2(
   if (v.ndim() != 1) throw std::invalid_argument("packed_lower_t_norm2 needs a vector v (d,)");
   const int64_t d = v.shape(0);
   if (ap.ndim() != 1 || ap.shape(0) != d * (d + 1) / 2)
-    throw std::invalid_argument("packed_lower_t_norm2 needs d (d + 1) / 2 = " +
-                                std::to_string(d * (d + 1) / 2) + " packed values for d = " +
-                                std::to_string(d));
+    throw std::invalid_argument(
+        "packed_lower_t_norm2 needs d (d + 1) / 2 = " + std::to_string(d * (d + 1) / 2) +
+        " packed values for d = " + std::to_string(d));
   const double* a = ap.data();
   const double* x = v.data();
   py::gil_scoped_release release;
@@ -506,11 +570,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("inv_penalties") = py::none(), py::arg("penalty_decay") = 0.0,
         py::arg("final_retrieved") = false, py::arg("selector") = py::none(),
         py::arg("first_features") = py::none(), py::arg("first_queries") = py::none(),
-        py::arg("first_vmax") = 0.0,
+        py::arg("first_vmax") = 0.0, py::arg("allow") = py::none(),
         "The C++ round loop (crossknn/search.h) for a batch of queries; scorer(queries, items) "
         "-> list of float arrays is called once per step with the GIL held. first_features / "
         "first_queries (float32 (Q, d)) / first_vmax: a dense first stage run by the loop (the "
-        "top items of ItemFeatures.top_k), instead of first_items.");
+        "top items of ItemFeatures.top_k), instead of first_items. allow: packed allow masks "
+        "(uint64, mask_words(N) words: one for every query, or Q x words).");
 
   py::class_<Features, std::shared_ptr<Features>>(m, "Features",
                                                   "Item features V (N x d) in one storage type.")
@@ -605,28 +670,30 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "top_k",
           [](const Features& f, const py::handle& U, int64_t k, const py::object& ids,
-             const py::object& off) { return select(f, U, k, ids, off, false, 1.0, 0); },
+             const py::object& off,
+             const py::object& allow) { return select(f, U, k, ids, off, allow, false, 1.0, 0); },
           py::arg("u"), py::arg("k"), py::arg("exclude_ids") = py::none(),
-          py::arg("exclude_offsets") = py::none())
+          py::arg("exclude_offsets") = py::none(), py::arg("allow") = py::none())
       .def(
           "sample_softmax",
           [](const Features& f, const py::handle& U, int64_t k, const py::object& ids,
-             const py::object& off, double temperature,
-             uint64_t seed) { return select(f, U, k, ids, off, true, temperature, seed); },
+             const py::object& off, double temperature, uint64_t seed, const py::object& allow) {
+            return select(f, U, k, ids, off, allow, true, temperature, seed);
+          },
           py::arg("u"), py::arg("k"), py::arg("exclude_ids") = py::none(),
           py::arg("exclude_offsets") = py::none(), py::arg("temperature") = 1.0,
-          py::arg("seed") = 0)
+          py::arg("seed") = 0, py::arg("allow") = py::none())
       .def(
           "sample_random",
           [](const Features& f, int64_t Q, int64_t k, const py::object& ids, const py::object& off,
-             uint64_t seed) {
+             uint64_t seed, const py::object& allow) {
             if (Q < 0) throw py::value_error("number of queries must be >= 0");
             if (k < 0) throw py::value_error("k must be >= 0; got " + std::to_string(k));
             if (k > f.n_items())
               throw py::value_error("k=" + std::to_string(k) + " exceeds the " +
                                     std::to_string(f.n_items()) + " items");
             check_result_size(Q, k, "sample_random");
-            Exclude ex = make_exclude(ids, off, Q);
+            Exclude ex = make_exclude(ids, off, Q, allow, f.n_items());
             py::array_t<int64_t> idx({Q, k});
             int64_t* pi = idx.mutable_data();
             {
@@ -636,7 +703,8 @@ PYBIND11_MODULE(_core, m) {
             return idx;
           },
           py::arg("n_queries"), py::arg("k"), py::arg("exclude_ids") = py::none(),
-          py::arg("exclude_offsets") = py::none(), py::arg("seed") = 0);
+          py::arg("exclude_offsets") = py::none(), py::arg("seed") = 0,
+          py::arg("allow") = py::none());
 
   py::class_<LeastSquares>(m, "LeastSquares",
                            "Incremental least squares of one query (see crossknn.engine).")

@@ -9,6 +9,7 @@ import numpy as np
 
 from crossknn.data import Corpus, load_corpus
 from crossknn.demo_corpus import stdlib_docstrings
+from crossknn.scorers import MatrixScorer
 
 
 def write_jsonl_corpus(corpus: Corpus, path: Path) -> Corpus:
@@ -96,3 +97,23 @@ def admitted_search(svc, query: str, *, k: int, budget: int) -> dict:
         return svc.search(req, ctx)
     finally:
         svc.release(decision.ticket, ctx)
+
+
+class RecordingScorer:
+    """A score-matrix scorer (crossknn.scorers.MatrixScorer) that records every (query, item)
+    pair sent to it and counts its batch calls."""
+
+    def __init__(self, scores):
+        self.inner = MatrixScorer(scores)
+        self.n_items = self.inner.n_items
+        self.pairs: list[tuple[int, int]] = []
+        self.batches = 0
+
+    def score(self, q, items):
+        return self.score_batch([q], [items])[0]
+
+    def score_batch(self, queries, items):
+        self.batches += 1
+        for q, it in zip(queries, items, strict=True):
+            self.pairs += [(int(q), int(i)) for i in np.asarray(it).ravel()]
+        return self.inner.score_batch(queries, items)

@@ -95,6 +95,32 @@ def test_exhaustive_settings_equal_exact(small, kind):
         faiss.omp_set_num_threads(threads)
 
 
+@pytest.mark.parametrize("kind", ["ivf", "hnsw"])
+@pytest.mark.parametrize("frac", [0.5, 0.2, 0.05])
+def test_allow_masks_are_honoured_and_equal_exact_at_exhaustive_settings(small, kind, frac):
+    """A selector in the search parameters (width grown by 1 / selectivity) above N / 8 allowed
+    items, the exact kernel over the allowed rows below: never a disallowed item, and the exact
+    answer within the mask at exhaustive settings."""
+    f, ivf, hnsw = small
+    index = ivf if kind == "ivf" else hnsw
+    width = ivf.nlist if kind == "ivf" else f.n_items
+    feats = IndexedFeatures(f, index, width=width, oversample=4.0 if kind == "ivf" else 1.0)
+    narrow = IndexedFeatures(f, index, width=2)
+    U, excl = _queries_and_excludes(f)
+    rng = np.random.default_rng(4)
+    allow = [rng.random(f.n_items) < frac for _ in range(U.shape[0])]
+    allow[1] = allow[0]  # two queries of one mask: one FAISS search for both
+    s_exact, i_exact = f.top_k(U, 25, exclude=excl, allow=allow)
+    s_idx, i_idx = feats.top_k(U, 25, exclude=excl, allow=allow)
+    np.testing.assert_array_equal(i_idx, i_exact)
+    np.testing.assert_allclose(s_idx, s_exact, rtol=1e-5, atol=1e-5)
+    for q in range(U.shape[0]):
+        got = narrow.top_k(U[q], 25, exclude=excl[q], allow=allow[q])[1]
+        assert allow[q][got].all() and not np.isin(got, excl[q]).any()
+        _, sm = narrow.sample_softmax(U[q], 20, exclude=excl[q], allow=allow[q], seed=2)
+        assert np.unique(sm).size == 20 and allow[q][sm].all() and not np.isin(sm, excl[q]).any()
+
+
 def test_scored_items_are_never_returned(small):
     f, ivf, _ = small
     feats = IndexedFeatures(f, ivf, width=2)  # narrow: few candidates, exclusions matter

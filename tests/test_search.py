@@ -17,6 +17,7 @@ from crossknn.search import (
     split_sizes,
 )
 from crossknn.synthetic import synthetic_matrix
+from shared_fixtures import RecordingScorer as Recording
 
 N_Q, N_I = 36, 150
 S, DQ, DI = synthetic_matrix(N_Q, N_I, rank=8, noise=0.2, de_dim=12, seed=3)
@@ -24,25 +25,6 @@ TRAIN = np.arange(0, 24)
 TEST = np.arange(24, N_Q)
 INDEX = CurIndex.from_matrix(S, TRAIN, test_rows=TEST)
 DE = DenseRetriever(DI, query_vectors=DQ)
-
-
-class Recording:
-    """Scorer that records every (query, item) pair sent to it and counts batch calls."""
-
-    def __init__(self, scores):
-        self.inner = MatrixScorer(scores)
-        self.n_items = self.inner.n_items
-        self.pairs: list[tuple[int, int]] = []
-        self.batches = 0
-
-    def score(self, q, items):
-        return self.score_batch([q], [items])[0]
-
-    def score_batch(self, queries, items):
-        self.batches += 1
-        for q, it in zip(queries, items, strict=True):
-            self.pairs += [(int(q), int(i)) for i in it]
-        return self.inner.score_batch(queries, items)
 
 
 def de_ranked(q):

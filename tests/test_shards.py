@@ -59,6 +59,18 @@ def test_sharded_search_equals_single_process(ray_local, shards):
         np.testing.assert_array_equal(many.scores, one.scores)
         for a, b in zip(many.scored_items, one.scored_items, strict=True):
             np.testing.assert_array_equal(a, b)
+        # allow masks: each shard searches its slice of them, the merge equals one process
+        allow = [rng.random(n) < 0.4 for _ in range(nq)]
+        allow[2][:] = False
+        allow[2][350:] = True  # one query's allowed items all in the last shard
+        s1, i1 = f.top_k(U, 20, exclude=excl, allow=allow)
+        s2, i2 = sharded.top_k(U, 20, exclude=excl, allow=allow)
+        np.testing.assert_array_equal(i2, i1)
+        np.testing.assert_array_equal(s2, s1)
+        one = AXN(f, rounds=4).search(scorer, list(range(nq)), budget=40, k=10, allow=allow)
+        many = AXN(sharded, rounds=4).search(scorer, list(range(nq)), budget=40, k=10, allow=allow)
+        np.testing.assert_array_equal(many.indices, one.indices)
+        assert all(a[r].all() for a, r in zip(allow, many.indices, strict=True))
     finally:
         sharded.stop()
 

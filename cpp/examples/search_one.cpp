@@ -2,7 +2,7 @@
 //
 //   search_one INDEX_DIR SCORES.npy QUERY_ROW [--array items] [--budget 40] [--k 10]
 //              [--rounds 4] [--seed 0] [--strategy topk|softmax|random] [--temperature 1]
-//              [--split F] [--prior PRIORS.npy --mix LAMBDA] [--threads 0]
+//              [--split F] [--prior PRIORS.npy --mix LAMBDA] [--allow IDS.npy] [--threads 0]
 //
 // INDEX_DIR/ARRAY.npy is the item matrix V (N x d; float32, float16, or int8 with
 // ARRAY.scales.npy), memory-mapped, never copied. The "cross-encoder" here is a precomputed
@@ -10,6 +10,8 @@
 // own CE behind the same crossknn::Scorer interface (see docs/cpp.md). Prints the top-k:
 // "rank id score" lines, then the calls spent. Same query id (QUERY_ROW) and seed as
 // crossknn.search.AXN(V, rounds=R).search(MatrixScorer(S), [QUERY_ROW], seed=S): same ids.
+// --allow IDS.npy: int64 ids of the only items the query may be given (a filter, the live
+// items): an allow mask (crossknn/features.h); no other item is chosen, scored or printed.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,7 +55,8 @@ bool exists(const std::string& p) { return static_cast<bool>(std::ifstream(p)); 
   std::fprintf(stderr,
                "usage: search_one INDEX_DIR SCORES.npy QUERY_ROW [--array items] [--budget 40] "
                "[--k 10] [--rounds 4] [--seed 0] [--strategy topk|softmax|random] "
-               "[--temperature 1] [--split F] [--prior PRIORS.npy --mix L] [--threads 0]\n");
+               "[--temperature 1] [--split F] [--prior PRIORS.npy --mix L] [--allow IDS.npy] "
+               "[--threads 0]\n");
   std::exit(2);
 }
 
@@ -63,7 +66,7 @@ int main(int argc, char** argv) {
   if (argc < 4) usage();
   const std::string index_dir = argv[1], scores_path = argv[2];
   const int64_t query_row = std::atoll(argv[3]);
-  std::string array = "items", strategy = "topk", prior_path;
+  std::string array = "items", strategy = "topk", prior_path, allow_path;
   int64_t rounds = 4;
   double split = 0.0;
   int threads = 0;
@@ -96,6 +99,8 @@ int main(int argc, char** argv) {
       o.mix = std::atof(v);
     else if (a == "--threads")
       threads = std::atoi(v);
+    else if (a == "--allow")
+      allow_path = v;
     else
       usage();
   }
@@ -128,6 +133,21 @@ int main(int argc, char** argv) {
       prior.assign(prior_f.begin() + query_row * V.dim(),
                    prior_f.begin() + (query_row + 1) * V.dim());
       q.prior = prior.data();
+    }
+    std::vector<uint64_t> allow;
+    if (!allow_path.empty()) {
+      const crossknn::NpyMap ids = crossknn::map_npy(allow_path);
+      if (ids.header.dtype != crossknn::NpyDtype::Int64 || ids.header.shape.size() != 1)
+        throw std::invalid_argument(allow_path + ": expected a 1-D int64 array of item ids");
+      allow.assign(static_cast<size_t>(crossknn::mask_words(V.n_items())), 0);
+      const auto* p = static_cast<const int64_t*>(ids.data());
+      for (int64_t t = 0; t < ids.header.shape[0]; ++t) {
+        if (p[t] < 0 || p[t] >= V.n_items())
+          throw std::out_of_range(allow_path + ": item id " + std::to_string(p[t]) +
+                                  " is outside [0, " + std::to_string(V.n_items()) + ")");
+        allow[static_cast<size_t>(p[t] >> 6)] |= uint64_t{1} << (p[t] & 63);
+      }
+      q.allow = allow.data();
     }
     const auto plan = split > 0.0 ? crossknn::split_plan(o.budget, rounds, split)
                                   : crossknn::no_split_plan(o.budget, rounds);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -39,6 +40,15 @@ const char* storage_name(Storage s) noexcept {
     default:
       return "int8";
   }
+}
+
+int64_t mask_count(const uint64_t* words, int64_t n) noexcept {
+  if (!words) return n;
+  const int64_t full = n >> 6;
+  int64_t c = 0;
+  for (int64_t w = 0; w < full; ++w) c += __builtin_popcountll(words[w]);
+  if (n & 63) c += __builtin_popcountll(words[full] & ((uint64_t{1} << (n & 63)) - 1));
+  return c;
 }
 
 static int resolve_threads(int threads) {
@@ -305,13 +315,23 @@ struct TopK {
   }
 };
 
-// Sorted, de-duplicated exclusion ids for each query; -1 padding dropped; range checked.
-std::vector<std::vector<int64_t>> prepare_exclude(const ExcludeLists& ex, int64_t Q, int64_t n,
-                                                  int64_t k) {
+// What one query may choose: its allow mask (null: every item) and the sorted, de-duplicated
+// ids it excludes among the allowed items (-1 padding dropped, range checked); `avail` counts
+// the allowed items it does not exclude.
+struct Eligible {
+  std::vector<int64_t> ex;
+  const uint64_t* allow = nullptr;
+  int64_t allowed = 0, avail = 0;
+};
+
+std::vector<Eligible> prepare_exclude(const ExcludeLists& ex, int64_t Q, int64_t n, int64_t k) {
   if (k < 0) throw std::invalid_argument("k must be >= 0; got " + std::to_string(k));
-  std::vector<std::vector<int64_t>> out(Q);
+  std::vector<Eligible> out(Q);
   for (int64_t q = 0; q < Q; ++q) {
-    auto& e = out[q];
+    Eligible& el = out[q];
+    el.allow = ex.allow_of(q);
+    el.allowed = el.allow ? mask_count(el.allow, n) : n;
+    auto& e = el.ex;
     if (ex.offsets) {
       const int64_t b = ex.offsets[q], t = ex.offsets[q + 1];
       if (b < 0 || t < b) throw std::invalid_argument("exclude offsets are not non-decreasing");
@@ -319,16 +339,37 @@ std::vector<std::vector<int64_t>> prepare_exclude(const ExcludeLists& ex, int64_
         const int64_t i = ex.ids[j];
         if (i == -1) continue;
         check_item(i, n);
-        e.push_back(i);
+        if (mask_allows(el.allow, i)) e.push_back(i);
       }
       std::sort(e.begin(), e.end());
       e.erase(std::unique(e.begin(), e.end()), e.end());
     }
-    const int64_t avail = n - static_cast<int64_t>(e.size());
-    if (k > avail)
+    el.avail = el.allowed - static_cast<int64_t>(e.size());
+    if (k > el.avail)
       throw std::invalid_argument("k=" + std::to_string(k) + " exceeds the " +
-                                  std::to_string(avail) + " items not excluded" +
+                                  std::to_string(el.avail) + " items " +
+                                  (el.allow ? "allowed and not excluded" : "not excluded") +
                                   (Q > 1 ? " for query " + std::to_string(q) : std::string()));
+  }
+  return out;
+}
+
+// The ids a query may choose, ascending (a query whose mask allows few items).
+std::vector<int64_t> eligible_ids(const Eligible& el, int64_t n) {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(el.avail));
+  auto it = el.ex.begin();
+  const int64_t words = mask_words(n);
+  for (int64_t w = 0; w < words; ++w) {
+    uint64_t bits = el.allow[w];
+    if (w == words - 1 && (n & 63)) bits &= (uint64_t{1} << (n & 63)) - 1;
+    while (bits) {
+      const int64_t i = w * 64 + __builtin_ctzll(bits);
+      bits &= bits - 1;
+      while (it != el.ex.end() && *it < i) ++it;
+      if (it != el.ex.end() && *it == i) continue;
+      out.push_back(i);
+    }
   }
   return out;
 }
@@ -404,8 +445,7 @@ const detail::Shadow& shadow_of(const detail::FeatureData& fd, int threads) {
         }
         // |v.u - float16 score| <= (||x - x_h|| + gamma (||x_h|| + ||x||)) ||u c||: the float16
         // rounding, then the float32 rounding of both kernels (x_h . u c here, v . u exactly)
-        sh->err_norm[r] =
-            (std::sqrt(r2) + gamma * (std::sqrt(h2) + std::sqrt(x2))) * (1.0 + 1e-9);
+        sh->err_norm[r] = (std::sqrt(r2) + gamma * (std::sqrt(h2) + std::sqrt(x2))) * (1.0 + 1e-9);
       }
     });
     double mxn = 0.0;
@@ -510,7 +550,7 @@ const detail::Shadow8& shadow8_of(const detail::FeatureData& fd, int threads) {
 // (worker, r0, r1, s, e) writes s and e for rows [r0, r1) of every query (Q x bs, row-major).
 template <class Block>
 bool candidates(int64_t n, int64_t Q, int64_t k, int64_t bs, int T,
-                const std::vector<std::vector<int64_t>>& excl, const Block& block,
+                const std::vector<Eligible>& excl, const Block& block,
                 std::vector<std::vector<int64_t>>& out) {
   const int64_t n_blocks = (n + bs - 1) / bs;
   struct Lists {
@@ -531,7 +571,8 @@ bool candidates(int64_t n, int64_t Q, int64_t k, int64_t bs, int T,
     auto& pass = ibuf[w];
     pass.resize(static_cast<size_t>(kChunk));
     for (int64_t q = 0; q < Q; ++q) {
-      const auto& e = excl[q];
+      const auto& e = excl[q].ex;
+      const uint64_t* allow = excl[q].allow;
       auto it = std::lower_bound(e.begin(), e.end(), r0);
       Lists& L = lists[w][q];
       double thr = static_cast<int64_t>(L.lo.size()) < k ? -HUGE_VAL : L.lo.front();
@@ -544,6 +585,7 @@ bool candidates(int64_t n, int64_t Q, int64_t k, int64_t bs, int T,
             detail::rows_reaching(sq + c0, eq + c0, std::min(kChunk, nb - c0), thr, pass.data());
         for (int64_t t = 0; t < m; ++t) {
           const int64_t x = c0 + pass[t], r = r0 + x;
+          if (!mask_allows(allow, r)) continue;  // outside the query's mask
           while (it != e.end() && *it < r) ++it;
           if (it != e.end() && *it == r) continue;  // excluded
           const double sc = sq[x], err = eq[x];
@@ -568,8 +610,7 @@ bool candidates(int64_t n, int64_t Q, int64_t k, int64_t bs, int T,
   std::vector<double> los;
   for (int64_t q = 0; q < Q; ++q) {
     los.clear();
-    for (int w = 0; w < T; ++w)
-      los.insert(los.end(), lists[w][q].lo.begin(), lists[w][q].lo.end());
+    for (int w = 0; w < T; ++w) los.insert(los.end(), lists[w][q].lo.begin(), lists[w][q].lo.end());
     if (static_cast<int64_t>(los.size()) < k) return false;  // cannot happen: k <= unmasked rows
     std::nth_element(los.begin(), los.begin() + (k - 1), los.end(), gt);
     const double bound = los[k - 1];
@@ -587,7 +628,7 @@ int threads_for(double work, int threads, int64_t n_blocks) {
 
 // Candidates through the int8 copy (false: declined).
 bool int8_candidates(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
-                     int64_t k, const std::vector<std::vector<int64_t>>& excl,
+                     int64_t k, const std::vector<Eligible>& excl,
                      std::vector<std::vector<int64_t>>& out) {
   const int64_t n = fd.n, d = fd.d;
   const detail::Shadow8& sh = shadow8_of(fd, threads);
@@ -691,7 +732,7 @@ inline double float16_error(const detail::Shadow& sh, const F16Queries& fq, int6
 
 // Candidates through the float16 copy (false: declined).
 bool float16_candidates(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
-                        int64_t k, const std::vector<std::vector<int64_t>>& excl,
+                        int64_t k, const std::vector<Eligible>& excl,
                         std::vector<std::vector<int64_t>>& out) {
   const int64_t n = fd.n, d = fd.d;
   const detail::Shadow& sh = shadow_of(fd, threads);
@@ -789,8 +830,7 @@ bool rescore_top_k(const detail::FeatureData& fd, const float* U, int64_t Q, int
 // candidates, the top k of those. false when it declines (scores that could overflow, a scaled
 // query not exact in float32: the full pass decides).
 bool prefilter_top_k(const detail::FeatureData& fd, int threads, const float* U, int64_t Q,
-                     int64_t k, const std::vector<std::vector<int64_t>>& excl, float* out_s,
-                     int64_t* out_i) {
+                     int64_t k, const std::vector<Eligible>& excl, float* out_s, int64_t* out_i) {
   const int64_t n = fd.n;
   std::vector<std::vector<int64_t>> cand;
   bool ok = false;
@@ -863,6 +903,42 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
   const auto excl = prepare_exclude(ex, Q, n_, k);
   if (Q == 0 || k == 0) return;
   const detail::FeatureData& fd = *data_;
+  std::vector<uint64_t> keys(Q);
+  for (int64_t q = 0; q < Q; ++q) keys[q] = detail::stream_key(seed, static_cast<uint64_t>(q));
+  const double inv_t = 1.0 / temperature;
+  const float NEG_INF = -std::numeric_limits<float>::infinity();
+  // queries whose masks allow at most N / 8 items read only those rows (gather_scores: the bits
+  // of the full pass), when every query of the call does (float32 / float16 storage)
+  const bool few = fd.st != Storage::Int8 &&
+                   std::all_of(excl.begin(), excl.end(),
+                               [&](const Eligible& e) { return e.allow && e.allowed * 8 <= n_; });
+  if (few) {
+    const double rows_read = std::accumulate(
+        excl.begin(), excl.end(), 0.0, [](double a, const Eligible& e) { return a + e.avail; });
+    const int T = rows_read * d_ < 4e6 ? 1 : static_cast<int>(std::min<int64_t>(threads_, Q));
+    parallel_for(T, Q, [&](int, int64_t q) {
+      const std::vector<int64_t> rows = eligible_ids(excl[q], n_);
+      const int64_t m = static_cast<int64_t>(rows.size());
+      std::vector<float> sc(static_cast<size_t>(m));
+      detail::gather_scores(fd, rows.data(), m, U + q * d_, sc.data());
+      std::vector<Entry> all(static_cast<size_t>(m));
+      for (int64_t t = 0; t < m; ++t) {
+        float v = sc[t];
+        if (gumbel) {
+          const double g = -std::log(-std::log(detail::uniform01(keys[q], rows[t])));
+          v = static_cast<float>(static_cast<double>(v) * inv_t + g);
+        }
+        if (std::isnan(v)) v = NEG_INF;
+        all[t] = {v, rows[t]};
+      }
+      std::partial_sort(all.begin(), all.begin() + k, all.end(), better);
+      for (int64_t t = 0; t < k; ++t) {
+        out_s[q * k + t] = all[t].s;
+        out_i[q * k + t] = all[t].i;
+      }
+    });
+    return;
+  }
   if (!gumbel && prefilter_ && fd.st == Storage::Float32 && 4 * k <= n_ &&
       fd.topk_calls.fetch_add(1, std::memory_order_relaxed) >= 1 &&
       prefilter_top_k(fd, threads_, U, Q, k, excl, out_s, out_i))
@@ -880,11 +956,7 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
   for (auto& hs : heaps)
     for (auto& h : hs) h.k = k;
   std::vector<std::vector<float>> bufs(T);
-  std::vector<uint64_t> keys(Q);
-  for (int64_t q = 0; q < Q; ++q) keys[q] = detail::stream_key(seed, static_cast<uint64_t>(q));
-  const double inv_t = 1.0 / temperature;
   const detail::Queries qs = detail::prepare_queries(*data_, U, Q);
-  const float NEG_INF = -std::numeric_limits<float>::infinity();
 
   parallel_for(T, n_blocks, [&](int w, int64_t b) {
     const int64_t r0 = b * bs, r1 = std::min(n_, r0 + bs), nb = r1 - r0;
@@ -892,7 +964,8 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
     if (buf.size() < static_cast<size_t>(bs * Q)) buf.resize(bs * Q);
     detail::block_scores(*data_, r0, r1, qs, buf.data(), bs);
     for (int64_t q = 0; q < Q; ++q) {
-      const auto& e = excl[q];
+      const auto& e = excl[q].ex;
+      const uint64_t* allow = excl[q].allow;
       auto it = std::lower_bound(e.begin(), e.end(), r0);
       int64_t next_ex = it == e.end() ? n_ : *it;
       const float* s = buf.data() + q * bs;
@@ -904,6 +977,7 @@ void Features::select_(const float* U, int64_t Q, int64_t k, const ExcludeLists&
           next_ex = it == e.end() ? n_ : *it;
           continue;
         }
+        if (!mask_allows(allow, i)) continue;
         float v = s[t];
         if (gumbel) {
           const double g = -std::log(-std::log(detail::uniform01(keys[q], i)));
@@ -934,11 +1008,13 @@ void Features::sample_random(int64_t Q, int64_t k, const ExcludeLists& ex, uint6
   if (Q < 0) throw std::invalid_argument("number of queries must be >= 0");
   const auto excl = prepare_exclude(ex, Q, n_, k);
   for (int64_t q = 0; q < Q; ++q) {
-    const auto& e = excl[q];
-    const int64_t avail = n_ - static_cast<int64_t>(e.size());
+    const auto& e = excl[q].ex;
+    const uint64_t* allow = excl[q].allow;
+    const int64_t avail = excl[q].avail;
     const uint64_t key = detail::stream_key(seed, static_cast<uint64_t>(q));
     int64_t* out = out_idx + q * k;
-    if (2 * k <= avail) {
+    // rejection draws from all N ids: when at least 1/8 of them are allowed (always, unmasked)
+    if (2 * k <= avail && (!allow || 8 * excl[q].allowed >= n_)) {
       // sparse: rejection sampling from a counter-based stream
       std::unordered_set<int64_t> chosen;
       chosen.reserve(static_cast<size_t>(2 * k));
@@ -947,21 +1023,29 @@ void Features::sample_random(int64_t Q, int64_t k, const ExcludeLists& ex, uint6
         const uint64_t h = detail::mix64(key ^ detail::mix64(c));
         const int64_t i = static_cast<int64_t>(
             (static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n_)) >> 64);
+        if (!mask_allows(allow, i)) continue;
         if (std::binary_search(e.begin(), e.end(), i)) continue;
         if (!chosen.insert(i).second) continue;
         out[got++] = i;
       }
     } else {
-      // dense: the k unmasked items with the smallest hash keys (a uniform random k-subset)
+      // dense: the k available items with the smallest hash keys (a uniform random k-subset)
       std::vector<std::pair<uint64_t, int64_t>> cand;
       cand.reserve(static_cast<size_t>(avail));
-      auto it = e.begin();
-      for (int64_t i = 0; i < n_; ++i) {
-        if (it != e.end() && *it == i) {
-          ++it;
-          continue;
-        }
+      const auto hashed = [&](int64_t i) {
         cand.push_back({detail::mix64(key ^ detail::mix64(static_cast<uint64_t>(i))), i});
+      };
+      if (allow) {
+        for (int64_t i : eligible_ids(excl[q], n_)) hashed(i);
+      } else {
+        auto it = e.begin();
+        for (int64_t i = 0; i < n_; ++i) {
+          if (it != e.end() && *it == i) {
+            ++it;
+            continue;
+          }
+          hashed(i);
+        }
       }
       std::partial_sort(cand.begin(), cand.begin() + k, cand.end());
       for (int64_t t = 0; t < k; ++t) out[t] = cand[t].second;

@@ -13,8 +13,8 @@
 #include <string>
 #include <unordered_set>
 
-#include "crossknn/least_squares.h"
 #include "clones.h"
+#include "crossknn/least_squares.h"
 #include "dots.h"
 #include "features_impl.h"
 #include "gram.h"
@@ -47,9 +47,8 @@ class PhaseClock {
   void mark(Phase p) {
     if (!on_) return;
     const auto now = std::chrono::steady_clock::now();
-    g_phase_ns[p].fetch_add(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(now - t_).count(),
-        std::memory_order_relaxed);
+    g_phase_ns[p].fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(now - t_).count(),
+                            std::memory_order_relaxed);
     t_ = now;
   }
 
@@ -224,8 +223,8 @@ namespace {
 // sums its products in row order, so any vector width gives the same bits (clones.h); X_aj
 // widened to double is the value the double copy held
 CROSSKNN_CLONES_AVX512 void add_rows_times(const float* __restrict X, const double* __restrict zd,
-                                          int64_t n, int64_t d, const double* __restrict x,
-                                          double* __restrict w) {
+                                           int64_t n, int64_t d, const double* __restrict x,
+                                           double* __restrict w) {
   for (int64_t a = 0; a < n; ++a) {
     const float* __restrict z = X + a * d;
     const double xa = x[a];
@@ -322,8 +321,8 @@ class PriorRidge {
       int64_t b = 0;
       double out1[4];
       for (; b + 1 < g0; b += 2) {
-        detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z + b * D1, Z + (b + 1) * D1, d_,
-                       out, out1);
+        detail::dots2v(detail::DotOrder::Pairwise, a, ng, Z + b * D1, Z + (b + 1) * D1, d_, out,
+                       out1);
         for (int t = 0; t < ng; ++t) {
           K[(g0 + t) * ld + b] = out[t] + slope(g0 + t, b);
           K[(g0 + t) * ld + b + 1] = out1[t] + slope(g0 + t, b + 1);
@@ -395,9 +394,8 @@ class PriorRidge {
       });
     for (int64_t i = done; i < n_; ++i) {
       for (int64_t j = done > 0 ? done : 0; j <= i; ++j) {
-        const double v =
-            s * K[i * ld + j] + (i == j ? 1.0 : 0.0) -
-            detail::dot_pairwise(L + i * ld, L + j * ld, j);
+        const double v = s * K[i * ld + j] + (i == j ? 1.0 : 0.0) -
+                         detail::dot_pairwise(L + i * ld, L + j * ld, j);
         if (i == j) {
           // s K + I has eigenvalues >= 1: v > 0 up to rounding; keep it positive
           L[i * ld + i] = std::sqrt(std::max(v, 1e-300));
@@ -500,6 +498,29 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   PhaseClock clock;
   if (profiling()) g_searches.fetch_add(1, std::memory_order_relaxed);
 
+  // allow masks: a query whose mask allows at most B items scores them all in the first step
+  // (its exact top-k, one call per allowed item) and takes no rounds; the others ("act") run
+  // the plan, every kernel choosing among their allowed items only
+  std::vector<const uint64_t*> allow(static_cast<size_t>(Q));
+  std::vector<int64_t> n_allowed(static_cast<size_t>(Q));
+  std::vector<char> small(static_cast<size_t>(Q), 0);
+  std::vector<int64_t> act;
+  bool masked = false;
+  for (int64_t i = 0; i < Q; ++i) {
+    allow[i] = queries[i].allow;
+    n_allowed[i] = mask_count(allow[i], n_items);
+    masked = masked || allow[i] != nullptr;
+    small[i] = allow[i] != nullptr && n_allowed[i] <= o.budget;
+    if (!small[i]) act.push_back(i);
+  }
+  const int64_t Qa = static_cast<int64_t>(act.size());
+  std::vector<const uint64_t*> allow_act(static_cast<size_t>(Qa));
+  for (int64_t a = 0; a < Qa; ++a) allow_act[a] = allow[act[a]];
+  const uint64_t* const* allow_act_p = masked ? allow_act.data() : nullptr;
+  auto allow_one = [&](int64_t a) -> const uint64_t* const* {
+    return masked ? allow_act.data() + a : nullptr;
+  };
+
   std::vector<uint64_t> seeds(static_cast<size_t>(Q));
   for (int64_t i = 0; i < Q; ++i) seeds[i] = query_seed(o.seed, queries[i].id);
   const bool rounds = std::any_of(plan.begin(), plan.end(),
@@ -515,11 +536,11 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   // for queries in the dual regime without a prior while it reads fewer bytes than the int8
   // pass (8 |A| <= d)
   const detail::ItemGram* gram = nullptr;
-  if (rounds && o.solve == Solve::LeastSquares && features.gram()) {
+  if (rounds && Qa > 0 && o.solve == Solve::LeastSquares && features.gram()) {
     const detail::FeatureData& fd = detail::data(features);
     const int64_t calls = fd.ls_searches.fetch_add(1, std::memory_order_relaxed) + 1;
     gram = calls >= std::max<int64_t>(64, n_items / 8) ? detail::build_gram(fd, features.threads())
-                                                        : detail::ready_gram(fd);
+                                                       : detail::ready_gram(fd);
   }
   std::vector<std::vector<double>> coefs(gram ? static_cast<size_t>(Q) : 0);
   std::vector<double> coef_err(gram ? static_cast<size_t>(Q) : 0);
@@ -543,43 +564,49 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     for (const Step& st : plan) planned += st.n;
     for (int64_t i = 0; i < Q; ++i)
       ridges.emplace_back(features, queries[i].prior, o.inv_penalties, o.penalty_decay, wgram,
-                          planned);
+                          small[i] ? 1 : planned);
   } else if (rounds) {
     targets_of.resize(static_cast<size_t>(Q));
   }
   detail::ScoredSets seen(Q, n_items);
   // final_retrieved: the items each query ranks at the end (empty: every scored item)
   std::vector<std::unordered_set<int64_t>> ranked(static_cast<size_t>(Q));
-  bool use_ranked = false;
+  std::vector<char> use_ranked(static_cast<size_t>(Q), 0);
   std::vector<double> rowbuf;
 
-  std::vector<int64_t> chosen, ex_ids, ex_off;
+  // chosen: the step's items of the act queries (Qa x n); items / offs: every query's new items
+  std::vector<int64_t> chosen, ex_ids, ex_off, items, offs;
   std::vector<float> U, keys, new_scores;
   std::vector<double> u(static_cast<size_t>(d)), targets;
   for (size_t r = 0; r < plan.size(); ++r) {
     const Step& step = plan[r];
     const int64_t n = step.n;
-    chosen.assign(static_cast<size_t>(Q * n), -1);
-    if (step.kind == StepKind::First && o.first_features) {
+    if (r > 0 && Qa == 0) break;  // every query scored its allowed items in the first step
+    chosen.assign(static_cast<size_t>(Qa * n), -1);
+    if (step.kind == StepKind::First && o.first_features && Qa > 0) {
       // the DE's top items (crossknn.retrievers.DenseRetriever.retrieve), all queries at once
       const int64_t d1 = o.first_features->dim();
-      U.resize(static_cast<size_t>(Q * d1));
-      for (int64_t i = 0; i < Q; ++i)
-        scale_first_query(queries[i].first_query, d1, o.first_vmax, U.data() + i * d1);
-      keys.resize(static_cast<size_t>(Q * n));
-      o.first_features->top_k(U.data(), Q, n, ExcludeLists{}, keys.data(), chosen.data());
+      U.resize(static_cast<size_t>(Qa * d1));
+      for (int64_t a = 0; a < Qa; ++a)
+        scale_first_query(queries[act[a]].first_query, d1, o.first_vmax, U.data() + a * d1);
+      keys.resize(static_cast<size_t>(Qa * n));
+      o.first_features->top_k(U.data(), Qa, n, ExcludeLists{nullptr, nullptr, allow_act_p},
+                              keys.data(), chosen.data());
       clock.mark(kFirst);
     } else if (step.kind == StepKind::First) {
-      for (int64_t i = 0; i < Q; ++i) {
+      for (int64_t a = 0; a < Qa; ++a) {
+        const int64_t i = act[a];
         if (queries[i].first_items)
-          std::copy(queries[i].first_items, queries[i].first_items + n, chosen.begin() + i * n);
+          std::copy(queries[i].first_items, queries[i].first_items + n, chosen.begin() + a * n);
         else
-          features.sample_random(1, n, ExcludeLists{}, seeds[i], chosen.data() + i * n);
+          features.sample_random(1, n, ExcludeLists{nullptr, nullptr, allow_one(a)}, seeds[i],
+                                 chosen.data() + a * n);
       }
       clock.mark(kFirst);
     } else {
-      U.resize(static_cast<size_t>(Q * d));
-      for (int64_t i = 0; i < Q; ++i) {
+      U.resize(static_cast<size_t>(Qa * d));
+      for (int64_t a = 0; a < Qa; ++a) {
+        const int64_t i = act[a];
         if (o.solve == Solve::LeastSquares && gram) {
           coefs[i].resize(static_cast<size_t>(states[i].size()));
           in_span[i] = states[i].solve_dual(u.data(), coefs[i].data(), &coef_err[i]) &&
@@ -592,103 +619,132 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
         } else {
           if (static_cast<int64_t>(targets_of[i].size()) != d)
             throw std::invalid_argument("the Targets solve needs exactly d = " + std::to_string(d) +
-                                        " scored items before a round; query " +
-                                        std::to_string(i) + " has " +
-                                        std::to_string(targets_of[i].size()));
+                                        " scored items before a round; query " + std::to_string(i) +
+                                        " has " + std::to_string(targets_of[i].size()));
           std::copy(targets_of[i].begin(), targets_of[i].end(), u.begin());
         }
-        for (int64_t j = 0; j < d; ++j) U[i * d + j] = static_cast<float>(u[j]);
+        for (int64_t j = 0; j < d; ++j) U[a * d + j] = static_cast<float>(u[j]);
       }
       clock.mark(kSolve);
       ex_ids.clear();
       ex_off.assign(1, 0);
-      for (int64_t i = 0; i < Q; ++i) {
-        ex_ids.insert(ex_ids.end(), res[i].scored_items.begin(), res[i].scored_items.end());
+      for (int64_t a = 0; a < Qa; ++a) {
+        const auto& sc = res[act[a]].scored_items;
+        ex_ids.insert(ex_ids.end(), sc.begin(), sc.end());
         ex_off.push_back(static_cast<int64_t>(ex_ids.size()));
       }
       const Strategy strategy = step.kind == StepKind::Retrieve ? Strategy::TopK : o.strategy;
-      keys.resize(static_cast<size_t>(Q * n));
+      keys.resize(static_cast<size_t>(Qa * n));
       if (strategy == Strategy::TopK) {
-        const ExcludeLists ex{ex_ids.data(), ex_off.data()};
+        const ExcludeLists ex{ex_ids.data(), ex_off.data(), allow_act_p};
         const bool by_gram =
-            gram && !o.selector && std::all_of(in_span.begin(), in_span.end(), [](char c) {
-              return c != 0;
-            });
+            gram && !o.selector &&
+            std::all_of(act.begin(), act.end(), [&](int64_t i) { return in_span[i] != 0; });
         if (o.selector) {
-          o.selector->top_k(U.data(), Q, n, ex, keys.data(), chosen.data());
+          o.selector->top_k(U.data(), Qa, n, ex, keys.data(), chosen.data());
         } else if (by_gram) {
-          for (int64_t i = 0; i < Q; ++i) {
-            const int64_t off1[2] = {0, ex_off[i + 1] - ex_off[i]};
-            const ExcludeLists ex1{ex_ids.data() + ex_off[i], off1};
+          for (int64_t a = 0; a < Qa; ++a) {
+            const int64_t i = act[a];
+            const int64_t off1[2] = {0, ex_off[a + 1] - ex_off[a]};
+            const ExcludeLists ex1{ex_ids.data() + ex_off[a], off1, allow_one(a)};
             const std::vector<int64_t> span = states[i].items();
-            if (!detail::gram_top_k(detail::data(features), *gram, U.data() + i * d,
+            if (!detail::gram_top_k(detail::data(features), *gram, U.data() + a * d,
                                     u_span.data() + i * d, span.data(), coefs[i].data(),
                                     static_cast<int64_t>(span.size()), coef_err[i], n, ex1,
-                                    keys.data() + i * n, chosen.data() + i * n))
-              features.top_k(U.data() + i * d, 1, n, ex1, keys.data() + i * n,
-                             chosen.data() + i * n);
+                                    keys.data() + a * n, chosen.data() + a * n))
+              features.top_k(U.data() + a * d, 1, n, ex1, keys.data() + a * n,
+                             chosen.data() + a * n);
           }
         } else {
-          features.top_k(U.data(), Q, n, ex, keys.data(), chosen.data());
+          features.top_k(U.data(), Qa, n, ex, keys.data(), chosen.data());
         }
       } else {
-        for (int64_t i = 0; i < Q; ++i) {
+        for (int64_t a = 0; a < Qa; ++a) {
+          const int64_t i = act[a];
           // one query (row 0, as Python's single calls): offsets {0, m} over its own ids
-          const int64_t off1[2] = {0, ex_off[i + 1] - ex_off[i]};
-          const ExcludeLists ex1{ex_ids.data() + ex_off[i], off1};
+          const int64_t off1[2] = {0, ex_off[a + 1] - ex_off[a]};
+          const ExcludeLists ex1{ex_ids.data() + ex_off[a], off1, allow_one(a)};
           const uint64_t rs = query_seed(seeds[i], static_cast<uint64_t>(r));
           if (strategy == Strategy::SoftMax && o.selector)
-            o.selector->sample_softmax(U.data() + i * d, n, ex1, o.temperature, rs,
-                                       keys.data() + i * n, chosen.data() + i * n);
+            o.selector->sample_softmax(U.data() + a * d, n, ex1, o.temperature, rs,
+                                       keys.data() + a * n, chosen.data() + a * n);
           else if (strategy == Strategy::SoftMax)
-            features.sample_softmax(U.data() + i * d, 1, n, ex1, o.temperature, rs,
-                                    keys.data() + i * n, chosen.data() + i * n);
+            features.sample_softmax(U.data() + a * d, 1, n, ex1, o.temperature, rs,
+                                    keys.data() + a * n, chosen.data() + a * n);
           else
-            features.sample_random(1, n, ex1, rs, chosen.data() + i * n);
+            features.sample_random(1, n, ex1, rs, chosen.data() + a * n);
         }
       }
       if (step.kind == StepKind::Retrieve && o.final_retrieved) {
         // rank the retrieved items and the earlier ones whose approximate score reaches the
         // lowest retrieved one (approximate scores in double, as the Python reference)
-        use_ranked = true;
-        for (int64_t i = 0; i < Q; ++i) {
-          const float* ui = U.data() + i * d;
+        for (int64_t a = 0; a < Qa; ++a) {
+          const int64_t i = act[a];
+          use_ranked[i] = 1;
+          const float* ui = U.data() + a * d;
           auto approx = [&](const int64_t* its, int64_t m, std::vector<double>& out) {
             rowbuf.resize(static_cast<size_t>(m * d));
             features.rows(its, m, rowbuf.data());
             out.assign(static_cast<size_t>(m), 0.0);
             for (int64_t t = 0; t < m; ++t) {
               double acc = 0.0;
-              for (int64_t j = 0; j < d; ++j)
-                acc += rowbuf[t * d + j] * static_cast<double>(ui[j]);
+              for (int64_t j = 0; j < d; ++j) acc += rowbuf[t * d + j] * static_cast<double>(ui[j]);
               out[t] = acc;
             }
           };
           std::vector<double> a_ret, a_prev;
-          approx(chosen.data() + i * n, n, a_ret);
+          approx(chosen.data() + a * n, n, a_ret);
           const auto& prev = res[i].scored_items;
           approx(prev.data(), static_cast<int64_t>(prev.size()), a_prev);
           double floor = std::numeric_limits<double>::infinity();
           for (double v : a_ret) floor = std::min(floor, v);
-          ranked[i].insert(chosen.begin() + i * n, chosen.begin() + (i + 1) * n);
+          ranked[i].insert(chosen.begin() + a * n, chosen.begin() + (a + 1) * n);
           for (size_t t = 0; t < prev.size(); ++t)
             if (a_prev[t] >= floor) ranked[i].insert(prev[t]);
         }
       }
       clock.mark(kSelect);
     }
-    // budget accounting: every item new, distinct, in range, within B (marked scored here: a
-    // step that fails a check ends the search)
+    // every query's new items: the act queries' step items, a small query's allowed items
+    items.clear();
+    offs.assign(1, 0);
+    for (int64_t i = 0, a = 0; i < Q; ++i) {
+      if (small[i]) {
+        if (r == 0) {
+          const int64_t before = static_cast<int64_t>(items.size());
+          const int64_t words = mask_words(n_items);
+          for (int64_t w = 0; w < words; ++w) {
+            uint64_t bits = allow[i][w];
+            if (w == words - 1 && (n_items & 63)) bits &= (uint64_t{1} << (n_items & 63)) - 1;
+            for (; bits; bits &= bits - 1) items.push_back(w * 64 + __builtin_ctzll(bits));
+          }
+          if (static_cast<int64_t>(items.size()) - before != n_allowed[i])
+            throw std::logic_error("search: the allowed items of query " + std::to_string(i) +
+                                   " changed while it was searched");
+        }
+      } else {
+        items.insert(items.end(), chosen.begin() + a * n, chosen.begin() + (a + 1) * n);
+        ++a;
+      }
+      offs.push_back(static_cast<int64_t>(items.size()));
+    }
+    // budget accounting: every item new, distinct, in range, allowed, within B (marked scored
+    // here: a step that fails a check ends the search)
     for (int64_t i = 0; i < Q; ++i) {
-      if (res[i].calls + n > o.budget)
+      const int64_t m = offs[i + 1] - offs[i];
+      if (res[i].calls + m > o.budget)
         throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
                                     " would exceed the budget B=" + std::to_string(o.budget));
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t it = chosen[i * n + t];
+      for (int64_t t = offs[i]; t < offs[i + 1]; ++t) {
+        const int64_t it = items[t];
         if (it < 0 || it >= n_items)
           throw std::invalid_argument("query " + std::to_string(i) + ": first item " +
                                       std::to_string(it) + " is outside [0, " +
                                       std::to_string(n_items) + ")");
+        if (!mask_allows(allow[i], it))
+          throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
+                                      " chose item " + std::to_string(it) +
+                                      ", which the query's allow mask excludes");
         if (!seen.insert(i, it))
           throw std::invalid_argument("query " + std::to_string(i) + ": step " + std::to_string(r) +
                                       " chose item " + std::to_string(it) +
@@ -696,32 +752,34 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       }
     }
     clock.mark(kCheck);
-    new_scores.assign(static_cast<size_t>(Q * n), std::numeric_limits<float>::quiet_NaN());
-    std::vector<ScoreRequest> reqs(static_cast<size_t>(Q));
+    new_scores.assign(items.size(), std::numeric_limits<float>::quiet_NaN());
+    std::vector<ScoreRequest> reqs;
+    reqs.reserve(static_cast<size_t>(Q));
     for (int64_t i = 0; i < Q; ++i)
-      reqs[i] = ScoreRequest{i, chosen.data() + i * n, n, new_scores.data() + i * n};
-    scorer.score_batch(reqs.data(), Q);
+      if (offs[i + 1] > offs[i])
+        reqs.push_back(ScoreRequest{i, items.data() + offs[i], offs[i + 1] - offs[i],
+                                    new_scores.data() + offs[i]});
+    if (!reqs.empty()) scorer.score_batch(reqs.data(), static_cast<int64_t>(reqs.size()));
     clock.mark(kScore);
     for (int64_t i = 0; i < Q; ++i) {
-      for (int64_t t = 0; t < n; ++t)
-        if (!std::isfinite(new_scores[i * n + t]))
+      const int64_t b = offs[i], m = offs[i + 1] - offs[i];
+      for (int64_t t = b; t < b + m; ++t)
+        if (!std::isfinite(new_scores[t]))
           throw std::invalid_argument("the scorer returned a NaN/inf score (or none) for query " +
-                                      std::to_string(i) + ", item " +
-                                      std::to_string(chosen[i * n + t]));
+                                      std::to_string(i) + ", item " + std::to_string(items[t]));
       SearchResult& R = res[i];
-      R.scored_items.insert(R.scored_items.end(), chosen.begin() + i * n,
-                            chosen.begin() + (i + 1) * n);
-      R.scored_scores.insert(R.scored_scores.end(), new_scores.begin() + i * n,
-                             new_scores.begin() + (i + 1) * n);
-      R.calls += n;
-      if (rounds && r < last_solve) {
-        targets.resize(static_cast<size_t>(n));
-        for (int64_t t = 0; t < n; ++t)
-          targets[t] = (static_cast<double>(new_scores[i * n + t]) - o.score_beta) / o.score_alpha;
+      R.scored_items.insert(R.scored_items.end(), items.begin() + b, items.begin() + b + m);
+      R.scored_scores.insert(R.scored_scores.end(), new_scores.begin() + b,
+                             new_scores.begin() + b + m);
+      R.calls += m;
+      if (rounds && r < last_solve && !small[i]) {
+        targets.resize(static_cast<size_t>(m));
+        for (int64_t t = 0; t < m; ++t)
+          targets[t] = (static_cast<double>(new_scores[b + t]) - o.score_beta) / o.score_alpha;
         if (o.solve == Solve::LeastSquares)
-          states[i].append(chosen.data() + i * n, targets.data(), n);
+          states[i].append(items.data() + b, targets.data(), m);
         else if (o.solve == Solve::PriorRidge)
-          ridges[i].append(chosen.data() + i * n, targets.data(), n);
+          ridges[i].append(items.data() + b, targets.data(), m);
         else
           targets_of[i].insert(targets_of[i].end(), targets.begin(), targets.end());
       }
@@ -735,7 +793,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     std::vector<int64_t> order;
     order.reserve(R.scored_items.size());
     for (size_t t = 0; t < R.scored_items.size(); ++t)
-      if (!use_ranked || ranked[i].count(R.scored_items[t]))
+      if (!use_ranked[i] || ranked[i].count(R.scored_items[t]))
         order.push_back(static_cast<int64_t>(t));
     const int64_t kk = std::min<int64_t>(o.k, static_cast<int64_t>(order.size()));
     std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](int64_t a, int64_t b) {

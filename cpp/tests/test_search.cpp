@@ -176,17 +176,24 @@ struct MatrixScorer final : Scorer {
   }
 };
 
-static void test_search() {
-  const int64_t n = 2000, d = 16, Q = 3;
-  auto V = randn(n * d, 5);
-  auto Uq = randn(Q * d, 6);
+// Q x n exact scores V u_q (the scorer's matrix): rounds over V can recover them exactly
+static std::vector<float> planted_scores(const std::vector<float>& V, const std::vector<float>& U,
+                                         int64_t n, int64_t d, int64_t Q) {
   std::vector<float> S(Q * n);
   for (int64_t q = 0; q < Q; ++q)
     for (int64_t i = 0; i < n; ++i) {
       double s = 0;
-      for (int64_t j = 0; j < d; ++j) s += double(V[i * d + j]) * Uq[q * d + j];
+      for (int64_t j = 0; j < d; ++j) s += double(V[i * d + j]) * U[q * d + j];
       S[q * n + i] = static_cast<float>(s);
     }
+  return S;
+}
+
+static void test_search() {
+  const int64_t n = 2000, d = 16, Q = 3;
+  auto V = randn(n * d, 5);
+  const auto Uq = randn(Q * d, 6);
+  const auto S = planted_scores(V, Uq, n, d, Q);
   Features f(V.data(), n, d, Storage::Float32, 2);
   std::vector<SearchQuery> qs(Q);
   for (int64_t q = 0; q < Q; ++q) qs[q].id = static_cast<uint64_t>(q);
@@ -343,7 +350,6 @@ static void test_search() {
   CHECK(query_seed(1ULL << 40, 123456789012ULL) == 2599386372348279959ULL);
 }
 
-
 // top-n ids of V u (u rounded to float as the loop does) outside `skip`, ties to the lower id
 static std::vector<int64_t> brute_top(const std::vector<float>& V, int64_t n_items, int64_t d,
                                       const std::vector<double>& u, int64_t n,
@@ -476,6 +482,87 @@ static void test_scored_sets() {
   CHECK(bits.insert(2, 129) == !ref.count({2, 129}));  // the last bit of the last word
 }
 
+// allow masks: no disallowed item chosen, scored or returned, in every strategy and in a batch
+// of mixed masks; a mask of at most B items is scored whole in one step (its exact top-k); fewer
+// than k pads; a first item outside the mask is refused
+static void test_masks() {
+  const int64_t n = 1500, d = 12, Q = 4;
+  auto V = randn(n * d, 21);
+  const auto S = planted_scores(V, randn(Q * d, 22), n, d, Q);
+  Features f(V.data(), n, d, Storage::Float32, 2);
+  const int64_t W = mask_words(n);
+  std::mt19937_64 rng(5);
+  // query 0: 40% allowed, 1: no mask, 2: 25 items (<= B), 3: 3 items (< k)
+  std::vector<std::vector<uint64_t>> masks(Q, std::vector<uint64_t>(W, 0));
+  std::vector<int64_t> want_allowed = {-1, n, 25, 3};
+  for (int64_t i = 0; i < n; ++i)
+    if (rng() % 10 < 4) masks[0][i >> 6] |= uint64_t{1} << (i & 63);
+  for (int64_t q = 2; q < 4; ++q) {
+    std::set<int64_t> pick;
+    while (static_cast<int64_t>(pick.size()) < want_allowed[q]) pick.insert(rng() % n);
+    for (int64_t i : pick) masks[q][i >> 6] |= uint64_t{1} << (i & 63);
+  }
+  CHECK(mask_count(masks[2].data(), n) == 25 && mask_count(nullptr, n) == n);
+  std::vector<SearchQuery> qs(Q);
+  for (int64_t q = 0; q < Q; ++q) {
+    qs[q].id = static_cast<uint64_t>(q);
+    if (q != 1) qs[q].allow = masks[q].data();
+  }
+  for (Strategy st : {Strategy::TopK, Strategy::SoftMax, Strategy::Random}) {
+    SearchOptions o;
+    o.budget = 40;
+    o.k = 5;
+    o.strategy = st;
+    MatrixScorer sc(S, Q, n);
+    const auto plan = no_split_plan(o.budget, 4);
+    auto res = search(f, sc, plan, o, qs);
+    CHECK(sc.batches == static_cast<int64_t>(plan.size()));
+    for (int64_t q = 0; q < Q; ++q) {
+      const uint64_t* m = qs[q].allow;
+      for (int64_t it : sc.seen[q]) CHECK(mask_allows(m, it));
+      for (int64_t id : res[q].ids) CHECK(id == -1 || mask_allows(m, id));
+    }
+    CHECK(res[0].calls == 40 && res[1].calls == 40);
+    for (int64_t q = 2; q < 4; ++q) {  // every allowed item, once; the exact top-k among them
+      CHECK(res[q].calls == want_allowed[q]);
+      std::vector<int64_t> allowed;
+      for (int64_t i = 0; i < n; ++i)
+        if (mask_allows(qs[q].allow, i)) allowed.push_back(i);
+      std::sort(allowed.begin(), allowed.end(),
+                [&](int64_t a, int64_t b) { return S[q * n + a] > S[q * n + b]; });
+      const int64_t kk = std::min<int64_t>(5, static_cast<int64_t>(allowed.size()));
+      for (int64_t t = 0; t < kk; ++t) CHECK(res[q].ids[t] == allowed[t]);
+      for (int64_t t = kk; t < 5; ++t) CHECK(res[q].ids[t] == -1);
+    }
+    // the unmasked query searches as it does alone
+    MatrixScorer one(S, Q, n);
+    struct Shift final : Scorer {
+      Scorer& s;
+      Shift(Scorer& s_) : s(s_) {}
+      void score(int64_t, const int64_t* it, int64_t m, float* out) override {
+        s.score(1, it, m, out);
+      }
+    } shift(one);
+    CHECK(search_one(f, shift, plan, o, qs[1]).ids == res[1].ids);
+  }
+  // first items must lie in the mask
+  {
+    SearchOptions o;
+    o.budget = 40;
+    o.k = 5;
+    std::vector<int64_t> first(10);
+    for (int64_t i = 0, t = 0; t < 10; ++i)
+      if (!mask_allows(masks[0].data(), i)) first[t++] = i;
+    SearchQuery q;
+    q.first_items = first.data();
+    q.allow = masks[0].data();
+    MatrixScorer sc(S, 1, n);
+    CHECK(throws<std::invalid_argument>(
+        [&] { search_one(f, sc, no_split_plan(o.budget, 4), o, q); }));
+    CHECK(sc.seen[0].empty());  // refused before any call
+  }
+}
+
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "test_search_tmp";
   ::mkdir(dir.c_str(), 0755);
@@ -483,6 +570,7 @@ int main(int argc, char** argv) {
   test_search();
   test_solves();
   test_scored_sets();
+  test_masks();
   if (failures) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;

@@ -43,6 +43,10 @@ CONTRACT (stable API shared by all search methods; implemented by the C++ core `
   ``exclude``: for a single query, a 1-D array (or list) of item ids; for the batch form a
   sequence of Q such arrays, or a (Q, m) int array. Entries equal to -1 are padding and ignored
   everywhere; duplicates are fine; other ids outside [0, N) raise IndexError.
+  ``allow`` (all three): the items each query may be given (:func:`pack_allow`): a boolean
+  array (N,) for every query or (Q, N), a list of Q such arrays (None: every item), or the
+  packed uint64 words. A disallowed item is never returned; k larger than the items a query's
+  mask allows (less its exclusions) raises ValueError.
   Scalar parameters are checked in Python, each error naming the parameter and its range:
   k in [0, N], n_queries in [0, 2^31), seed an int in [-2^63, 2^64) (negative: modulo 2^64),
   threads in [0, 1024], temperature finite > 0; a bool, a string or a float where an int is
@@ -71,7 +75,15 @@ rank deficiency) are dropped as pinv with a cut-off drops them. Never NaN.
 
 from __future__ import annotations
 
-__all__ = ["ItemFeatures", "RoundState", "kernel_name"]
+__all__ = [
+    "ItemFeatures",
+    "RoundState",
+    "allowed_count",
+    "kernel_name",
+    "mask_words",
+    "pack_allow",
+    "unpack_allow",
+]
 
 import numbers
 import os
@@ -227,6 +239,103 @@ def exclude_csr(exclude, n_queries: int, n_items: int):
     np.cumsum([p.size for p in parts], out=offsets[1:])
     ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
     return np.ascontiguousarray(ids, np.int64), offsets
+
+
+def mask_words(n_items: int) -> int:
+    """uint64 words of an allow mask over ``n_items`` items (one bit per item)."""
+    return (int(n_items) + 63) // 64
+
+
+def _pack_rows(rows: np.ndarray) -> np.ndarray:
+    """Boolean rows (..., N) -> uint64 words (..., mask_words(N)): item i in bit i % 64 of word
+    i // 64 (crossknn/features.h)."""
+    n = rows.shape[-1]
+    packed = np.packbits(rows, axis=-1, bitorder="little")
+    pad = mask_words(n) * 8 - packed.shape[-1]
+    if pad:
+        packed = np.concatenate([packed, np.zeros(packed.shape[:-1] + (pad,), np.uint8)], axis=-1)
+    return np.ascontiguousarray(packed.view("<u8"), dtype=np.uint64)
+
+
+def pack_allow(allow, n_queries: int, n_items: int) -> np.ndarray | None:
+    """The core's allow masks from ``allow``: None (every item); a boolean array (N,) for every
+    query or (Q, N); a sequence of Q entries, each a boolean array (N,) or None (every item);
+    or already packed uint64 words ((W,) or (Q, W), W = :func:`mask_words`). Returns None, (W,)
+    or (Q, W) uint64."""
+    if allow is None:
+        return None
+    words = mask_words(n_items)
+    if isinstance(allow, np.ndarray) and allow.dtype == np.uint64:
+        if allow.shape not in ((words,), (n_queries, words)):
+            raise ValueError(
+                f"packed allow masks over {n_items} items must have shape ({words},) or "
+                f"({n_queries}, {words}); got {allow.shape}"
+            )
+        return np.ascontiguousarray(allow)
+    if isinstance(allow, np.ndarray) or (
+        isinstance(allow, Sequence)
+        and allow
+        and not isinstance(allow[0], (np.ndarray, list, type(None)))
+    ):
+        a = np.asarray(allow)
+        if a.dtype != np.bool_:
+            raise TypeError(f"allow must be a boolean array (one flag per item); got {a.dtype}")
+        if a.shape not in ((n_items,), (n_queries, n_items)):
+            raise ValueError(
+                f"allow must have shape ({n_items},) or ({n_queries}, {n_items}); got {a.shape}"
+            )
+        return _pack_rows(a)
+    if not isinstance(allow, Sequence) or isinstance(allow, (str, bytes)):
+        raise TypeError(
+            f"allow must be a boolean array, a list of {n_queries} boolean arrays (or None), or "
+            f"packed uint64 words; got {type(allow).__name__}"
+        )
+    if len(allow) != n_queries:
+        raise ValueError(f"allow: {len(allow)} masks for {n_queries} queries")
+    rows = np.ones((n_queries, n_items), bool)
+    for q, a in enumerate(allow):
+        if a is None:
+            continue
+        a = np.asarray(a)
+        if a.dtype != np.bool_ or a.shape != (n_items,):
+            raise ValueError(
+                f"allow[{q}] must be a boolean array of shape ({n_items},); got {a.dtype} {a.shape}"
+            )
+        rows[q] = a
+    return _pack_rows(rows)
+
+
+def unpack_allow(words: np.ndarray, n_items: int) -> np.ndarray:
+    """Packed allow words ((W,) or (Q, W) uint64) -> boolean (N,) or (Q, N)."""
+    w = np.ascontiguousarray(words)
+    if w.dtype != np.uint64 or w.shape[-1] != mask_words(n_items):
+        raise ValueError(
+            f"packed allow masks over {n_items} items are uint64 with {mask_words(n_items)} "
+            f"words; got {w.dtype} {w.shape}"
+        )
+    bits = np.unpackbits(w.astype("<u8").view(np.uint8), axis=-1, bitorder="little")
+    return bits[..., :n_items].astype(bool)
+
+
+def allowed_count(words: np.ndarray | None, n_items: int) -> np.ndarray | int:
+    """Items each packed mask allows (``n_items`` for None): an int for (W,), (Q,) for (Q, W)."""
+    if words is None:
+        return int(n_items)
+    w = np.ascontiguousarray(words, np.uint64)
+    if n_items % 64:  # bits past N count for nothing
+        w = w.copy()
+        w[..., -1] &= np.uint64((1 << (n_items % 64)) - 1)
+    if hasattr(np, "bitwise_count"):  # numpy >= 2
+        c = np.bitwise_count(w).sum(axis=-1, dtype=np.int64)
+    else:
+        c = np.unpackbits(w.astype("<u8").view(np.uint8), axis=-1).sum(axis=-1, dtype=np.int64)
+    return int(c) if np.ndim(c) == 0 else c
+
+
+def allowed_items(words: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Whether each of ``items`` is allowed by one packed mask (boolean, like ``items``)."""
+    items = np.asarray(items, np.int64)
+    return ((np.asarray(words, np.uint64)[items >> 6] >> (items & 63).astype(np.uint64)) & 1) == 1
 
 
 def check_k(k, n_items: int) -> int:
@@ -434,10 +543,11 @@ class ItemFeatures:
             raise ValueError("u contains NaN or inf (or values beyond float64)")
         return U, single
 
-    def top_k(self, u, k: int, *, exclude=None):
+    def top_k(self, u, k: int, *, exclude=None, allow=None):
         k = check_k(k, self.n_items)
         U, single = self._queries(u)
         ids, off = exclude_csr(exclude, 1 if single else U.shape[0], self.n_items)
+        masks = pack_allow(allow, U.shape[0], self.n_items)
         # scale each query by 2^a so that no float32 score overflows or sinks into denormals
         nonzero, e_u, lb = _bound_exponents(U, self._vmax)
         low = (lb < _LOW_EXP) & np.isfinite(lb)
@@ -445,18 +555,21 @@ class ItemFeatures:
         with np.errstate(invalid="ignore"):
             want = np.minimum(_TARGET_EXP - np.ceil(lb), _U_EXP - e_u)  # lb = -inf: u's limit
         a = np.where(need, want, 0).astype(np.int64)
-        s, i = self._f.top_k(np.ldexp(U, a[:, None]).astype(np.float32), k, ids, off)
+        s, i = self._f.top_k(np.ldexp(U, a[:, None]).astype(np.float32), k, ids, off, masks)
         if need.any():
             with np.errstate(over="ignore"):  # +-inf where V u is beyond float32
                 s = np.ldexp(s.astype(np.float64), -a[:, None]).astype(np.float32)
         return (s[0], i[0]) if single else (s, i)
 
-    def sample_softmax(self, u, k: int, *, exclude=None, temperature: float = 1.0, seed: int = 0):
+    def sample_softmax(
+        self, u, k: int, *, exclude=None, temperature: float = 1.0, seed: int = 0, allow=None
+    ):
         k = check_k(k, self.n_items)
         temperature = check_float(temperature, "temperature", 0.0, np.inf, lo_open=True)
         seed = check_seed(seed)
         U, single = self._queries(u)
         ids, off = exclude_csr(exclude, 1 if single else U.shape[0], self.n_items)
+        masks = pack_allow(allow, U.shape[0], self.n_items)
         # keys = (V u) / T + G = (V u 2^b) / (T 2^b) + G with T 2^b in [0.5, 1): the core works
         # on the logits; a query whose logits could overflow gets its own 2^-c (T raised by 2^c)
         b = -int(np.frexp(temperature)[1])
@@ -466,10 +579,12 @@ class ItemFeatures:
         a = np.where(nonzero, np.minimum(b, cap), 0).astype(np.int64)
         with np.errstate(under="ignore"):
             Us = np.ldexp(U, a[:, None]).astype(np.float32)
-        s, i = self._f.sample_softmax(Us, k, ids, off, t_scaled, seed)
+        s, i = self._f.sample_softmax(Us, k, ids, off, t_scaled, seed, masks)
         return (s[0], i[0]) if single else (s, i)
 
-    def sample_random(self, k: int, *, exclude=None, seed: int = 0, n_queries: int | None = None):
+    def sample_random(
+        self, k: int, *, exclude=None, seed: int = 0, n_queries: int | None = None, allow=None
+    ):
         k = check_k(k, self.n_items)
         seed = check_seed(seed)
         if n_queries is None:
@@ -483,7 +598,7 @@ class ItemFeatures:
                 f"({_MAX_RESULT_IDS}) per call; split the queries into smaller calls"
             )
         ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
-        out = self._f.sample_random(Q, k, ids, off, seed)
+        out = self._f.sample_random(Q, k, ids, off, seed, pack_allow(allow, Q, self.n_items))
         return out[0] if single else out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from crossknn.data import Corpus
 from crossknn.fileio import sha256_bytes
 from crossknn.identity import ModelMismatchError, model_identity
 from crossknn.index.files import Index, load_index
+from crossknn.metadata import ItemMetadata
 
 __all__ = ["CORPUS_KIND", "ITEMS_FILE", "CorpusIndex", "open_index"]
 
@@ -29,6 +30,7 @@ class CorpusIndex:
 
     index: Index
     corpus: Corpus
+    _metadata: ItemMetadata | None = field(default=None, repr=False, compare=False)
 
     @property
     def path(self) -> Path | None:
@@ -49,6 +51,14 @@ class CorpusIndex:
     @property
     def ce_calls(self) -> int:
         return self.index.ce_calls
+
+    @property
+    def metadata(self) -> ItemMetadata:
+        """The items' metadata fields (:mod:`crossknn.metadata`; none for an index built from
+        items without other fields), read once."""
+        if self._metadata is None:
+            self._metadata = ItemMetadata.from_index(self.arrays, self.params, len(self.corpus))
+        return self._metadata
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.index[name]

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crossknn.metadata import flatten
+
 __all__ = [
     "DATA_ENV",
     "BeirCorpus",
@@ -116,16 +118,24 @@ def _record_id(path: Path, lineno: int, rec: dict) -> str:
 
 @dataclass(frozen=True)
 class Corpus:
-    """A corpus: parallel lists of item ids and item texts, and where it came from."""
+    """A corpus: parallel lists of item ids and item texts, where it came from, and each item's
+    metadata fields (``metadata``: one flat mapping per item, :func:`crossknn.metadata.flatten`
+    of its other JSON keys; None: no item has any)."""
 
     ids: list[str]
     texts: list[str]
     source: str = ""
+    metadata: list[dict] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.texts):
             raise ValueError(
                 f"ids ({len(self.ids)}) and texts ({len(self.texts)}) differ in length"
+            )
+        if self.metadata is not None and len(self.metadata) != len(self.ids):
+            raise ValueError(
+                f"metadata ({len(self.metadata)} records) and ids ({len(self.ids)}) differ in "
+                "length"
             )
 
     def __len__(self) -> int:
@@ -138,6 +148,7 @@ class Corpus:
 def _read_corpus(path: Path) -> Corpus:
     ids: list[str] = []
     texts: list[str] = []
+    meta: list[dict] = []
     seen: set[str] = set()
     for lineno, rec in read_jsonl(path):
         rid = _record_id(path, lineno, rec)
@@ -160,9 +171,10 @@ def _read_corpus(path: Path) -> Corpus:
         seen.add(rid)
         ids.append(rid)
         texts.append(joined)
+        meta.append(flatten(rec, where=f"{path}:{lineno}"))
     if not ids:
         raise ValueError(f"{path}: the corpus is empty (no JSON lines)")
-    return Corpus(ids, texts, str(path))
+    return Corpus(ids, texts, str(path), meta if any(meta) else None)
 
 
 def load_corpus(path: str | os.PathLike) -> Corpus:
@@ -283,17 +295,20 @@ def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def read_query_file(path: str) -> tuple[list[str], list[str]]:
+def read_query_file(path: str, *, filters: list | None = None) -> tuple[list[str], list[str]]:
     """``(ids, texts)`` of a query file: JSONL lines keep their ``_id``/``id`` (a line without
-    one, or a plain-text line, gets its line number as id)."""
+    one, or a plain-text line, gets its line number as id). ``filters`` (a list) receives each
+    query's ``filter`` (a JSON line's object, :mod:`crossknn.filters`; None without one)."""
     ids: list[str] = []
-    texts = read_queries(path, ids=ids)
+    texts = read_queries(path, ids=ids, filters=filters)
     return ids, texts
 
 
-def read_queries(path: str, *, ids: list[str] | None = None) -> list[str]:
+def read_queries(
+    path: str, *, ids: list[str] | None = None, filters: list | None = None
+) -> list[str]:
     """Queries from a file (``-``: standard input): JSONL with ``text`` per line, or plain text,
-    one query per line. ``ids`` (a list) receives each query's id (see
+    one query per line. ``ids`` (a list) receives each query's id, ``filters`` its filter (see
     :func:`read_query_file`)."""
     if path == "-":
         numbered = list(enumerate(sys.stdin.read().splitlines(), start=1))
@@ -319,9 +334,14 @@ def read_queries(path: str, *, ids: list[str] | None = None) -> list[str]:
             _check_unicode(src, lineno, text, "the query")
             out.append(text)
             qid = rec.get("_id", rec.get("id"))
+            flt = rec.get("filter")
+            if flt is not None and not isinstance(flt, dict):
+                raise ValueError(f"{src}:{lineno}: 'filter' must be a JSON object")
         else:
             out.append(line.strip())
-            qid = None
+            qid, flt = None, None
+        if filters is not None:
+            filters.append(flt)
         if ids is not None:
             ids.append(str(lineno) if qid is None else str(qid))
     if not out:

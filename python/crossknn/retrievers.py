@@ -14,11 +14,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from crossknn.core import ItemFeatures
+from crossknn.core import ItemFeatures, unpack_allow
 from crossknn.topk import top_k_rows
 
 __all__ = [
     "RETRIEVERS",
+    "query_masks",
     "Bm25Retriever",
     "DenseRetriever",
     "Retriever",
@@ -30,9 +31,33 @@ __all__ = [
 
 @runtime_checkable
 class Retriever(Protocol):
+    """``retrieve(queries, k, allow=None)``: ``allow`` None, or one entry per query: a boolean
+    array (N,) of the items it may return (None: every item); each query's k best among them."""
+
     n_items: int
 
-    def retrieve(self, queries: Sequence, k: int) -> np.ndarray: ...
+    def retrieve(self, queries: Sequence, k: int, *, allow=None) -> np.ndarray: ...
+
+
+def query_masks(allow, n_queries: int, n_items: int) -> list[np.ndarray | None]:
+    """``allow`` of :meth:`Retriever.retrieve` as a list of Q boolean arrays (N,) or None."""
+    if allow is None:
+        return [None] * n_queries
+    if len(allow) != n_queries:
+        raise ValueError(f"allow: {len(allow)} masks for {n_queries} queries")
+    out = []
+    for q, a in enumerate(allow):
+        if a is not None:
+            a = np.asarray(a)
+            if a.dtype == np.uint64 and a.ndim == 1:  # packed words (the C++ loop's masks)
+                a = unpack_allow(a, n_items)
+            if a.dtype != np.bool_ or a.shape != (n_items,):
+                raise ValueError(
+                    f"allow[{q}] must be a boolean array of shape ({n_items},); got {a.dtype} "
+                    f"{a.shape}"
+                )
+        out.append(a)
+    return out
 
 
 def _check_k(k: int, n_items: int) -> int:
@@ -91,12 +116,15 @@ class DenseRetriever:
             "first_vmax": float(self.features._vmax),
         }
 
-    def retrieve(self, queries: Sequence, k: int) -> np.ndarray:
+    def retrieve(self, queries: Sequence, k: int, *, allow=None) -> np.ndarray:
         k = _check_k(k, self.n_items)
         if len(queries) == 0:
             return np.empty((0, k), np.int64)
         U = np.stack([self.query_vector(q) for q in queries])
-        return self.features.top_k(U, k)[1] if k else np.empty((len(queries), 0), np.int64)
+        masks = query_masks(allow, len(queries), self.n_items)
+        if not k:
+            return np.empty((len(queries), 0), np.int64)
+        return self.features.top_k(U, k, allow=None if allow is None else masks)[1]
 
 
 class _TextRetriever:
@@ -125,11 +153,18 @@ class _TextRetriever:
     def scores(self, texts: list[str]) -> np.ndarray:  # (Q, n_items)
         raise NotImplementedError
 
-    def retrieve(self, queries: Sequence, k: int) -> np.ndarray:
+    def retrieve(self, queries: Sequence, k: int, *, allow=None) -> np.ndarray:
         k = _check_k(k, self.n_items)
         if len(queries) == 0:
             return np.empty((0, k), np.int64)
-        return top_k_rows(self.scores([self.query_text(q) for q in queries]), k)
+        S = self.scores([self.query_text(q) for q in queries])
+        for q, a in enumerate(query_masks(allow, len(queries), self.n_items)):
+            if a is None:
+                continue
+            if int(a.sum()) < k:
+                raise ValueError(f"query {q}: its mask allows {int(a.sum())} items; k={k} asked")
+            S[q, ~a] = -np.inf
+        return top_k_rows(S, k)
 
 
 class TfidfRetriever(_TextRetriever):

@@ -38,6 +38,7 @@ from crossknn.ce.model_base import on_cpu
 from crossknn.cmc import CmcRetriever
 from crossknn.corpus_folder import CorpusIndex, open_index
 from crossknn.exact_cache import ExactScores
+from crossknn.filters import ID_FIELD, parse_filter
 from crossknn.index.auto import auto_index_of
 from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
@@ -103,6 +104,9 @@ class Hits:
     # (item indices, CE scores) of every item this search scored for the query: the entries it
     # paid for (with Searcher.record_paid; the query log, crossknn.corpus.query_log)
     paid: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    # the items this query could be given (its filter / ids, less removed items): None when it
+    # could be given every item; fewer than k: every one of them came back
+    allowed: int | None = None
 
     def __repr__(self) -> str:
         """The fields, with ``texts`` (each cut at 60 characters) when the search returned them."""
@@ -143,6 +147,8 @@ class Hits:
         }
         if self.rescore_calls is not None:
             out["rescore_calls"] = int(self.rescore_calls)
+        if self.allowed is not None:
+            out["allowed"] = int(self.allowed)
         if self.exact_ids is not None:
             out["exact"] = {
                 "ids": self.exact_ids,
@@ -380,9 +386,12 @@ class Searcher:
         if self.rescore_ce is not None:
             self.rescore_ce.set_items(list(self.corpus.texts))
         self.V = np.ascontiguousarray(index["de_items"], np.float32)
-        # removed items (crossknn remove): never in a result (crossknn.corpus.edit)
+        # removed items (crossknn remove): an allow mask of the live items, so that no search
+        # chooses, scores or returns one (crossknn.corpus.edit)
         self.dead = tombstones_of(index)
         self._n_dead = 0 if self.dead is None else int(self.dead.sum())
+        self.live = None if self.dead is None else ~self.dead
+        self._masks: OrderedDict[str, np.ndarray] = OrderedDict()  # filter key -> allowed
         self.record_paid = False  # Hits.paid: the query log's entries (crossknn.corpus.query_log)
         self.qvec = _QueryVectors(self.de)
         # what the rounds search: exact, the folder's MIPS index, or shards (search.round_index)
@@ -585,6 +594,8 @@ class Searcher:
         top_k: int | None = None,
         return_documents: bool = True,
         rescore_top: int | None = None,
+        filter: Any = None,
+        ids: Sequence[str] | None = None,
     ) -> Hits | list[Hits]:
         """Top-k items by exact CE score for each query, spending at most ``budget`` CE calls
         each. Queries are searched ``query_batch`` at a time (default 1: every query's own CE
@@ -598,7 +609,15 @@ class Searcher:
         sentence-transformers' and rerankers' names are accepted with their meaning: ``top_k``
         for ``k`` (default 10), ``return_documents`` (default True here: ``Hits.texts`` holds the
         item texts; False leaves it empty). One query string gives one :class:`Hits`, a list of
-        queries a list. ``rescore_top``: this call's N of the searcher's ``rescore`` (0: none)."""
+        queries a list. ``rescore_top``: this call's N of the searcher's ``rescore`` (0: none).
+
+        ``filter``: the items a query may be given, by their metadata (:mod:`crossknn.filters`:
+        a JSON object such as ``{"lang": "en", "year": {"$gte": 2020}}``), one for every query or
+        a list (one filter or None per query); ``ids``: an id allow-list for every query. Both
+        are allow masks inside the engine (removed items are never allowed): no other item is
+        scored or returned, a query whose filter allows at most ``budget`` items gets its exact
+        top-k, and one that allows fewer than k gets them all (``Hits.allowed`` says how many
+        it could be given)."""
         k = _top_k(k, top_k)
         hits = self._search_list(
             [queries] if isinstance(queries, str) else queries,
@@ -615,6 +634,8 @@ class Searcher:
             show_progress_bar=show_progress_bar,
             query_batch=query_batch,
             rescore_top=rescore_top,
+            filter=filter,
+            ids=ids,
         )
         if not return_documents:
             hits = [dataclasses.replace(h, texts=[]) for h in hits]
@@ -637,6 +658,8 @@ class Searcher:
         show_progress_bar: bool | None,
         query_batch: int,
         rescore_top: int | None,
+        filter: Any = None,
+        ids: Sequence[str] | None = None,
     ) -> list[Hits]:
         """The body of :meth:`search` for a list of queries: one :class:`Hits` each."""
         qs = list(queries)
@@ -655,6 +678,9 @@ class Searcher:
         self._check_method(method)
         rounds = self.rounds if rounds is None else int(rounds)
         show = progress if show_progress_bar is None else bool(show_progress_bar)
+        t_masks = time.perf_counter()
+        masks = self.allow_masks(len(qs), filter=filter, ids=ids)
+        t_masks = (time.perf_counter() - t_masks) / max(len(qs), 1)  # in each query's other time
         search = self._make(method, rounds)
         plan = self.plan_info(method, budget=budget, rounds=rounds)
         n_rescore = self._rescore_n(rescore_top, k, budget)
@@ -674,9 +700,10 @@ class Searcher:
                     timed = TimedScorer(self.ce)
                     scorer = _PaidRecorder(timed) if self.record_paid else timed
                     want = max(k, n_rescore)
-                    if self.dead is not None:  # room for removed items, dropped below
-                        want = min(want + self.n_dead, max(budget, want), self.n_items)
-                    res = search.search(scorer, group, budget=budget, k=want, seed=seed)
+                    allow = None if masks is None else masks[lo : lo + query_batch]
+                    res = search.search(
+                        scorer, group, budget=budget, k=want, seed=seed, allow=allow
+                    )
                     extra = [self._rescore(q, res, i, k, n_rescore) for i, q in enumerate(group)]
                     total = time.perf_counter() - t0
                     n = len(group)
@@ -691,12 +718,15 @@ class Searcher:
                                 scores=scores,
                                 ce_calls=int(res.ce_calls[i]) + calls,
                                 seconds_ce=t_ce / n,
-                                seconds_other=(total - t_ce) / n,
+                                seconds_other=(total - t_ce) / n + t_masks,
                                 texts=[self.corpus.texts[j] for j in idx],
                                 qid=qids[lo + i],
                                 rescore_calls=calls if self.rescore_ce is not None else None,
                                 plan=plan,
                                 paid=scorer.paid(q) if self.record_paid else None,
+                                allowed=None
+                                if allow is None or allow[i] is None
+                                else int(allow[i].sum()),
                             )
                         )
                     pairs += sum(h.ce_calls for h in hits[-n:])
@@ -708,10 +738,12 @@ class Searcher:
                 self.ce.batch_size = old_bs
         if exact:
             rows = self._exact(qs, progress=show, cache_dir=exact_cache)
-            for h, row in zip(hits, rows, strict=True):
-                if self.dead is not None:  # removed items are in no top-k, the exact one neither
-                    row = np.where(self.dead, -np.inf, row)
-                top = exact_top_k(row, min(k, self.n_items - self.n_dead)).astype(np.int64)
+            for j, (h, row) in enumerate(zip(hits, rows, strict=True)):
+                n_ok = self.n_items
+                if masks is not None and masks[j] is not None:  # within the items it may get
+                    row = np.where(masks[j], row, -np.inf)
+                    n_ok = int(masks[j].sum())
+                top = exact_top_k(row, min(k, n_ok)).astype(np.int64)
                 h.exact_ids = [self.corpus.ids[j] for j in top]
                 h.exact_scores = row[top].astype(np.float32)
                 h.recall = len(set(h.indices.tolist()) & set(top.tolist())) / len(top)
@@ -736,12 +768,8 @@ class Searcher:
     def _rescore(self, query: str, res, i: int, k: int, n: int):
         """Query ``i`` of ``res``: ``(indices, scores, rescore calls, rescore seconds)`` of its
         top-k, after rescoring its top ``n`` (ranked by the search CE) with the rescore CE."""
-        keep = res.indices[i] >= 0
-        if self.dead is not None:
-            keep &= ~self.dead[np.where(keep, res.indices[i], 0)]
+        keep = res.indices[i] >= 0  # -1: fewer allowed items than asked for
         idx, scores = res.indices[i][keep], res.scores[i][keep]
-        if self.dead is not None:
-            idx, scores = idx[: max(k, n)], scores[: max(k, n)]
         if not n:
             return idx, scores, 0, 0.0
         t0 = time.perf_counter()
@@ -749,6 +777,56 @@ class Searcher:
         new = np.asarray(self.rescore_ce.score(query, idx), np.float32)
         order = np.lexsort((idx, -new))[:k]  # by rescore CE score, ties to the lower index
         return idx[order], new[order], int(idx.size), time.perf_counter() - t0
+
+    #: bytes of filter masks kept between searches (a service sees the same filters again)
+    MASK_CACHE_BYTES = 64 << 20
+
+    def filter_mask(self, spec: Any) -> np.ndarray:
+        """The items a filter allows (boolean (N,); :mod:`crossknn.filters`, checked against
+        this index's metadata fields), kept for the next search with the same filter."""
+        f = parse_filter(spec, self.index.metadata.fields)
+        key = f.key
+        if key in self._masks:
+            self._masks.move_to_end(key)
+            return self._masks[key]
+        mask = f.mask(self.index.metadata, self.corpus.ids)
+        mask.setflags(write=False)
+        self._masks[key] = mask
+        while len(self._masks) > 1 and sum(m.nbytes for m in self._masks.values()) > (
+            self.MASK_CACHE_BYTES
+        ):
+            self._masks.popitem(last=False)
+        return mask
+
+    def ids_mask(self, ids: Sequence[str]) -> np.ndarray:
+        """The items of an id allow-list (boolean (N,); ids the index lacks allow nothing)."""
+        if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
+            raise ValueError("ids must be a list of item id strings")
+        return self.filter_mask({ID_FIELD: {"$in": list(ids)}})
+
+    def allow_masks(
+        self, n_queries: int, *, filter: Any = None, ids: Sequence[str] | None = None
+    ) -> list[np.ndarray | None] | None:
+        """One boolean (N,) allow mask per query: its filter (one for all, or a list of one
+        filter or None per query) and ``ids``, less the removed items (None for a query that
+        may be given every item); None when every query may."""
+        per_query = isinstance(filter, list)
+        if per_query and len(filter) != n_queries:
+            raise ValueError(f"{len(filter)} filters for {n_queries} queries")
+        filters = filter if per_query else [filter] * n_queries
+        base = self.live
+        if ids is not None:
+            m = self.ids_mask(ids)
+            base = m if base is None else base & m
+        if base is None and all(f is None for f in filters):
+            return None
+        out = []
+        for f in filters:
+            m = base if f is None else self.filter_mask(f)
+            if f is not None and base is not None:
+                m = m & base
+            out.append(m)
+        return out
 
     def exact_scores(self, query: str) -> np.ndarray:
         """CE scores of ``query`` against every item (N CE calls)."""

@@ -34,11 +34,25 @@ const char* storage_name(Storage s) noexcept;
 // on the generic path (last bits).
 const char* kernel_name() noexcept;
 
-// Exclusion lists for Q queries in CSR form: ids of query q are ids[offsets[q] .. offsets[q+1]).
-// Entries equal to -1 are padding and ignored; other ids must lie in [0, N). Duplicates are fine.
+// An allow mask over N items: one bit per item, item i in bit (i % 64) of word i / 64
+// (mask_words(N) words; bits from N on are ignored). A disallowed item is never chosen.
+inline int64_t mask_words(int64_t n) noexcept { return (n + 63) / 64; }
+inline bool mask_allows(const uint64_t* words, int64_t i) noexcept {
+  return words == nullptr || ((words[i >> 6] >> (i & 63)) & 1u) != 0;
+}
+// The allowed items among the first n (every item for a null mask).
+int64_t mask_count(const uint64_t* words, int64_t n) noexcept;
+
+// Which items Q queries may not choose: exclusion lists in CSR form (ids of query q are
+// ids[offsets[q] .. offsets[q+1]); entries equal to -1 are padding and ignored; other ids must
+// lie in [0, N); duplicates are fine) and allow masks (allow[q]: query q's mask, mask_words(N)
+// words; a null allow, or a null entry, allows every item). An item is available to query q
+// when its mask allows it and its list does not hold it.
 struct ExcludeLists {
   const int64_t* ids = nullptr;
-  const int64_t* offsets = nullptr;  // Q + 1 entries, or nullptr for "no exclusion"
+  const int64_t* offsets = nullptr;        // Q + 1 entries, or nullptr for "no exclusion"
+  const uint64_t* const* allow = nullptr;  // Q mask pointers, or nullptr for "every item"
+  const uint64_t* allow_of(int64_t q) const noexcept { return allow ? allow[q] : nullptr; }
 };
 
 class Features;
@@ -122,7 +136,8 @@ class Features {
 
   // Q queries U (Q x d float32, row-major). Writes Q x k scores and indices, each row sorted by
   // score descending, ties to the lower index. Throws invalid_argument when k exceeds the number
-  // of unmasked items of some query.
+  // of available items of some query. A query whose mask allows few items (at most N / 8) reads
+  // only their rows (the same scores, bit for bit, as the full pass).
   void top_k(const float* U, int64_t Q, int64_t k, const ExcludeLists& ex, float* out_scores,
              int64_t* out_idx) const;
 

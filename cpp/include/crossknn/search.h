@@ -52,8 +52,8 @@ class RoundSelector {
   virtual void top_k(const float* U, int64_t Q, int64_t n, const ExcludeLists& ex, float* keys,
                      int64_t* out) = 0;
   // one query: ex has offsets {0, m}; seed is the step's query seed
-  virtual void sample_softmax(const float* u, int64_t n, const ExcludeLists& ex,
-                              double temperature, uint64_t seed, float* keys, int64_t* out) = 0;
+  virtual void sample_softmax(const float* u, int64_t n, const ExcludeLists& ex, double temperature,
+                              uint64_t seed, float* keys, int64_t* out) = 0;
 };
 
 struct Step {
@@ -135,8 +135,13 @@ struct SearchOptions {
 struct SearchQuery {
   uint64_t id = 0;                       // seeds: query_seed(options.seed, id)
   const int64_t* first_items = nullptr;  // plan[0].n items, or nullptr for uniform random
-  const double* prior = nullptr;  // d doubles (the DE query vector): mix > 0 and PriorRidge
-  const float* first_query = nullptr;  // first_features->dim() floats (options.first_features)
+  const double* prior = nullptr;         // d doubles (the DE query vector): mix > 0 and PriorRidge
+  const float* first_query = nullptr;    // first_features->dim() floats (options.first_features)
+  // The items this query may be given: an allow mask (features.h, mask_words(N) words; nullptr:
+  // every item). A disallowed item is never chosen, scored or returned; first_items must be
+  // allowed. A mask that allows at most B items: they are all scored in the first step (one call
+  // each, the exact top-k among them, no rounds); fewer than k: the result is padded with -1.
+  const uint64_t* allow = nullptr;
 };
 
 struct SearchResult {

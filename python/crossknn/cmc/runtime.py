@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossknn.retrievers import DenseRetriever
+from crossknn.retrievers import DenseRetriever, query_masks
 
 __all__ = ["DEFAULT_CANDIDATES", "FORMAT", "CmcReranker", "CmcRetriever", "read_info"]
 
@@ -133,9 +133,10 @@ class CmcRetriever:
     def __repr__(self) -> str:
         return f"CmcRetriever(n_items={self.n_items}, candidates={self.candidates})"
 
-    def scores(self, queries: Sequence) -> tuple[np.ndarray, np.ndarray]:
-        """(candidate items (Q, K) int64 in DE order, CMC scores (Q, K))."""
-        cand = self.dense.retrieve(queries, self.candidates)
+    def scores(self, queries: Sequence, *, allow=None) -> tuple[np.ndarray, np.ndarray]:
+        """(candidate items (Q, K) int64 in DE order, CMC scores (Q, K)); ``allow``: one mask
+        per query (all with at least K allowed items), as :meth:`retrieve`."""
+        cand = self.dense.retrieve(queries, self.candidates, allow=allow)
         qv = (
             np.stack([self.dense.query_vector(q) for q in queries])
             if len(queries)
@@ -143,20 +144,42 @@ class CmcRetriever:
         )
         return cand, self.reranker.score(qv, self._items[cand])
 
-    def retrieve(self, queries: Sequence, k: int) -> np.ndarray:
+    def retrieve(self, queries: Sequence, k: int, *, allow=None) -> np.ndarray:
+        """The DE's top-K (K = ``candidates``) reranked by CMC, then the DE's next items when
+        k > K. ``allow``: one boolean mask (N,) (or None) per query: the DE's top-K among the
+        allowed items (K capped by how many a query's mask allows), reranked by CMC."""
         k = int(k)
         if not 0 <= k <= self.n_items:
             raise ValueError(f"cannot retrieve k={k} items from {self.n_items}")
         if len(queries) == 0:
             return np.empty((0, k), np.int64)
-        cand, s = self.scores(queries)
+        masks = query_masks(allow, len(queries), self.n_items)
+        if any(a is not None and int(a.sum()) < max(k, self.candidates) for a in masks):
+            return np.stack(
+                [self._retrieve_few(q, k, a) for q, a in zip(queries, masks, strict=True)]
+            )
+        cand, s = self.scores(queries, allow=allow)
         order = np.argsort(-s, axis=1, kind="stable")
         ranked = np.take_along_axis(cand, order, axis=1)
         if k <= self.candidates:
             return ranked[:, :k]
         # more than K asked for: CMC's K first, then the DE's next items in DE order
-        more = self.dense.retrieve(queries, k)[:, self.candidates :]
+        more = self.dense.retrieve(queries, k, allow=allow)[:, self.candidates :]
         return np.concatenate([ranked, more], axis=1)
+
+    def _retrieve_few(self, query, k: int, allow) -> np.ndarray:
+        """One query whose mask allows fewer than max(k, K) items: the DE's top min(K, allowed)
+        among them reranked by CMC, then the DE's next allowed items."""
+        allowed = self.n_items if allow is None else int(allow.sum())
+        if allowed < k:
+            raise ValueError(f"the query's mask allows {allowed} items; k={k} asked")
+        m = min(self.candidates, allowed)
+        one = None if allow is None else [allow]
+        cand = self.dense.retrieve([query], max(m, k), allow=one)[0]
+        qv = self.dense.query_vector(query)[None, :]
+        s = self.reranker.score(qv, self._items[cand[:m]][None])[0]
+        ranked = cand[:m][np.argsort(-s, kind="stable")]
+        return np.concatenate([ranked, cand[m:]])[:k]
 
 
 def _factory(

@@ -336,4 +336,8 @@ def print_hits(hits, *, texts: bool = True, file=None, width: int = 70) -> None:
         if h.recall is not None:
             line += f"; Top-{len(h.exact_ids)}-Recall vs exact CE: {h.recall:.2f}"
             line += " (* = not in the exact top-k)"
+        if getattr(h, "allowed", None) is not None:
+            line += f"; {h.allowed} items allowed"
+            if h.allowed <= len(h.ids):
+                line += " (every one of them is here)"
         print(line, file=file)

@@ -33,6 +33,7 @@ from crossknn.corpus.versions import index_version
 from crossknn.corpus_folder import open_index
 from crossknn.data import find_beir, load_beir, read_qrels, read_query_file
 from crossknn.fileio import atomic_write_json
+from crossknn.filters import parse_filter
 from crossknn.outputs import check_output_file
 from crossknn.searcher import METHODS, Searcher
 from crossknn.trec import run_metrics, run_tag, write_run
@@ -106,6 +107,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "per query from the CE's measured cost per round (default: 8 on a GPU provider, none "
         "on a CPU; 0: none, the index's rounds)",
     )
+    p.add_argument(
+        "--filter",
+        metavar="JSON",
+        help='only items whose metadata match it: a JSON filter such as \'{"lang": "en"}\' or '
+        "@FILE (docs: Filtered search); every query (a --queries JSONL line's own 'filter' "
+        "applies too)",
+    )
+    p.add_argument(
+        "--ids",
+        metavar="FILE",
+        help="only these items: an id allow-list file (one item id per line)",
+    )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument(
         "--query-batch",
@@ -155,8 +168,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars, no table")
 
 
-def _queries(args) -> tuple[list[str], list[str], dict | None]:
-    """(ids, texts, qrels or None) from the arguments."""
+def _filters(args, n: int, per_query: list) -> list | None:
+    """Each query's filter: ``--filter`` and the query file's own, both when both are given
+    (None: no filter at all)."""
+    common = None
+    if args.filter:
+        text = args.filter
+        if text.startswith("@"):
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        try:
+            common = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--filter is not valid JSON ({exc.msg}): {args.filter!r}") from None
+        if not isinstance(common, dict):
+            raise ValueError(f"--filter must be a JSON object; got {args.filter!r}")
+    per_query = per_query + [None] * (n - len(per_query))
+    out = [
+        common if f is None else f if common is None else {"$and": [common, f]} for f in per_query
+    ]
+    return None if all(f is None for f in out) else out
+
+
+def _id_list(path: str | None) -> list[str] | None:
+    if not path:
+        return None
+    ids = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    ids = [i for i in ids if i]
+    if not ids:
+        raise ValueError(f"--ids {path}: the file holds no item id")
+    return ids
+
+
+def _queries(args, filters: list | None = None) -> tuple[list[str], list[str], dict | None]:
+    """(ids, texts, qrels or None) from the arguments; ``filters`` receives the query file's
+    per-query filters."""
     ids, texts = [], []
     qrels = None
     if args.beir:
@@ -181,7 +226,9 @@ def _queries(args) -> tuple[list[str], list[str], dict | None]:
         texts = list(args.query)
         ids = [str(i) for i in range(1, len(texts) + 1)]
         if args.queries:
-            fids, ftexts = read_query_file(args.queries)
+            if filters is not None:
+                filters.extend([None] * len(texts))
+            fids, ftexts = read_query_file(args.queries, filters=filters)
             ids, texts = ids + fids, texts + ftexts
     if args.qrels:
         qrels = read_qrels(args.qrels)
@@ -200,13 +247,19 @@ def _queries(args) -> tuple[list[str], list[str], dict | None]:
 def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     rescore = _rescore_arg(args)
-    ids, queries, qrels = _queries(args)
+    per_query: list = []
+    ids, queries, qrels = _queries(args, per_query)
+    filters = _filters(args, len(queries), per_query[: len(queries)])
+    allow_ids = _id_list(args.ids)
 
     check_encodable(queries, "queries")  # one line before any model opens
     if args.metrics and qrels is None:
         raise ValueError("--metrics needs relevance judgments: --beir DIR or --qrels FILE")
 
     index = open_index(args.index_dir)
+    for f in filters or []:  # checked against the index's fields before any model opens
+        if f is not None:
+            parse_filter(f, index.metadata.fields)
     # the models with the run's precision (fp16: the recorded fp32 graph on a GPU) and options
     ce, de = open_index_models(
         index,
@@ -246,6 +299,8 @@ def run(args: argparse.Namespace) -> int:
         query_ids=ids,
         query_batch=args.query_batch,
         show_progress_bar=not args.quiet and (len(queries) > 1 or args.exact),
+        filter=filters,
+        ids=allow_ids,
     )
     if args.log_queries:
         _log_queries(args.log_queries, searcher, hits)
@@ -256,7 +311,12 @@ def run(args: argparse.Namespace) -> int:
         write_run(args.run, [(h.qid, h.ids, h.scores) for h in hits], tag)
     first = None
     if args.first_stage_run or args.metrics:
-        top = searcher.first.retrieve(queries, min(args.k, searcher.n_items))
+        masks = searcher.allow_masks(len(queries), filter=filters, ids=allow_ids)
+        n_first = min(
+            [args.k, searcher.n_items] + [int(m.sum()) for m in masks or [] if m is not None]
+        )
+        kw = {} if masks is None else {"allow": masks}
+        top = searcher.first.retrieve(queries, n_first, **kw)
         V, Q = searcher.V, searcher.qvec.encode(queries)
         first = []
         for qid, row, qv in zip(ids, top, Q, strict=True):

@@ -28,7 +28,9 @@ from crossknn.corpus_folder import CORPUS_KIND, ITEMS_FILE, CorpusIndex, open_in
 from crossknn.data import Corpus
 from crossknn.fileio import (
     atomic_write_bytes,
+    fingerprint,
     folder_lock,
+    sha256_array,
     sha256_bytes,
     sha256_texts,
 )
@@ -41,6 +43,8 @@ from crossknn.index.auto import (
 from crossknn.index.cur import score_dense
 from crossknn.index.files import save_index, update_params
 from crossknn.jobs import JobOptions
+from crossknn.metadata import PARAMS_KEY as METADATA_KEY
+from crossknn.metadata import ItemMetadata
 from crossknn.score_map import ScoreMap
 from crossknn.search.round_index import default_round_index, round_index_arrays, round_widths_meta
 from crossknn.searcher import Searcher
@@ -203,6 +207,13 @@ def build_corpus_index(
     return open_index(out)
 
 
+def item_metadata(corpus: Corpus) -> ItemMetadata:
+    """The metadata columns of a corpus's items (none when its items have no other fields)."""
+    if corpus.metadata is None:
+        return ItemMetadata({}, len(corpus))
+    return ItemMetadata.from_records(corpus.metadata, ids=corpus.ids)
+
+
 def corpus_build_key(corpus: Corpus, ce, de, *, train_queries=None, **settings) -> str:
     """The key of :func:`build_corpus_index` with these arguments (``settings``: its keyword
     arguments but ``progress`` and ``chunk``, which change nothing it makes); a folder whose
@@ -220,7 +231,12 @@ def corpus_build_key(corpus: Corpus, ce, de, *, train_queries=None, **settings) 
     unknown = set(settings) - set(defaults)
     if unknown:
         raise TypeError(f"unknown build settings {sorted(unknown)}")
+    # the items: ids, texts and their other fields (the metadata filters read)
     items = sha256_bytes(_items_jsonl(corpus))
+    if corpus.metadata is not None:
+        arrays, spec = item_metadata(corpus).to_index()
+        columns = {name: sha256_array(arr) for name, arr in sorted(arrays.items())}
+        items = fingerprint([items, spec, columns])
     return build_key(items, ce, de, train_queries=train_queries, settings={**defaults, **settings})
 
 
@@ -274,6 +290,8 @@ def _build_locked(
         shutil.rmtree(stage)  # a half-written index of an interrupted build
     stage.mkdir(parents=True)
     items_bytes = _items_jsonl(corpus)
+    # the items' other fields (crossknn.metadata), checked before any model runs
+    meta_arrays, meta_params = item_metadata(corpus).to_index()
     atomic_write_bytes(stage / ITEMS_FILE, items_bytes)
     V = encode_resumable(
         de, list(corpus.texts), work / "de", chunk=chunk, progress=progress, ids=corpus.ids
@@ -361,6 +379,9 @@ def _build_locked(
         ItemFeatures(V), round_index, progress=progress
     )
     arrays.update(rarrays)
+    arrays.update(meta_arrays)
+    if meta_params is not None:
+        params[METADATA_KEY] = meta_params
     info = {
         "items_file": ITEMS_FILE,
         "items_sha256": sha256_bytes(items_bytes),

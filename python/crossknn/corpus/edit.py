@@ -32,6 +32,8 @@ from crossknn.corpus_folder import open_index
 from crossknn.data import Corpus
 from crossknn.fileio import atomic_save_npy, fingerprint, folder_lock, sha256_texts
 from crossknn.index.auto import AUTO_ARRAY, AUTO_ITEM_COV
+from crossknn.metadata import PARAMS_KEY as METADATA_KEY
+from crossknn.metadata import ItemMetadata
 from crossknn.search.auto import item_covariance
 from crossknn.search.round_index import (
     ARRAY_NAME,
@@ -67,6 +69,19 @@ def _check_new(index, items: Corpus) -> None:
         )
 
 
+def _metadata_changes(index, meta: ItemMetadata, changed: dict, params: dict) -> None:
+    """Every metadata array of ``meta`` into ``changed`` (the index's old ones dropped) and its
+    fields into ``params``."""
+    for name in ItemMetadata.array_names(index.arrays):
+        changed[name] = None
+    arrays, spec = meta.to_index()
+    changed.update(arrays)
+    if spec is None:
+        params.pop(METADATA_KEY, None)
+    else:
+        params[METADATA_KEY] = spec
+
+
 def _dead(index) -> np.ndarray:
     t = index.arrays.get(TOMBSTONES)
     return np.zeros(len(index), bool) if t is None else np.asarray(t, bool)
@@ -98,6 +113,12 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
         if done is not None:
             return {"version": done, "already": True, "added": len(items)}
         _check_new(index, items)
+        item_meta = None  # every item's metadata, its kinds checked before any model runs
+        if items.metadata is not None or index.metadata.columns:
+            item_meta = ItemMetadata.from_records(
+                index.metadata.records() + list(items.metadata or [None] * len(items)),
+                ids=list(index.corpus.ids) + list(items.ids),
+            )
         if "R" in index.arrays:
             raise ValueError(
                 f"index {path} has CUR rows (--cur) of train queries it does not store; "
@@ -148,6 +169,8 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
             )
         ids = list(index.corpus.ids) + list(items.ids)
         all_texts = list(index.corpus.texts) + texts
+        if item_meta is not None:
+            _metadata_changes(index, item_meta, changed, params)
         seconds = time.perf_counter() - t0
         op = {
             "op": "add",
@@ -231,6 +254,8 @@ def remove_items(path, ids, *, compact_at: float = COMPACT_AT, progress: bool = 
             if TOMBSTONES in index.arrays:
                 changed[TOMBSTONES] = None  # compacted: no removed item is left
             params["n_items"] = int(keep.size)
+            if index.metadata.columns:
+                _metadata_changes(index, index.metadata.take(keep), changed, params)
             items = items_jsonl(
                 [index.corpus.ids[j] for j in keep], [index.corpus.texts[j] for j in keep]
             )

@@ -10,6 +10,11 @@ item once), the solves, the per-round top-k / sampling and the final ranking are
 Item features whose ``top_k`` / ``sample_softmax`` are not the core's own (a FAISS round index,
 item shards: ``crossknn.search.round_index``, ``crossknn.search.shards``) are passed to the loop
 as its per-round selection hook; everything else stays in C++.
+
+``allow``: the items each query may be given (an allow mask per query, honoured by every kernel
+that chooses items, the first items included: a disallowed item is never chosen, scored or
+returned). A query whose mask allows at most B items scores them all in one step (its exact
+top-k among them); one that allows fewer than k gets them all and -1 padding after.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from crossknn import _core
-from crossknn.core import ItemFeatures
+from crossknn.core import ItemFeatures, allowed_count, pack_allow
+from crossknn.retrievers import query_masks
 from crossknn.search.rounds import SearchResult, check_plan, query_seed
 
-__all__ = ["query_id_int", "search_rounds"]
+__all__ = ["query_allow", "query_id_int", "search_rounds"]
 
 _SOLVES = ("lstsq", "targets", "prior_ridge")
 
@@ -57,6 +63,24 @@ def _uses_own_first(method) -> bool:
     return bool(draws is not None and draws())
 
 
+def query_allow(allow, n_queries: int, n_items: int) -> list[np.ndarray | None] | None:
+    """``allow`` of :func:`search_rounds` as one boolean array (N,) or None per query (None for
+    no mask at all)."""
+    if allow is None:
+        return None
+    if isinstance(allow, np.ndarray) and allow.ndim == 1:
+        if allow.dtype != np.bool_ or allow.shape != (n_items,):
+            raise ValueError(
+                f"allow must be a boolean array of shape ({n_items},); got {allow.dtype} "
+                f"{allow.shape}"
+            )
+        return [allow] * n_queries
+    if isinstance(allow, np.ndarray) and allow.ndim == 2:
+        allow = list(allow)
+    masks = query_masks(list(allow), n_queries, n_items)
+    return None if all(m is None for m in masks) else masks
+
+
 def search_rounds(
     method,
     scorer,
@@ -66,9 +90,12 @@ def search_rounds(
     k: int,
     seed: int = 0,
     query_ids: Sequence | None = None,
+    allow=None,
 ) -> SearchResult:
     """Runs ``method`` (a :class:`crossknn.search.methods.RoundMethod`) for a batch of queries
-    on the C++ loop; one ``scorer.score_batch`` per step for all of them."""
+    on the C++ loop; one ``scorer.score_batch`` per step for all of them. ``allow``: None, a
+    boolean array (N,) for every query, or a list of Q boolean arrays (N,) or None (see the
+    module docstring)."""
     queries = list(queries)
     nq = len(queries)
     n_items = int(scorer.n_items)
@@ -99,6 +126,13 @@ def search_rounds(
         empty = np.empty((0, k))
         return SearchResult(empty.astype(np.float32), empty.astype(np.int64), np.zeros(0, np.int64))
 
+    masks = query_allow(allow, nq, n_items)
+    words = None if masks is None else pack_allow(masks, nq, n_items)
+    counts = allowed_count(words, n_items) if words is not None else None
+    # the queries that run the plan (the others score all their allowed items in one step)
+    act = list(range(nq)) if counts is None else [q for q in range(nq) if counts[q] > budget]
+    masked = masks is not None and any(masks[q] is not None for q in act)
+    method = method.for_masks() if masked and hasattr(method, "for_masks") else method
     features = method.features_for(budget)
     if features is None:  # no rounds (RNR): the loop only needs N for its random first items
         features = method.random_features()
@@ -110,16 +144,16 @@ def search_rounds(
     # the DE's top items: the loop's own top-k, no Python round trip (None: first_items)
     dense = None if _uses_own_first(method) else _core_first_stage(method, queries)
     if dense is None and not _uses_own_first(method):
-        seeds = [query_seed(seed, q) for q in query_ids]
-        first = np.ascontiguousarray(
-            np.stack(
-                [
-                    np.asarray(c, np.int64).ravel()
-                    for c in method.first_items(queries, plan[0].n, seeds)
-                ]
-            ),
-            np.int64,
-        )
+        seeds = [query_seed(seed, query_ids[q]) for q in act]
+        first = np.full((nq, plan[0].n), -1, np.int64)  # small queries' rows are never read
+        if act:
+            got = method.first_items(
+                [queries[q] for q in act],
+                plan[0].n,
+                seeds,
+                **({"allow": [masks[q] for q in act]} if masked else {}),
+            )
+            first[act] = np.stack([np.asarray(c, np.int64).ravel() for c in got])
     priors = None
     mix = float(method.mix) if rounds else 0.0
     if rounds and (mix > 0 or solve == "prior_ridge"):
@@ -153,6 +187,7 @@ def search_rounds(
         penalty_decay=float(decay),
         final_retrieved=method.final == "retrieved",
         selector=_selector(features) if rounds else None,
+        allow=words,
         **(dense or {}),
     )
     return SearchResult(

@@ -20,6 +20,8 @@ be chosen on held-out train queries (:func:`crossknn.search.tuning.choose_on_dev
 
 from __future__ import annotations
 
+import copy
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -210,11 +212,25 @@ class RoundMethod:
             self._random_features = ItemFeatures(np.zeros((self.n_items, 1), np.float32))
         return self._random_features
 
-    def first_items(self, queries: Sequence, n: int, seeds: Sequence[int]) -> list[np.ndarray]:
+    def first_items(
+        self, queries: Sequence, n: int, seeds: Sequence[int], *, allow=None
+    ) -> list[np.ndarray]:
+        """The first step's ``n`` items of each query; ``allow`` (None, or one boolean array
+        (N,) or None per query): chosen among the items each query's mask allows."""
+        masks = [None] * len(queries) if allow is None else list(allow)
         if isinstance(self.first, str):  # uniform random
             feats = self.random_features()
-            return [feats.sample_random(n, seed=s) for s in seeds]
-        top = np.asarray(self.first.retrieve(list(queries), n), np.int64)
+            return [
+                feats.sample_random(n, seed=s, allow=a) for s, a in zip(seeds, masks, strict=True)
+            ]
+        kw = {} if allow is None else {"allow": masks}
+        if allow is not None and "allow" not in inspect.signature(self.first.retrieve).parameters:
+            raise TypeError(
+                f"the first-stage retriever {type(self.first).__name__} cannot search within a "
+                "subset: its retrieve(queries, k) takes no allow= masks (crossknn.retrievers."
+                "Retriever); give it one to use filters or removed items with it"
+            )
+        top = np.asarray(self.first.retrieve(list(queries), n, **kw), np.int64)
         if top.shape != (len(queries), n):
             raise ValueError(
                 f"the first-stage retriever returned {top.shape}; expected ({len(queries)}, {n})"
@@ -254,10 +270,13 @@ class RoundMethod:
         k: int,
         seed: int = 0,
         query_ids: Sequence | None = None,
+        allow=None,
     ) -> SearchResult:
-        """Top-k items per query by exact CE score, spending at most ``budget`` CE calls each."""
+        """Top-k items per query by exact CE score, spending at most ``budget`` CE calls each.
+        ``allow``: the items each query may be given (a boolean array (N,) for every query, or
+        one per query, None for every item; :func:`crossknn.search.engine.search_rounds`)."""
         return search_rounds(
-            self, scorer, queries, budget=budget, k=k, seed=seed, query_ids=query_ids
+            self, scorer, queries, budget=budget, k=k, seed=seed, query_ids=query_ids, allow=allow
         )
 
 
@@ -315,6 +334,7 @@ class ANNCUR(RoundMethod):
         self.ridge = float(ridge)
         self.final = _check_final(final)
         self._anncur_cache: dict[int, tuple[np.ndarray, ItemFeatures]] = {}
+        self._under_masks = False  # for_masks()
         _n_anchors(split, 1)
 
     def anchors(self, n: int) -> tuple[np.ndarray, ItemFeatures]:
@@ -332,22 +352,46 @@ class ANNCUR(RoundMethod):
             steps.append(Step("retrieve", budget - k_i))
         return steps
 
-    def features_for(self, budget):
-        if isinstance(self.first, str):  # fixed anchors: the features are Eᵀ for k_i anchors
-            return self.anchors(_n_anchors(self.split, budget))[1]
-        return self.index.item_features()
-
-    def first_items(self, queries, n, seeds):
+    def first_items(self, queries, n, seeds, *, allow=None):
         if isinstance(self.first, str):  # the first step scores exactly the k_i fixed anchors
-            return [self.anchors(n)[0]] * len(queries)
-        return super().first_items(queries, n, seeds)
+            anchors = self.anchors(n)[0]
+            if allow is None:
+                return [anchors] * len(queries)
+            # under masks: the allowed anchors, topped up with random allowed items
+            out = []
+            for s, a in zip(seeds, allow, strict=True):
+                keep = anchors if a is None else anchors[a[anchors]]
+                if keep.size < n:
+                    fill = self.index.item_features().sample_random(
+                        n - keep.size, seed=s, exclude=keep, allow=a
+                    )
+                    keep = np.concatenate([keep, fill])
+                out.append(keep)
+            return out
+        return super().first_items(queries, n, seeds, allow=allow)
 
     def core_first_stage(self, queries):  # a retriever as first: RoundMethod.first_items
         return None if isinstance(self.first, str) else self._dense_first(queries)
 
+    def for_masks(self) -> ANNCUR:
+        """The method for a batch with allow masks: with fixed anchors, a query whose mask
+        excludes some anchors cannot use the precomputed ``E``; every query then solves by least
+        squares over ``Rᵀ`` on its allowed anchors (topped up with random allowed items), which
+        is ANNCUR's per-query ``E`` (as with a retriever as ``first``)."""
+        if not isinstance(self.first, str) or self._under_masks:
+            return self
+        twin = copy.copy(self)
+        twin._under_masks = True
+        return twin
+
+    def features_for(self, budget):
+        if isinstance(self.first, str) and not self._under_masks:
+            return self.anchors(_n_anchors(self.split, budget))[1]  # Eᵀ for k_i fixed anchors
+        return self.index.item_features()
+
     @property
     def solve(self) -> str:  # fixed anchors: u = e_q (the anchors' CE scores), features Eᵀ
-        return "targets" if isinstance(self.first, str) else "lstsq"
+        return "targets" if isinstance(self.first, str) and not self._under_masks else "lstsq"
 
 
 def _check_final(final: str) -> str:

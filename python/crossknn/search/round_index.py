@@ -33,7 +33,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from crossknn.core import ItemFeatures, check_float, check_k, check_seed, exclude_csr
+from crossknn.core import (
+    ItemFeatures,
+    allowed_count,
+    allowed_items,
+    check_float,
+    check_k,
+    check_seed,
+    exclude_csr,
+    pack_allow,
+)
 
 __all__ = [
     "ARRAY_NAME",
@@ -71,6 +80,11 @@ TUNE_CANDIDATES = {
 # N = 1e7 nprobe 192 gives 0.980 per-round recall and 256 gives 0.981 for a third more codes)
 PLATEAU = 0.002
 WIDTH_NAME = {"ivf": "nprobe", "hnsw": "efSearch"}
+# allow masks of at most this share of the items: exact rounds over the allowed rows (the core
+# reads only them below N / 8) instead of the index with a selector and 1 / selectivity its
+# width. bench/filter_bench.py --part scale (10^6 x 128, IVF, 4,096 lists): at 1% the exact
+# rounds cost 0.07 of the selector's, at 10% the selector 0.86 of the exact rounds'
+EXACT_BELOW = 0.05
 
 
 def _faiss():
@@ -249,6 +263,9 @@ class IndexedFeatures(ItemFeatures):
         self.width = int(width or DEFAULT_WIDTH[self.kind])
         self.oversample, self.pool = float(oversample), float(pool)
         self.exact_fallbacks = 0  # queries answered by the exact kernel (too few candidates)
+        # an allow mask of at most this share of the items is searched exactly over its rows
+        # (bench/filter_bench.py: cheaper than the selector there)
+        self.exact_below = EXACT_BELOW
         # per-round widths: {scored items at least: width}, set by tune_round_widths; None: width
         self.round_widths: dict[int, int] | None = None
         self._params_cache: dict[int, tuple] = {}
@@ -267,13 +284,22 @@ class IndexedFeatures(ItemFeatures):
             f"n_items={self.n_items}, dim={self.dim}, storage={self.storage!r})"
         )
 
-    def _params(self, scored: int = 0):
+    def _params(self, scored: int = 0, selectivity: float = 1.0, allowed=None):
         """FAISS search parameters for a step with ``scored`` items (made once per width: building
-        them costs as much as a tenth of an IVF step)."""
+        them costs as much as a tenth of an IVF step). With an allow mask (``allowed``: its
+        packed bytes, ``selectivity``: the share of items it allows) the width grows by
+        1 / selectivity, so that as many allowed codes are scanned as unfiltered, and an
+        ``IDSelectorBitmap`` keeps the others out of the results."""
         width = self.width_for(scored)
+        if allowed is not None:
+            width = int(math.ceil(width / max(selectivity, 1e-9)))
+            params, keep = self._make_params(width)
+            sel = _faiss().IDSelectorBitmap(self.n_items, _faiss().swig_ptr(allowed))
+            params.sel = sel
+            return params, (keep, sel, allowed)
         if width not in self._params_cache:
             self._params_cache[width] = self._make_params(width)
-        return self._params_cache[width][0]
+        return self._params_cache[width]
 
     def _make_params(self, width: int):
         """(params, objects the params point to: SWIG does not keep them alive)."""
@@ -289,17 +315,22 @@ class IndexedFeatures(ItemFeatures):
             return faiss.SearchParametersIVF(nprobe=nprobe), None
         return faiss.SearchParametersHNSW(efSearch=width), None
 
-    def _candidates(self, U: np.ndarray, need: np.ndarray, ids, off):
-        """Per query, the unscored candidates the index returns for ``need`` items, and the sorted
-        unique ids each query excludes. FAISS returns distinct ids (an item is in one IVF list, a
-        graph result lists a node once), so only -1 padding and excluded ids are dropped."""
+    def _candidates(self, U: np.ndarray, need: np.ndarray, excludes, mask=None):
+        """Per query, the unscored (and allowed) candidates the index returns for ``need`` items,
+        and the sorted unique ids each query excludes. FAISS returns distinct ids (an item is in
+        one IVF list, a graph result lists a node once), so only -1 padding, excluded ids and
+        (with ``mask``, one packed allow mask shared by the queries) disallowed ids are
+        dropped."""
         Q = U.shape[0]
-        excl = []
-        for q in range(Q):
-            e = None if ids is None else ids[off[q] : off[q + 1]]
-            excl.append(None if e is None else np.unique(e[e >= 0]))
+        excl = [None if e is None else np.unique(e[e >= 0]) for e in excludes]
         m = max((0 if e is None else e.size) for e in excl) if excl else 0
-        fetch = int(min(self.n_items, math.ceil(self.oversample * (int(need.max()) + m))))
+        allowed, selectivity = None, 1.0
+        if mask is not None:
+            selectivity = allowed_count(mask, self.n_items) / self.n_items
+            allowed = np.ascontiguousarray(mask.astype("<u8").view(np.uint8))  # FAISS's bitmap
+        fetch = int(
+            min(self.n_items, math.ceil(self.oversample * (int(need.max()) + m) / selectivity))
+        )
         Uf = np.ascontiguousarray(U, np.float32)
         if not np.isfinite(Uf).all():  # beyond float32: the direction is what counts
             Uf = np.ascontiguousarray(U / np.abs(U).max(axis=1, keepdims=True), np.float32)
@@ -308,11 +339,14 @@ class IndexedFeatures(ItemFeatures):
             # latency case) is parallelized over its probed lists instead (N = 1e7, nprobe 128,
             # 2 threads: 1.75 ms per step instead of 2.38 on one, docs/scale.md)
             self.index.parallel_mode = 1 if Q == 1 else 0
-        _, ids_k = self.index.search(Uf, fetch, params=self._params(m))
+        params, _keep = self._params(m, selectivity, allowed)
+        _, ids_k = self.index.search(Uf, fetch, params=params)
         out = []
         for q in range(Q):
             c = ids_k[q]
             c = c[c >= 0]
+            if mask is not None:
+                c = c[allowed_items(mask, c)]
             e = excl[q]
             if e is not None and e.size and c.size:
                 hit = e.take(np.searchsorted(e, c), mode="clip") == c
@@ -327,54 +361,106 @@ class IndexedFeatures(ItemFeatures):
             return np.empty(0)
         return self._scores_of_rows(self._f.rows(items), u)
 
-    def top_k(self, u, k: int, *, exclude=None):
+    def _groups(self, U, exclude, allow, single: bool):
+        """The queries in groups of one allow mask: (query rows, packed mask or None, their
+        exclusion lists, exact); a mask that allows at most ``exact_below`` N items is answered
+        by the exact kernel, which then reads only the allowed rows (``exact`` True). The masks
+        stay packed (as the C++ loop hands them over): nothing of N bytes per round step."""
+        Q = U.shape[0]
+        ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
+        excludes = [None if ids is None else ids[off[q] : off[q + 1]] for q in range(Q)]
+        if allow is None:
+            yield np.arange(Q), None, excludes, False
+            return
+        rows_of = [allow] if single else list(allow)
+        if len(rows_of) != Q:
+            raise ValueError(f"allow: {len(rows_of)} masks for {Q} queries")
+        packed = [
+            None if a is None else pack_allow(np.asarray(a), 1, self.n_items) for a in rows_of
+        ]
+        groups: dict[bytes | None, list[int]] = {}
+        for q, w in enumerate(packed):
+            groups.setdefault(None if w is None else w.tobytes(), []).append(q)
+        for key, rows in groups.items():
+            mask = None if key is None else packed[rows[0]]
+            exact = mask is not None and (
+                allowed_count(mask, self.n_items) <= self.exact_below * self.n_items
+            )
+            yield np.asarray(rows), mask, [excludes[q] for q in rows], exact
+
+    def top_k(self, u, k: int, *, exclude=None, allow=None):
         k = check_k(k, self.n_items)
         U, single = self._queries(u)
         Q = U.shape[0]
-        ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
         S = np.empty((Q, k), np.float32)
         ids_k = np.empty((Q, k), np.int64)
         if Q and k:
-            cands, excl = self._candidates(U, np.full(Q, k), ids, off)
-            for q in range(Q):
-                c = cands[q]
-                if c.size < k:  # the index found too few: the exact kernel for this query
-                    self.exact_fallbacks += 1
-                    s, i = self.base.top_k(U[q], k, exclude=excl[q])
-                    S[q], ids_k[q] = s, i
+            for rows, mask, excludes, exact in self._groups(U, exclude, allow, single):
+                if exact:  # few allowed items: their rows only, exactly
+                    S[rows], ids_k[rows] = self.base.top_k(
+                        U[rows], k, exclude=[_ids(e) for e in excludes], allow=mask
+                    )
                     continue
-                s = self._exact_scores(U[q], c)
-                order = np.lexsort((c, -s))[:k]
-                with np.errstate(over="ignore"):
-                    S[q], ids_k[q] = s[order].astype(np.float32), c[order]
+                cands, excl = self._candidates(U[rows], np.full(rows.size, k), excludes, mask)
+                for j, q in enumerate(rows):
+                    c = cands[j]
+                    if c.size < k:  # the index found too few: the exact kernel for this query
+                        self.exact_fallbacks += 1
+                        S[q], ids_k[q] = self.base.top_k(U[q], k, exclude=excl[j], allow=mask)
+                        continue
+                    s = self._exact_scores(U[q], c)
+                    order = np.lexsort((c, -s))[:k]
+                    with np.errstate(over="ignore"):
+                        S[q], ids_k[q] = s[order].astype(np.float32), c[order]
         return (S[0], ids_k[0]) if single else (S, ids_k)
 
-    def sample_softmax(self, u, k: int, *, exclude=None, temperature: float = 1.0, seed: int = 0):
+    def sample_softmax(
+        self, u, k: int, *, exclude=None, temperature: float = 1.0, seed: int = 0, allow=None
+    ):
         k = check_k(k, self.n_items)
         temperature = check_float(temperature, "temperature", 0.0, np.inf, lo_open=True)
         seed = check_seed(seed)
         U, single = self._queries(u)
         Q = U.shape[0]
-        ids, off = exclude_csr(exclude, 1 if single else Q, self.n_items)
         keys = np.empty((Q, k), np.float32)
         ids_k = np.empty((Q, k), np.int64)
         if Q and k:
-            need = np.full(Q, int(math.ceil(self.pool * k)))
-            cands, excl = self._candidates(U, need, ids, off)
-            for q in range(Q):
-                c = np.sort(cands[q])  # the Gumbel noise goes to items in id order
-                if c.size < k:
-                    self.exact_fallbacks += 1
-                    s, i = self.base.sample_softmax(
-                        U[q], k, exclude=excl[q], temperature=temperature, seed=seed
-                    )
-                    keys[q], ids_k[q] = s, i
+            for rows, mask, excludes, exact in self._groups(U, exclude, allow, single):
+                if exact:
+                    for j, q in enumerate(rows):
+                        keys[q], ids_k[q] = self.base.sample_softmax(
+                            U[q],
+                            k,
+                            exclude=_ids(excludes[j]),
+                            temperature=temperature,
+                            seed=seed,
+                            allow=mask,
+                        )
                     continue
-                g = np.random.default_rng([seed, q]).gumbel(size=c.size)
-                key = self._exact_scores(U[q], c) / temperature + g
-                order = np.lexsort((c, -key))[:k]
-                keys[q], ids_k[q] = key[order].astype(np.float32), c[order]
+                need = np.full(rows.size, int(math.ceil(self.pool * k)))
+                cands, excl = self._candidates(U[rows], need, excludes, mask)
+                for j, q in enumerate(rows):
+                    c = np.sort(cands[j])  # the Gumbel noise goes to items in id order
+                    if c.size < k:
+                        self.exact_fallbacks += 1
+                        keys[q], ids_k[q] = self.base.sample_softmax(
+                            U[q],
+                            k,
+                            exclude=excl[j],
+                            temperature=temperature,
+                            seed=seed,
+                            allow=mask,
+                        )
+                        continue
+                    g = np.random.default_rng([seed, q]).gumbel(size=c.size)
+                    key = self._exact_scores(U[q], c) / temperature + g
+                    order = np.lexsort((c, -key))[:k]
+                    keys[q], ids_k[q] = key[order].astype(np.float32), c[order]
         return (keys[0], ids_k[0]) if single else (keys, ids_k)
+
+
+def _ids(e) -> np.ndarray:
+    return np.empty(0, np.int64) if e is None else np.asarray(e, np.int64)
 
 
 class RecordingFeatures(ItemFeatures):
@@ -386,7 +472,7 @@ class RecordingFeatures(ItemFeatures):
         self.storage, self.n_items, self.dim = features.storage, features.n_items, features.dim
         self.records: list[tuple[np.ndarray, list[np.ndarray], int]] = []
 
-    def top_k(self, u, k, *, exclude=None):
+    def top_k(self, u, k, *, exclude=None, allow=None):
         U = np.atleast_2d(np.asarray(u, np.float64))
         if exclude is None:
             ex = [np.empty(0, np.int64)] * U.shape[0]
@@ -395,7 +481,7 @@ class RecordingFeatures(ItemFeatures):
         else:
             ex = [np.asarray(e, np.int64) for e in exclude]
         self.records.append((U.copy(), ex, int(k)))
-        return self.base.top_k(u, k, exclude=exclude)
+        return self.base.top_k(u, k, exclude=exclude, allow=allow)
 
 
 def record_round_queries(

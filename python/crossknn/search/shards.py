@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from crossknn.core import ItemFeatures, check_k, exclude_csr
+from crossknn.retrievers import query_masks
 from crossknn.search.round_index import IndexedFeatures, build_round_index
 
 __all__ = ["ShardActor", "ShardedFeatures", "shard_bounds"]
@@ -59,12 +60,18 @@ class ShardActor:
     def n_items(self) -> int:
         return self.hi - self.lo
 
-    def top_k(self, U: np.ndarray, k: int, excludes: list[np.ndarray]):
-        """Per query, the shard's top min(k, unscored) items: (scores, global ids) lists."""
+    def top_k(self, U: np.ndarray, k: int, excludes: list[np.ndarray], allows=None):
+        """Per query, the shard's top min(k, available) items: (scores, global ids) lists.
+        ``allows``: None, or per query the shard's slice of its allow mask (None: every item)."""
         S, ids_k = [], []
         n = self.hi - self.lo
-        ks = [min(k, n - np.unique(e).size) for e in excludes]
-        if len(set(ks)) == 1:  # one batch call
+        allows = [None] * len(excludes) if allows is None else allows
+        ks = []
+        for e, a in zip(excludes, allows, strict=True):
+            e = np.unique(e)
+            avail = n - e.size if a is None else int(a.sum()) - int(a[e].sum())
+            ks.append(min(k, avail))
+        if len(set(ks)) == 1 and all(a is None for a in allows):  # one batch call
             if ks[0] > 0:
                 s, i = self.features.top_k(U, ks[0], exclude=excludes)
                 return list(s), [ii + self.lo for ii in i]
@@ -74,7 +81,7 @@ class ShardActor:
                 S.append(np.empty(0, np.float32))
                 ids_k.append(np.empty(0, np.int64))
                 continue
-            s, i = self.features.top_k(U[q], kq, exclude=excludes[q])
+            s, i = self.features.top_k(U[q], kq, exclude=excludes[q], allow=allows[q])
             S.append(s)
             ids_k.append(i + self.lo)
         return S, ids_k
@@ -137,7 +144,7 @@ class ShardedFeatures(ItemFeatures):
             ray.kill(a)
         self.actors = []
 
-    def top_k(self, u, k: int, *, exclude=None):
+    def top_k(self, u, k: int, *, exclude=None, allow=None):
         # ray: optional (ray extra), slow to import
         import ray
 
@@ -149,10 +156,14 @@ class ShardedFeatures(ItemFeatures):
             np.empty(0, np.int64) if ids is None else ids[off[q] : off[q + 1]] for q in range(Q)
         ]
         per_query = [e[e >= 0] for e in per_query]
+        masks = None
+        if allow is not None:
+            masks = query_masks([allow] if single else allow, Q, self.n_items)
         futures = []
         for a, (lo, hi) in zip(self.actors, self.bounds, strict=True):
             local = [e[(e >= lo) & (e < hi)] - lo for e in per_query]
-            futures.append(a.top_k.remote(U, k, local))
+            parts = None if masks is None else [None if m is None else m[lo:hi] for m in masks]
+            futures.append(a.top_k.remote(U, k, local, parts))
         parts = ray.get(futures)
         S = np.empty((Q, k), np.float32)
         ids_k = np.empty((Q, k), np.int64)

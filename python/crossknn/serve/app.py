@@ -534,6 +534,7 @@ def create_app(
             has_cur=service.has_cur,
             max_rounds=config.max_rounds,
             indexes=service.index_kinds,
+            fields=service.metadata_fields,
         )
         if req.exact and not config.allow_exact:
             raise RequestError(

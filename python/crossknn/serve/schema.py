@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from crossknn.ce.tokenize import check_encodable
+from crossknn.filters import ID_FIELD, FilterError, parse_filter
 from crossknn.search import registry
 
 __all__ = [
@@ -33,6 +34,7 @@ METHODS = registry.names()  # every method `crossknn search` runs (crossknn.sear
 NEEDS_CUR = tuple(n for n, s in registry.REGISTRY.items() if s.index == "cur")
 MAX_QUERIES = 64  # queries in one request
 MAX_RERANK_TEXTS = 1000  # texts in one /rerank request (serve --max-rerank-texts)
+MAX_IDS = 100_000  # ids in one request's id allow-list
 
 
 class SearchRequest(BaseModel):
@@ -78,9 +80,28 @@ class SearchRequest(BaseModel):
     return_documents: StrictBool = Field(
         False, description="each result also carries its item's text ('text')"
     )
+    filter: dict[str, Any] | None = Field(
+        None,
+        description="only items whose metadata match it may be returned (and scored): a JSON "
+        'filter such as {"lang": "en", "year": {"$gte": 2020}}, with $eq $ne $in $nin $gt $gte '
+        "$lt $lte $exists $and $or $not and the field id (docs: Filtered search); applies to "
+        "every query of the request",
+    )
+    ids: list[StrictStr] | None = Field(
+        None,
+        description=f"an id allow-list: only these items may be returned (at most {MAX_IDS})",
+        json_schema_extra={"maxItems": MAX_IDS},
+    )
 
     def texts(self) -> list[str]:
         return [self.query] if self.query is not None else list(self.queries or [])
+
+    def allow_filter(self) -> dict[str, Any] | None:
+        """``filter`` and ``ids`` as one filter (None: every item)."""
+        parts = [] if self.filter is None else [self.filter]
+        if self.ids is not None:
+            parts.append({ID_FIELD: {"$in": list(self.ids)}})
+        return None if not parts else parts[0] if len(parts) == 1 else {"$and": parts}
 
 
 class RequestError(Exception):
@@ -207,6 +228,11 @@ class SearchHits(BaseModel):
     query: str
     results: list[SearchResult]
     ce_calls: int
+    allowed: int | None = Field(
+        None,
+        description="with a filter or ids (or removed items): how many items the query could be "
+        "given; fewer than k: every one of them is in results",
+    )
 
 
 class SearchResponse(BaseModel):
@@ -282,9 +308,11 @@ def parse_search_request(
     max_queries: int = MAX_QUERIES,
     max_rounds: int = 20,
     indexes: Sequence[str] | None = None,
+    fields: Mapping[str, str] | None = None,
 ) -> SearchRequest:
     """Parse and check a request body against an index of ``n_items`` items holding the method
-    indexes ``indexes`` (kinds of crossknn.search.registry; default: ``cur`` when ``has_cur``)."""
+    indexes ``indexes`` (kinds of crossknn.search.registry; default: ``cur`` when ``has_cur``)
+    and the metadata ``fields`` (name -> kind) a ``filter`` may name."""
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -347,4 +375,13 @@ def parse_search_request(
         )
     if req.seed < 0:
         raise _err("seed", f"seed must be >= 0; got {req.seed}")
+    if req.ids is not None and len(req.ids) > MAX_IDS:
+        raise _err("ids", f"at most {MAX_IDS} ids per request; got {len(req.ids)}")
+    if req.filter is not None:
+        try:
+            parse_filter(req.filter, fields or {}, where="filter")
+        except FilterError as exc:
+            where, _, msg = str(exc).partition(": ")
+            loc = ["body", *where.replace("[", ".").replace("]", "").split(".")]
+            raise RequestError([{"loc": loc, "msg": msg, "type": "value_error"}]) from None
     return req

@@ -390,6 +390,11 @@ class SearchService:
         return len(self.index) if self.index is not None else 0
 
     @property
+    def metadata_fields(self) -> dict[str, str]:
+        """The metadata fields a request's filter may name (name -> kind)."""
+        return {} if self.index is None else self.index.metadata.fields
+
+    @property
     def has_cur(self) -> bool:
         return self.index is not None and "R" in self.index.arrays
 
@@ -442,6 +447,7 @@ class SearchService:
         # the version serving now (the requests of the group are pinned to it or to one whose
         # items it extends: a swap that moves items waits for them, crossknn.serve.reload)
         searcher, index = self.searcher, self.index
+        filters = [r.allow_filter() for r in reqs for _ in r.texts()]
         hits = searcher.search(
             texts,
             k=first.k,
@@ -450,6 +456,7 @@ class SearchService:
             rounds=first.rounds or self.config.rounds,
             seed=first.seed,
             query_batch=len(texts),
+            filter=filters if any(f is not None for f in filters) else None,
         )
         self._log(hits, searcher, index)
         out, lo = [], 0
@@ -481,6 +488,7 @@ class SearchService:
                         rounds=req.rounds or self.config.rounds,
                         seed=req.seed,
                         exact=req.exact,
+                        filter=req.allow_filter(),
                     )
                     self._log(hits, searcher, index)
         wall = time.perf_counter() - t
@@ -576,6 +584,8 @@ class SearchService:
             out["index"] = {
                 "path": str(Path(c.index).resolve()),
                 "n_items": len(idx),
+                "removed_items": self.searcher.n_dead if self.searcher is not None else None,
+                "metadata_fields": idx.metadata.fields,
                 "items_sha256": idx.info.get("items_sha256"),
                 "arrays": sorted(idx.arrays),
                 "params": {k: v for k, v in idx.params.items() if k != "calibration"},

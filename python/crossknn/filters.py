@@ -1,0 +1,271 @@
+"""Filters on item metadata: which items a query may be given, in JSON, in the style of Qdrant's
+and MongoDB's filters. A filter is an object; each key is a field (or ``$and``/``$or``/``$not``)
+and every key must hold::
+
+    {"lang": "en"}                                  equality ({"lang": {"$eq": "en"}})
+    {"lang": {"$ne": "en"}}                         not equal (an item without the field is too)
+    {"tenant": {"$in": ["acme", "globex"]}}         one of ($nin: none of)
+    {"year": {"$gte": 2019, "$lt": 2024}}           ranges on numbers ($gt, $gte, $lt, $lte)
+    {"published": {"$gte": "2024-01-01"}}           ... and on dates (ISO 8601 strings)
+    {"tags": "covid"}                               a list field holds the value ($in: any of)
+    {"summary": {"$exists": true}}                  the item has the field (false: it has not)
+    {"$or": [{"lang": "en"}, {"lang": "de"}]}       $and, $or (a non-empty list), $not (a filter)
+    {"id": {"$in": ["d1", "d7"]}}                   the item ids: an id allow-list
+
+A range or equality on an item without the field is false; ``$ne``/``$nin`` are true there
+(MongoDB's rule). Values must have the field's kind (:mod:`crossknn.metadata`): strings for
+string and list fields, numbers for number fields, ISO 8601 strings for dates, booleans for bool
+fields. :func:`parse_filter` checks a filter against an index's fields and says where it is
+wrong (``filter.$or[1].year.$gte: expected a number; got 'x'``); :meth:`Filter.mask` is the
+items it allows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crossknn.metadata import MISSING_MS, ItemMetadata, parse_date
+
+__all__ = ["ID_FIELD", "Filter", "FilterError", "filter_key", "parse_filter"]
+
+ID_FIELD = "id"
+MAX_DEPTH = 32
+MAX_VALUES = 100_000  # values in one $in / $nin list
+MAX_CONDITIONS = 256  # conditions in one filter (each reads a column once)
+_LOGIC = ("$and", "$or", "$not")
+_COMPARE = ("$eq", "$ne", "$in", "$nin", "$gt", "$gte", "$lt", "$lte", "$exists")
+_RANGE = ("$gt", "$gte", "$lt", "$lte")
+_OPS = {
+    "string": ("$eq", "$ne", "$in", "$nin", "$exists"),
+    "strings": ("$eq", "$ne", "$in", "$nin", "$exists"),
+    "number": _COMPARE,
+    "date": _COMPARE,
+    "bool": ("$eq", "$ne", "$in", "$nin", "$exists"),
+    "id": ("$eq", "$ne", "$in", "$nin"),
+}
+
+
+class FilterError(ValueError):
+    """A filter that is not valid for the index; the message says where and what."""
+
+
+@dataclass(frozen=True)
+class _Cond:
+    field: str
+    kind: str
+    op: str
+    value: Any  # the parsed value(s): str, float, bool, int (date ms), tuple for $in/$nin
+
+
+@dataclass(frozen=True)
+class _Node:
+    op: str  # "$and" | "$or" | "$not"
+    parts: tuple
+
+
+def filter_key(spec: Any) -> str:
+    """A canonical string of a filter (equal filters, equal keys): for caching its mask."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _type_name(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+class _Parser:
+    def __init__(self, fields: Mapping[str, str]) -> None:
+        self.fields = dict(fields)
+        self.conditions = 0
+
+    def fail(self, where: str, msg: str):
+        raise FilterError(f"{where}: {msg}")
+
+    def node(self, spec: Any, where: str, depth: int):
+        if depth > MAX_DEPTH:
+            self.fail(where, f"nested deeper than {MAX_DEPTH} levels")
+        if not isinstance(spec, Mapping):
+            self.fail(where, f"expected an object {{field: condition}}; got {_type_name(spec)}")
+        if not spec:
+            self.fail(where, "an empty filter object; leave the filter out to allow every item")
+        parts = []
+        for key, value in spec.items():
+            at = f"{where}.{key}"
+            if key in ("$and", "$or"):
+                if not isinstance(value, list) or not value:
+                    self.fail(at, f"expected a non-empty list of filters; got {_type_name(value)}")
+                subs = [self.node(v, f"{at}[{i}]", depth + 1) for i, v in enumerate(value)]
+                parts.append(_Node(key, tuple(subs)))
+            elif key == "$not":
+                parts.append(_Node("$not", (self.node(value, at, depth + 1),)))
+            elif isinstance(key, str) and key.startswith("$"):
+                self.fail(at, f"unknown operator {key!r} here; expected a field, $and, $or or $not")
+            else:
+                parts.extend(self.field(key, value, at))
+        return parts[0] if len(parts) == 1 else _Node("$and", tuple(parts))
+
+    def field(self, name: str, cond: Any, where: str) -> list:
+        self.conditions += 1
+        if self.conditions > MAX_CONDITIONS:
+            self.fail(where, f"more than {MAX_CONDITIONS} conditions in one filter")
+        if name == ID_FIELD:
+            kind = "id"
+        elif name in self.fields:
+            kind = self.fields[name]
+        else:
+            known = ", ".join(sorted(self.fields)) or "none"
+            self.fail(where, f"unknown field {name!r} (the index's fields: {known}; and id)")
+        if not isinstance(cond, Mapping):
+            if isinstance(cond, list):
+                self.fail(where, "a list is not a value here; use {'$in': [...]} for one of many")
+            return [_Cond(name, kind, "$eq", self.value(kind, cond, where))]
+        if not cond:
+            self.fail(where, "an empty condition; expected operators such as {'$eq': value}")
+        out = []
+        for op, value in cond.items():
+            at = f"{where}.{op}"
+            if op not in _COMPARE:
+                self.fail(at, f"unknown operator {op!r}; expected one of {', '.join(_COMPARE)}")
+            if op not in _OPS[kind]:
+                self.fail(at, f"{op} does not apply to a {kind} field")
+            if op == "$exists":
+                if not isinstance(value, bool):
+                    self.fail(at, f"expected true or false; got {_type_name(value)}")
+                out.append(_Cond(name, kind, op, value))
+            elif op in ("$in", "$nin"):
+                if not isinstance(value, list):
+                    self.fail(at, f"expected a list of values; got {_type_name(value)}")
+                if len(value) > MAX_VALUES:
+                    self.fail(at, f"{len(value)} values; at most {MAX_VALUES}")
+                vals = tuple(self.value(kind, v, f"{at}[{i}]") for i, v in enumerate(value))
+                out.append(_Cond(name, kind, op, vals))
+            else:
+                out.append(_Cond(name, kind, op, self.value(kind, value, at)))
+        return out
+
+    def value(self, kind: str, v: Any, where: str):
+        if kind in ("string", "strings", "id"):
+            if not isinstance(v, str):
+                self.fail(where, f"expected a string; got {_type_name(v)} {v!r}")
+            return v
+        if kind == "number":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+                self.fail(where, f"expected a number; got {_type_name(v)} {v!r}")
+            return float(v)
+        if kind == "bool":
+            if not isinstance(v, bool):
+                self.fail(where, f"expected true or false; got {_type_name(v)} {v!r}")
+            return v
+        ms = parse_date(v)
+        if ms is None:
+            self.fail(
+                where,
+                f"expected an ISO 8601 date ('2024-05-01', '2024-05-01T12:00:00Z'); got {v!r}",
+            )
+        return ms
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A parsed filter (:func:`parse_filter`): :meth:`mask` is the items it allows."""
+
+    root: Any
+    spec: Any
+
+    @property
+    def key(self) -> str:
+        return filter_key(self.spec)
+
+    def mask(self, meta: ItemMetadata, ids: Sequence[str]) -> np.ndarray:
+        """Boolean (N,): the items of ``meta`` (with item ids ``ids``) the filter allows."""
+        if len(ids) != meta.n_items:
+            raise ValueError(f"{len(ids)} ids for {meta.n_items} items")
+        id_index = None
+
+        def ev(node) -> np.ndarray:
+            nonlocal id_index
+            if isinstance(node, _Node):
+                if node.op == "$not":
+                    return ~ev(node.parts[0])
+                out = ev(node.parts[0])
+                for p in node.parts[1:]:
+                    out = (out & ev(p)) if node.op == "$and" else (out | ev(p))
+                return out
+            if node.kind == "id":
+                if id_index is None:
+                    id_index = {iid: j for j, iid in enumerate(ids)}
+                return _id_cond(node, id_index, meta.n_items)
+            return _cond(node, meta.columns[node.field], meta.n_items)
+
+        return ev(self.root)
+
+
+def _id_cond(c: _Cond, index: Mapping[str, int], n: int) -> np.ndarray:
+    vals = c.value if isinstance(c.value, tuple) else (c.value,)
+    hit = np.zeros(n, bool)
+    hit[[index[v] for v in vals if v in index]] = True
+    return ~hit if c.op in ("$ne", "$nin") else hit
+
+
+def _cond(c: _Cond, col, n: int) -> np.ndarray:
+    a = col.arrays
+    if c.kind in ("string", "strings"):
+        present = (
+            np.asarray(a["codes"]) >= 0 if c.kind == "string" else np.asarray(a["present"]) > 0
+        )
+        if c.op == "$exists":
+            return present if c.value else ~present
+        vals = c.value if isinstance(c.value, tuple) else (c.value,)
+        codes = col.codes_of(vals)
+        if c.kind == "string":
+            hit = np.isin(np.asarray(a["codes"]), codes)
+        else:
+            off = np.asarray(a["offsets"])
+            member = np.isin(np.asarray(a["codes"]), codes).astype(np.int64)
+            csum = np.concatenate([[0], np.cumsum(member)])
+            hit = csum[off[1:]] > csum[off[:-1]]
+        return ~hit if c.op in ("$ne", "$nin") else hit
+    if c.kind == "bool":
+        v = np.asarray(a["values"])
+        present = v >= 0
+        if c.op == "$exists":
+            return present if c.value else ~present
+        vals = c.value if isinstance(c.value, tuple) else (c.value,)
+        hit = np.isin(v, [int(x) for x in vals])
+        return ~hit if c.op in ("$ne", "$nin") else hit
+    v = np.asarray(a["values"] if c.kind == "number" else a["ms"])
+    present = ~np.isnan(v) if c.kind == "number" else v != MISSING_MS
+    if c.op == "$exists":
+        return present if c.value else ~present
+    if c.op in ("$in", "$nin"):
+        hit = np.isin(v, np.asarray(c.value, v.dtype)) & present
+        return ~hit if c.op == "$nin" else hit
+    x = np.asarray(c.value, v.dtype)
+    with np.errstate(invalid="ignore"):
+        hit = {
+            "$eq": v == x,
+            "$ne": v != x,
+            "$gt": v > x,
+            "$gte": v >= x,
+            "$lt": v < x,
+            "$lte": v <= x,
+        }[c.op]
+    return (hit & present) | (~present if c.op == "$ne" else np.zeros(n, bool))
+
+
+def parse_filter(spec: Any, fields: Mapping[str, str], *, where: str = "filter") -> Filter:
+    """A filter (a JSON object, or its text) checked against an index's fields (name -> kind,
+    :attr:`crossknn.metadata.ItemMetadata.fields`); :class:`FilterError` says where it is
+    wrong."""
+    if isinstance(spec, (str, bytes)):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise FilterError(
+                f"{where}: not valid JSON ({exc.msg} at character {exc.pos})"
+            ) from None
+    return Filter(_Parser(fields).node(spec, where, 0), spec)
