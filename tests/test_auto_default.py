@@ -58,7 +58,7 @@ def test_summary_line_says_what_was_spent_and_what_it_buys():
     line = auto_summary({"index_calls": 58_128, "rows": 16, "index_calls_limit": 58_128}, 3_633)
     assert "58,128 CE calls for 16 complete rows;" in line and "pairs/s" not in line
     assert "Top-10-Recall@100 0.94" in line and "AXN over DE 0.71" in line
-    assert "1 row' worth of CE calls gave Top-10-Recall@100 0.79" in expected_gain(3633, 3633)
+    assert "1 row's worth of CE calls gave Top-10-Recall@100 0.79" in expected_gain(3633, 3633)
     # a default build's 30 complete rows + partial rows spend 32 rows' worth (116,190 calls)
     assert "32 rows' worth" in expected_gain(116_190, 3633)
     assert "16 rows' worth" in expected_gain(31 * 3633 - 3633 // 2 - 1, 3633)

@@ -106,3 +106,22 @@ def test_with_ci_true_a_data_test_without_data_fails(tmp_path):
     r = _pytest_data_test(tmp_path, CI="true")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "CI=true and no test data" in r.stdout and "3 errors" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"id": "a", "title": "T"}', "1: item 'a' is missing 'text'"),
+        ('{"id": "a", "text": 3}', "1: 'text' must be a string; got int"),
+        ('{"id": "a", "text": null}', "1: 'text' must be a string; got NoneType"),
+        ('{"id": "a", "text": "x", "title": ["T"]}', "1: 'title' must be a string; got list"),
+    ],
+)
+def test_a_corpus_line_says_what_is_wrong_with_its_text(tmp_path, line, message):
+    from crossknn.data import load_corpus
+
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as err:
+        load_corpus(path)
+    assert str(err.value) == f"{path}:{message}"

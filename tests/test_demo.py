@@ -1,9 +1,11 @@
-"""``crossknn demo`` prints its results before the optional exact check, runs that check only
+"""``crossknn demo`` searches on the default path (``auto``) and prints for each query the method
+and rounds that ran; it prints its results before the optional exact check, runs that check only
 when asked (``--exact``), and the exact check's bar moves by pairs. No data needed."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -49,6 +51,9 @@ def test_demo_prints_results_first_and_checks_exactly_only_when_asked(model_cach
     assert plain.returncode == 0, plain.stderr
     out = plain.stdout
     assert "query [1] read a file" in out and "CE calls 20" in out
+    # the default path: auto over the demo index's rows, with the method and rounds per query
+    assert "search: method auto, the default" in out, out
+    assert re.search(r"\n  auto, \d+ rounds? \([\d x+]+ CE calls\); CE calls 20;", out), out
     assert "exact check" not in out and "Top-5-Recall" in out and "--exact" in out
     exact = subprocess.run([*base, "--exact"], capture_output=True, text=True, timeout=600, env=env)
     assert exact.returncode == 0, exact.stderr
@@ -56,3 +61,12 @@ def test_demo_prints_results_first_and_checks_exactly_only_when_asked(model_cach
     assert out.index("query [1] read a file") < out.index("exact check: 60 CE calls per query")
     assert out.index("exact check") < out.index("mean Top-5-Recall@20")
     assert len(list((tmp_path).glob("*/exact/exact-*.npy"))) == 1  # the row is cached
+
+
+def test_plan_text_names_the_method_and_its_rounds():
+    from crossknn.commands._common import plan_text
+
+    assert plan_text({"method": "auto", "rounds": 4, "plan": [10, 30, 30, 30]}) == (
+        "auto, 4 rounds (10 + 3 x 30 CE calls)"
+    )
+    assert plan_text({"method": "rnr", "rounds": 1, "plan": [100]}) == "rnr, 1 round (100 CE calls)"

@@ -118,6 +118,31 @@ def test_every_public_python_name_is_rendered(site):
     assert crossknn.__version__ in _text(site / "reference" / "python.html")
 
 
+def test_the_python_reference_has_signatures_and_no_attribute_noise(site):
+    raw = (site / "reference" / "python.html").read_text(encoding="utf-8")
+    # the engine's self.X = ... lines (instance attributes without a docstring) are left out
+    assert "instance-attribute" not in raw
+    assert "np.ascontiguousarray" not in raw
+    anchors = re.findall(r'\bid="(crossknn\.[\w.]+)"', raw)
+    # the main job first: Searcher among the first objects, not ~750 lines in
+    assert anchors.index("crossknn.Searcher") < 10, anchors[:12]
+    text = _text(site / "reference" / "python.html")
+    for arg in ("latency_target_ms", "round_index", "cmc_candidates", "rescore"):
+        assert re.search(rf"{arg}\s+\S", text), arg  # Searcher's arguments, in a table
+    # CrossEncoder.predict / rank carry their own docstrings (their arguments in a table)
+    for name, words in (
+        ("crossknn.CrossEncoder.predict", "Scores of (query, document) pairs"),
+        ("crossknn.CrossEncoder.rank", "The documents ranked by their score"),
+    ):
+        start = raw.index(f'id="{name}"')
+        section = " ".join(_text_of(raw[start : start + 8000]).split())
+        assert words in section and "activation_fn" in section, name
+
+
+def _text_of(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", fragment))
+
+
 def test_the_faq_is_on_the_home_page_and_built(site):
     home = (DOCS / "index.md").read_text(encoding="utf-8")
     built = _text(site / "index.html")

@@ -39,6 +39,7 @@ LAZY = {
     "matplotlib": "about 0.1 s to import; only plots use it",
     "ir_measures": "about 20 ms to import; only metrics need it (kept off crossknn --help)",
     "tokenizers": "about 10 ms to import; only tokenizing needs it (kept off import crossknn)",
+    "huggingface_hub": "0.2 s to import (with tokenizers); only a model named by a Hub id needs it",
 }
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)

@@ -51,3 +51,14 @@ def test_bad_queries_are_refused_by_position(searcher):
         searcher.search(["ok", ""], k=2, budget=4)
     with pytest.raises(ValueError, match="query 0 is '  '"):
         searcher.search("  ", k=2, budget=4)
+
+
+def test_a_printed_hits_shows_the_texts_it_returns(searcher):
+    hits = searcher.search("topic 2", k=3, budget=8, method="axn")
+    shown = repr(hits)
+    assert hits.texts and all(repr(t[:40])[:-1] in shown for t in hits.texts), shown
+    assert shown.startswith("Hits(query='topic 2', ids=") and "ce_calls=8" in shown
+    bare = repr(searcher.search("topic 2", k=3, budget=8, method="axn", return_documents=False))
+    assert "texts=" not in bare and "paid=" not in bare and "plan=" not in bare
+    long = dataclasses.replace(hits, texts=["x" * 100])
+    assert "'" + "x" * 57 + "...'" in repr(long)

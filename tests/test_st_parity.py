@@ -76,7 +76,16 @@ def test_crossencoder_of_a_hf_folder_exports_once_into_the_cache(models):
     again = crossknn.CrossEncoder(models["hf"], cache_folder=models["cache"])
     assert sorted((models["cache"] / "models").iterdir()) == exports
     assert again.model_hash == models["ck"].model_hash
-    with pytest.raises(FileNotFoundError, match="crossknn downloads nothing"):
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        crossknn.CrossEncoder(models["root"] / "no-such-folder")
+
+
+def test_a_hub_id_not_in_the_local_cache_is_one_error_offline(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache"):
         crossknn.CrossEncoder("cross-encoder/ms-marco-MiniLM-L6-v2")
 
 

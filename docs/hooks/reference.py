@@ -4,7 +4,8 @@
   ``crossknn.cli.build_parser()`` (usage, description, and one table row per argument with its
   help text and default).
 - ``reference/python.md``: one mkdocstrings block (``::: crossknn.NAME``) per name in
-  ``crossknn.__all__``, plus the modules a user reaches for next.
+  ``crossknn.__all__`` and per module a user reaches for, in sections ordered as a user reads
+  (:data:`PYTHON_SECTIONS`: search a corpus, serve, models, the engine, research tools).
 
 ``python docs/hooks/reference.py OUT_DIR`` writes both pages to OUT_DIR (to read them without
 mkdocs).
@@ -17,25 +18,66 @@ import re
 import sys
 from pathlib import Path
 
-# modules documented after the top-level names (public helpers users call directly)
-PYTHON_MODULES = [
-    "crossknn.core",
-    "crossknn.search",
-    "crossknn.search.round_plan",
-    "crossknn.search.round_index",
-    "crossknn.search.shards",
-    "crossknn.scorers",
-    "crossknn.retrievers",
-    "crossknn.ce",
-    "crossknn.ce.folders",
-    "crossknn.index",
-    "crossknn.jobs",
-    "crossknn.cmc",
-    "crossknn.data",
-    "crossknn.matrix",
-    "crossknn.eval",
-    "crossknn.trec",
-    "crossknn.client",
+# The Python reference in the order a user reads it: the main job first (open or build an index,
+# search it, the CE alone, serve it), then the models, the engine under the search, and the
+# research tools. Each section: top-level names of crossknn (every name of crossknn.__all__ is in
+# exactly one section: tests/test_reference_order.py), then modules.
+PYTHON_SECTIONS: list[tuple[str, str, list[str], list[str]]] = [
+    (
+        "Search a corpus",
+        "Build an index of your corpus, open it, search it on a budget of CE calls; the CE alone "
+        "with sentence-transformers' API; corpora and queries from files.",
+        ["open_index", "build_corpus_index", "Searcher", "Hits", "CrossEncoder"],
+        ["crossknn.data"],
+    ),
+    (
+        "Serve",
+        "A client of `crossknn serve` (the server itself is the command: [CLI](cli.md)).",
+        [],
+        ["crossknn.client"],
+    ),
+    (
+        "Models",
+        "Cross-encoders and dual encoders: the embedded defaults, your folders, Hub ids.",
+        [],
+        ["crossknn.ce", "crossknn.ce.folders", "crossknn.ce.hub"],
+    ),
+    (
+        "The engine",
+        "The round engine and the methods on it, the scorers that count CE calls, first "
+        "stages, index files.",
+        [
+            "make_method",
+            "AXN",
+            "ADACUR",
+            "ANNCUR",
+            "RNR",
+            "CurIndex",
+            "SearchResult",
+            "ItemFeatures",
+            "RoundState",
+            "ScoreMap",
+            "BudgetedScorer",
+            "BudgetExceededError",
+            "MatrixScorer",
+        ],
+        [
+            "crossknn.search",
+            "crossknn.search.round_plan",
+            "crossknn.search.round_index",
+            "crossknn.search.shards",
+            "crossknn.core",
+            "crossknn.scorers",
+            "crossknn.retrievers",
+            "crossknn.index",
+        ],
+    ),
+    (
+        "Research tools",
+        "Recall against score matrices, run files and metrics, resumable CE jobs, CMC.",
+        [],
+        ["crossknn.eval", "crossknn.matrix", "crossknn.trec", "crossknn.jobs", "crossknn.cmc"],
+    ),
 ]
 
 # pages in the nav that other owners write; until one exists, the build shows a stub in its place
@@ -126,28 +168,29 @@ def render_cli() -> str:
 
 
 def render_python() -> str:
-    """The Python API page: the top-level names, then the modules users call next."""
+    """The Python API page, in :data:`PYTHON_SECTIONS`' order: the main job, then the models,
+    the engine and the research tools; signatures shown, instance attributes without a docstring
+    left out (``docs/hooks/griffe_attributes.py``)."""
     import crossknn
 
     out = [
         "# Python API reference",
         "",
-        "Generated from the docstrings when the site is built (`make docs`, mkdocstrings).",
-        "The names `crossknn` exports (`crossknn.__all__`) come first, then the modules a user",
-        "calls directly.",
-        "",
-        "## `crossknn`",
+        "Generated from the docstrings when the site is built (`make docs`, mkdocstrings), in the",
+        "order a user needs them: search a corpus, serve it, the models, then the engine and the",
+        "research tools.",
         "",
         f"`crossknn.__version__` is the package version (`{crossknn.__version__}` in this build).",
         "",
     ]
-    for name in crossknn.__all__:
-        if name.startswith("__"):
-            continue
-        out += [f"::: crossknn.{name}", "    options:", "      heading_level: 3", ""]
-    for module in PYTHON_MODULES:
-        out += [f"## `{module}`", "", f"::: {module}", "    options:", "      heading_level: 3"]
-        out += ["      show_root_heading: false", "      show_root_toc_entry: false", ""]
+    for title, intro, names, modules in PYTHON_SECTIONS:
+        out += [f"## {title}", "", intro, ""]
+        for name in names:
+            out += [f"::: crossknn.{name}", "    options:", "      heading_level: 3", ""]
+        for module in modules:
+            out += [f"### `{module}`", "", f"::: {module}", "    options:"]
+            out += ["      heading_level: 4", "      show_root_heading: false"]
+            out += ["      show_root_toc_entry: false", ""]
     return "\n".join(out) + "\n"
 
 

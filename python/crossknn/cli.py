@@ -11,24 +11,26 @@ from crossknn import __version__
 from crossknn.commands._printing import terminal_safe
 
 # name -> module under crossknn.commands (modules are imported lazily, so a
-# command's heavy dependencies are only loaded when that command runs).
+# command's heavy dependencies are only loaded when that command runs), in the order a user
+# meets them: the main job, the index's life, models, data and evaluation, then research tools.
+# `crossknn --help` and the CLI reference list the commands in this order.
 COMMANDS: dict[str, str] = {
-    "eval": "eval_cmd",
-    "rank": "rank_cmd",
-    "score-matrix": "score_matrix_cmd",
-    "index": "index_cmd",
+    "demo": "demo_cmd",
     "build": "build_cmd",
     "search": "search_cmd",
-    "demo": "demo_cmd",
-    "cmc": "cmc_cmd",
     "serve": "serve_cmd",
-    "export": "export_cmd",
-    "evaluate": "evaluate_cmd",
-    "train-ce": "train_ce_cmd",
-    "data": "data_cmd",
     "refine": "refine_cmd",
     "add": "add_cmd",
     "remove": "remove_cmd",
+    "rank": "rank_cmd",
+    "export": "export_cmd",
+    "train-ce": "train_ce_cmd",
+    "evaluate": "evaluate_cmd",
+    "data": "data_cmd",
+    "eval": "eval_cmd",
+    "score-matrix": "score_matrix_cmd",
+    "index": "index_cmd",
+    "cmc": "cmc_cmd",
 }
 
 

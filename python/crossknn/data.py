@@ -154,8 +154,13 @@ def _read_corpus(path: Path) -> Corpus:
         rid = _record_id(path, lineno, rec)
         text = rec.get("text")
         title = rec.get("title")
-        if not isinstance(text, str) or (title is not None and not isinstance(title, str)):
-            raise ValueError(f"{path}:{lineno}: 'text' (and 'title', if given) must be strings")
+        if "text" not in rec:
+            raise ValueError(f"{path}:{lineno}: item {rid!r} is missing 'text'")
+        for key, value in (("text", text), ("title", title)):
+            if value is not None and not isinstance(value, str) or key == "text" and text is None:
+                raise ValueError(
+                    f"{path}:{lineno}: {key!r} must be a string; got {type(value).__name__}"
+                )
         joined = item_text(title, text)
         if not joined.strip():
             raise ValueError(f"{path}:{lineno}: item {rid!r} has an empty text")

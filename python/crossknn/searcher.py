@@ -64,12 +64,26 @@ METHODS = registry.names()
 class Hits:
     """One query's result: the top-k item ids with exact CE scores, and what it cost.
 
-    ``seconds_ce`` / ``seconds_other``: this query's own CE time and the rest of its search time
-    (queries are searched one at a time unless ``query_batch`` > 1, where they are the group's
-    times divided by its queries). With ``exact=True``: the exact top-k (``exact_ids``,
-    ``exact_scores``), the ids of it the search missed and the Top-k-Recall. With a rescore
-    (:class:`Searcher`'s ``rescore``): ``scores`` are the rescore CE's, ``rescore_calls`` its CE
-    calls (also counted in ``ce_calls``)."""
+    Attributes:
+        query (str): the query.
+        ids (list[str]): the top-k item ids, best first.
+        indices (numpy.ndarray): their positions in the index (int64).
+        scores (numpy.ndarray): their exact CE scores (float32; with a rescore, the rescore
+            CE's).
+        ce_calls (int): the CE calls this query spent (at most the budget, plus a rescore's).
+        seconds_ce (float): this query's own CE time (with ``query_batch`` > 1: the group's
+            divided by its queries).
+        seconds_other (float): the rest of its search time, likewise.
+        texts (list[str]): the items' texts (empty with ``return_documents=False``).
+        qid (str | None): the query's id (``query_ids``; default "1", "2", ...).
+        exact_ids (list[str] | None): with ``exact=True``: the exact top-k ids.
+        exact_scores (numpy.ndarray | None): with ``exact=True``: their CE scores.
+        recall (float | None): with ``exact=True``: the Top-k-Recall of ``ids``.
+        rescore_calls (int | None): with a rescore (:class:`Searcher`'s ``rescore``): its CE
+            calls (also counted in ``ce_calls``).
+        plan (dict | None): what ran: the method, its rounds, the CE calls of each round
+            (:meth:`Searcher.plan_info`).
+    """
 
     query: str
     ids: list[str]
@@ -93,6 +107,20 @@ class Hits:
     # the items this query could be given (its filter / ids, less removed items): None when it
     # could be given every item; fewer than k: every one of them came back
     allowed: int | None = None
+
+    def __repr__(self) -> str:
+        """The fields, with ``texts`` (each cut at 60 characters) when the search returned them."""
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "texts":
+                if not value:
+                    continue
+                value = [t if len(t) <= 60 else t[:57] + "..." for t in value]
+            elif not f.repr:
+                continue
+            parts.append(f"{f.name}={value!r}")
+        return f"Hits({', '.join(parts)})"
 
     @property
     def missed_ids(self) -> list[str] | None:
@@ -276,23 +304,46 @@ def _top_k(k: int | None, top_k: int | None) -> int:
 class Searcher:
     """Searches a corpus index with the CE on a budget of CE calls per query.
 
-    The CE and DE are the ones the index records (reopened from where they were found), or
-    ``model`` / ``de_model`` (a crossknn or Hugging Face folder), or ``ce`` / ``de`` objects;
-    a model that differs from the recorded one (precision, model id or hash) is refused.
-    ``precision`` (the CE's; default: the index's; fp16 runs its fp32 graph on a GPU),
-    ``de_precision`` (the DE's), ``provider``, ``threads``, ``max_batch_tokens``,
-    ``batch_size`` (CE pairs per batch) and ``backend`` ("onnx" or "torch",
-    :mod:`crossknn.ce.backends`) are the model options.
-    ``method``: ``auto`` (the default when the index was built with ``index_calls``), ``axn``
-    (the default otherwise: rounds over the DE item vectors, DE first round, least squares
-    mixed with the DE query vector), ``rnr`` (rerank the DE top-B), ``adacur``/``anncur`` (need
-    an index built with train queries and ``cur=True``). ``cmc_model``: a CMC model directory
-    (``crossknn cmc export``) trained on this DE; the first round then takes the DE's top
-    ``cmc_candidates`` reranked by CMC instead of the DE's top items.
-    ``rescore=(precision, N)``: after each search the top N of its scored items (by the search
-    CE's score) are scored again by the CE of the same model at ``precision`` (e.g. ``("fp32",
-    20)`` over an int8 search) and the top-k is ranked by those scores; the N calls come on top
-    of the budget and are reported (``Hits.rescore_calls``, counted in ``Hits.ce_calls``).
+    The CE and DE are the ones the index records (reopened from where they were found), unless
+    given; a model that differs from the recorded one (precision, model id or hash) is refused.
+
+    Args:
+        index: a corpus index (:func:`crossknn.open_index`) or its folder.
+        ce (CrossEncoder | None): a CE object to search with (default: the one the index
+            records).
+        de (DualEncoder | None): a DE object for the query vectors (default: the one the index
+            records).
+        model: the CE as a folder or a Hugging Face Hub id, where it moved since the build.
+        de_model: the DE as a folder or a Hub id, likewise.
+        method: ``auto`` (the default when the index has auto's rows, as a default build of
+            100 items or more has), ``axn`` (the default otherwise: rounds over the DE item
+            vectors, DE first round, least squares mixed with the DE query vector), ``rnr``
+            (rerank the DE top-B), ``adacur`` / ``anncur`` (need an index built with train
+            queries and ``cur=True``); :attr:`methods` lists what the index serves.
+        rounds: the rounds of every search (default: each method's own; auto chooses them).
+        mix: AXN's weight of the DE query vector in its least squares.
+        precision: the CE's precision (default: the index's; fp16 runs its fp32 graph on a GPU).
+        provider: where the models run: ``auto`` (the first that opens), ``cpu``, ``cuda``,
+            ``tensorrt``.
+        threads: the models' intra-op threads (default: one per core).
+        batch_size: CE pairs per batch.
+        cmc_model: a CMC model folder (``crossknn cmc export``) trained on this DE; the first
+            round then takes the DE's top ``cmc_candidates`` reranked by CMC.
+        cmc_candidates: how many DE candidates CMC reranks.
+        round_index: what the rounds search: ``auto`` (the folder's FAISS round index if it has
+            one), ``exact``, ``ivf`` or ``hnsw``.
+        shards: item shards on Ray actors (0: none).
+        ray_address: the Ray cluster of ``shards`` (default: a local one).
+        backend: ``onnx`` (default) or ``torch`` (:mod:`crossknn.ce.backends`).
+        de_precision: the DE's precision (default: the index's).
+        max_batch_tokens: the most tokens in one CE batch.
+        rescore: ``(precision, N)``: after each search the top N of its scored items (by the
+            search CE's score) are scored again by the CE of the same model at ``precision``
+            (e.g. ``("fp32", 20)`` over an int8 search) and the top-k is ranked by those
+            scores; the N calls come on top of the budget and are reported
+            (``Hits.rescore_calls``, counted in ``Hits.ce_calls``).
+        latency_target_ms: auto's round choice: the most recall predicted within this many ms
+            per query (``"auto"``: a target on a GPU provider, none on a CPU; None: none).
     """
 
     def __init__(

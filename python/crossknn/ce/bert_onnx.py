@@ -12,7 +12,9 @@ checks them against each other and against the shared score matrix):
 - ``joint-ce``: the query vector is the mean of the last hidden state over ``pool_mask == 1``, the
   item vector over ``pool_mask == 2``, both L2-normalized, the score their dot product (output
   ``scores``, shape (batch,));
-- ``dual-encoder``: the mean over ``attention_mask``, L2-normalized (output ``embeddings``).
+- ``dual-encoder``: the mean over ``attention_mask``, L2-normalized (output ``embeddings``);
+- ``cls-ce``: a ``BertForSequenceClassification``'s raw logits (output ``logits``, shape
+  (batch, num_labels)): the pooler (dense + tanh over the ``[CLS]`` position) and the classifier.
 
 Node names follow the torch export (``/encoder/encoder/layer.N/attention/...``,
 ``.../intermediate/...``, ``.../output/...``) so that the int8 recipes of
@@ -33,7 +35,7 @@ __all__ = ["build_bert_graph", "GRAPH_KINDS", "OPSET"]
 
 OPSET = 17
 #: the graph kinds this builder writes, with their output name
-GRAPH_KINDS = {"joint-ce": "scores", "dual-encoder": "embeddings"}
+GRAPH_KINDS = {"joint-ce": "scores", "dual-encoder": "embeddings", "cls-ce": "logits"}
 
 
 def _check_config(config: dict[str, Any], path: Path) -> None:
@@ -218,8 +220,8 @@ def _l2(g: _Graph, v: str, scope: str) -> str:
 
 
 def build_bert_graph(hf_dir: str | Path, out: str | Path, *, kind: str, normalize: bool = True):
-    """Write the ``kind`` graph ("joint-ce" or "dual-encoder") of the BERT checkpoint in
-    ``hf_dir`` to ``out``; returns the manifest entries ``{"output", "inputs"}``."""
+    """Write the ``kind`` graph ("joint-ce", "dual-encoder" or "cls-ce") of the BERT checkpoint
+    in ``hf_dir`` to ``out``; returns the manifest entries ``{"output", "inputs"}``."""
     # onnx: only a graph build needs it
     import onnx
     from onnx import TensorProto, helper
@@ -246,6 +248,11 @@ def build_bert_graph(hf_dir: str | Path, out: str | Path, *, kind: str, normaliz
         prod = g.op("Mul", [q, d], s)
         axis = g.const("const_axis_neg1", np.array([-1], np.int64))
         result = g.op("ReduceSum", [prod, axis], s, keepdims=0)
+    elif kind == "cls-ce":
+        zero = g.const("const_zero_i64", np.array(0, dtype=np.int64))
+        first = g.op("Gather", [h, zero], "/pooler", axis=1)  # the [CLS] position
+        pooled = g.op("Tanh", [g.linear(first, "pooler.dense", "/pooler/dense")], "/pooler")
+        result = g.linear(pooled, "classifier", "/classifier")
     else:
         s = "/pool"
         m = g.op("Cast", ["attention_mask"], s, to=TensorProto.FLOAT)
@@ -257,7 +264,12 @@ def build_bert_graph(hf_dir: str | Path, out: str | Path, *, kind: str, normaliz
     inputs = [
         helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"]) for n in names
     ]
-    dims = ["batch"] if kind == "joint-ce" else ["batch", int(config["hidden_size"])]
+    if kind == "joint-ce":
+        dims = ["batch"]
+    elif kind == "dual-encoder":
+        dims = ["batch", int(config["hidden_size"])]
+    else:  # the classifier's labels
+        dims = ["batch", int(g.w["classifier.weight"].shape[0])]
     outputs = [helper.make_tensor_value_info(output, TensorProto.FLOAT, dims)]
     graph = helper.make_graph(g.nodes, "crossknn_bert", inputs, outputs, initializer=g.inits)
     model = helper.make_model(
@@ -268,4 +280,7 @@ def build_bert_graph(hf_dir: str | Path, out: str | Path, *, kind: str, normaliz
     model.ir_version = 8  # opset 17: readable by every onnxruntime >= 1.14
     onnx.checker.check_model(model)
     onnx.save(model, str(out))
-    return {"output": output, "inputs": names}
+    entries: dict[str, Any] = {"output": output, "inputs": names}
+    if kind == "cls-ce":
+        entries["num_labels"] = dims[1]
+    return entries

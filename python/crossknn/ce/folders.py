@@ -5,6 +5,10 @@ Hugging Face folder (``config.json`` + weights): a Hugging Face folder is export
 into the cache (``cache_root()/models/hf-<role>-<kind>-<hash>-<precision>-f<format>r<recipe>``,
 the hash taken over the folder's config, weights, tokenizer and sentence-transformers files), so
 the second use opens the cached export at once and a changed checkpoint gets a new export.
+A name that is no folder but a Hugging Face Hub id (``ORG/NAME[@REVISION]``,
+:mod:`crossknn.ce.hub`) is the snapshot of that model in the Hugging Face cache (downloaded
+there when the Hub is reachable), exported once under a name keyed by its repository and commit
+(``hub-<role>-<kind>-<ORG--NAME>-<commit>-...``).
 
 - a cross-encoder folder: ``*ForSequenceClassification`` -> a [CLS]-CE (``kind="cls"``), a bare
   encoder (``*Model``) -> an [EMB]-CE (``kind="emb"``: the joint encoding of ANNCUR); other
@@ -26,18 +30,21 @@ index records the variant, so an index built with fp16 on a GPU opens its fp32 g
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from crossknn.ce.backends import get_backend
+from crossknn.ce.bert_folder import BERT_RECIPE, covers, export_bert
 from crossknn.ce.export import (
     EXPORT_RECIPE,
     checkpoint_hash,
     export_cross_encoder,
     export_dual_encoder,
 )
+from crossknn.ce.hub import hub_snapshot, looks_like_hub_id
 from crossknn.ce.interface import CrossEncoder, DualEncoder, is_model
 from crossknn.ce.manifest import FORMAT_VERSION, MANIFEST
 from crossknn.ce.models import (
@@ -146,6 +153,13 @@ def st_layout(folder: str | os.PathLike) -> dict[str, Any]:
     return {"hf_dir": hf_dir, "pooling": pooling, "max_length": max_length, "files": files}
 
 
+def _has_torch() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as none
+        return False
+
+
 def _key(hf_dir: Path, extra: list[Path]) -> str:
     h = hashlib.sha256(checkpoint_hash(hf_dir).encode())
     for f in extra:
@@ -170,12 +184,14 @@ def resolve_model(
     cache_dir: str | os.PathLike | None = None,
 ) -> Path:
     """The crossknn model folder of ``path``: itself if it is one, else the cached export of the
-    Hugging Face (or sentence-transformers) folder, made now if missing. ``role`` is ``"ce"`` or
+    Hugging Face (or sentence-transformers) folder, or of the Hub model ``path`` names
+    (:mod:`crossknn.ce.hub`), made now if missing. ``role`` is ``"ce"`` or
     ``"de"``; ``kind`` ("cls" | "emb") overrides the CE kind inferred from the config."""
     precision = _variant(precision)
     if kind is not None and kind not in CE_KINDS:
         raise ValueError(f"kind must be one of {CE_KINDS}; got {kind!r}")
-    path = Path(path)
+    hub = hub_snapshot(str(path)) if looks_like_hub_id(path) else None
+    path = hub.path if hub is not None else Path(path)
     _check_folder(path, role.upper())
     if (path / MANIFEST).is_file():
         return path
@@ -191,31 +207,49 @@ def resolve_model(
         )
     # checkpoint_hash names a folder without weights as the error
     int8 = precision == "int8"
-    common: dict[str, Any] = {
-        "quantize": int8,
-        "fp32": not int8,
-        "model_id": path.resolve().name,
-        "overwrite": True,
-    }
+    mid = hub.repo_id if hub is not None else path.resolve().name
+    common: dict[str, Any] = {"quantize": int8, "fp32": not int8, "model_id": mid}
+    common["overwrite"] = True
+    prefix = "hub" if hub is not None else "hf"
+    # traced with torch where it is installed (the export extra: the same export as crossknn
+    # export), else, for a BERT the torch-free builder covers, written with numpy + onnx as the
+    # embedded models are (a light install opens a Hub cross-encoder); the routes' caches differ
+    torch_free = not _has_torch() and covers(src)
+    route = f"b{BERT_RECIPE}" if torch_free else f"r{EXPORT_RECIPE}"
     if role == "de":
-        key = _key(src, layout["files"])
+        key = hub.key if hub is not None else _key(src, layout["files"])
         limit = int(_read_json(src / "config.json").get("max_position_embeddings", 512))
         max_length = int(min(layout["max_length"] or _DE_MAX_LENGTH, limit))
-        name = f"hf-de-mean-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+        name = f"{prefix}-de-mean-{key}-{precision}-f{FORMAT_VERSION}{route}"
 
         def build(out: Path) -> None:
-            export_dual_encoder(src, out, max_length=max_length, normalize=True, **common)
+            if torch_free:
+                export_bert(
+                    src, out, kind="de", max_length=max_length, model_id=mid, precision=precision
+                )
+            else:
+                export_dual_encoder(src, out, max_length=max_length, normalize=True, **common)
 
     else:
         kind = kind or infer_kind(src)
-        key = _key(src, [])
-        name = f"hf-ce-{kind}-{key}-{precision}-f{FORMAT_VERSION}r{EXPORT_RECIPE}"
+        key = hub.key if hub is not None else _key(src, [])
+        name = f"{prefix}-ce-{kind}-{key}-{precision}-f{FORMAT_VERSION}{route}"
         limit = int(_read_json(src / "config.json").get("max_position_embeddings", 512))
 
         def build(out: Path) -> None:
-            export_cross_encoder(
-                src, out, kind=_EXPORT_KIND[kind], max_length=min(512, limit), **common
-            )
+            if torch_free:
+                export_bert(
+                    src,
+                    out,
+                    kind=_EXPORT_KIND[kind],
+                    max_length=min(512, limit),
+                    model_id=mid,
+                    precision=precision,
+                )
+            else:
+                export_cross_encoder(
+                    src, out, kind=_EXPORT_KIND[kind], max_length=min(512, limit), **common
+                )
 
     return cached_export(cache_root(cache_dir) / "models" / name, build, what=f"{path}")
 
@@ -305,6 +339,9 @@ def reopen(record: dict[str, Any], role: str, *, backend: str | None = None, **o
     for where in (record.get("path"), record.get("source")):
         if where and Path(where).is_dir():
             return opener(where, precision=precision, backend=backend, **options)
+    mid = str(record.get("model_id") or "")
+    if "/" in mid and looks_like_hub_id(mid):  # a model named by its Hub id: by that id again
+        return opener(mid, precision=precision, backend=backend, **options)
     raise FileNotFoundError(
         f"the index was built with {role.upper()} {record.get('model_id')!r} from "
         f"{record.get('path')} (source {record.get('source')}), which is no longer there; pass "

@@ -316,6 +316,12 @@ class CrossEncoderBase(ModelBase):
         with self._lock:
             self._items = store
 
+    def items_cut(self) -> int:
+        """How many of the items set (:meth:`set_items`) are longer than ``max_length`` allows
+        an item next to the shortest query (one token): their pairs are always truncated."""
+        store = self._store()
+        return int(np.count_nonzero(store.lengths > self._room - 1))
+
     def _store(self) -> IdStore:
         store = self._items
         if store is None:

@@ -11,6 +11,8 @@ from crossknn.ce.fidelity import fidelity_record
 
 __all__ = [
     "fidelity_line",
+    "plan_text",
+    "plural",
     "print_hits",
     "provider_line",
     "say_fidelity",
@@ -82,6 +84,26 @@ def say_providers(args: argparse.Namespace, *models) -> None:
         print(terminal_safe(provider_line(*models)), file=sys.stderr)
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 item``, ``2 items``: a count with its noun (``nouns``: an irregular plural)."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def plan_text(plan: dict) -> str:
+    """What a search ran, in a few words: ``auto, 30 rounds (10 + 29 x 3 CE calls)``: the
+    method, its rounds and the CE calls each round asked for (``Searcher.plan_info``)."""
+    sizes = [int(n) for n in plan.get("plan", [])]
+    runs: list[list[int]] = []
+    for n in sizes:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    steps = " + ".join(f"{c} x {n}" if c > 1 else f"{n}" for n, c in runs)
+    rounds = int(plan.get("rounds", len(sizes)))
+    return f"{plan['method']}, {plural(rounds, 'round')} ({steps} CE calls)"
+
+
 def print_hits(hits, *, texts: bool = True, file=None, width: int = 70) -> None:
     """Hits as aligned columns: rank (``*`` = not in the exact top-k), CE score, id, a snippet
     of ``width`` characters (whitespace folded, control characters escaped)."""
@@ -99,8 +121,10 @@ def print_hits(hits, *, texts: bool = True, file=None, width: int = 70) -> None:
             text = text if len(text) <= width else text[: width - 3] + "..."
             tail = "  " + terminal_safe(text) if texts else ""
             print(f"  {r:>3}{mark} {s:+9.4f}  {i:<{id_width}}{tail}", file=file)
+        ran = f"{plan_text(h.plan)}; " if getattr(h, "plan", None) else ""
         line = (
-            f"  CE calls {h.ce_calls}; time CE {h.seconds_ce:.2f} s, other {h.seconds_other:.2f} s"
+            f"  {ran}CE calls {h.ce_calls}; time CE {h.seconds_ce:.2f} s, "
+            f"other {h.seconds_other:.2f} s"
         )
         if h.recall is not None:
             line += f"; Top-{len(h.exact_ids)}-Recall vs exact CE: {h.recall:.2f}"

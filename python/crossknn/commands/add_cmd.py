@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from crossknn.commands._common import add_model_arguments, add_shared, index_models
+from crossknn.commands._printing import plural
 from crossknn.corpus.edit import add_items
 from crossknn.corpus_folder import open_index
 from crossknn.data import load_corpus
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"index {args.index_dir}: these items were added already (version {r['version']})")
         return 0
     print(
-        f"index {args.index_dir}: version {r['version']}: {r['added']} items added, "
+        f"index {args.index_dir}: version {r['version']}: {plural(r['added'], 'item')} added, "
         f"{r['ce_calls']:,} CE calls, {r['seconds']:.1f} s"
     )
     return 0

@@ -12,8 +12,9 @@ from pathlib import Path
 from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
 from crossknn.commands._common import add_model_arguments, add_shared, model_options
 from crossknn.commands._numbers import nonneg_float, nonneg_int, positive_int
-from crossknn.commands._printing import say_providers
-from crossknn.corpus.build import build_corpus_index
+from crossknn.commands._printing import say_providers, terminal_safe
+from crossknn.corpus.build import build_corpus_index, corpus_build_key
+from crossknn.corpus.build_key import up_to_date
 from crossknn.data import load_corpus, read_queries
 from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
 from crossknn.outputs import check_output_folder as check_not_over
@@ -84,7 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "MIN minutes of CE time (the build then says where it cut; the index depends on the "
         "machine's speed). Default: none",
     )
-    add_shared(p, "seed", "quiet")
+    add_shared(p, "seed")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild even when INDEX_DIR holds this build's index already (the same items, "
+        "models and settings), which is otherwise left as it is",
+    )
+    add_shared(p, "quiet")
     add_model_arguments(p)
 
 
@@ -179,6 +187,23 @@ def run(args: argparse.Namespace) -> int:
         args.de_model, precision=args.de_precision, **{**opts, "batch_size": None}
     )
     say_providers(args, ce, de)
+    settings = {
+        "cur": args.cur,
+        "calibration_queries": args.calibration_queries,
+        "calibration_items": args.calibration_items,
+        "seed": args.seed,
+        "round_index": args.round_index,
+        "index_calls": _index_calls(args),
+        "index_minutes": args.index_minutes,
+        "tune_rounds": args.tune_rounds,
+    }
+    key = corpus_build_key(corpus, ce, de, train_queries=train, **settings)
+    if not args.force and up_to_date(args.index_dir, key):
+        print(
+            f"index {terminal_safe(args.index_dir)} is up to date: built from the same "
+            f"{len(corpus)} items with the same models and settings (--force rebuilds it)"
+        )
+        return 0
     try:
         idx = build_corpus_index(
             corpus,
@@ -186,15 +211,9 @@ def run(args: argparse.Namespace) -> int:
             ce=ce,
             de=de,
             train_queries=train,
-            cur=args.cur,
-            calibration_queries=args.calibration_queries,
-            calibration_items=args.calibration_items,
-            seed=args.seed,
             progress=not args.quiet,
-            round_index=args.round_index,
-            index_calls=_index_calls(args),
-            index_minutes=args.index_minutes,
-            tune_rounds=args.tune_rounds,
+            force=True,  # up to date or not is decided above
+            **settings,
         )
     except Exception as exc:
         # a failed build (full disk, unreadable model ...) leaves no half index behind; an
@@ -210,8 +229,23 @@ def run(args: argparse.Namespace) -> int:
         f"CE {ce.model_id} ({ce.precision}), DE {de.model_id} ({de.precision})"
     )
     print(budget_summary(idx.params.get("budget")))
+    print(max_length_line(ce, len(corpus)))
     print(auto_summary(idx.params.get("auto"), len(corpus), idx.params.get("budget")))
     return 0
+
+
+def max_length_line(ce, n_items: int) -> str:
+    """The CE's maximum pair length and how many items it cuts (scorers without a tokenizer,
+    such as test stand-ins, have no such line)."""
+    length = getattr(ce, "max_length", None)
+    if length is None:
+        return "CE maximum length: not known for this CE"
+    cut = ce.items_cut() if hasattr(ce, "items_cut") else None
+    how = "" if cut is None else f"; {cut:,} of {n_items:,} items are longer and cut in every pair"
+    return (
+        f"CE maximum length: {length} tokens per (query, item) pair, truncated longest first"
+        f"{how} (a model folder's manifest sets it)"
+    )
 
 
 def _index_calls(args: argparse.Namespace) -> int | str:

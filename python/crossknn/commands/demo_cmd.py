@@ -1,16 +1,20 @@
 """``crossknn demo``: the main job on a corpus every machine has, with the embedded model.
 
-Builds (once, cached) an index over the docstrings of the installed Python standard library,
-then answers a few example queries with the cross-encoder on a budget of CE calls, showing the
-results, the CE calls spent and the time. ``--exact`` then (after the results are printed) also
-scores every item for those queries, with a bar by pairs, and prints the recall of the CE's
-exact top-k; the exact rows are cached beside the index (``search --exact`` shares them).
+Builds (once, cached) an index over the docstrings of the installed Python standard library the
+way ``crossknn build`` does (DE vectors, CE calibration, ``auto``'s rows of pseudo-queries; the
+demo spends ``--index-rows`` rows' worth of CE calls on them, where a default build spends one
+row per 100 items), then answers a few example queries on the default path: ``auto`` with a
+budget of CE calls, printing for each query the results, the method and the rounds that ran, the
+CE calls spent and the time. ``--exact`` then (after the results are printed) also scores every
+item for those queries, with a bar by pairs, and prints the recall of the CE's exact top-k; the
+exact rows are cached beside the index (``search --exact`` shares them).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import sys
 import time
@@ -21,7 +25,7 @@ import numpy as np
 from crossknn.ce import cache_root
 from crossknn.ce.models import minilm_checkpoint_dir
 from crossknn.commands._common import add_shared
-from crossknn.commands._numbers import positive_int
+from crossknn.commands._numbers import nonneg_int, positive_int
 from crossknn.commands._printing import print_hits, terminal_safe
 from crossknn.corpus.build import build_corpus_index
 from crossknn.corpus_folder import open_index
@@ -43,6 +47,11 @@ Use your own trained CE (crossknn export needs the 'export' extra):
   crossknn build CORPUS INDEX --model MY_CE
   crossknn search INDEX --beir DIR --run run.trec --metrics metrics.json"""
 
+# the default of --max-items, for a quick run (the docs' walk test sets it)
+ITEMS_ENV = "CROSSKNN_DEMO_ITEMS"
+# auto's index of the demo: rows' worth of CE calls (a minute or two of CE time on 2 CPU cores)
+DEMO_ROWS = 2
+
 EXAMPLE_QUERIES = [
     "parse a date string into a datetime object",
     "compress data with gzip and write it to a file",
@@ -58,20 +67,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="a query of your own (repeatable); default: four example queries",
     )
-    add_shared(p, "k", "budget")
+    add_shared(p, "k")
+    p.add_argument(
+        "--budget",
+        type=positive_int,
+        default=None,
+        help="CE calls per query (default 100, at most half the docstrings)",
+    )
     p.add_argument(
         "--method",
-        choices=("axn", "rnr"),
-        default="axn",
-        help="axn (default) or rnr (DE top-B reranked)",
+        choices=METHODS,
+        default=None,
+        help="search method (default: the index's default, auto, as crossknn search uses it; "
+        "axn and rnr also run on the demo index)",
     )
-    p.add_argument("--rounds", type=positive_int, default=5)
+    p.add_argument(
+        "--rounds", type=positive_int, default=None, help="rounds (default: the method's own)"
+    )
+    p.add_argument(
+        "--index-rows",
+        type=nonneg_int,
+        default=DEMO_ROWS,
+        metavar="R",
+        help=f"auto's index: R rows' worth of CE calls (R x the items; default {DEMO_ROWS}; a "
+        "default crossknn build spends one row per 100 items); 0: none (the demo then searches "
+        "with axn)",
+    )
     p.add_argument(
         "--max-items",
         type=positive_int,
         default=None,
         metavar="N",
-        help="use an evenly spaced subset of N docstrings (default: all)",
+        help=f"use an evenly spaced subset of N docstrings (default: ${ITEMS_ENV}, else all)",
     )
     p.add_argument(
         "--exact",
@@ -89,15 +116,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_shared(p, "quiet")
 
 
+def _items_from_env() -> int | None:
+    value = os.environ.get(ITEMS_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"${ITEMS_ENV}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    assert args.method in METHODS
     minilm_checkpoint_dir()  # the embedded model's weights: one line saying how to install them
+    if args.max_items is None:
+        args.max_items = _items_from_env()
 
     t0 = time.perf_counter()
     corpus = stdlib_docstrings(max_items=args.max_items)
     key = hashlib.sha256("\0".join(corpus.ids).encode()).hexdigest()[:12]
     root = Path(args.cache_dir) if args.cache_dir else cache_root() / "demo"
-    index_dir = root / f"stdlib-py{sys.version_info[0]}{sys.version_info[1]}-{len(corpus)}-{key}"
+    name = f"stdlib-py{sys.version_info[0]}{sys.version_info[1]}-{len(corpus)}-{key}"
+    index_dir = root / f"{name}-r{args.index_rows}"
     print(
         f"corpus: {len(corpus)} docstrings of the Python {sys.version.split()[0]} standard library"
     )
@@ -112,20 +151,31 @@ def run(args: argparse.Namespace) -> int:
     if index is None:
         if args.rebuild and index_dir.exists():
             shutil.rmtree(index_dir)
+        calls = args.index_rows * len(corpus)
+        what = (
+            f"auto's index from {args.index_rows} rows' worth of CE calls ({calls:,}) on "
+            "pseudo-queries cut from the docstrings"
+            if calls
+            else "no auto index (--index-rows 0)"
+        )
         print(
-            f"index: building {terminal_safe(index_dir)} "
-            "(dual-encoder vectors + CE score calibration)"
+            f"index: building {terminal_safe(index_dir)}: dual-encoder vectors, CE score "
+            f"calibration, {what}"
         )
         t = time.perf_counter()
-        # no auto index: its rows would take the CPU minutes; the demo searches with AXN
-        index = build_corpus_index(corpus, index_dir, progress=not args.quiet, index_calls=None)
-        print(f"index: built in {time.perf_counter() - t:.1f} s, {index.ce_calls} CE calls")
+        index = build_corpus_index(
+            corpus, index_dir, progress=not args.quiet, index_calls=calls or None
+        )
+        print(f"index: built in {time.perf_counter() - t:.1f} s, {index.ce_calls:,} CE calls")
 
+    if args.budget is None:
+        args.budget = max(min(100, len(corpus) // 2), min(args.k, len(corpus)))
     searcher = Searcher(index, method=args.method, rounds=args.rounds)
     queries = args.query or EXAMPLE_QUERIES
     hits = searcher.search(queries, k=args.k, budget=args.budget)
+    default = "" if args.method else ", the default"
     print(
-        f"\nmethod {args.method}, budget {args.budget} CE calls per query "
+        f"\nsearch: method {searcher.method}{default}; budget {args.budget} CE calls per query "
         f"({args.budget / len(corpus):.1%} of the corpus), top-{args.k}"
     )
     print_hits(hits)

@@ -92,7 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--corpus",
         metavar="DIR",
-        help="BEIR folder with the texts (tfidf/bm25; default ../shared/data/<dataset>)",
+        help="BEIR folder with the texts (tfidf/bm25; default: the matrix's dataset under "
+        "$CROSSKNN_DATA, or data/<dataset> beside the matrix's parent folder)",
     )
     p.add_argument(
         "--split",

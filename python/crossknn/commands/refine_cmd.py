@@ -6,6 +6,7 @@ import argparse
 
 from crossknn.commands._common import add_model_arguments, add_shared, index_models
 from crossknn.commands._numbers import nonneg_float, nonneg_int
+from crossknn.commands._printing import plural
 from crossknn.corpus.refine import refine_index
 from crossknn.corpus_folder import open_index
 
@@ -54,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
     if r.already:
         print(f"index {args.index_dir}: already refined on this log (version {r.version})")
         return 0
+    logged = plural(r.logged_queries, "distinct query", "distinct queries")
     print(
-        f"index {args.index_dir}: version {r.previous} -> {r.version}: {r.rows} auto rows "
-        f"({r.real_rows} of logged queries, {r.logged_queries} distinct queries in the log), "
+        f"index {args.index_dir}: version {r.previous} -> {r.version}: "
+        f"{plural(r.rows, 'auto row')} ({r.real_rows} of logged queries, {logged} in the log), "
         f"{r.index_calls:,} entries read, {r.ce_calls:,} CE calls ({r.log_entries_used:,} "
         f"entries from the log), {r.seconds:.1f} s"
     )

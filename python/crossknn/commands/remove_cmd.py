@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from crossknn.commands._common import add_shared
+from crossknn.commands._printing import plural
 from crossknn.corpus.edit import COMPACT_AT, remove_items
 
 HELP = "remove items from an index (tombstones; compaction past a threshold)"
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if r["already"]:
         print(f"index {args.index_dir}: these items were removed already (version {r['version']})")
         return 0
-    how = "compacted" if r["compacted"] else f"tombstoned ({r['dead']} removed items in all)"
-    print(f"index {args.index_dir}: version {r['version']}: {r['removed']} items removed, {how}")
+    dead = plural(r["dead"], "removed item")
+    how = "compacted" if r["compacted"] else f"tombstoned ({dead} in all)"
+    removed = plural(r["removed"], "item")
+    print(f"index {args.index_dir}: version {r['version']}: {removed} removed, {how}")
     return 0

@@ -81,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--method",
         choices=METHODS,
-        help="search method (default: auto when the index was built with --index-calls, else axn)",
+        help="search method (default: auto when the index has auto's rows, as a default build "
+        "of 100 items or more has; else axn)",
     )
     p.add_argument(
         "--rounds",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import logging
 import signal
 import socket
 import sys
@@ -17,6 +16,7 @@ import sys
 import crossknn
 from crossknn.commands._common import add_model_arguments, add_round_arguments, config_from
 from crossknn.commands._numbers import fraction
+from crossknn.commands._printing import terminal_safe
 from crossknn.corpus.query_log import QueryLog
 from crossknn.search.registry import names as method_names
 
@@ -146,8 +146,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--method",
         choices=method_names(),
         default=None,
-        help="default method of requests that name none (default: auto when the index was "
-        "built with --index-calls, else axn)",
+        help="default method of requests that name none (default: auto when the index has "
+        "auto's rows, as a default build of 100 items or more has; else axn)",
     )
     p.add_argument(
         "--rounds",
@@ -281,7 +281,10 @@ def run(args: argparse.Namespace) -> int:
         return run_ray(
             config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address
         )
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    # the serve package imports fastapi at its top (the serve extra)
+    from crossknn.serve.log_format import configure
+
+    configure(args.log_level)
     # a served index file cut or overwritten in place (cp, rsync --inplace over the folder) makes
     # the next read of its memory map a SIGBUS: say so (a traceback on stderr), never die silently
     faulthandler.enable()
@@ -291,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
     index = crossknn.open_index(args.index_dir)
     # and so is a port in use: bound here, before loading (uvicorn serves on this socket)
     sock = bind_socket(args.host, args.port)
+    print(listening_line(args.host, args.port, args.index_dir), file=sys.stderr, flush=True)
     if args.workers > 1:
         sock.close()  # uvicorn's supervisor binds it again for its workers
         # the serve package imports fastapi at its top (the serve extra)
@@ -339,6 +343,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"crossknn serve: error: loading failed: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def listening_line(host: str, port: int, index_dir) -> str:
+    """The one line ``serve`` prints once its port is bound: where to send requests."""
+    where = f"[{host}]" if ":" in host else host
+    return (
+        f"crossknn serve: listening on http://{where}:{port} (index {terminal_safe(index_dir)}; "
+        "GET /readyz answers 200 once the models are loaded)"
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

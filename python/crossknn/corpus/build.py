@@ -21,13 +21,16 @@ from tqdm.auto import tqdm
 import crossknn.ce
 from crossknn.ce.folders import model_record
 from crossknn.core import ItemFeatures
+from crossknn.corpus.build_key import build_key, up_to_date
 from crossknn.corpus.pseudo import auto_pseudo_queries, pseudo_queries
 from crossknn.corpus.work import encode_resumable, fresh_work_dir, model_fingerprint
 from crossknn.corpus_folder import CORPUS_KIND, ITEMS_FILE, CorpusIndex, open_index
 from crossknn.data import Corpus
 from crossknn.fileio import (
     atomic_write_bytes,
+    fingerprint,
     folder_lock,
+    sha256_array,
     sha256_bytes,
     sha256_texts,
 )
@@ -54,6 +57,7 @@ __all__ = [
     "CORPUS_KIND",
     "CorpusIndex",
     "build_corpus_index",
+    "corpus_build_key",
     "open_index",
 ]
 
@@ -210,6 +214,7 @@ def build_corpus_index(
     tune_rounds: int = 0,
     index_minutes: float | None = None,
     auto_options: Mapping[str, Any] | None = None,
+    force: bool = False,
 ) -> CorpusIndex:
     """Encode ``corpus`` with the DE and spend a small CE budget on (pseudo) train queries.
 
@@ -248,6 +253,10 @@ def build_corpus_index(
     then the old index stays whole and usable, whatever fails (a full disk). A build holds
     ``OUT_DIR/.lock`` (with its PID): a second build into the same folder fails at once; a lock
     left by a killed build is taken over (one line on stderr).
+
+    A folder that holds this build's index already (the same items, models and settings:
+    :mod:`crossknn.corpus.build_key`; not changed since by refine, add or remove) is up to date:
+    it is returned as it is, unless ``force``.
     """
     if len(corpus) == 0:
         raise ValueError("the corpus is empty: nothing to index")
@@ -262,7 +271,27 @@ def build_corpus_index(
             )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # looked up on the package at call time (one place to substitute the default)
+    de = de if de is not None else crossknn.ce.default_dual_encoder(show_progress_bar=False)
+    ce = ce if ce is not None else crossknn.ce.default_cross_encoder()
+    key = corpus_build_key(
+        corpus,
+        ce,
+        de,
+        train_queries=train_queries,
+        cur=cur,
+        calibration_queries=calibration_queries,
+        calibration_items=calibration_items,
+        seed=seed,
+        round_index=round_index,
+        index_calls=index_calls,
+        tune_rounds=tune_rounds,
+        index_minutes=index_minutes,
+        auto_options=dict(auto_options) if auto_options else None,
+    )
     with folder_lock(out / ".lock", what=f"index folder {out}"):
+        if not force and up_to_date(out, key):
+            return open_index(out)
         _build_locked(
             corpus,
             out,
@@ -279,6 +308,7 @@ def build_corpus_index(
             index_calls=index_calls,
             index_minutes=index_minutes,
             auto_options=auto_options,
+            build_key=key,
         )
         if tune_rounds:
             _tune_round_widths(out, ce, de, train_queries, tune_rounds, seed, progress)
@@ -290,6 +320,33 @@ def item_metadata(corpus: Corpus) -> ItemMetadata:
     if corpus.metadata is None:
         return ItemMetadata({}, len(corpus))
     return ItemMetadata.from_records(corpus.metadata, ids=corpus.ids)
+
+
+def corpus_build_key(corpus: Corpus, ce, de, *, train_queries=None, **settings) -> str:
+    """The key of :func:`build_corpus_index` with these arguments (``settings``: its keyword
+    arguments but ``progress`` and ``chunk``, which change nothing it makes); a folder whose
+    index has it is up to date (:func:`crossknn.corpus.build_key.up_to_date`)."""
+    defaults = {
+        "cur": False,
+        "calibration_queries": 16,
+        "calibration_items": 32,
+        "seed": 0,
+        "round_index": "auto",
+        "index_calls": "default",
+        "tune_rounds": 0,
+        "index_minutes": None,
+        "auto_options": None,
+    }
+    unknown = set(settings) - set(defaults)
+    if unknown:
+        raise TypeError(f"unknown build settings {sorted(unknown)}")
+    # the items: ids, texts and their other fields (the metadata filters read)
+    items = sha256_bytes(_items_jsonl(corpus))
+    if corpus.metadata is not None:
+        arrays, spec = item_metadata(corpus).to_index()
+        columns = {name: sha256_array(arr) for name, arr in sorted(arrays.items())}
+        items = fingerprint([items, spec, columns])
+    return build_key(items, ce, de, train_queries=train_queries, settings={**defaults, **settings})
 
 
 def _tune_round_widths(out, ce, de, train_queries, n, seed, progress):
@@ -340,6 +397,7 @@ def _build_locked(
     index_calls: int | str | None = None,
     index_minutes: float | None = None,
     auto_options: Mapping[str, Any] | None = None,
+    build_key: str | None = None,
 ) -> None:
     # the new index is written beside the old one (work/stage) and moved in at the end: the old
     # index stays whole and usable until then, whatever fails on the way (a full disk ...)
@@ -348,10 +406,6 @@ def _build_locked(
     if stage.exists():
         shutil.rmtree(stage)  # a half-written index of an interrupted build
     stage.mkdir(parents=True)
-    # looked up on the package at call time (one place to substitute the default)
-    de = de if de is not None else crossknn.ce.default_dual_encoder(show_progress_bar=False)
-    ce = ce if ce is not None else crossknn.ce.default_cross_encoder()
-
     items_bytes = _items_jsonl(corpus)
     # the items' other fields (crossknn.metadata), checked before any model runs
     meta_arrays, meta_params = item_metadata(corpus).to_index()
@@ -477,6 +531,8 @@ def _build_locked(
         "source": corpus.source,
         # what search reopens by default: identity, hash, kind, precision, where found
         "models": {"ce": model_record(ce), "de": model_record(de)},
+        # what it was built from (crossknn.corpus.build_key): a rebuild of the same is skipped
+        "build_key": build_key,
     }
     # arrays of an earlier build that this one does not have must not linger beside the new index
     save_index(

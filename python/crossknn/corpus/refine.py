@@ -274,7 +274,8 @@ def refine_index(
             index_calls = int(index_minutes * 60.0 * rate // N) * N
         if index_calls is None:  # the index's own budget: its complete rows over today's items
             rows = int(auto.get("rows") or 0) or default_index_rows(N)
-            index_calls = max(int(auto.get("index_calls_limit") or 0), rows * N)
+            # and at least the 2 complete rows refine needs (a default build of < 200 items has 1)
+            index_calls = max(int(auto.get("index_calls_limit") or 0), rows * N, 2 * N)
         index_calls = int(index_calls)
         if index_calls < 2 * N:
             raise ValueError(

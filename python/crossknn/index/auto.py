@@ -114,8 +114,9 @@ def expected_gain(index_calls: int, n_items: int) -> str:
     rounded; complete and partial rows alike), not above this one."""
     worth = round(max(int(index_calls), 0) / max(int(n_items), 1))
     r = max(k for k in EXPECTED_K10_B100 if k <= worth)
+    rows = "row's" if r == 1 else "rows'"
     return (
-        f"on NFCorpus {r} row{'s' if r != 1 else ''}' worth of CE calls gave Top-10-Recall@100 "
+        f"on NFCorpus {r} {rows} worth of CE calls gave Top-10-Recall@100 "
         f"{EXPECTED_K10_B100[r]:.2f} (AXN over DE {AXN_K10_B100:.2f})"
     )
 

@@ -23,6 +23,7 @@ import os
 import signal
 
 from crossknn.serve.app import create_app, http_protocol
+from crossknn.serve.log_format import configure
 from crossknn.serve.service import ServeConfig
 
 __all__ = ["ENV", "run_workers", "worker_app"]
@@ -50,7 +51,7 @@ def worker_app():
     if not text:
         raise RuntimeError(f"{ENV} is not set: worker_app runs under `crossknn serve --workers`")
     config, log_level = decode(text)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    configure(log_level)
 
     def on_load_error(exc: BaseException) -> None:
         log.error("crossknn serve: worker %d: loading failed: %s; stopping", os.getpid(), exc)
