@@ -10,13 +10,14 @@ Suites:
 - ``quick``: every kind of bench at small sizes, results into ``build/bench-quick/`` (never over
   the committed results), then ``bench/report.py --check``. About 10 minutes on a busy 2-core CPU.
 - ``recall``: Top-k-Recall on the shared score matrices (``recall_bench``, cisi + nfcorpus), the
-  embedded CE's nDCG on BEIR (``beir_bench``), CMC quality (``cmc_bench``), the default build's
-  pseudo-query rows against keyword and train-query rows (``day_one_bench``; SciFact's exact
+  embedded CE's nDCG on BEIR and its maximum length against speed (``beir_bench``,
+  ``beir_bench max-length``), CMC quality (``cmc_bench``), the default build's
+  pseudo-query rows against keyword and train-query rows (``recall_bench day-one``; SciFact's exact
   scores are computed once, hours on 2 cores). No model timing.
 - ``cpu``: speed on this CPU: round engine (``core_bench``), non-CE time per query
   (``overhead_bench``), CE runtime and int8 recipes (``ce_bench``), CMC latency, and the living
   index's recall after refine / add / remove (``lifecycle_bench --part recall``), two default
-  builds compared bit for bit, one beside busy processes (``day_one_bench --part repro``).
+  builds compared bit for bit, one beside busy processes (``recall_bench day-one --part repro``).
 - ``gpu``: the GPU path (``gpu_bench``: CE, rounds, search, serve) on the first GPU.
 - ``serve``: the HTTP server under load and overload (``serve_bench``), the GPU serving path's
   host side against a stand-in device (``gpu_bench --standin-device``), serving through index
@@ -75,6 +76,7 @@ CISI = SHARED / "matrices" / "cisi-minilm"
 NFCORPUS_MATRIX = SHARED / "matrices" / "nfcorpus-minilm-gpu"
 SCIFACT = SHARED / "data" / "scifact"
 NFCORPUS = SHARED / "data" / "nfcorpus"
+CISI_DATA = SHARED / "data" / "cisi"
 Q = "build/bench-quick"  # QUICK_OUT, relative to the repository root
 
 SUITES: dict[str, list[Step]] = {
@@ -115,7 +117,8 @@ SUITES: dict[str, list[Step]] = {
         Step(
             "day-one rows (cisi, 200 items, keyword rows)",
             (
-                "bench/day_one_bench.py",
+                "bench/recall_bench.py",
+                "day-one",
                 "--part",
                 "choose",
                 "--corpora",
@@ -141,6 +144,11 @@ SUITES: dict[str, list[Step]] = {
             needs=(NFCORPUS_MATRIX,),
         ),
         Step("embedded CE nDCG on BEIR", ("bench/beir_bench.py",), needs=(SCIFACT, NFCORPUS)),
+        Step(
+            "embedded CE's maximum length: nDCG@10 against speed",
+            ("bench/beir_bench.py", "max-length"),
+            needs=(SCIFACT, NFCORPUS, CISI_DATA),
+        ),
         Step("CMC on cisi", ("bench/cmc_bench.py", "--part", "cisi"), needs=(CISI,)),
         Step("CMC on BEIR", ("bench/cmc_bench.py", "--part", "beir"), needs=(SCIFACT, NFCORPUS)),
         Step("CMC ablation", ("bench/cmc_bench.py", "--part", "ablation"), needs=(CISI,)),
@@ -151,12 +159,12 @@ SUITES: dict[str, list[Step]] = {
         ),
         Step(
             "day-one rows: pseudo-query kinds on train splits",
-            ("bench/day_one_bench.py", "--part", "choose"),
+            ("bench/recall_bench.py", "day-one", "--part", "choose"),
             needs=(CISI, NFCORPUS_MATRIX, SCIFACT),
         ),
         Step(
             "day-one rows: default vs keyword vs train-query rows",
-            ("bench/day_one_bench.py", "--part", "final"),
+            ("bench/recall_bench.py", "day-one", "--part", "final"),
             needs=(CISI, NFCORPUS_MATRIX, SCIFACT),
         ),
     ],
@@ -180,7 +188,7 @@ SUITES: dict[str, list[Step]] = {
         ),
         Step(
             "day-one rows: two default builds, one under load",
-            ("bench/day_one_bench.py", "--part", "repro"),
+            ("bench/recall_bench.py", "day-one", "--part", "repro"),
             needs=(CISI,),
         ),
     ],

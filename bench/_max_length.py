@@ -22,7 +22,7 @@ Resumable: each (corpus, length) score array is kept in ``--work`` and read back
 Run it niced in the background (hours on a shared 2-core machine, most of it at the longer
 lengths)::
 
-    nice -n 10 .venv/bin/python bench/max_length_bench.py > /tmp/max_length.log 2>&1 &
+    nice -n 10 .venv/bin/python bench/beir_bench.py max-length > /tmp/max_length.log 2>&1 &
 
 Writes ``bench/results/max_length.json`` and prints the table.
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -266,7 +267,7 @@ def print_table(doc: dict) -> None:
     print(f"choice: max_length {doc['choice']['max_length']} ({doc['rule']})")
 
 
-def main() -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus", "cisi"])
     p.add_argument("--lengths", nargs="+", type=int, default=[128, 192, 256, 384])
@@ -277,7 +278,7 @@ def main() -> None:
     p.add_argument("--tolerance", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--work", default=str(REPO / "cache" / "max_length_bench"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     from crossknn.ce import default_dual_encoder, ensure_model
 
@@ -286,7 +287,7 @@ def main() -> None:
     started = utc_now()
     results = [bench_dataset(name, args, ce_dir, de) for name in args.datasets]
     doc = {
-        "bench": "max_length_bench",
+        "bench": "beir_bench max-length",
         "started": started,
         "finished": utc_now(),
         "machine": machine("onnxruntime"),
@@ -308,7 +309,8 @@ def main() -> None:
     }
     write_json(OUT, doc)
     print_table(doc)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,9 @@
 """Day-one rows (issue 55): the default build's pseudo-query rows against keyword rows and real
 rows, its budget, and whether two builds are the same index.
 
-    .venv/bin/python bench/day_one_bench.py --part choose    # the candidates, on train splits
-    .venv/bin/python bench/day_one_bench.py --part final     # the three corpora, test queries
-    .venv/bin/python bench/day_one_bench.py --part repro     # two default builds, one under load
+    .venv/bin/python bench/recall_bench.py day-one --part choose # candidates, train splits
+    .venv/bin/python bench/recall_bench.py day-one --part final  # three corpora, test queries
+    .venv/bin/python bench/recall_bench.py day-one --part repro  # two builds, one under load
 
 The corpora: CISI (``../shared/matrices/cisi-minilm``, 1,460 items), NFCorpus
 (``nfcorpus-minilm-gpu``, 3,633 items; its matrix was scored with the CE's weight matrices
