@@ -65,7 +65,7 @@ def test_the_same_build_again_does_nothing_and_force_rebuilds(tmp_path):
     [
         {"seed": 1},
         {"calibration_queries": 8},
-        {"index_calls": 0},
+        {"index_calls": 100},  # (0 would spend no CE call at all)
         {"ce": CountingCE(model_hash="another-ce")},
         {"items": Corpus(corpus("A").ids, [t + " more" for t in corpus("A").texts], "stub")},
     ],
