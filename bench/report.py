@@ -397,7 +397,8 @@ def goals_table(name: str, targets: dict) -> str:
     for key, (target, ok) in targets.items():
         v = goals[key]
         met = "not measured" if v is None else ("met" if ok(v) else "**missed**")
-        out.append([f"`{key}`", "–" if v is None else f"{v:g}", target, met])
+        shown = "–" if v is None else str(v).lower() if isinstance(v, bool) else f"{v:g}"
+        out.append([f"`{key}`", shown, target, met])
     return table(["goal", "measured", "target", ""], out, "lrrl")
 
 
@@ -489,31 +490,6 @@ def render_lifecycle_chaos() -> str:
 
 def render_day_one_goals() -> str:
     return goals_table("day_one_rows.json", DAY_ONE_GOALS)
-
-
-def render_day_one_recall() -> str:
-    """Per corpus: auto's Top-10-Recall@B on the test queries with today's keyword rows, the
-    default build's rows and rows of the train queries, all at the default budget; RNR."""
-    d = load(RESULTS / "day_one_rows.json")
-    names = {"cisi": "CISI", "nfcorpus": "NFCorpus", "scifact": "SciFact"}
-    out = []
-    for key, c in (d.get("corpora") or {}).items():
-        r = c["recall"]
-        where = f"{names.get(key, key)} ({count(c['items'])} items, {c['rows']} rows)"
-        for kind, label in (
-            ("keywords", "keyword rows (before)"),
-            ("default", "**default build**"),
-            ("real_rows", "train-query rows"),
-            ("rnr", "RNR (DE top-B)"),
-        ):
-            if kind in r:
-                cells = [
-                    f3(r[kind][str(b)] if str(b) in r[kind] else r[kind][b]) for b in (50, 100, 200)
-                ]
-                out.append([where, label, *cells])
-    if not out:
-        raise ReportError("day_one_rows.json: no corpora measured")
-    return table(["corpus", "rows of", "B = 50", "B = 100", "B = 200"], out, "llrrr")
 
 
 # ---- quality of the embedded CE on BEIR ----------------------------------------------------------
@@ -713,11 +689,6 @@ BLOCKS: dict[str, Block] = {
     ),
     "day-one-goals": Block(
         render_day_one_goals, "day_one_rows.json", "day-one rows: the default build's goals"
-    ),
-    "day-one-recall": Block(
-        render_day_one_recall,
-        "day_one_rows.json",
-        "Top-10-Recall@B of keyword, default and train-query rows at the default budget",
     ),
 }
 
