@@ -64,7 +64,7 @@ def test_demo_prints_results_first_and_checks_exactly_only_when_asked(model_cach
 
 
 def test_plan_text_names_the_method_and_its_rounds():
-    from crossknn.commands._common import plan_text
+    from crossknn.commands._printing import plan_text
 
     assert plan_text({"method": "auto", "rounds": 4, "plan": [10, 30, 30, 30]}) == (
         "auto, 4 rounds (10 + 3 x 30 CE calls)"
