@@ -1,6 +1,7 @@
 """The default build is the same on every machine, and every CE call of a build is inside its
-stated index budget, the calibration included (issue 55). Stand-in models (``lifecycle_stubs``):
-the CE's speed is made to vary; the real CE's check is ``bench/recall_bench.py day-one --part repro``."""
+stated index budget, the calibration included (issue 55). Stand-in models
+(``lifecycle_stubs``): the CE's speed is made to vary; the real CE's check is
+``bench/recall_bench.py day-one --part repro``."""
 
 import subprocess
 import sys

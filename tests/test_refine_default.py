@@ -20,7 +20,9 @@ def test_refine_of_a_one_row_index_spends_the_two_rows_it_needs(tmp_path):
     s.record_paid = True
     hits = s.search(queries(6), k=5, budget=20)
     with QueryLog(tmp_path / "q.log") as log:
-        log.append_hits(hits, s.corpus.ids, s.corpus.texts, index_version=1, ce_model_hash=StubCE.model_hash)
+        log.append_hits(
+            hits, s.corpus.ids, s.corpus.texts, index_version=1, ce_model_hash=StubCE.model_hash
+        )
     r = refine_index(idx, tmp_path / "q.log", ce=StubCE(), de=StubDE(), quiet=True)
     assert r.version == 2 and r.index_calls == 2 * n
     assert open_index(idx).params["auto"]["rows"] == 2

@@ -21,6 +21,7 @@ __all__ = [
     "config_from",
     "index_models",
     "job_options",
+    "model_choice",
     "model_options",
 ]
 
@@ -39,14 +40,27 @@ SHARED: dict[str, tuple[tuple[str, ...], dict]] = {
         ("--budget",),
         {"type": positive_int, "default": 100, "help": "CE calls per query (default 100)"},
     ),
+    "checkpoint_every": (
+        ("--checkpoint-every",),
+        {"type": positive_int, "default": 50, "metavar": "STEPS"},
+    ),
+    # the MIPS index of a query's rounds; its help says what auto means on the command (build:
+    # the one to build, search and serve: the one to scan)
+    "round_index": (
+        ("--round-index",),
+        {"choices": ("auto", "exact", "ivf", "hnsw"), "default": "auto"},
+    ),
 }
 
 
-def add_shared(p, *names: str) -> None:
-    """The options ``names`` of :data:`SHARED`, in this order, to ``p`` (a parser or a group)."""
+def add_shared(p, *names: str, **given) -> None:
+    """The options ``names`` of :data:`SHARED`, in this order, to ``p`` (a parser or a group);
+    ``given``: add_argument's keywords of one option that its command states (its help)."""
+    if given and len(names) != 1:
+        raise ValueError(f"keywords {sorted(given)} are for one option; got {len(names)}")
     for name in names:
         flags, keywords = SHARED[name]
-        p.add_argument(*flags, **keywords)
+        p.add_argument(*flags, **{**keywords, **given})
 
 
 def add_model_arguments(
@@ -149,10 +163,9 @@ def add_model_arguments(
 
 def add_round_arguments(p: argparse.ArgumentParser) -> None:
     """``--round-index`` and ``--shards``: what a query's rounds scan (search and serve)."""
-    p.add_argument(
-        "--round-index",
-        choices=("auto", "exact", "ivf", "hnsw"),
-        default="auto",
+    add_shared(
+        p,
+        "round_index",
         help="rounds through the index's MIPS index (auto: the one it has) or exact",
     )
     p.add_argument(
@@ -176,6 +189,17 @@ def model_options(args: argparse.Namespace) -> dict:
     }
 
 
+def model_choice(args: argparse.Namespace) -> dict:
+    """Which CE and DE, at which precisions: ``model``, ``de_model``, ``precision`` and
+    ``de_precision`` of :func:`add_model_arguments` (``models=True``, ``de=True``)."""
+    return {
+        "model": args.model,
+        "de_model": args.de_model,
+        "precision": args.precision,
+        "de_precision": args.de_precision,
+    }
+
+
 def config_from(cls, args: argparse.Namespace, **given):
     """The dataclass ``cls`` from the options named as its fields (a field without an option keeps
     its default) and ``given`` (a field whose value is computed, or whose option is named
@@ -189,14 +213,7 @@ def index_models(args: argparse.Namespace, index):
     """The CE and DE an index records, opened with the options of :func:`add_model_arguments`
     (``precision_default=None``: the index's unless given); which provider each runs on is
     printed to stderr unless ``--quiet``."""
-    ce, de = open_index_models(
-        index,
-        model=args.model,
-        de_model=args.de_model,
-        precision=args.precision,
-        de_precision=args.de_precision,
-        **model_options(args),
-    )
+    ce, de = open_index_models(index, **model_choice(args), **model_options(args))
     say_providers(args, ce, de)
     return ce, de
 

@@ -52,10 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="M",
         help="items scored per calibration query (>= 2; default 32)",
     )
-    p.add_argument(
-        "--round-index",
-        choices=("auto", "exact", "ivf", "hnsw"),
-        default="auto",
+    add_shared(
+        p,
+        "round_index",
         help="MIPS index the rounds search (FAISS IVF-SQ8 / HNSW; auto: exact below 200k items)",
     )
     p.add_argument(

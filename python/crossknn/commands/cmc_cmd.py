@@ -75,8 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--layers", type=int, default=2)
     t.add_argument("--heads", type=int, default=4)
     t.add_argument("--dropout", type=float, default=0.1)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
+    add_shared(t, "seed", "checkpoint_every")
     t.add_argument(
         "--threads",
         type=int,

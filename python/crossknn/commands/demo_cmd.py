@@ -68,9 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a query of your own (repeatable); default: four example queries",
     )
     add_shared(p, "k")
-    p.add_argument(
-        "--budget",
-        type=positive_int,
+    add_shared(
+        p,
+        "budget",
         default=None,
         help="CE calls per query (default 100, at most half the docstrings)",
     )

@@ -7,20 +7,11 @@ import json
 from pathlib import Path
 
 from crossknn.commands._common import add_shared
+from crossknn.commands._numbers import fraction
 from crossknn.commands._printing import plural
 from crossknn.corpus.edit import COMPACT_AT, remove_items
 
 HELP = "remove items from an index (tombstones; compaction past a threshold)"
-
-
-def _share(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a share within [0, 1]; got {text!r}")
-    return v
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--compact-at",
-        type=_share,
+        type=fraction,
         default=COMPACT_AT,
         metavar="SHARE",
         help=f"compact the index once this share of its items is removed (default {COMPACT_AT})",

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import argparse
 
-from crossknn.commands._common import add_job_arguments, add_model_arguments, job_options
+from crossknn.commands._common import (
+    add_job_arguments,
+    add_model_arguments,
+    job_options,
+    model_choice,
+)
 from crossknn.commands._numbers import nonneg_int, positive_int
 from crossknn.score_matrix_job import build_score_matrix
 
@@ -71,11 +76,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         threads=args.threads,
         batch_size=args.batch_size or 16,
-        model=args.model,
-        de_model=args.de_model,
-        precision=args.precision,
-        de_precision=args.de_precision,
         provider=args.provider,
+        **model_choice(args),
         de=not args.no_de,
         options=job_options(args),
         overwrite=args.overwrite,

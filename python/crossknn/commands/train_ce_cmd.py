@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from crossknn.commands._common import config_from
+from crossknn.commands._common import add_shared, config_from
 from crossknn.commands._numbers import fraction, positive_float, positive_int
 from crossknn.outputs import check_output_folder
 
@@ -102,8 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=5,
         help="dev evals without gain before stopping early (default 5)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=positive_int, default=50)
+    add_shared(p, "seed", "checkpoint_every")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument(
         "--work-dir",
