@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,41 @@ def cisi_head(shared_dir: Path, n_items: int, path: Path) -> Corpus:
     full = load_corpus(shared_dir / "data" / "cisi")
     corpus = Corpus(full.ids[:n_items], full.texts[:n_items], f"cisi[:{n_items}]")
     return write_jsonl_corpus(corpus, path)
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
+
+
+def tiny_bert(path: Path, *, num_labels: int = 1, seed: int = 0, head: bool = True) -> Path:
+    """A randomly initialised 2-layer, 32-wide BERT saved as a Hugging Face folder at ``path``
+    with the embedded model's tokenizer files (what a user's model folder stands for in the
+    tests): ``head`` a BertForSequenceClassification with ``num_labels`` labels, else a bare
+    BertModel (an encoder). Weights from ``torch.manual_seed(seed)``."""
+    import torch
+    import transformers
+
+    from crossknn.ce.models import minilm_checkpoint_dir
+
+    cfg = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=num_labels,
+    )
+    torch.manual_seed(seed)
+    model = transformers.BertForSequenceClassification if head else transformers.BertModel
+    model(cfg).eval().save_pretrained(str(path))
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(minilm_checkpoint_dir() / name, path / name)
+    return path
 
 
 def torch_cls_logits(ckpt: Path, pairs, max_length: int) -> np.ndarray:

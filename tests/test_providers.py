@@ -37,6 +37,7 @@ from crossknn.ce.tokenize import (  # noqa: E402
     assemble_single,
     longest_first,
 )
+from shared_fixtures import tiny_bert  # noqa: E402
 
 MINILM = Path(minilm.__file__).resolve().parent / "model"
 CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
@@ -52,19 +53,7 @@ ITEMS = [
 
 @pytest.fixture(scope="module")
 def tiny_joint(tmp_path_factory) -> Path:
-    ckpt = tmp_path_factory.mktemp("tiny-bert")
-    cfg = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=512,
-    )
-    torch.manual_seed(0)
-    transformers.BertModel(cfg).eval().save_pretrained(str(ckpt))
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copyfile(MINILM / name, ckpt / name)
+    ckpt = tiny_bert(tmp_path_factory.mktemp("tiny-bert"), head=False)  # an encoder
     out = tmp_path_factory.mktemp("tiny-joint") / "model"
     export_cross_encoder(ckpt, out, kind="joint", max_length=64, overwrite=True)
     return out

