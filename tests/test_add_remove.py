@@ -69,6 +69,22 @@ def test_add_refuses_duplicates_and_empty_texts_leaving_the_index_whole(tmp_path
         assert index_files(idx) == files
 
 
+def test_a_rerun_after_a_commit_whose_clean_up_was_killed_removes_the_work(tmp_path):
+    # kill -9 between the commit of the new version and the removal of the work folder: the
+    # rerun finds the operation applied and leaves no work behind (nor a second version)
+    full = corpus(130)
+    idx = tmp_path / "idx"
+    build(idx, Corpus(full.ids[:120], full.texts[:120], "base"), rows=2)
+    new = Corpus(full.ids[120:], full.texts[120:], "new")
+    assert add_items(idx, new, ce=StubCE(), de=StubDE())["version"] == 2
+    left = idx / ".build" / "lifecycle" / "add"
+    left.mkdir(parents=True)
+    (left / "row_entries.npy").write_bytes(b"what a killed run left")
+    r = add_items(idx, new, ce=StubCE(), de=StubDE())
+    assert r["already"] and r["version"] == 2 == index_version(open_index(idx))
+    assert not (idx / ".build").exists()
+
+
 def test_add_with_a_faiss_round_index_adds_to_it(tmp_path):
     full = corpus(160)
     idx = tmp_path / "idx"

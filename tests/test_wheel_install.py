@@ -142,7 +142,7 @@ def test_wheel_in_a_fresh_venv_runs_the_demo(wheel, tmp_path):
 
     out = _ok(_run(demo, env=env, cwd=tmp_path))
     assert "Traceback" not in out.stderr
-    assert "method axn, budget 40 CE calls per query" in out.stdout
+    assert "method auto, the default; budget 40 CE calls per query" in out.stdout
     assert "query [1] compress data with gzip" in out.stdout
     assert "make demo" not in out.stdout and "bench/" not in out.stdout
 

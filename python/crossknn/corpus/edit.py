@@ -137,6 +137,8 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
         key = fingerprint({"op": "add", "ids": list(items.ids), "texts": sha256_texts(items.texts)})
         done = already_applied(index, key)
         if done is not None:
+            # a run killed after its commit, before its clean-up, left its work behind
+            clean_work(path, "add")
             return {"version": done, "already": True, "added": len(items)}
         _check_new(index, items)
         item_meta = None  # every item's metadata, its kinds checked before any model runs

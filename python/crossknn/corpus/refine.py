@@ -292,6 +292,8 @@ def refine_index(
         )
         done = already_applied(index, key)
         if done is not None:
+            # a run killed after its commit, before its clean-up, left its work behind
+            clean_work(path, "refine")
             return RefineResult(version=done, already=True, index_calls=index_calls)
         # the log's paid-for entries of this CE, by query text and item position: each only
         # for the item it scored
