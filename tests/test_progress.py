@@ -14,10 +14,10 @@ from shared_fixtures import made_beir
 
 
 def _search_args(*argv):
-    from crossknn.commands import search_cmd
+    from crossknn.commands.declared import add_arguments
 
     p = argparse.ArgumentParser()
-    search_cmd.add_arguments(p)
+    add_arguments(p, "search")
     return p.parse_args(["IDX", *argv])
 
 

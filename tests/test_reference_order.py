@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import crossknn
-from crossknn.cli import COMMANDS
+from crossknn.commands.declared import spec
 
 HOOK = Path(__file__).resolve().parents[1] / "docs" / "hooks" / "reference.py"
 
@@ -55,7 +55,7 @@ def test_the_python_reference_starts_with_the_main_job():
 def test_the_cli_reference_lists_the_main_job_first():
     page = _hook().render_cli()
     heads = re.findall(r"^### `crossknn ([\w-]+)`$", page, flags=re.M)
-    assert heads == list(COMMANDS), heads
+    assert heads == list(spec()["commands"]), heads
     first = {c: heads.index(c) for c in heads}
     for main in ("demo", "build", "search", "serve"):
         for research in ("eval", "rank", "score-matrix", "index", "cmc"):

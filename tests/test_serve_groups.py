@@ -260,10 +260,11 @@ def test_the_cli_and_config_agree_on_groups_and_the_engine_order():
     import argparse
 
     from crossknn.commands import serve_cmd
+    from crossknn.commands.declared import add_arguments
     from crossknn.serve.service import ServeConfig
 
     p = argparse.ArgumentParser()
-    serve_cmd.add_arguments(p)
+    add_arguments(p, "serve")
 
     def cfg(*argv):
         return serve_cmd.config_from_args(p.parse_args(["idx", *argv]))

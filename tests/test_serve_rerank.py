@@ -16,6 +16,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from crossknn.commands import serve_cmd  # noqa: E402
+from crossknn.commands.declared import add_arguments  # noqa: E402
 from crossknn.serve.app import create_app  # noqa: E402
 from serve_fixture import index_env  # noqa: E402
 
@@ -46,7 +47,7 @@ def _client(env, *flags: str):
     import argparse
 
     p = argparse.ArgumentParser()
-    serve_cmd.add_arguments(p)
+    add_arguments(p, "serve")
     args = p.parse_args([env["index_dir"], "--threads", "1", *flags])
     return TestClient(create_app(serve_cmd.config_from_args(args), load="now"))
 
@@ -253,7 +254,7 @@ def test_no_warmup_flag_reaches_the_config(env):
     import argparse
 
     p = argparse.ArgumentParser()
-    serve_cmd.add_arguments(p)
+    add_arguments(p, "serve")
     on = serve_cmd.config_from_args(p.parse_args([env["index_dir"]]))
     off = serve_cmd.config_from_args(p.parse_args([env["index_dir"], "--no-warmup"]))
     assert on.warmup is True and off.warmup is False
@@ -263,7 +264,7 @@ def test_de_thread_flag_reaches_the_config(env):
     import argparse
 
     p = argparse.ArgumentParser()
-    serve_cmd.add_arguments(p)
+    add_arguments(p, "serve")
 
     def de_thread(*flags):
         return serve_cmd.config_from_args(p.parse_args([env["index_dir"], *flags])).de_thread

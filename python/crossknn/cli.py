@@ -3,46 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
 from crossknn import __version__
 from crossknn.commands._printing import terminal_safe
-
-# name -> module under crossknn.commands (modules are imported lazily, so a
-# command's heavy dependencies are only loaded when that command runs), in the order a user
-# meets them: the main job, the index's life, models, data and evaluation, then research tools.
-# `crossknn --help` and the CLI reference list the commands in this order.
-COMMANDS: dict[str, str] = {
-    "demo": "demo_cmd",
-    "build": "build_cmd",
-    "search": "search_cmd",
-    "serve": "serve_cmd",
-    "refine": "refine_cmd",
-    "add": "add_cmd",
-    "remove": "remove_cmd",
-    "rank": "rank_cmd",
-    "export": "export_cmd",
-    "train-ce": "train_ce_cmd",
-    "evaluate": "evaluate_cmd",
-    "data": "data_cmd",
-    "eval": "eval_cmd",
-    "score-matrix": "score_matrix_cmd",
-    "index": "index_cmd",
-    "cmc": "cmc_cmd",
-}
-
-
-def _available() -> dict[str, object]:
-    mods = {}
-    for name, mod in COMMANDS.items():
-        try:
-            mods[name] = importlib.import_module(f"crossknn.commands.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"crossknn.commands.{mod}":
-                raise
-    return mods
+from crossknn.commands.declared import add_commands
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,11 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="k-NN search with cross-encoders on a small budget of CE calls.",
     )
     parser.add_argument("--version", action="version", version=f"crossknn {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, mod in _available().items():
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
-        mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+    # the commands and their options: crossknn/commands/commands.toml, in the order a user meets
+    # them (the main job, the index's life, models, data and evaluation, then research tools)
+    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
     return parser
 
 

@@ -1,5 +1,5 @@
 """Sub-commands of the ``crossknn`` CLI, one module each.
 
-A command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``. Register it in :data:`crossknn.cli.COMMANDS`.
+Every command, its options and their help are declared in ``commands.toml`` (built into parsers
+by :mod:`crossknn.commands.declared`); a command's module defines ``run(args) -> int``.
 """

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["fraction", "nonneg_float", "nonneg_int", "positive_float", "positive_int"]
+__all__ = [
+    "calibration_items",
+    "fraction",
+    "nonneg_float",
+    "nonneg_int",
+    "open_fraction",
+    "positive_float",
+    "positive_int",
+]
 
 
 def _number(text: str, kind, what: str):
@@ -55,4 +63,20 @@ def nonneg_float(text: str) -> float:
     value = _number(text, float, "a number >= 0")
     if not value >= 0.0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}")
+    return value
+
+
+def open_fraction(text: str) -> float:
+    """argparse type: a number in (0, 1)."""
+    value = fraction(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1); got {text!r}")
+    return value
+
+
+def calibration_items(text: str) -> int:
+    """argparse type: an integer >= 2 (items per calibration query)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2; got {text!r}")
     return value

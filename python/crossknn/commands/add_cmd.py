@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from crossknn.commands._common import add_model_arguments, add_shared, index_models
+from crossknn.commands._common import index_models
 from crossknn.commands._printing import plural
 from crossknn.corpus.edit import add_items
 from crossknn.corpus_folder import open_index
 from crossknn.data import load_corpus
-
-HELP = "add items (JSONL with id/text) to an index: DE vectors, auto row entries, round index"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_shared(p, "index_dir")
-    p.add_argument("items", help="JSONL file of new items (id or _id, text, optional title)")
-    add_shared(p, "quiet")
-    add_model_arguments(p, precision_default=None)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,97 +10,13 @@ import time
 from pathlib import Path
 
 from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
-from crossknn.commands._common import add_model_arguments, add_shared, model_options
-from crossknn.commands._numbers import nonneg_float, nonneg_int, positive_int
+from crossknn.commands._common import model_options
 from crossknn.commands._printing import say_providers, terminal_safe
 from crossknn.corpus.build import build_corpus_index, corpus_build_key
 from crossknn.corpus.build_key import up_to_date
 from crossknn.data import load_corpus, read_queries
 from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
 from crossknn.outputs import check_output_folder as check_not_over
-
-HELP = "index a corpus (JSONL with id/text, or a BEIR folder) for crossknn search"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("corpus", help="JSONL file (id or _id, text, optional title) or a BEIR folder")
-    p.add_argument("index_dir", help="output index directory (resumed if interrupted)")
-    p.add_argument(
-        "--train-queries",
-        metavar="FILE",
-        help="train queries: a text file (one per line) or a JSONL file with 'text'; "
-        "used to calibrate CE scores, and with --cur to build CUR rows",
-    )
-    p.add_argument(
-        "--cur",
-        action="store_true",
-        help="also score train queries x all items (dense CUR rows R) for "
-        "adacur/anncur; costs len(train queries) x len(corpus) CE calls",
-    )
-    p.add_argument(
-        "--calibration-queries",
-        type=positive_int,
-        default=16,
-        metavar="N",
-        help="pseudo-queries for the CE score calibration when no train queries are "
-        "given (default 16)",
-    )
-    p.add_argument(
-        "--calibration-items",
-        type=_calibration_items,
-        default=32,
-        metavar="M",
-        help="items scored per calibration query (>= 2; default 32)",
-    )
-    add_shared(
-        p,
-        "round_index",
-        help="MIPS index the rounds search (FAISS IVF-SQ8 / HNSW; auto: exact below 200k items)",
-    )
-    p.add_argument(
-        "--tune-rounds",
-        type=nonneg_int,
-        default=0,
-        metavar="Q",
-        help="tune the round index's width per round step on the exact rounds of Q train (or "
-        "pseudo-) queries, 100 CE calls each (default 0: the fixed default width)",
-    )
-    p.add_argument(
-        "--index-calls",
-        type=nonneg_int,
-        metavar="C",
-        help="the index budget: every CE call of the build (the score calibration and the "
-        "default method's (auto) index of train or pseudo-query rows) within C; crossknn search "
-        "then uses auto. Default: one complete CE row per 100 items, at most 32 rows (C = rows x "
-        "items, the calibration read from these rows; below 100 items only the calibration), "
-        "the same on every machine; 0: no CE call, no auto index",
-    )
-    p.add_argument(
-        "--index-minutes",
-        type=nonneg_float,
-        default=None,
-        metavar="MIN",
-        help="a time cap on the default budget's rows: no row is started that would end after "
-        "MIN minutes of CE time (the build then says where it cut; the index depends on the "
-        "machine's speed). Default: none",
-    )
-    add_shared(p, "seed")
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="rebuild even when INDEX_DIR holds this build's index already (the same items, "
-        "models and settings), which is otherwise left as it is",
-    )
-    add_shared(p, "quiet")
-    add_model_arguments(p)
-
-
-def _calibration_items(text: str) -> int:
-    value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2; got {text!r}")
-    return value
-
 
 # what an index folder may hold: its own files and work folders (and atomic-write temp files)
 _INDEX_FILES = {"index.json", "items.jsonl"}

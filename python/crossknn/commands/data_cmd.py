@@ -11,21 +11,8 @@ import argparse
 import json
 import sys
 
-from crossknn.commands._common import add_shared
 from crossknn.commands._printing import terminal_safe
 from crossknn.data import BEIR_SOURCE, DATA_ENV, data_roots, describe_beir, list_beir
-
-HELP = "list or check BEIR datasets ($CROSSKNN_DATA/NAME: corpus.jsonl, queries.jsonl, qrels/)"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "names",
-        nargs="*",
-        metavar="NAME|DIR",
-        help="dataset names (looked up in $CROSSKNN_DATA) or BEIR folders; default: all found",
-    )
-    add_shared(p, "json")
 
 
 def run(args: argparse.Namespace) -> int:

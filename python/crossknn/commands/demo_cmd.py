@@ -24,17 +24,14 @@ import numpy as np
 
 from crossknn.ce import cache_root
 from crossknn.ce.models import minilm_checkpoint_dir
-from crossknn.commands._common import add_shared
-from crossknn.commands._numbers import nonneg_int, positive_int
+from crossknn.commands._numbers import positive_int
 from crossknn.commands._printing import print_hits, terminal_safe
 from crossknn.corpus.build import build_corpus_index
 from crossknn.corpus_folder import open_index
 from crossknn.demo_corpus import stdlib_docstrings
 from crossknn.exact_cache import ExactScores
-from crossknn.searcher import METHODS, Searcher
+from crossknn.searcher import Searcher
 from crossknn.topk import exact_top_k
-
-HELP = "build a cached index over the stdlib docstrings and answer example queries"
 
 # measured by bench/beir_bench.py (bench/results/beir_ndcg.json); README "The embedded CE"
 ZERO_SHOT_NOTE = """
@@ -58,62 +55,6 @@ EXAMPLE_QUERIES = [
     "send an email message through an SMTP server",
     "run a shell command and capture its output",
 ]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--query",
-        action="append",
-        metavar="TEXT",
-        help="a query of your own (repeatable); default: four example queries",
-    )
-    add_shared(p, "k")
-    add_shared(
-        p,
-        "budget",
-        default=None,
-        help="CE calls per query (default 100, at most half the docstrings)",
-    )
-    p.add_argument(
-        "--method",
-        choices=METHODS,
-        default=None,
-        help="search method (default: the index's default, auto, as crossknn search uses it; "
-        "axn and rnr also run on the demo index)",
-    )
-    p.add_argument(
-        "--rounds", type=positive_int, default=None, help="rounds (default: the method's own)"
-    )
-    p.add_argument(
-        "--index-rows",
-        type=nonneg_int,
-        default=DEMO_ROWS,
-        metavar="R",
-        help=f"auto's index: R rows' worth of CE calls (R x the items; default {DEMO_ROWS}; a "
-        "default crossknn build spends one row per 100 items); 0: none (the demo then searches "
-        "with axn)",
-    )
-    p.add_argument(
-        "--max-items",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help=f"use an evenly spaced subset of N docstrings (default: ${ITEMS_ENV}, else all)",
-    )
-    p.add_argument(
-        "--exact",
-        action="store_true",
-        help="also compute the exact CE top-k (one CE call per item and query) and "
-        "print the recall achieved",
-    )
-    p.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        help="where the demo index lives (default: $CROSSKNN_CACHE or "
-        "~/.cache/crossknn, under demo/)",
-    )
-    p.add_argument("--rebuild", action="store_true", help="rebuild the cached index")
-    add_shared(p, "quiet")
 
 
 def _items_from_env() -> int | None:

@@ -7,140 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from crossknn.commands._numbers import (
-    fraction,
-    nonneg_float,
-    nonneg_int,
-    positive_float,
-    positive_int,
-)
-from crossknn.eval import FIRSTS, EvalConfig, evaluate, format_table, plot_curves, write_json
+from crossknn.commands._common import as_named
+from crossknn.eval import EvalConfig, evaluate, format_table, plot_curves, write_json
 from crossknn.index import load_index
 from crossknn.index.mf import mf_score_map, query_embeddings
 from crossknn.matrix import load_score_matrix
 from crossknn.outputs import check_output_file
-from crossknn.search import DEFAULT_MIX, METHODS
-
-
-def _open_fraction(text: str) -> float:
-    value = fraction(text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1); got {text!r}")
-    return value
-
-
-HELP = "Top-k-Recall@B of search methods on a precomputed CE score matrix (table, JSON, curves)."
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("matrix", metavar="MATRIX_DIR", help="score-matrix folder (docs/data.md)")
-    p.add_argument(
-        "--method",
-        action="append",
-        required=True,
-        choices=sorted(METHODS),
-        metavar="NAME",
-        help=f"method to run (repeatable): {', '.join(METHODS)}",
-    )
-    p.add_argument(
-        "--budget",
-        action="append",
-        type=positive_int,
-        required=True,
-        metavar="B",
-        help="CE-call budget per query (repeatable)",
-    )
-    p.add_argument(
-        "--k",
-        action="append",
-        type=positive_int,
-        required=True,
-        metavar="K",
-        help="top-k to recall (repeatable; only k <= B is evaluated)",
-    )
-    p.add_argument(
-        "--rounds",
-        action="append",
-        type=positive_int,
-        metavar="R",
-        help="rounds of adaptive methods (default 5; auto: the index's own; repeatable)",
-    )
-    p.add_argument(
-        "--first",
-        action="append",
-        choices=FIRSTS,
-        metavar="NAME",
-        help="first stage: random (default), de, tfidf, bm25, cmc (repeatable)",
-    )
-    p.add_argument(
-        "--cmc-model",
-        metavar="DIR",
-        help="trained CMC model directory for --first cmc (crossknn cmc train)",
-    )
-    p.add_argument(
-        "--cmc-candidates",
-        type=positive_int,
-        metavar="K",
-        help="DE candidates CMC reranks for --first cmc (default 512)",
-    )
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed (default 0)")
-    p.add_argument("--json", required=True, metavar="OUT.json", help="write the rows here")
-    p.add_argument(
-        "--plot", metavar="OUT.png", help="recall-vs-cost curves (default: next to --json, .png)"
-    )
-    p.add_argument("--no-plot", action="store_true", help="do not draw curves")
-    p.add_argument(
-        "--corpus",
-        metavar="DIR",
-        help="BEIR folder with the texts (tfidf/bm25; default: the matrix's dataset under "
-        "$CROSSKNN_DATA, or data/<dataset> beside the matrix's parent folder)",
-    )
-    p.add_argument(
-        "--split",
-        type=_open_fraction,
-        metavar="F",
-        help="fixed anchor fraction of B for anncur/adacur-split (default: chosen on "
-        "dev train rows per B and k)",
-    )
-    p.add_argument(
-        "--paper",
-        action="store_true",
-        help="papers' final ranking: split methods rerank only the retrieved items",
-    )
-    p.add_argument(
-        "--temperature",
-        type=positive_float,
-        help="fixed adacur-softmax temperature in units of a query's CE score spread "
-        "(default: chosen on dev train rows per B and k)",
-    )
-    p.add_argument(
-        "--ridge", type=nonneg_float, help="least-squares ridge (default: method default)"
-    )
-    p.add_argument(
-        "--mix",
-        type=fraction,
-        default=DEFAULT_MIX,
-        help=f"AXN lambda: weight of the DE query vector (default {DEFAULT_MIX})",
-    )
-    p.add_argument(
-        "--item-vectors",
-        metavar="V.npy",
-        help="AXN item vectors (N x d .npy; default the matrix's de_items.npy)",
-    )
-    p.add_argument(
-        "--index",
-        metavar="MF_DIR",
-        help="AXN over a sparse-MF index directory (its item embeddings, query "
-        "embeddings of the DE vectors and CE score normalization); it must be "
-        "built from train rows only",
-    )
-    p.add_argument(
-        "--index-calls",
-        type=nonneg_int,
-        metavar="C",
-        help="auto: train CE entries its index may read (default 10%% of |train| x N)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,13 +96,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_outputs(args) -> None:
     """No output file over an input or a file of an index, matrix or model folder (the plot's
     default path next to --json included)."""
-    inputs = [
-        ("MATRIX", args.matrix),
-        ("--item-vectors", args.item_vectors),
-        ("--index", args.index),
-        ("--corpus", args.corpus),
-        ("--cmc-model", args.cmc_model),
-    ]
+    inputs = as_named(args, "MATRIX", "--item-vectors", "--index", "--corpus", "--cmc-model")
     check_output_file(args.json, option="--json", inputs=inputs)
     if not args.no_plot:
         png = args.plot or str(Path(args.json).with_suffix(".png"))

@@ -12,28 +12,8 @@ import argparse
 import json
 import sys
 
-from crossknn.commands._common import add_shared
 from crossknn.data import read_qrels
 from crossknn.trec import parse_measures, read_run, run_metrics
-
-HELP = "metrics (nDCG@10, RR@10, R@100, or --metrics) of TREC run file(s) against qrels"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "runs", nargs="+", metavar="RUN", help="TREC run file(s): qid Q0 docid rank score tag"
-    )
-    p.add_argument(
-        "--qrels", required=True, metavar="FILE", help="BEIR qrels .tsv or TREC qrels file"
-    )
-    p.add_argument(
-        "--metrics",
-        metavar="MEASURES",
-        help="measures in ir_measures syntax, space- or comma-separated, e.g. "
-        "'nDCG@10 RR@10 R@100 P@5 AP' (default: nDCG@10, RR@10, and R@100 for runs of 100+ "
-        "results per query)",
-    )
-    add_shared(p, "json")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,37 +18,8 @@ from pathlib import Path
 
 from crossknn.ce.export import checkpoint_hash, export_cross_encoder, export_dual_encoder
 from crossknn.ce.folders import infer_kind, st_layout
-from crossknn.commands._numbers import positive_int
 from crossknn.commands._printing import terminal_safe
 from crossknn.outputs import check_output_folder
-
-HELP = "export a Hugging Face CE (or DE) folder to a crossknn model folder (ONNX)"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("hf_dir", metavar="HF_DIR", help="Hugging Face checkpoint folder (local)")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="output model folder (new or empty)")
-    p.add_argument(
-        "--kind",
-        choices=("cls", "emb", "de"),
-        help="cls: sequence-classification CE; emb: an encoder as [EMB] CE; de: dual encoder "
-        "(default: cls for *ForSequenceClassification, emb for a bare encoder)",
-    )
-    p.add_argument("--int8", action="store_true", help="also write the int8-quantized variant")
-    p.add_argument(
-        "--optimize",
-        action="store_true",
-        help="ONNX Runtime offline graph optimization for the CPU provider",
-    )
-    p.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=None,
-        help="default pair (CE) or text (DE) length in tokens (default: 512 CE, 256 DE, at most "
-        "the model's positions)",
-    )
-    p.add_argument("--model-id", help="the model id recorded in indexes (default: HF_DIR's name)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR export")
 
 
 def run(args: argparse.Namespace) -> int:

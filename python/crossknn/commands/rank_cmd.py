@@ -7,29 +7,9 @@ import json
 import sys
 
 from crossknn.ce.folders import open_cross_encoder
-from crossknn.commands._common import add_model_arguments, add_shared, model_options
-from crossknn.commands._numbers import positive_int
+from crossknn.commands._common import model_options
 from crossknn.commands._printing import say_fidelity, terminal_safe
 from crossknn.data import load_corpus
-
-HELP = "rank a corpus (JSONL or BEIR folder) for one query with the cross-encoder (exhaustive)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("query", help="the query text")
-    parser.add_argument(
-        "--corpus",
-        required=True,
-        metavar="FILE",
-        help="JSONL with 'id' (or '_id') and 'text' (optional 'title') per line, or a BEIR folder",
-    )
-    parser.add_argument(
-        "--top-k", type=positive_int, default=10, help="how many items to print (default 10)"
-    )
-    add_shared(parser, "json")
-    add_model_arguments(parser, de=False, verbose=True)
-    parser.add_argument("--int8", action="store_true", help="the same as --precision int8")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,29 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from crossknn.commands._common import add_shared
-from crossknn.commands._numbers import fraction
 from crossknn.commands._printing import plural
-from crossknn.corpus.edit import COMPACT_AT, remove_items
-
-HELP = "remove items from an index (tombstones; compaction past a threshold)"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_shared(p, "index_dir")
-    p.add_argument(
-        "--ids",
-        required=True,
-        metavar="FILE",
-        help="the item ids to remove: one per line, or JSONL with 'id' or '_id'",
-    )
-    p.add_argument(
-        "--compact-at",
-        type=fraction,
-        default=COMPACT_AT,
-        metavar="SHARE",
-        help=f"compact the index once this share of its items is removed (default {COMPACT_AT})",
-    )
+from crossknn.corpus.edit import remove_items
 
 
 def read_ids(path: str) -> list[str]:

@@ -16,13 +16,7 @@ import numpy as np
 
 from crossknn.ce.folders import model_record
 from crossknn.ce.tokenize import check_encodable
-from crossknn.commands._common import (
-    add_model_arguments,
-    add_round_arguments,
-    add_shared,
-    index_models,
-)
-from crossknn.commands._numbers import nonneg_float, positive_int
+from crossknn.commands._common import as_named, forward, index_models
 from crossknn.commands._printing import print_hits, say_fidelity
 from crossknn.corpus.query_log import QueryLog
 from crossknn.corpus.versions import index_version
@@ -31,132 +25,8 @@ from crossknn.data import find_beir, load_beir, read_qrels, read_query_file
 from crossknn.fileio import atomic_write_json
 from crossknn.filters import parse_filter
 from crossknn.outputs import check_output_file
-from crossknn.searcher import METHODS, Searcher
+from crossknn.searcher import Searcher
 from crossknn.trec import run_metrics, run_tag, write_run
-
-HELP = "search an index built by 'crossknn build' with the cross-encoder on a budget"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_shared(p, "index_dir")
-    p.add_argument("query", nargs="*", help="query text(s); or use --queries / --beir")
-    q = p.add_argument_group("queries, qrels and run files")
-    q.add_argument(
-        "--queries",
-        metavar="FILE",
-        help="read queries from FILE (text lines, or JSONL with 'text' and '_id'/'id'); "
-        "'-' = stdin",
-    )
-    q.add_argument(
-        "--beir",
-        metavar="DIR",
-        help="a BEIR folder (or a dataset name in $CROSSKNN_DATA: docs/data.md): the queries "
-        "of --split that have qrels, with their ids and qrels",
-    )
-    q.add_argument("--split", default="test", help="qrels split of --beir (default test)")
-    q.add_argument(
-        "--max-queries",
-        type=positive_int,
-        metavar="N",
-        help="only the first N queries (file order) of --beir or --queries: a quick look",
-    )
-    q.add_argument(
-        "--qrels",
-        metavar="FILE",
-        help="relevance judgments (BEIR .tsv or TREC qrels) for --metrics with --queries",
-    )
-    q.add_argument("--run", metavar="FILE", help="write the results as a TREC run file")
-    q.add_argument(
-        "--first-stage-run",
-        metavar="FILE",
-        help="also write the DE-only (first stage) top-k of the same queries as a TREC run",
-    )
-    q.add_argument(
-        "--metrics",
-        metavar="FILE",
-        help="write nDCG@10, RR@10, R@100 (k >= 100; ir_measures) and CE calls/query as JSON "
-        "(needs qrels: --beir or --qrels)",
-    )
-    add_shared(p, "k", "budget")
-    p.add_argument(
-        "--method",
-        choices=METHODS,
-        help="search method (default: auto when the index has auto's rows, as a default build "
-        "of 100 items or more has; else axn)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=positive_int,
-        help="rounds of adaptive methods (default: the method's own: 5 for axn and adacur; "
-        "auto: its index's, or the most recall within --latency-target-ms)",
-    )
-    p.add_argument(
-        "--latency-target-ms",
-        type=nonneg_float,
-        metavar="MS",
-        help="auto: choose its rounds for the most cross-validated recall predicted within MS "
-        "per query from the CE's measured cost per round (default: 8 on a GPU provider, none "
-        "on a CPU; 0: none, the index's rounds)",
-    )
-    p.add_argument(
-        "--filter",
-        metavar="JSON",
-        help='only items whose metadata match it: a JSON filter such as \'{"lang": "en"}\' or '
-        "@FILE (docs: Filtered search); every query (a --queries JSONL line's own 'filter' "
-        "applies too)",
-    )
-    p.add_argument(
-        "--ids",
-        metavar="FILE",
-        help="only these items: an id allow-list file (one item id per line)",
-    )
-    add_shared(p, "seed")
-    p.add_argument(
-        "--query-batch",
-        type=positive_int,
-        default=16,
-        metavar="Q",
-        help="queries searched in lockstep: each round's pairs of up to Q queries go to the CE "
-        "as one call; every query's results equal a one-at-a-time search (default 16; 1: each "
-        "query's own CE/other time)",
-    )
-    p.add_argument(
-        "--exact",
-        action="store_true",
-        help="also score every item with the CE: the exact top-k, its scores, the missed ids "
-        "and Top-k-Recall@budget",
-    )
-    add_model_arguments(p, precision_default=None, verbose=True)
-    p.add_argument(
-        "--rescore",
-        nargs=2,
-        metavar=("PRECISION", "N"),
-        help="after the search, score its top N again with the CE of the same model at PRECISION "
-        "(e.g. fp32 20 over an int8 search) and rank the top-k by those scores; k <= N <= "
-        "budget, the N calls come on top of the budget and are reported (rescore_calls)",
-    )
-    p.add_argument(
-        "--cmc-model",
-        metavar="DIR",
-        help="a CMC model (crossknn cmc export) to rerank the DE candidates of the first round",
-    )
-    p.add_argument(
-        "--cmc-candidates",
-        type=positive_int,
-        default=512,
-        metavar="K",
-        help="DE candidates CMC reranks (default 512)",
-    )
-    add_round_arguments(p)
-    p.add_argument("--ray-address", help="Ray cluster for item shards (with --shards)")
-    add_shared(p, "json")
-    p.add_argument(
-        "--log-queries",
-        metavar="FILE",
-        help="append each query, its id and time and the CE scores it paid for to FILE (a "
-        "query log for 'crossknn refine'; off by default: queries are user data)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars, no table")
 
 
 def _filters(args, n: int, per_query: list) -> list | None:
@@ -268,13 +138,8 @@ def _search(args, index, ids, queries, qrels, rescore, filters, allow_ids, log) 
         index,
         ce=ce,
         de=de,
-        method=args.method,
-        rounds=args.rounds,
-        cmc_model=args.cmc_model,
-        cmc_candidates=args.cmc_candidates,
-        round_index=args.round_index,
-        shards=args.shards,
-        ray_address=args.ray_address,
+        **forward(args, "method", "rounds", "cmc_model", "cmc_candidates", "round_index"),
+        **forward(args, "shards", "ray_address"),
         rescore=rescore,
         latency_target_ms="auto" if args.latency_target_ms is None else args.latency_target_ms,
     )
@@ -401,15 +266,9 @@ def _rescore_arg(args) -> tuple[str, int] | None:
 
 def _check_outputs(args) -> None:
     """No output file over an input or a file of an index, matrix or model folder."""
-    inputs = [
-        ("INDEX_DIR", args.index_dir),
-        ("--queries", args.queries),
-        ("--beir", args.beir),
-        ("--qrels", args.qrels),
-        ("--model", args.model),
-        ("--de-model", args.de_model),
-        ("--cmc-model", args.cmc_model),
-    ]
+    inputs = as_named(
+        args, "INDEX_DIR", "--queries", "--beir", "--qrels", "--model", "--de-model", "--cmc-model"
+    )
     outs = [
         ("--run", args.run),
         ("--first-stage-run", args.first_stage_run),
