@@ -492,6 +492,32 @@ def render_day_one_goals() -> str:
     return goals_table("day_one_rows.json", DAY_ONE_GOALS)
 
 
+def render_day_one_choice() -> str:
+    """Each pseudo-query candidate's Top-10-Recall@B (B = 50 / 100 / 200) on train queries of
+    seeded item subsets, beside rows of real train queries."""
+    ch = load(RESULTS / "day_one_rows.json").get("choice")
+    if not isinstance(ch, dict) or not ch.get("recall"):
+        raise ReportError("day_one_rows.json: no 'choice' (recall_bench.py day-one --part choose)")
+    rec, setup = ch["recall"], ch["setup"]
+    corpora = [c for c in ("cisi", "nfcorpus", "scifact") if c in rec]
+    names = list(dict.fromkeys(n for c in corpora for n in rec[c]))
+    names.sort(key=lambda n: (n == "real_rows", n != "keywords"))
+    out = []
+    for n in names:
+        cells = []
+        for c in corpora:
+            r = rec[c].get(n)
+            cells.append(
+                "–" if r is None else " / ".join(f"{r[b]:.3f}" for b in ("50", "100", "200"))
+            )
+        out.append([f"`{n}`" if n != "real_rows" else "rows of real train queries", *cells])
+    head = [
+        f"{c} ({setup[c]['items']} items, {setup[c]['rows']} rows, {setup[c]['queries']} q)"
+        for c in corpora
+    ]
+    return table(["pseudo-queries", *head], out, "l" + "r" * len(corpora))
+
+
 # ---- quality of the embedded CE on BEIR ----------------------------------------------------------
 
 
@@ -689,6 +715,11 @@ BLOCKS: dict[str, Block] = {
     ),
     "day-one-goals": Block(
         render_day_one_goals, "day_one_rows.json", "day-one rows: the default build's goals"
+    ),
+    "day-one-choice": Block(
+        render_day_one_choice,
+        "day_one_rows.json",
+        "day-one rows: pseudo-query candidates on train queries (B = 50 / 100 / 200)",
     ),
 }
 
