@@ -23,8 +23,8 @@ __all__ = [
 
 
 def model_options(args: argparse.Namespace) -> dict:
-    """The :func:`crossknn.ce.folders.open_cross_encoder` options of
-    model options (provider, threads, batch size, backend, token budget)."""
+    """The model options as :func:`crossknn.ce.folders.open_cross_encoder` keywords (provider,
+    threads, batch size, backend, token budget)."""
     return {
         "provider": args.provider,
         "threads": args.threads,
@@ -37,12 +37,7 @@ def model_options(args: argparse.Namespace) -> dict:
 def model_choice(args: argparse.Namespace) -> dict:
     """Which CE and DE, at which precisions: ``--model``, ``--de-model``, ``--precision`` and
     ``--de-precision``."""
-    return {
-        "model": args.model,
-        "de_model": args.de_model,
-        "precision": args.precision,
-        "de_precision": args.de_precision,
-    }
+    return forward(args, "model", "de_model", "precision", "de_precision")
 
 
 def forward(args: argparse.Namespace, *names: str) -> dict:
