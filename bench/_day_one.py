@@ -99,6 +99,12 @@ class DiskDE:
         return np.stack([self.cache[k] for k in keys])
 
 
+def open_index(path: Path):
+    from crossknn.corpus_folder import open_index as _open
+
+    return _open(path)
+
+
 def rounded_ce(work: Path):
     """The embedded CE with its weight matrices rounded through per-row int8, as pack.sh writes
     them and unpack.sh restores them (2-D weights of at least 100,000 entries: scale = max |row|
@@ -331,6 +337,15 @@ CANDIDATES = {
 EVAL_TRAIN = {"cisi": 0, "nfcorpus": 400, "scifact": 40}  # train queries searched (0: all)
 
 
+EXAMPLES = 8  # example queries a user gives --example-queries: a seeded handful of train queries
+
+
+def example_queries(setup: Setup, seed: int) -> list[str]:
+    """The ``--example-queries`` of the bench: :data:`EXAMPLES` seeded train queries."""
+    rng = np.random.default_rng([seed, 8])
+    return [setup.train[i] for i in np.sort(rng.choice(len(setup.train), EXAMPLES, replace=False))]
+
+
 def _sample(queries: list[str], n: int, seed: int) -> list[str]:
     if not 0 < n < len(queries):
         return list(queries)
@@ -380,6 +395,14 @@ def part_choose(args, res: dict) -> None:
             recall.setdefault(name, {})[cand] = rec
             took = time.perf_counter() - t
             print(f"  {cand:<16} {len(qs):>4} pseudo-queries  {rec}  ({took:.0f} s)")
+            write_json(args.out, res)
+        if "examples" not in recall.get(name, {}) or args.again:
+            # what crossknn build --example-queries makes of a handful of train queries
+            ex = example_queries(setup, args.seed)
+            d = build(setup, de, root / "examples", example_queries=ex, index_calls=C)
+            recall.setdefault(name, {})["examples"] = rec = recall_of(d, setup, de, queries, exact)
+            kind = open_index(d).params["pseudo_queries"]["kind"]
+            print(f"  {'examples':<16} ({kind}) {rec}")
             write_json(args.out, res)
         if "real_rows" not in recall.get(name, {}) or args.again:
             folds = [queries[0::2], queries[1::2]]
@@ -454,12 +477,15 @@ def part_final(args, res: dict) -> None:
             "keywords": {"train_queries": gen_keywords(setup.corpus, max(16, m), args.seed)},
             "default": {},  # crossknn build, no flag
             "real_rows": {"train_queries": setup.train},  # crossknn build --train-queries
+            # crossknn build --example-queries FILE (a handful of train queries)
+            "examples": {"example_queries": example_queries(setup, args.seed)},
         }
         for kind, kw in kinds.items():
             if kind in recall and not args.again:
                 continue
             t = time.perf_counter()
-            d = build(setup, de, root / kind, index_calls="default" if not kw else C, **kw)
+            calls = C if "train_queries" in kw else "default"
+            d = build(setup, de, root / kind, index_calls=calls, **kw)
             budgets[kind] = _budget_row(d)
             recall[kind] = recall_of(d, setup, de, queries, exact)
             print(f"  {kind:<10} {recall[kind]}  ({time.perf_counter() - t:.0f} s)")

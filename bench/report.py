@@ -518,6 +518,39 @@ def render_day_one_choice() -> str:
     return table(["pseudo-queries", *head], out, "l" + "r" * len(corpora))
 
 
+def render_day_one_final() -> str:
+    """Top-10-Recall@B (B = 50 / 100 / 200) on all items and the test queries of each corpus
+    ``--part final`` measured: the default build, keyword rows, --example-queries, real rows,
+    RNR; and the CE calls each build spent against its budget."""
+    fin = load(RESULTS / "day_one_rows.json").get("corpora")
+    if not isinstance(fin, dict) or not fin:
+        raise ReportError("day_one_rows.json: no 'corpora' (recall_bench.py day-one --part final)")
+    corpora = [c for c in ("cisi", "nfcorpus", "scifact") if c in fin]
+    names = {
+        "default": "default build (`crossknn build`, no flag)",
+        "keywords": "keyword rows (the default before)",
+        "examples": "`--example-queries` (8 train queries)",
+        "real_rows": "rows of the train queries (`--train-queries`)",
+        "rnr": "RNR (DE top-B reranked)",
+    }
+    out = []
+    for key, label in names.items():
+        cells = []
+        for c in corpora:
+            r = fin[c]["recall"].get(key)
+            spent = fin[c].get("budget", {}).get(key)
+            cell = "–" if r is None else " / ".join(f"{r[b]:.3f}" for b in ("50", "100", "200"))
+            if r is not None and spent is not None:
+                cell += f" ({spent['ce_calls']:,} calls)"
+            cells.append(cell)
+        out.append([label, *cells])
+    head = [
+        f"{c} ({fin[c]['items']:,} items, {fin[c]['rows']} rows, {fin[c]['test_queries']} test q)"
+        for c in corpora
+    ]
+    return table(["index", *head], out, "l" + "r" * len(corpora))
+
+
 # ---- quality of the embedded CE on BEIR ----------------------------------------------------------
 
 
@@ -715,6 +748,11 @@ BLOCKS: dict[str, Block] = {
     ),
     "day-one-goals": Block(
         render_day_one_goals, "day_one_rows.json", "day-one rows: the default build's goals"
+    ),
+    "day-one-final": Block(
+        render_day_one_final,
+        "day_one_rows.json",
+        "day-one rows: all items, test queries (B = 50 / 100 / 200)",
     ),
     "day-one-choice": Block(
         render_day_one_choice,

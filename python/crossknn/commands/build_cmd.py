@@ -14,6 +14,7 @@ from crossknn.commands._common import model_options
 from crossknn.commands._printing import say_providers, terminal_safe
 from crossknn.corpus.build import build_corpus_index, corpus_build_key
 from crossknn.corpus.build_key import up_to_date
+from crossknn.corpus.pseudo_shape import check_example_queries
 from crossknn.data import load_corpus, read_queries
 from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
 from crossknn.outputs import check_output_folder as check_not_over
@@ -81,9 +82,15 @@ def _unchanged(exc: Exception, index_dir) -> Exception:
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
 
-    inputs = [args.corpus] + ([args.train_queries] if args.train_queries else [])
+    if args.train_queries and args.example_queries:
+        raise ValueError(
+            "--example-queries shapes pseudo-queries, and a build with --train-queries makes "
+            "none (its rows are the train queries): give one of them"
+        )
+    inputs = [args.corpus] + [f for f in (args.train_queries, args.example_queries) if f]
     check_output_folder(args.index_dir, inputs)
     named = [("CORPUS", args.corpus), ("--train-queries", args.train_queries)]
+    named += [("--example-queries", args.example_queries)]
     named += [("--model", args.model), ("--de-model", args.de_model)]
     check_not_over(args.index_dir, kind="index", inputs=named, foreign=False)
     corpus = load_corpus(args.corpus)
@@ -93,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
             "(k-NN search over one item needs no index: use crossknn rank)"
         )
     train = read_queries(args.train_queries) if args.train_queries else None
+    examples = read_queries(args.example_queries) if args.example_queries else None
+    if examples is not None:
+        examples = check_example_queries(examples, src=args.example_queries)
     created = not Path(args.index_dir).exists()
     had_index = (Path(args.index_dir) / "index.json").is_file()
     opts = model_options(args)
@@ -112,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         "index_minutes": args.index_minutes,
         "tune_rounds": args.tune_rounds,
     }
-    key = corpus_build_key(corpus, ce, de, train_queries=train, **settings)
+    key = corpus_build_key(
+        corpus, ce, de, train_queries=train, example_queries=examples, **settings
+    )
     if not args.force and up_to_date(args.index_dir, key):
         print(
             f"index {terminal_safe(args.index_dir)} is up to date: built from the same "
@@ -126,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             ce=ce,
             de=de,
             train_queries=train,
+            example_queries=examples,
             progress=not args.quiet,
             force=True,  # up to date or not is decided above
             **settings,
@@ -146,7 +159,21 @@ def run(args: argparse.Namespace) -> int:
     print(budget_summary(idx.params.get("budget")))
     print(max_length_line(ce, len(corpus)))
     print(auto_summary(idx.params.get("auto"), len(corpus), idx.params.get("budget")))
+    if "pseudo_queries" in idx.params:
+        print(pseudo_summary(idx.params["pseudo_queries"]))
     return 0
+
+
+def pseudo_summary(shape: dict) -> str:
+    """The line that says what the auto rows' pseudo-queries were (``params.pseudo_queries``)."""
+    kinds = {"keywords": "one-word keywords", "mix": "keywords, first words and sentences"}
+    line = f"pseudo-queries: {shape['count']} {kinds.get(shape['kind'], shape['kind'])}"
+    if shape.get("from") == "example queries":
+        return line + (
+            f", chosen by {shape['examples']} example queries (median "
+            f"{shape['median_words']:g} words)"
+        )
+    return line + " cut from the items (--example-queries shapes them to your queries)"
 
 
 def max_length_line(ce, n_items: int) -> str:

@@ -23,6 +23,7 @@ from crossknn.ce.folders import model_record
 from crossknn.core import ItemFeatures
 from crossknn.corpus.build_key import build_key, up_to_date
 from crossknn.corpus.pseudo import auto_pseudo_queries, pseudo_queries
+from crossknn.corpus.pseudo_shape import check_example_queries, pseudo_shape
 from crossknn.corpus.work import encode_resumable, fresh_work_dir, model_fingerprint
 from crossknn.corpus_folder import CORPUS_KIND, ITEMS_FILE, CorpusIndex, open_index
 from crossknn.data import Corpus
@@ -41,7 +42,6 @@ from crossknn.index.auto import (
     MAX_DEFAULT_ROWS,
     build_corpus_auto,
     default_index_budget,
-    pseudo_query_count,
 )
 from crossknn.index.cur import score_dense
 from crossknn.index.files import save_index, update_params
@@ -203,6 +203,7 @@ def build_corpus_index(
     ce=None,
     de=None,
     train_queries: Sequence[str] | None = None,
+    example_queries: Sequence[str] | None = None,
     cur: bool = False,
     calibration_queries: int = 16,
     calibration_items: int = 32,
@@ -238,6 +239,12 @@ def build_corpus_index(
       that would end after it); ``params.budget.time_cap`` says whether it cut. Without it two
       builds of one corpus with one seed are the same index on any machine.
 
+    ``example_queries`` (without ``train_queries``): a handful of real queries that shape the
+    pseudo-queries of auto's rows (:func:`crossknn.corpus.pseudo_shape.pseudo_shape`: topics of
+    a few words keep keyword rows, longer queries get a mix of keywords, first words and
+    sentences); never scored by the CE, never rows. ``params.pseudo_queries`` says how the
+    pseudo-queries were made.
+
     ``auto_options``: keyword arguments of auto's index build
     (:func:`crossknn.search.auto.build_auto_index`), for experiments.
 
@@ -262,6 +269,14 @@ def build_corpus_index(
         raise ValueError("the corpus is empty: nothing to index")
     if cur and not train_queries:
         raise ValueError("a CUR index (--cur) needs train queries (--train-queries FILE)")
+    if example_queries is not None:
+        if train_queries:
+            raise ValueError(
+                "example queries shape pseudo-queries, and a build with train queries makes "
+                "none (its rows are the train queries): give --train-queries or "
+                "--example-queries, not both"
+            )
+        example_queries = check_example_queries(example_queries)
     if tune_rounds:
         kind = default_round_index(len(corpus)) if round_index == "auto" else round_index
         if kind == "exact":
@@ -279,6 +294,7 @@ def build_corpus_index(
         ce,
         de,
         train_queries=train_queries,
+        example_queries=example_queries,
         cur=cur,
         calibration_queries=calibration_queries,
         calibration_items=calibration_items,
@@ -298,6 +314,7 @@ def build_corpus_index(
             ce=ce,
             de=de,
             train_queries=train_queries,
+            example_queries=example_queries,
             cur=cur,
             calibration_queries=calibration_queries,
             calibration_items=calibration_items,
@@ -322,10 +339,13 @@ def item_metadata(corpus: Corpus) -> ItemMetadata:
     return ItemMetadata.from_records(corpus.metadata, ids=corpus.ids)
 
 
-def corpus_build_key(corpus: Corpus, ce, de, *, train_queries=None, **settings) -> str:
+def corpus_build_key(
+    corpus: Corpus, ce, de, *, train_queries=None, example_queries=None, **settings
+) -> str:
     """The key of :func:`build_corpus_index` with these arguments (``settings``: its keyword
     arguments but ``progress`` and ``chunk``, which change nothing it makes); a folder whose
-    index has it is up to date (:func:`crossknn.corpus.build_key.up_to_date`)."""
+    index has it is up to date (:func:`crossknn.corpus.build_key.up_to_date`). Example queries
+    enter the key only when given (the keys of builds without them are unchanged)."""
     defaults = {
         "cur": False,
         "calibration_queries": 16,
@@ -346,7 +366,10 @@ def corpus_build_key(corpus: Corpus, ce, de, *, train_queries=None, **settings) 
         arrays, spec = item_metadata(corpus).to_index()
         columns = {name: sha256_array(arr) for name, arr in sorted(arrays.items())}
         items = fingerprint([items, spec, columns])
-    return build_key(items, ce, de, train_queries=train_queries, settings={**defaults, **settings})
+    settings = {**defaults, **settings}
+    if example_queries is not None:
+        settings["example_queries"] = sha256_texts(list(example_queries))
+    return build_key(items, ce, de, train_queries=train_queries, settings=settings)
 
 
 def _tune_round_widths(out, ce, de, train_queries, n, seed, progress):
@@ -398,6 +421,7 @@ def _build_locked(
     index_minutes: float | None = None,
     auto_options: Mapping[str, Any] | None = None,
     build_key: str | None = None,
+    example_queries: Sequence[str] | None = None,
 ) -> None:
     # the new index is written beside the old one (work/stage) and moved in at the end: the old
     # index stays whole and usable until then, whatever fails on the way (a full disk ...)
@@ -427,11 +451,16 @@ def _build_locked(
     C = budget["index_calls"]
     spent = {"calibration": 0, "auto_rows": 0, "auto_partial_rows": 0}
     arrays: dict[str, np.ndarray] = {"de_items": V}
-    auto = None
+    auto = pseudo = None
     if budget.pop("auto"):  # the default method's index (crossknn.index.auto)
-        qs = train_queries or auto_pseudo_queries(
-            corpus, pseudo_query_count(C, n, calibration_queries), seed=seed
-        )
+        if train_queries:
+            qs = train_queries
+        else:
+            plan = pseudo_shape(example_queries, C, n, calibration_queries)
+            pseudo = plan["shape"]
+            qs = auto_pseudo_queries(corpus, pseudo["count"], seed=seed, kind=pseudo["kind"])
+            pseudo["count"] = len(qs)
+            auto_options = {**plan["auto_options"], **dict(auto_options or {})}
         auto_key = {
             "what": "auto_rows",
             "ce": model_fingerprint(ce),
@@ -448,7 +477,7 @@ def _build_locked(
             progress=progress,
             work=work / "auto",
             max_seconds=None if index_minutes is None else 60.0 * float(index_minutes),
-            options=auto_options,
+            options=auto_options or None,
         )
         spent["auto_rows"] = int(auto["rows"]) * n
         spent["auto_partial_rows"] = int(a_calls) - spent["auto_rows"]
@@ -515,6 +544,7 @@ def _build_locked(
         "seed": int(seed),
         "budget": budget,
         **({"auto": auto} if auto is not None else {}),
+        **({"pseudo_queries": pseudo} if auto is not None and pseudo is not None else {}),
     }
     # the rounds' MIPS index over de_items (crossknn.search.round_index; none for 'exact')
 
