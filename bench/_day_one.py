@@ -591,6 +591,28 @@ def goals(res: dict) -> dict:
     return g
 
 
+def final_summary(res: dict) -> dict:
+    """Per corpus measured by ``final`` and per new kind (the default build, --example-queries):
+    the gap to real rows it closes at B = 100 and its worst change against keyword rows at
+    B = 50, 100 and 200 (the goals' formulas, before all three corpora are in)."""
+    out = {}
+    for n, row in (res.get("corpora") or {}).items():
+        r = row.get("recall", {})
+        if not {"keywords", "real_rows"} <= set(r):
+            continue
+        kw, real = _at(r["keywords"], 100), _at(r["real_rows"], 100)
+        for kind in ("default", "examples"):
+            if kind in r:
+                new = _at(r[kind], 100)
+                out.setdefault(n, {})[kind] = {
+                    "gap_closed_at_100": round((new - kw) / (real - kw), 4) if real > kw else None,
+                    "worst_vs_keywords": round(
+                        min(_at(r[kind], b) - _at(r["keywords"], b) for b in BUDGETS), 4
+                    ),
+                }
+    return out
+
+
 def _at(rec: dict, b: int) -> float:
     return float(rec[str(b)] if str(b) in rec else rec[b])
 
@@ -622,6 +644,7 @@ def main(argv=None) -> int:
     elif args.part == "repro":
         part_repro(args, res)
     res["goals"] = goals(res)
+    res["final_summary"] = final_summary(res)
     print(json.dumps(res["goals"], indent=1))
     write_json(args.out, res)
     return 0

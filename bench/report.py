@@ -528,7 +528,7 @@ def render_day_one_final() -> str:
     corpora = [c for c in ("cisi", "nfcorpus", "scifact") if c in fin]
     names = {
         "default": "default build (`crossknn build`, no flag)",
-        "keywords": "keyword rows (the default before)",
+        "keywords": "keyword pseudo-queries given as train queries",
         "examples": "`--example-queries` (8 train queries)",
         "real_rows": "rows of the train queries (`--train-queries`)",
         "rnr": "RNR (DE top-B reranked)",
