@@ -493,7 +493,8 @@ def part_final(args, res: dict) -> None:
         if "rnr" not in recall or args.again:
             recall["rnr"] = rnr_recall(setup, de, queries, exact)
             print(f"  {'rnr':<10} {recall['rnr']}")
-        row["real_ce_pairs"] = int(setup.ce().real_pairs)
+        # CE pairs scored for this corpus (not looked up in a matrix or the cache), over reruns
+        row["real_ce_pairs"] = int(row.get("real_ce_pairs", 0)) + int(setup.ce().real_pairs)
         write_json(args.out, res)
 
 
