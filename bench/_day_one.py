@@ -99,12 +99,6 @@ class DiskDE:
         return np.stack([self.cache[k] for k in keys])
 
 
-def open_index(path: Path):
-    from crossknn.corpus_folder import open_index as _open
-
-    return _open(path)
-
-
 def rounded_ce(work: Path):
     """The embedded CE with its weight matrices rounded through per-row int8, as pack.sh writes
     them and unpack.sh restores them (2-D weights of at least 100,000 entries: scale = max |row|
@@ -401,7 +395,7 @@ def part_choose(args, res: dict) -> None:
             ex = example_queries(setup, args.seed)
             d = build(setup, de, root / "examples", example_queries=ex, index_calls=C)
             recall.setdefault(name, {})["examples"] = rec = recall_of(d, setup, de, queries, exact)
-            kind = open_index(d).params["pseudo_queries"]["kind"]
+            kind = json.loads((d / "index.json").read_text())["params"]["pseudo_queries"]["kind"]
             print(f"  {'examples':<16} ({kind}) {rec}")
             write_json(args.out, res)
         if "real_rows" not in recall.get(name, {}) or args.again:
