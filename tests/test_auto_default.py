@@ -113,7 +113,7 @@ def test_pseudo_query_kinds():
     assert pseudo_queries(one, 1, kind="sentence") == ["just one sentence without an end"]
     with pytest.raises(ValueError, match="kind must be one of"):
         pseudo_queries(c, 2, kind="title")
-    assert PSEUDO_KINDS == ("first", "sentence", "keywords", "spans", "mix")
+    assert PSEUDO_KINDS == ("first", "sentence", "keywords", "spans", "mix", "passage")
     # keywords: the corpus above has no shared, non-generic word (every word is in every item)
     assert pseudo_queries(c, 3, seed=3, kind="keywords") == []
     topics = ["melatonin", "thyroid", "curcumin", "acrylamide", "cranberry", "beets"] * 5
@@ -156,3 +156,25 @@ def test_spans_run_from_topics_to_claims_and_mix_takes_a_third_of_each_kind():
     sent = pseudo_queries(c, 3, seed=5, kind="sentence")
     assert mix == [q for trio in zip(kw, first, sent, strict=True) for q in trio]
     assert len(pseudo_queries(c, 100, seed=5, kind="spans")) <= 40  # one per item at most
+
+
+def test_passages_are_as_long_as_asked_from_a_sentence_on():
+    texts = [
+        f"Title {i} here. First sentence of item {i} runs on. Then a second one {i}. End {i}."
+        for i in range(30)
+    ]
+    c = Corpus([f"d{i}" for i in range(30)], texts)
+    flat = [" ".join(t.split()) for t in texts]
+    got = pseudo_queries(c, 12, seed=2, kind="passage", words=9)
+    assert got == pseudo_queries(c, 12, seed=2, kind="passage", words=9) and len(got) == 12
+    starts = set()
+    for q in got:
+        assert len(q.split()) == 9  # every start chosen leaves 9 words (items have 19)
+        t = next(t for t in flat if q in t)
+        starts.add(t.index(q) > 0)
+        # it starts a sentence: the item's start or after a sentence's end
+        assert t.index(q) == 0 or t[: t.index(q)].rstrip().endswith(".")
+    assert starts == {True, False}  # the first sentence and later ones
+    # an item shorter than a passage: all of it
+    short = Corpus(["s"], ["only five words in here"])
+    assert pseudo_queries(short, 1, kind="passage", words=64) == ["only five words in here"]

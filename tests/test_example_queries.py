@@ -18,9 +18,11 @@ from crossknn.commands.build_cmd import pseudo_summary
 from crossknn.corpus.build import build_corpus_index, corpus_build_key
 from crossknn.corpus.pseudo import auto_pseudo_queries
 from crossknn.corpus.pseudo_shape import (
+    NEAR_CANDIDATES,
     POOL_PER_ROW,
     TOPIC_WORDS,
     check_example_queries,
+    near_examples,
     pseudo_shape,
 )
 
@@ -64,6 +66,7 @@ def test_the_examples_median_length_picks_the_kind():
         "examples": 3,
         "median_words": 11.0,
         "count": POOL_PER_ROW * 8,
+        "near_examples": NEAR_CANDIDATES * POOL_PER_ROW * 8,
     }
     assert long["auto_options"] == {"partial_items": 0}
     # the boundary: a median of TOPIC_WORDS words is a topic, one more is not
@@ -96,14 +99,43 @@ def test_long_examples_build_mix_rows_and_are_never_scored(tmp_path):
     assert shape["kind"] == "mix" and shape["from"] == "example queries"
     assert shape["count"] == 16  # 4 a row, and at least the calibration's 16
     assert not ce.seen & set(CLAIMS)  # the examples are never scored
-    made = auto_pseudo_queries(c, 16, seed=0, kind="mix")
-    assert ce.seen <= set(made)  # every scored query is one of the mix
-    kinds = {q in auto_pseudo_queries(c, 16, seed=0, kind="keywords") for q in ce.seen}
-    assert kinds == {True, False}  # keywords and longer pseudo-queries among the rows
+    assert shape["near_examples"] == NEAR_CANDIDATES * 16
+    cut = auto_pseudo_queries(c, NEAR_CANDIDATES * 16, seed=0, kind="mix")
+    kept = near_examples(cut, CLAIMS, stubs.StubDE(), 16)
+    assert len(kept) == 16 and set(kept) < set(cut)
+    assert ce.seen <= set(kept)  # every scored query is one the examples kept
+    assert set(kept) != set(cut[:16])  # chosen by the examples, not the first cut
     assert idx.params["auto"]["rows"] == 4 and idx.params["auto"]["partial_rows"] == 0
     budget = idx.params["budget"]
     assert ce.calls == idx.ce_calls == budget["ce_calls"] <= budget["index_calls"] == 1600
     assert "chosen by 3 example queries (median 11 words)" in pseudo_summary(shape)
+
+
+class AxisDE:
+    """Texts as unit vectors: ``"aN ..."`` on axis N, nearer the axis the fewer its words."""
+
+    def encode(self, texts, **_):
+        out = np.zeros((len(texts), 4), np.float32)
+        for i, t in enumerate(texts):
+            words = t.split()
+            out[i, int(words[0][1:])] = 1.0
+            out[i, 3] = 0.1 * len(words)  # the off-axis part grows with length
+        return out
+
+
+def test_near_examples_takes_each_examples_nearest_in_turn():
+    de = AxisDE()
+    cands = ["a0 x x x", "a1 x", "a0", "a2 x x x x x", "a1 x x x", "a0 x", "a1", "a2"]
+    # examples on axes 0 and 1: each takes its nearest in turn (a0, a1, then a0 x, a1 x);
+    # axis 2 has no example and gives none however near the others it is
+    got = near_examples(cands, ["a0", "a1"], de, 4)
+    assert got == ["a1 x", "a0", "a0 x", "a1"]  # in the candidates' order
+    fifth = set(near_examples(cands, ["a0", "a1"], de, 5)) - set(got)
+    assert fifth == {"a0 x x x"}  # axis 0's turn again, its next nearest
+    # one example on axis 2: its own axis first, then the rest by nearness
+    assert set(near_examples(cands, ["a2"], de, 2)) == {"a2", "a2 x x x x x"}
+    # as many or fewer candidates than asked: all of them, duplicates once
+    assert near_examples(["a1", "a0", "a1"], ["a0"], de, 5) == ["a1", "a0"]
 
 
 def test_topic_examples_build_todays_keyword_index(tmp_path):

@@ -18,12 +18,27 @@ import numpy as np
 
 from crossknn.index.auto import pseudo_query_count
 
-__all__ = ["POOL_PER_ROW", "TOPIC_WORDS", "check_example_queries", "pseudo_shape"]
+__all__ = [
+    "NEAR_CANDIDATES",
+    "POOL_PER_ROW",
+    "TOPIC_WORDS",
+    "check_example_queries",
+    "near_examples",
+    "pseudo_shape",
+]
 
 #: example queries of at most this many words (median) are topics: keyword rows
 TOPIC_WORDS = 4
 #: pseudo-queries made per complete row for longer examples (the rows are chosen among them)
 POOL_PER_ROW = 4
+#: pseudo-queries cut per one kept when the examples choose them (:func:`near_examples`)
+NEAR_CANDIDATES = 4
+#: the kind of pseudo-queries for examples longer than topics
+LONG_KIND = "mix"
+#: the longest ``passage`` pseudo-query in words (the CE reads 128 tokens of query and item)
+PASSAGE_MAX_WORDS = 64
+#: the kinds whose pseudo-queries the examples choose (:func:`near_examples`)
+NEAR_KINDS = ("mix",)
 #: the most example queries read (a handful is enough to tell their length)
 MAX_EXAMPLES = 1000
 
@@ -66,8 +81,42 @@ def pseudo_shape(
         words = float(np.median([len(q.split()) for q in examples]))
         shape.update({"from": "example queries", "examples": len(examples), "median_words": words})
         if words > TOPIC_WORDS:
-            shape["kind"] = "mix"
+            shape["kind"] = LONG_KIND
+            if LONG_KIND == "passage":  # as long as the examples
+                shape["words"] = int(min(round(words), PASSAGE_MAX_WORDS))
             count = max(int(calibration_queries), POOL_PER_ROW * rows)
             auto_options = {"partial_items": 0}
+        if shape["kind"] in NEAR_KINDS:
+            shape["near_examples"] = NEAR_CANDIDATES * count
     shape["count"] = count
     return {"shape": shape, "auto_options": auto_options}
+
+
+def near_examples(candidates: Sequence[str], examples: Sequence[str], de, count: int) -> list[str]:
+    """The ``count`` pseudo-queries of ``candidates`` nearest the example queries in the DE's
+    space (cosine), taken in turn: each example its nearest candidate not yet taken, then each
+    its next, so every example draws the same share and the pool keeps their spread. Fewer
+    candidates than ``count``: all of them, in their order."""
+    cands = list(dict.fromkeys(candidates))
+    if len(cands) <= count:
+        return cands
+
+    def unit(texts):
+        x = np.asarray(de.encode(list(texts)), np.float64)
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+    sim = unit(examples) @ unit(cands).T  # (examples, candidates)
+    order = np.argsort(-sim, axis=1, kind="stable")
+    taken: list[int] = []
+    seen = np.zeros(len(cands), bool)
+    pos = np.zeros(len(examples), np.int64)
+    while len(taken) < count:
+        for e in range(len(examples)):
+            while seen[order[e, pos[e]]]:
+                pos[e] += 1
+            j = int(order[e, pos[e]])
+            seen[j] = True
+            taken.append(j)
+            if len(taken) == count:
+                break
+    return [cands[j] for j in sorted(taken)]
