@@ -331,8 +331,10 @@ CANDIDATES = {
 EVAL_TRAIN = {"cisi": 0, "nfcorpus": 400, "scifact": 40}  # train queries searched (0: all)
 
 
-SHIPPED_NEAR = ("mix",)  # crossknn.corpus.pseudo_shape.NEAR_KINDS as shipped
-SHIPPED_LONG = "mix"  # and its LONG_KIND
+# results of --example-queries builds: "examples" (today's code); the trials before it under
+# "examples/...": "examples/length" (a keyword/first-words/sentence mix picked by the examples'
+# length), "examples/near-mix" (that mix cut four times over, kept nearest the examples in the
+# DE space), "examples/length/passage" (today's passages), measured at commit dc6b4d0
 EXAMPLES = 8  # example queries a user gives --example-queries: a seeded handful of train queries
 
 
@@ -340,18 +342,6 @@ def example_queries(setup: Setup, seed: int) -> list[str]:
     """The ``--example-queries`` of the bench: :data:`EXAMPLES` seeded train queries."""
     rng = np.random.default_rng([seed, 8])
     return [setup.train[i] for i in np.sort(rng.choice(len(setup.train), EXAMPLES, replace=False))]
-
-
-def examples_key() -> str:
-    """The result key (and folder) of ``--example-queries`` builds under ``pseudo_shape``'s
-    current :data:`NEAR_KINDS`: ``examples`` for the shipped setting, else what differs
-    (``examples/length``: the examples pick the kind by length only)."""
-    from crossknn.corpus import pseudo_shape as ps
-
-    if ps.NEAR_KINDS == SHIPPED_NEAR and ps.LONG_KIND == SHIPPED_LONG:
-        return "examples"
-    near = "near-" + "-".join(ps.NEAR_KINDS) if ps.NEAR_KINDS else "length"
-    return "examples/" + near + ("" if ps.LONG_KIND == "mix" else f"/{ps.LONG_KIND}")
 
 
 def _sample(queries: list[str], n: int, seed: int) -> list[str]:
@@ -404,11 +394,11 @@ def part_choose(args, res: dict) -> None:
             took = time.perf_counter() - t
             print(f"  {cand:<16} {len(qs):>4} pseudo-queries  {rec}  ({took:.0f} s)")
             write_json(args.out, res)
-        key = examples_key()
+        key = "examples"
         if key not in recall.get(name, {}) or args.again:
             # what crossknn build --example-queries makes of a handful of train queries
             ex = example_queries(setup, args.seed)
-            d = build(setup, de, root / key.replace("/", "-"), example_queries=ex, index_calls=C)
+            d = build(setup, de, root / key, example_queries=ex, index_calls=C)
             recall.setdefault(name, {})[key] = rec = recall_of(d, setup, de, queries, exact)
             kind = json.loads((d / "index.json").read_text())["params"]["pseudo_queries"]["kind"]
             print(f"  {key:<16} ({kind}) {rec}")
@@ -487,7 +477,7 @@ def part_final(args, res: dict) -> None:
             "default": {},  # crossknn build, no flag
             "real_rows": {"train_queries": setup.train},  # crossknn build --train-queries
             # crossknn build --example-queries FILE (a handful of train queries)
-            examples_key(): {"example_queries": example_queries(setup, args.seed)},
+            "examples": {"example_queries": example_queries(setup, args.seed)},
         }
         for kind, kw in kinds.items():
             if kind in recall and not args.again:
@@ -639,21 +629,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repro-items", type=int, default=0, help="repro: CISI items (0: all)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--work", type=Path, default=WORK, help="caches and indexes (resumable)")
-    ap.add_argument(
-        "--near-kinds",
-        nargs="*",
-        choices=("mix", "keywords"),
-        default=None,
-        help="the kinds whose pseudo-queries the example queries choose (default: as shipped)",
-    )
-    ap.add_argument("--long-kind", choices=("mix", "passage"), default=None)
     args = ap.parse_args(argv)
-    from crossknn.corpus import pseudo_shape
-
-    if args.near_kinds is not None:
-        pseudo_shape.NEAR_KINDS = tuple(args.near_kinds)
-    if args.long_kind is not None:
-        pseudo_shape.LONG_KIND = args.long_kind
     missing = [n for n in args.corpora if not (DATA / n).is_dir()]
     if missing:
         print(f"skipped: {', '.join(str(DATA / n) for n in missing)} missing")

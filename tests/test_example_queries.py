@@ -1,6 +1,6 @@
 """A handful of example queries shapes the default index's pseudo-queries (issue 55): topics of
-a few words keep today's keyword rows, longer queries get rows of a keyword/first-words/sentence
-mix chosen from four a row; the examples themselves are never scored and never rows. Stand-in
+a few words keep today's keyword rows, longer queries get rows of item passages as long as they
+are, chosen from four a row; the examples themselves are never scored and never rows. Stand-in
 models, and one run of the command line with the embedded ones."""
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from crossknn.commands.build_cmd import pseudo_summary
 from crossknn.corpus.build import build_corpus_index, corpus_build_key
 from crossknn.corpus.pseudo import auto_pseudo_queries
 from crossknn.corpus.pseudo_shape import (
-    NEAR_CANDIDATES,
+    PASSAGE_MAX_WORDS,
     POOL_PER_ROW,
     TOPIC_WORDS,
     check_example_queries,
-    near_examples,
     pseudo_shape,
 )
 
@@ -62,18 +61,22 @@ def test_the_examples_median_length_picks_the_kind():
     long = pseudo_shape(CLAIMS, 6400, 800, 16)
     assert long["shape"] == {
         "from": "example queries",
-        "kind": "mix",
+        "kind": "passage",
         "examples": 3,
         "median_words": 11.0,
+        "words": 11,
         "count": POOL_PER_ROW * 8,
-        "near_examples": NEAR_CANDIDATES * POOL_PER_ROW * 8,
     }
     assert long["auto_options"] == {"partial_items": 0}
     # the boundary: a median of TOPIC_WORDS words is a topic, one more is not
     at = ["w " * TOPIC_WORDS] * 3
     past = ["w " * (TOPIC_WORDS + 1)] * 3
     assert pseudo_shape(at, 6400, 800, 16)["shape"]["kind"] == "keywords"
-    assert pseudo_shape(past, 6400, 800, 16)["shape"]["kind"] == "mix"
+    assert pseudo_shape(past, 6400, 800, 16)["shape"]["kind"] == "passage"
+    # passages as long as the examples' median (rounded), at most PASSAGE_MAX_WORDS
+    assert pseudo_shape(["w " * 7, "w " * 8], 6400, 800, 16)["shape"]["words"] == 8
+    long_q = ["w " * 200] * 2
+    assert pseudo_shape(long_q, 6400, 800, 16)["shape"]["words"] == PASSAGE_MAX_WORDS
     # 32 rows (the most the default gives): 128 pseudo-queries to choose them from
     assert pseudo_shape(CLAIMS, 32 * 5000, 5000, 16)["shape"]["count"] == 128
 
@@ -92,50 +95,21 @@ def test_bad_example_queries_are_refused_with_what_was_expected(bad, error, says
         check_example_queries(bad)
 
 
-def test_long_examples_build_mix_rows_and_are_never_scored(tmp_path):
+def test_long_examples_build_passage_rows_and_are_never_scored(tmp_path):
     c = stubs.corpus(400)  # 4 complete rows
     idx, ce = _build(tmp_path / "ex", c, example_queries=CLAIMS)
     shape = idx.params["pseudo_queries"]
-    assert shape["kind"] == "mix" and shape["from"] == "example queries"
-    assert shape["count"] == 16  # 4 a row, and at least the calibration's 16
+    assert shape["kind"] == "passage" and shape["from"] == "example queries"
+    assert shape["count"] == 16 and shape["words"] == 11  # 4 a row, >= the calibration's 16
     assert not ce.seen & set(CLAIMS)  # the examples are never scored
-    assert shape["near_examples"] == NEAR_CANDIDATES * 16
-    cut = auto_pseudo_queries(c, NEAR_CANDIDATES * 16, seed=0, kind="mix")
-    kept = near_examples(cut, CLAIMS, stubs.StubDE(), 16)
-    assert len(kept) == 16 and set(kept) < set(cut)
-    assert ce.seen <= set(kept)  # every scored query is one the examples kept
-    assert set(kept) != set(cut[:16])  # chosen by the examples, not the first cut
+    made = auto_pseudo_queries(c, 16, seed=0, kind="passage", words=11)
+    assert ce.seen <= set(made)  # every scored query is one of the passages
     assert idx.params["auto"]["rows"] == 4 and idx.params["auto"]["partial_rows"] == 0
     budget = idx.params["budget"]
     assert ce.calls == idx.ce_calls == budget["ce_calls"] <= budget["index_calls"] == 1600
-    assert "chosen by 3 example queries (median 11 words)" in pseudo_summary(shape)
-
-
-class AxisDE:
-    """Texts as unit vectors: ``"aN ..."`` on axis N, nearer the axis the fewer its words."""
-
-    def encode(self, texts, **_):
-        out = np.zeros((len(texts), 4), np.float32)
-        for i, t in enumerate(texts):
-            words = t.split()
-            out[i, int(words[0][1:])] = 1.0
-            out[i, 3] = 0.1 * len(words)  # the off-axis part grows with length
-        return out
-
-
-def test_near_examples_takes_each_examples_nearest_in_turn():
-    de = AxisDE()
-    cands = ["a0 x x x", "a1 x", "a0", "a2 x x x x x", "a1 x x x", "a0 x", "a1", "a2"]
-    # examples on axes 0 and 1: each takes its nearest in turn (a0, a1, then a0 x, a1 x);
-    # axis 2 has no example and gives none however near the others it is
-    got = near_examples(cands, ["a0", "a1"], de, 4)
-    assert got == ["a1 x", "a0", "a0 x", "a1"]  # in the candidates' order
-    fifth = set(near_examples(cands, ["a0", "a1"], de, 5)) - set(got)
-    assert fifth == {"a0 x x x"}  # axis 0's turn again, its next nearest
-    # one example on axis 2: its own axis first, then the rest by nearness
-    assert set(near_examples(cands, ["a2"], de, 2)) == {"a2", "a2 x x x x x"}
-    # as many or fewer candidates than asked: all of them, duplicates once
-    assert near_examples(["a1", "a0", "a1"], ["a0"], de, 5) == ["a1", "a0"]
+    summary = pseudo_summary(shape)
+    assert summary.startswith("pseudo-queries: 16 passages of 11 words")
+    assert "chosen by 3 example queries (median 11 words)" in summary
 
 
 def test_topic_examples_build_todays_keyword_index(tmp_path):
@@ -187,9 +161,9 @@ def test_the_cli_builds_with_example_queries(tmp_path, model_cache):
     done = build("--example-queries", "examples.txt")
     assert done.returncode == 0, done.stderr
     assert (
-        "pseudo-queries: 16 keywords, first words and sentences, chosen by 3 example queries "
+        "pseudo-queries: 16 passages of 11 words, chosen by 3 example queries "
         "(median 11 words)" in done.stdout
     ), done.stdout
     meta = json.loads((tmp_path / "idx" / "index.json").read_text(encoding="utf-8"))
-    assert meta["params"]["pseudo_queries"]["kind"] == "mix"
+    assert meta["params"]["pseudo_queries"]["kind"] == "passage"
     assert meta["params"]["budget"]["ce_calls"] <= meta["params"]["budget"]["index_calls"] == 120

@@ -166,7 +166,11 @@ def run(args: argparse.Namespace) -> int:
 
 def pseudo_summary(shape: dict) -> str:
     """The line that says what the auto rows' pseudo-queries were (``params.pseudo_queries``)."""
-    kinds = {"keywords": "one-word keywords", "mix": "keywords, first words and sentences"}
+    kinds = {
+        "keywords": "one-word keywords",
+        "mix": "keywords, first words and sentences",
+        "passage": f"passages of {shape.get('words')} words",
+    }
     line = f"pseudo-queries: {shape['count']} {kinds.get(shape['kind'], shape['kind'])}"
     if shape.get("from") == "example queries":
         return line + (

@@ -23,7 +23,7 @@ from crossknn.ce.folders import model_record
 from crossknn.core import ItemFeatures
 from crossknn.corpus.build_key import build_key, up_to_date
 from crossknn.corpus.pseudo import auto_pseudo_queries, pseudo_queries
-from crossknn.corpus.pseudo_shape import check_example_queries, near_examples, pseudo_shape
+from crossknn.corpus.pseudo_shape import check_example_queries, pseudo_shape
 from crossknn.corpus.work import encode_resumable, fresh_work_dir, model_fingerprint
 from crossknn.corpus_folder import CORPUS_KIND, ITEMS_FILE, CorpusIndex, open_index
 from crossknn.data import Corpus
@@ -458,12 +458,13 @@ def _build_locked(
         else:
             plan = pseudo_shape(example_queries, C, n, calibration_queries)
             pseudo = plan["shape"]
-            how = {"seed": seed, "kind": pseudo["kind"], "words": pseudo.get("words", 10)}
-            if pseudo.get("near_examples"):  # cut more, keep those nearest the examples
-                qs = auto_pseudo_queries(corpus, pseudo["near_examples"], **how)
-                qs = near_examples(qs, example_queries, de, pseudo["count"])
-            else:
-                qs = auto_pseudo_queries(corpus, pseudo["count"], **how)
+            qs = auto_pseudo_queries(
+                corpus,
+                pseudo["count"],
+                seed=seed,
+                kind=pseudo["kind"],
+                words=pseudo.get("words", 10),
+            )
             pseudo["count"] = len(qs)
             auto_options = {**plan["auto_options"], **dict(auto_options or {})}
         auto_key = {

@@ -4,9 +4,10 @@ never rows) tell topics from claims and questions, which the item texts alone ca
 Measured on train splits (``bench/recall_bench.py day-one --part choose``, docs/design/notes.md):
 on a corpus of 1-3 word topic queries (NFCorpus) one-word keyword rows are about as good as rows
 of real queries and every other kind loses; on questions (CISI) and one-sentence claims (SciFact)
-a mix of keywords, first words and sentences, four pseudo-queries a row to choose the rows from
-and no learned prior beats keyword rows by 0.04 to 0.07 at B = 50. The examples' median length in
-words picks between the two.
+passages of an item as long as the examples (the CE reads query and item in one window, and a
+long query leaves the item little of it), four pseudo-queries a row to choose the rows from and
+no learned prior beat keyword rows by 0.08 to 0.11 at B = 50. The examples' median length in
+words picks between the two and sets the passages' length.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import numpy as np
 from crossknn.index.auto import pseudo_query_count
 
 __all__ = [
-    "NEAR_CANDIDATES",
+    "PASSAGE_MAX_WORDS",
     "POOL_PER_ROW",
     "TOPIC_WORDS",
     "check_example_queries",
-    "near_examples",
     "pseudo_shape",
 ]
 
@@ -31,14 +31,9 @@ __all__ = [
 TOPIC_WORDS = 4
 #: pseudo-queries made per complete row for longer examples (the rows are chosen among them)
 POOL_PER_ROW = 4
-#: pseudo-queries cut per one kept when the examples choose them (:func:`near_examples`)
-NEAR_CANDIDATES = 4
-#: the kind of pseudo-queries for examples longer than topics
-LONG_KIND = "mix"
-#: the longest ``passage`` pseudo-query in words (the CE reads 128 tokens of query and item)
+#: the longest ``passage`` pseudo-query in words (the default CE reads 128 tokens of query and
+#: item together)
 PASSAGE_MAX_WORDS = 64
-#: the kinds whose pseudo-queries the examples choose (:func:`near_examples`)
-NEAR_KINDS = ("mix",)
 #: the most example queries read (a handful is enough to tell their length)
 MAX_EXAMPLES = 1000
 
@@ -70,9 +65,10 @@ def pseudo_shape(
     Without examples, the default: ``keywords``, one a row and at least the calibration's
     (:func:`crossknn.index.auto.pseudo_query_count`), auto's learned prior on. With examples:
     their median length in words; at most :data:`TOPIC_WORDS` -> the same keyword rows; longer
-    -> ``mix`` (a third each of keywords, first words and sentences), :data:`POOL_PER_ROW` a row,
-    no partial rows of the learned prior (``auto_options = {"partial_items": 0}``: their CE
-    calls go to complete rows)."""
+    -> ``passage`` pseudo-queries of that many words (at most :data:`PASSAGE_MAX_WORDS`; see
+    :func:`crossknn.corpus.pseudo.pseudo_queries`), :data:`POOL_PER_ROW` a row, no partial rows
+    of the learned prior (``auto_options = {"partial_items": 0}``: their CE calls go to
+    complete rows)."""
     shape: dict[str, Any] = {"from": "items", "kind": "keywords"}
     count = pseudo_query_count(index_calls, n_items, calibration_queries)
     rows = int(index_calls) // max(int(n_items), 1)
@@ -81,42 +77,9 @@ def pseudo_shape(
         words = float(np.median([len(q.split()) for q in examples]))
         shape.update({"from": "example queries", "examples": len(examples), "median_words": words})
         if words > TOPIC_WORDS:
-            shape["kind"] = LONG_KIND
-            if LONG_KIND == "passage":  # as long as the examples
-                shape["words"] = int(min(round(words), PASSAGE_MAX_WORDS))
+            shape["kind"] = "passage"  # as long as the examples
+            shape["words"] = int(min(round(words), PASSAGE_MAX_WORDS))
             count = max(int(calibration_queries), POOL_PER_ROW * rows)
             auto_options = {"partial_items": 0}
-        if shape["kind"] in NEAR_KINDS:
-            shape["near_examples"] = NEAR_CANDIDATES * count
     shape["count"] = count
     return {"shape": shape, "auto_options": auto_options}
-
-
-def near_examples(candidates: Sequence[str], examples: Sequence[str], de, count: int) -> list[str]:
-    """The ``count`` pseudo-queries of ``candidates`` nearest the example queries in the DE's
-    space (cosine), taken in turn: each example its nearest candidate not yet taken, then each
-    its next, so every example draws the same share and the pool keeps their spread. Fewer
-    candidates than ``count``: all of them, in their order."""
-    cands = list(dict.fromkeys(candidates))
-    if len(cands) <= count:
-        return cands
-
-    def unit(texts):
-        x = np.asarray(de.encode(list(texts)), np.float64)
-        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-    sim = unit(examples) @ unit(cands).T  # (examples, candidates)
-    order = np.argsort(-sim, axis=1, kind="stable")
-    taken: list[int] = []
-    seen = np.zeros(len(cands), bool)
-    pos = np.zeros(len(examples), np.int64)
-    while len(taken) < count:
-        for e in range(len(examples)):
-            while seen[order[e, pos[e]]]:
-                pos[e] += 1
-            j = int(order[e, pos[e]])
-            seen[j] = True
-            taken.append(j)
-            if len(taken) == count:
-                break
-    return [cands[j] for j in sorted(taken)]
