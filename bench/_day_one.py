@@ -309,6 +309,23 @@ def pool_large(m: int) -> int:
     return 4 * m
 
 
+def gen_lengths(corpus, n, seed, lengths):
+    """As long as each example in turn: one word -> a keyword query, L words -> a passage of L
+    words (at most 64), interleaved in the examples' order."""
+    from crossknn.corpus.pseudo import auto_pseudo_queries, pseudo_queries
+
+    want = [min(int(lengths[j % len(lengths)]), 64) for j in range(n)]
+    made = {
+        L: iter(
+            auto_pseudo_queries(corpus, want.count(L), seed=seed)
+            if L <= 1
+            else pseudo_queries(corpus, want.count(L), seed=seed + L, kind="passage", words=L)
+        )
+        for L in set(want)
+    }
+    return list(dict.fromkeys(q for q in (next(made[L], None) for L in want) if q))
+
+
 # name -> (generator, pool size by rows m, auto's build options); the kinds are
 # crossknn.corpus.pseudo's; "/nolp": no learned prior (no partial rows: its 4% of C back to rows)
 NOLP = {"partial_items": 0}
@@ -325,6 +342,8 @@ CANDIDATES = {
     "sentence+pool/nolp": (_kind("sentence"), pool_large, NOLP),
     "spans+pool/nolp": (_kind("spans"), pool_large, NOLP),
     "keywords+pool/nolp": (gen_keywords, pool_large, NOLP),
+    # as long as each of the EXAMPLES example queries in turn (needs them: see part_choose)
+    "lengths+pool/nolp": (gen_lengths, pool_large, NOLP),
 }
 
 
@@ -379,7 +398,11 @@ def part_choose(args, res: dict) -> None:
             if cand in recall.get(name, {}) and not args.again:
                 continue
             gen, pool, opts = CANDIDATES[cand]
-            qs = gen(setup.corpus, pool(m), args.seed)
+            if gen is gen_lengths:
+                lengths = [len(q.split()) for q in example_queries(setup, args.seed)]
+                qs = gen(setup.corpus, pool(m), args.seed, lengths)
+            else:
+                qs = gen(setup.corpus, pool(m), args.seed)
             t = time.perf_counter()
             d = build(
                 setup,
@@ -479,6 +502,10 @@ def part_final(args, res: dict) -> None:
             # crossknn build --example-queries FILE (a handful of train queries)
             "examples": {"example_queries": example_queries(setup, args.seed)},
         }
+        if "lengths+pool/nolp" in args.final_trials:  # a choose candidate on all items
+            lengths = [len(q.split()) for q in example_queries(setup, args.seed)]
+            qs = gen_lengths(setup.corpus, 4 * m, args.seed, lengths)
+            kinds["examples/lengths"] = {"train_queries": qs, "auto_options": NOLP}
         for kind, kw in kinds.items():
             if kind in recall and not args.again:
                 continue
@@ -622,6 +649,13 @@ def main(argv=None) -> int:
     ap.add_argument("--part", choices=("choose", "final", "repro", "goals"), required=True)
     ap.add_argument("--corpora", nargs="+", choices=CORPORA, default=list(CORPORA))
     ap.add_argument("--candidates", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES))
+    ap.add_argument(
+        "--final-trials",
+        nargs="*",
+        choices=["lengths+pool/nolp"],
+        default=[],
+        help="final: choose candidates also built on all items (trials)",
+    )
     ap.add_argument("--items", type=int, default=800, help="choose: a seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--again", action="store_true", help="measure again what the JSON has")
