@@ -311,10 +311,11 @@ def pool_large(m: int) -> int:
 
 def gen_lengths(corpus, n, seed, lengths):
     """As long as each example in turn: one word -> a keyword query, L words -> a passage of L
-    words (at most 64), interleaved in the examples' order."""
+    words (at most PASSAGE_MAX_WORDS), interleaved in the examples' order."""
     from crossknn.corpus.pseudo import auto_pseudo_queries, pseudo_queries
+    from crossknn.corpus.pseudo_shape import PASSAGE_MAX_WORDS
 
-    want = [min(int(lengths[j % len(lengths)]), 64) for j in range(n)]
+    want = [min(int(lengths[j % len(lengths)]), PASSAGE_MAX_WORDS) for j in range(n)]
     made = {
         L: iter(
             auto_pseudo_queries(corpus, want.count(L), seed=seed)
@@ -350,10 +351,10 @@ CANDIDATES = {
 EVAL_TRAIN = {"cisi": 0, "nfcorpus": 400, "scifact": 40}  # train queries searched (0: all)
 
 
-# results of --example-queries builds: "examples" (today's code); the trials before it under
-# "examples/...": "examples/length" (a keyword/first-words/sentence mix picked by the examples'
-# length), "examples/near-mix" (that mix cut four times over, kept nearest the examples in the
-# DE space), "examples/length/passage" (today's passages), measured at commit dc6b4d0
+# results of --example-queries builds: "examples" (today's code); trials under "examples/...":
+# "examples/length" (a keyword/first-words/sentence mix picked by the examples' length),
+# "examples/near-mix" (that mix cut four times over, kept nearest the examples in the DE space;
+# code at commit dc6b4d0), "examples/lengths" (the lengths+pool/nolp candidate on all items)
 EXAMPLES = 8  # example queries a user gives --example-queries: a seeded handful of train queries
 
 
@@ -417,14 +418,13 @@ def part_choose(args, res: dict) -> None:
             took = time.perf_counter() - t
             print(f"  {cand:<16} {len(qs):>4} pseudo-queries  {rec}  ({took:.0f} s)")
             write_json(args.out, res)
-        key = "examples"
-        if key not in recall.get(name, {}) or args.again:
+        if "examples" not in recall.get(name, {}) or args.again:
             # what crossknn build --example-queries makes of a handful of train queries
             ex = example_queries(setup, args.seed)
-            d = build(setup, de, root / key, example_queries=ex, index_calls=C)
-            recall.setdefault(name, {})[key] = rec = recall_of(d, setup, de, queries, exact)
+            d = build(setup, de, root / "examples", example_queries=ex, index_calls=C)
+            recall.setdefault(name, {})["examples"] = rec = recall_of(d, setup, de, queries, exact)
             kind = json.loads((d / "index.json").read_text())["params"]["pseudo_queries"]["kind"]
-            print(f"  {key:<16} ({kind}) {rec}")
+            print(f"  {'examples':<16} ({kind}) {rec}")
             write_json(args.out, res)
         if "real_rows" not in recall.get(name, {}) or args.again:
             folds = [queries[0::2], queries[1::2]]
