@@ -21,9 +21,11 @@ on train queries (half of the train queries are searched, the other half give th
 reference). ``final``: on all items of each corpus, the default build (``crossknn build`` with no
 flag), the same budget on today's keyword rows and on rows of the train queries
 (``--train-queries``), and RNR (the DE's top-B reranked), searched with the test queries against
-the exact top-10. ``repro``: two default builds of CISI with the real CE, the second while
-``--load`` busy processes run, compared array by array, bit for bit; every build's CE calls
-against its stated index budget.
+the exact top-10; ``--final-trials`` adds choose candidates on all items (under their names) and
+two ablations of the real rows: ``real/rows-only`` (the real build's row queries alone) and
+``real/nolp`` (every train query, no partial rows). ``repro``: two default builds of CISI with
+the real CE, the second while ``--load`` busy processes run, compared array by array, bit for
+bit; every build's CE calls against its stated index budget.
 
 Writes ``bench/results/day_one_rows.json`` (``goals``: the issue's four keys).
 """
@@ -506,6 +508,19 @@ def part_final(args, res: dict) -> None:
             lengths = [len(q.split()) for q in example_queries(setup, args.seed)]
             qs = gen_lengths(setup.corpus, 4 * m, args.seed, lengths)
             kinds["examples/lengths"] = {"train_queries": qs, "auto_options": NOLP}
+        for cand in args.final_trials:  # other choose candidates on all items, under their names
+            if cand in CANDIDATES and CANDIDATES[cand][0] is not gen_lengths:
+                gen, pool, opts = CANDIDATES[cand]
+                kinds[cand] = {"train_queries": gen(setup.corpus, pool(m), args.seed)}
+                kinds[cand]["auto_options"] = opts
+        if "real/rows-only" in args.final_trials:  # the real build's row queries, nothing more
+            done = root / "real_rows" / "index.json"
+            if not done.is_file():
+                raise SystemExit("real/rows-only needs the real_rows build first")
+            rows = json.loads(done.read_text())["params"]["auto"]["row_queries"]
+            kinds["real/rows-only"] = {"train_queries": rows}
+        if "real/nolp" in args.final_trials:  # every train query, no partial rows
+            kinds["real/nolp"] = {"train_queries": setup.train, "auto_options": NOLP}
         for kind, kw in kinds.items():
             if kind in recall and not args.again:
                 continue
@@ -652,7 +667,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--final-trials",
         nargs="*",
-        choices=["lengths+pool/nolp"],
+        choices=[*CANDIDATES, "real/rows-only", "real/nolp"],
         default=[],
         help="final: choose candidates also built on all items (trials)",
     )

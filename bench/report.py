@@ -533,8 +533,8 @@ def render_day_one_final() -> str:
         "real_rows": "rows of the train queries (`--train-queries`)",
         "rnr": "RNR (DE top-B reranked)",
     }
-    trials = sorted({k for c in corpora for k in fin[c]["recall"] if k.startswith("examples/")})
-    for key in trials:  # earlier --example-queries code, kept for the record (notes.md)
+    trials = sorted({k for c in corpora for k in fin[c]["recall"]} - set(names))
+    for key in trials:  # earlier code and ablations (--final-trials), kept for the record
         names[key] = f"trial `{key}`"
     names["rnr"] = names.pop("rnr")
     out = []
