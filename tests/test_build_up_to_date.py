@@ -8,12 +8,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from crossknn.corpus.build import build_corpus_index
+from crossknn.corpus.build import WORK_KEY, build_corpus_index, settle_up_to_date
 from crossknn.corpus.edit import remove_items
 from crossknn.data import Corpus
+from crossknn.fileio import FolderInUse, folder_lock
 from test_reliability_build import TRAIN, StubCE, StubDE, corpus
 
 
@@ -115,3 +117,67 @@ def test_the_cli_says_up_to_date_and_force_rebuilds(tmp_path, model_cache):
     )
     forced = build("--force")
     assert forced.returncode == 0 and "CE calls spent" in forced.stdout, forced.stderr
+
+
+class _KilledAfterTheSwap(Exception):
+    pass
+
+
+def _build_killed_after_the_swap(out, monkeypatch):
+    """A build that stops right after its index is moved in, before it removes its work (as a
+    kill -9 there leaves it), with the lock file of the dead process left behind."""
+    import types
+
+    import crossknn.corpus.build as build_mod
+
+    real = build_mod.shutil
+
+    def rmtree(path, *a, **kw):
+        if Path(path).name == ".build":
+            raise _KilledAfterTheSwap
+        return real.rmtree(path, *a, **kw)
+
+    monkeypatch.setattr(build_mod, "shutil", types.SimpleNamespace(rmtree=rmtree))
+    with pytest.raises(_KilledAfterTheSwap):
+        _build(out)
+    monkeypatch.setattr(build_mod, "shutil", real)
+    (out / ".lock").write_text("999999999\n", encoding="utf-8")  # no such process holds it
+
+
+def test_the_same_build_after_one_killed_past_its_swap_clears_its_work_and_lock(
+    tmp_path, monkeypatch, capfd
+):
+    out = tmp_path / "idx"
+    _build_killed_after_the_swap(out, monkeypatch)
+    key = json.loads((out / "index.json").read_text(encoding="utf-8"))["info"]["build_key"]
+    assert (out / ".build" / WORK_KEY).read_text(encoding="utf-8") == key
+    before = _stamp(out)
+    assert settle_up_to_date(out, key)
+    assert "taking over the stale lock" in capfd.readouterr().err
+    assert not (out / ".build").exists() and not (out / ".lock").exists()
+    assert _stamp(out) == before  # the index itself untouched
+    # the library's build path does the same
+    _build_killed_after_the_swap(tmp_path / "idx2", monkeypatch)
+    again, ce = _build(tmp_path / "idx2")
+    assert ce.calls == 0 and sorted(p.name for p in (tmp_path / "idx2").iterdir()) == sorted(
+        p.name for p in out.iterdir()
+    )
+
+
+def test_the_work_of_another_build_beside_an_up_to_date_index_is_kept(tmp_path):
+    out = tmp_path / "idx"
+    first, _ = _build(out)
+    other = out / ".build"
+    other.mkdir()
+    (other / WORK_KEY).write_text("the key of another build", encoding="utf-8")
+    (other / "piece.npy").write_bytes(b"resumable work")
+    assert settle_up_to_date(out, first.info["build_key"])
+    assert (other / "piece.npy").read_bytes() == b"resumable work"
+    assert not settle_up_to_date(out, "another key")
+
+
+def test_settling_an_up_to_date_index_waits_for_no_live_build(tmp_path):
+    out = tmp_path / "idx"
+    first, _ = _build(out)
+    with folder_lock(out / ".lock"), pytest.raises(FolderInUse, match="in use by process"):
+        settle_up_to_date(out, first.info["build_key"])

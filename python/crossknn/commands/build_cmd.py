@@ -12,8 +12,7 @@ from pathlib import Path
 from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
 from crossknn.commands._common import model_options
 from crossknn.commands._printing import say_providers, terminal_safe
-from crossknn.corpus.build import build_corpus_index, corpus_build_key
-from crossknn.corpus.build_key import up_to_date
+from crossknn.corpus.build import build_corpus_index, corpus_build_key, settle_up_to_date
 from crossknn.corpus.pseudo_shape import check_example_queries
 from crossknn.data import load_corpus, read_queries
 from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
@@ -125,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     key = corpus_build_key(
         corpus, ce, de, train_queries=train, example_queries=examples, **settings
     )
-    if not args.force and up_to_date(args.index_dir, key):
+    if not args.force and settle_up_to_date(args.index_dir, key):
         print(
             f"index {terminal_safe(args.index_dir)} is up to date: built from the same "
             f"{len(corpus)} items with the same models and settings (--force rebuilds it)"

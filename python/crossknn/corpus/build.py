@@ -263,7 +263,8 @@ def build_corpus_index(
 
     A folder that holds this build's index already (the same items, models and settings:
     :mod:`crossknn.corpus.build_key`; not changed since by refine, add or remove) is up to date:
-    it is returned as it is, unless ``force``.
+    it is returned as it is, unless ``force`` (the work folder that build left, if it was killed
+    after moving its index in, is removed: :func:`settle_up_to_date`).
     """
     if len(corpus) == 0:
         raise ValueError("the corpus is empty: nothing to index")
@@ -307,6 +308,7 @@ def build_corpus_index(
     )
     with folder_lock(out / ".lock", what=f"index folder {out}"):
         if not force and up_to_date(out, key):
+            _drop_finished_work(out, key)
             return open_index(out)
         _build_locked(
             corpus,
@@ -330,6 +332,37 @@ def build_corpus_index(
         if tune_rounds:
             _tune_round_widths(out, ce, de, train_queries, tune_rounds, seed, progress)
     return open_index(out)
+
+
+WORK_KEY = "build_key"  # in OUT_DIR/.build: the key of the build whose work it holds
+
+
+def _drop_finished_work(out: Path, key: str) -> None:
+    """Remove ``out/.build`` when it is the work of the build with ``key`` whose index is in
+    place (one killed after its index was moved in, before it removed its work); the work of
+    another build (killed on its way, resumable) is kept."""
+    work = out / ".build"
+    try:
+        mine = (work / WORK_KEY).read_text(encoding="utf-8") == key
+    except OSError:
+        return
+    if mine:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def settle_up_to_date(out_dir: str | os.PathLike, key: str) -> bool:
+    """Whether ``out_dir`` holds the finished index of the build with ``key``
+    (:func:`crossknn.corpus.build_key.up_to_date`); if so, under the folder's lock (a stale lock
+    of a killed build is taken over, a live build's is :class:`crossknn.fileio.FolderInUse`) the
+    work that build left is removed, so the folder is as a build that ran to its end leaves it."""
+    out = Path(out_dir)
+    if not up_to_date(out, key):
+        return False
+    with folder_lock(out / ".lock", what=f"index folder {out}", create=False):
+        if not up_to_date(out, key):
+            return False
+        _drop_finished_work(out, key)
+    return True
 
 
 def item_metadata(corpus: Corpus) -> ItemMetadata:
@@ -430,6 +463,8 @@ def _build_locked(
     if stage.exists():
         shutil.rmtree(stage)  # a half-written index of an interrupted build
     stage.mkdir(parents=True)
+    if build_key is not None:  # whose work this is (_drop_finished_work)
+        atomic_write_bytes(work / WORK_KEY, build_key.encode("utf-8"))
     items_bytes = _items_jsonl(corpus)
     # the items' other fields (crossknn.metadata), checked before any model runs
     meta_arrays, meta_params = item_metadata(corpus).to_index()

@@ -1,13 +1,13 @@
 """Example queries shape the day-one pseudo-queries: a handful of real queries (never scored,
 never rows) tell topics from claims and questions, which the item texts alone cannot.
 
-Measured on train splits (``bench/recall_bench.py day-one --part choose``, docs/design/notes.md):
-on a corpus of 1-3 word topic queries (NFCorpus) one-word keyword rows are about as good as rows
-of real queries and every other kind loses; on questions (CISI) and one-sentence claims (SciFact)
-passages of an item as long as the examples (the CE reads query and item in one window, and a
-long query leaves the item little of it), four pseudo-queries a row to choose the rows from and
-no learned prior beat keyword rows by 0.08 to 0.11 at B = 50. The examples' median length in
-words picks between the two and sets the passages' length.
+Measured on train splits (``bench/recall_bench.py day-one --part choose``;
+docs/design/notes-day-one.md): on a corpus of 1-3 word topic queries (NFCorpus) one-word keyword
+rows are about as good as rows of real queries and every other kind loses; on questions (CISI) and
+one-sentence claims (SciFact) passages of an item as long as the examples (the CE reads query and
+item in one window, and a long query leaves the item little of it), four pseudo-queries a row to
+choose the rows from and no learned prior beat keyword rows by 0.08 to 0.11 at B = 50. The examples'
+median length in words picks between the two and sets the passages' length.
 """
 
 from __future__ import annotations
