@@ -12,7 +12,12 @@ from pathlib import Path
 from crossknn.ce.folders import open_cross_encoder, open_dual_encoder
 from crossknn.commands._common import model_options
 from crossknn.commands._printing import say_providers, terminal_safe
-from crossknn.corpus.build import build_corpus_index, corpus_build_key, settle_up_to_date
+from crossknn.corpus.build import (
+    build_corpus_index,
+    corpus_build_key,
+    refuse_living_index,
+    settle_up_to_date,
+)
 from crossknn.corpus.pseudo_shape import check_example_queries
 from crossknn.data import load_corpus, read_queries
 from crossknn.index.auto import ITEMS_PER_ROW, expected_gain
@@ -92,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     named += [("--example-queries", args.example_queries)]
     named += [("--model", args.model), ("--de-model", args.de_model)]
     check_not_over(args.index_dir, kind="index", inputs=named, foreign=False)
+    if not args.force:  # a living index is never replaced by a habitual rebuild
+        refuse_living_index(args.index_dir, source=args.corpus)
     corpus = load_corpus(args.corpus)
     if len(corpus) < 2:
         raise ValueError(
@@ -139,7 +146,9 @@ def run(args: argparse.Namespace) -> int:
             train_queries=train,
             example_queries=examples,
             progress=not args.quiet,
-            force=True,  # up to date or not is decided above
+            # up to date or not is decided above; under its lock the build checks again that
+            # the folder holds no living index (a refine, add or remove may have run since)
+            force=args.force,
             **settings,
         )
     except Exception as exc:

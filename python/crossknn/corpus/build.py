@@ -24,6 +24,7 @@ from crossknn.core import ItemFeatures
 from crossknn.corpus.build_key import build_key, up_to_date
 from crossknn.corpus.pseudo import auto_pseudo_queries, pseudo_queries
 from crossknn.corpus.pseudo_shape import check_example_queries, pseudo_shape
+from crossknn.corpus.versions import index_version
 from crossknn.corpus.work import encode_resumable, fresh_work_dir, model_fingerprint
 from crossknn.corpus_folder import CORPUS_KIND, ITEMS_FILE, CorpusIndex, open_index
 from crossknn.data import Corpus
@@ -58,7 +59,9 @@ __all__ = [
     "CorpusIndex",
     "build_corpus_index",
     "corpus_build_key",
+    "living_index",
     "open_index",
+    "refuse_living_index",
 ]
 
 TUNE_BUDGET = 100  # CE calls per query of the exact rounds --tune-rounds records
@@ -264,7 +267,10 @@ def build_corpus_index(
     A folder that holds this build's index already (the same items, models and settings:
     :mod:`crossknn.corpus.build_key`; not changed since by refine, add or remove) is up to date:
     it is returned as it is, unless ``force`` (the work folder that build left, if it was killed
-    after moving its index in, is removed: :func:`settle_up_to_date`).
+    after moving its index in, is removed: :func:`settle_up_to_date`). A folder that holds a
+    living index (a version after 1: refine, add or remove changed it since its build) is
+    refused in one line (ValueError) saying what a build would lose, unless ``force``, which
+    replaces it with a new version 1 (:func:`refuse_living_index`).
     """
     if len(corpus) == 0:
         raise ValueError("the corpus is empty: nothing to index")
@@ -307,9 +313,11 @@ def build_corpus_index(
         auto_options=dict(auto_options) if auto_options else None,
     )
     with folder_lock(out / ".lock", what=f"index folder {out}"):
-        if not force and up_to_date(out, key):
-            _drop_finished_work(out, key)
-            return open_index(out)
+        if not force:
+            refuse_living_index(out, source=corpus.source, force="force=True (build --force)")
+            if _recorded_key(out) == key and up_to_date(out, key):
+                _drop_finished_work(out, key)
+                return open_index(out)
         _build_locked(
             corpus,
             out,
@@ -348,6 +356,71 @@ def _drop_finished_work(out: Path, key: str) -> None:
         return
     if mine:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _info(out: Path) -> dict:
+    """``info`` of the index.json in ``out`` as recorded ({} when there is none or it does not
+    read: a damaged index is rebuilt)."""
+    try:
+        doc = json.loads((out / "index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    info = doc.get("info") if isinstance(doc, dict) else None
+    return info if isinstance(info, dict) else {}
+
+
+def _recorded_key(out: Path) -> str | None:
+    return _info(out).get("build_key")
+
+
+def living_index(out_dir: str | os.PathLike) -> tuple[str, str] | None:
+    """What a build into ``out_dir`` would replace that no build makes again: None when the
+    folder holds no index, or an index as its build made it (version 1, no history); else its
+    changes since its build (``version 8: 2 refines, 3 adds, 2 removes``) and what a build
+    would lose (its history, the items added, refine's rows, the removals), in a few words."""
+    info = _info(Path(out_dir))
+    version = index_version(info)
+    hist = [h for h in info.get("history") or [] if isinstance(h, dict)]
+    if version == 1 and not hist:
+        return None
+    ops = {op: [h for h in hist if h.get("op") == op] for op in ("refine", "add", "remove")}
+    done = ", ".join(_count(len(hs), op) for op, hs in ops.items() if hs)
+    lost = ["its history"]
+    if ops["add"]:
+        lost.append(f"the {_count(_total(ops['add'], 'added'), 'item')} added")
+    if ops["refine"]:
+        lost.append("the rows of real queries from refine")
+    if ops["remove"]:
+        n = _total(ops["remove"], "removed")
+        lost.append(f"the removal of {_count(n, 'item')} (back if the corpus has them)")
+    lost_text = ", ".join(lost[:-1]) + " and " + lost[-1] if len(lost) > 1 else lost[0]
+    return f"version {version}" + (f": {done}" if done else ""), lost_text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def _total(entries: list[dict], key: str) -> int:
+    return sum(h[key] for h in entries if isinstance(h.get(key), int))
+
+
+def refuse_living_index(
+    out_dir: str | os.PathLike, *, source: str | None = None, force: str = "--force"
+) -> None:
+    """Refuse (ValueError, one line) a build into ``out_dir`` when it holds a living index: one
+    changed since its build by refine, add or remove (:func:`living_index`), which a build
+    would replace with a new version 1. ``force``: how the caller says to replace it anyway."""
+    living = living_index(out_dir)
+    if living is None:
+        return
+    changes, lost = living
+    src = f" from {source}" if source else ""
+    raise ValueError(
+        f"{out_dir} holds a living index ({changes} since its build): a build{src} would "
+        f"replace it with a new version 1 and lose {lost}; change it with crossknn add, remove "
+        f"or refine, or give {force} to replace it"
+    )
 
 
 def settle_up_to_date(out_dir: str | os.PathLike, key: str) -> bool:
