@@ -8,6 +8,7 @@ DE-only run of the same queries, ``--metrics`` the ir_measures metrics against t
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -29,20 +30,25 @@ from crossknn.searcher import Searcher
 from crossknn.trec import run_metrics, run_tag, write_run
 
 
-def _filters(args, n: int, per_query: list) -> list | None:
+def _common_filter(args) -> dict | None:
+    """``--filter``: a JSON object, or ``@FILE`` holding one (None: not given)."""
+    if not args.filter:
+        return None
+    text = args.filter
+    if text.startswith("@"):
+        text = _read_text(text[1:], "--filter")
+    try:
+        common = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--filter is not valid JSON ({exc.msg}): {args.filter!r}") from None
+    if not isinstance(common, dict):
+        raise ValueError(f"--filter must be a JSON object; got {args.filter!r}")
+    return common
+
+
+def _filters(common: dict | None, n: int, per_query: list) -> list | None:
     """Each query's filter: ``--filter`` and the query file's own, both when both are given
     (None: no filter at all)."""
-    common = None
-    if args.filter:
-        text = args.filter
-        if text.startswith("@"):
-            text = Path(text[1:]).read_text(encoding="utf-8")
-        try:
-            common = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--filter is not valid JSON ({exc.msg}): {args.filter!r}") from None
-        if not isinstance(common, dict):
-            raise ValueError(f"--filter must be a JSON object; got {args.filter!r}")
     per_query = per_query + [None] * (n - len(per_query))
     out = [
         common if f is None else f if common is None else {"$and": [common, f]} for f in per_query
@@ -50,19 +56,34 @@ def _filters(args, n: int, per_query: list) -> list | None:
     return None if all(f is None for f in out) else out
 
 
+def _read_text(path: str, option: str) -> str:
+    """A UTF-8 text file given as ``option`` (a byte-order mark dropped); bytes that are not
+    UTF-8 are one line naming the file and line."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{option} {path}:{line}: not UTF-8 text (byte {exc.start} of the file)"
+        ) from None
+
+
 def _id_list(path: str | None) -> list[str] | None:
     if not path:
         return None
-    ids = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    ids = [line.strip() for line in _read_text(path, "--ids").splitlines()]
     ids = [i for i in ids if i]
     if not ids:
         raise ValueError(f"--ids {path}: the file holds no item id")
     return ids
 
 
-def _queries(args, filters: list | None = None) -> tuple[list[str], list[str], dict | None]:
+def _queries(
+    args, filters: list | None = None, where: list | None = None
+) -> tuple[list[str], list[str], dict | None]:
     """(ids, texts, qrels or None) from the arguments; ``filters`` receives the query file's
-    per-query filters."""
+    per-query filters, ``where`` each query's ``FILE:LINE`` (None: not from a file)."""
     ids, texts = [], []
     qrels = None
     if args.beir:
@@ -89,7 +110,9 @@ def _queries(args, filters: list | None = None) -> tuple[list[str], list[str], d
         if args.queries:
             if filters is not None:
                 filters.extend([None] * len(texts))
-            fids, ftexts = read_query_file(args.queries, filters=filters)
+            if where is not None:
+                where.extend([None] * len(texts))
+            fids, ftexts = _read_query_file(args.queries, filters, where)
             ids, texts = ids + fids, texts + ftexts
     if args.qrels:
         qrels = read_qrels(args.qrels)
@@ -105,12 +128,37 @@ def _queries(args, filters: list | None = None) -> tuple[list[str], list[str], d
     return ids, texts, qrels
 
 
+def _read_query_file(path: str, filters: list | None, where: list | None):
+    """:func:`crossknn.data.read_query_file`; ``where`` receives each query's ``FILE:LINE``
+    (``stdin:LINE`` for ``-``), which messages about a query's own filter name."""
+    if where is None:
+        return read_query_file(path, filters=filters)
+    if path == "-":  # read here to number its lines, then handed to the reader as it came
+        text = sys.stdin.read()
+        lines = [n for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+        stdin, sys.stdin = sys.stdin, io.StringIO(text)
+        try:
+            out = read_query_file(path, filters=filters)
+        finally:
+            sys.stdin = stdin
+        src = "stdin"
+    else:
+        out = read_query_file(path, filters=filters)
+        with open(path, "rb") as fh:  # read_query_file's lines: the non-blank ones
+            lines = [n for n, raw in enumerate(fh, start=1) if raw.decode("utf-8").strip()]
+        src = path
+    where.extend(f"{src}:{n}" for n in lines)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     rescore = _rescore_arg(args)
     per_query: list = []
-    ids, queries, qrels = _queries(args, per_query)
-    filters = _filters(args, len(queries), per_query[: len(queries)])
+    where: list = []
+    ids, queries, qrels = _queries(args, per_query, where)
+    common = _common_filter(args)
+    filters = _filters(common, len(queries), per_query[: len(queries)])
     allow_ids = _id_list(args.ids)
 
     check_encodable(queries, "queries")  # one line before any model opens
@@ -118,9 +166,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--metrics needs relevance judgments: --beir DIR or --qrels FILE")
 
     index = open_index(args.index_dir)
-    for f in filters or []:  # checked against the index's fields before any model opens
+    # checked against the index's fields before any model opens; a query file's filter is
+    # named by its file and line (q.jsonl:2: filter.year: ...)
+    if common is not None:
+        parse_filter(common, index.metadata.fields)
+    for f, at in zip(per_query[: len(queries)], where, strict=False):
         if f is not None:
-            parse_filter(f, index.metadata.fields)
+            parse_filter(f, index.metadata.fields, where=f"{at}: filter" if at else "filter")
     # the query log is opened (and a log it cannot write refused) before any model or CE call
     log = QueryLog(args.log_queries) if args.log_queries else None
     try:
@@ -161,6 +213,8 @@ def _search(args, index, ids, queries, qrels, rescore, filters, allow_ids, log) 
     )
     if log is not None:
         _log_queries(log, searcher, hits)
+    if allow_ids is not None:
+        _say_unknown_ids(searcher, hits, allow_ids)
     tag = run_tag(searcher.method, args.budget)
     # what ran: the method, its rounds, the plan's steps and why (auto's round choice)
     plan = hits[0].plan if hits else searcher.plan_info(budget=args.budget, rounds=args.rounds)
@@ -168,17 +222,7 @@ def _search(args, index, ids, queries, qrels, rescore, filters, allow_ids, log) 
         write_run(args.run, [(h.qid, h.ids, h.scores) for h in hits], tag)
     first = None
     if args.first_stage_run or args.metrics:
-        masks = searcher.allow_masks(len(queries), filter=filters, ids=allow_ids)
-        n_first = min(
-            [args.k, searcher.n_items] + [int(m.sum()) for m in masks or [] if m is not None]
-        )
-        kw = {} if masks is None else {"allow": masks}
-        top = searcher.first.retrieve(queries, n_first, **kw)
-        V, Q = searcher.V, searcher.qvec.encode(queries)
-        first = []
-        for qid, row, qv in zip(ids, top, Q, strict=True):
-            row = row[row >= 0]
-            first.append((qid, [searcher.corpus.ids[j] for j in row], V[row] @ qv))
+        first = _first_stage(searcher, ids, queries, args.k, filters, allow_ids)
         if args.first_stage_run:
             write_run(args.first_stage_run, first, run_tag("de"))
     records = _models(searcher)
@@ -246,6 +290,45 @@ def _search(args, index, ids, queries, qrels, rescore, filters, allow_ids, log) 
             file=sys.stderr if args.quiet else sys.stdout,
         )
     return 0
+
+
+def _first_stage(searcher, ids, queries, k: int, filters, allow_ids) -> list[tuple]:
+    """The DE-only run of the queries: ``(qid, item ids, DE scores)``, each query's top
+    min(k, the items it may be given) among its allowed items (its filter, ``--ids``, less the
+    removed items); queries that may be given as many items are retrieved together."""
+    masks = searcher.allow_masks(len(queries), filter=filters, ids=allow_ids)
+    masks = masks or [None] * len(queries)
+    depth = [min(k, searcher.n_items if m is None else int(m.sum())) for m in masks]
+    rows: list = [None] * len(queries)
+    for n in sorted(set(depth)):
+        group = [q for q, d in enumerate(depth) if d == n]
+        allow = [masks[q] for q in group]
+        kw = {} if all(m is None for m in allow) else {"allow": allow}
+        top = searcher.first.retrieve([queries[q] for q in group], n, **kw)
+        for q, row in zip(group, top, strict=True):
+            rows[q] = row[row >= 0]
+    V, Q = searcher.V, searcher.qvec.encode(queries)
+    return [
+        (qid, [searcher.corpus.ids[j] for j in row], V[row] @ qv)
+        for qid, row, qv in zip(ids, rows, Q, strict=True)
+    ]
+
+
+def _say_unknown_ids(searcher, hits, allow_ids: list[str]) -> None:
+    """One stderr line when ids of ``--ids`` are not in the index (never added, or removed):
+    they allow nothing, and the JSON answer's ``unknown_ids`` counts them."""
+    unknown = getattr(hits[0], "unknown_ids", None) if hits else None
+    if unknown is None:  # a Hits without the count: the ids not among the live items
+        live = searcher.corpus.ids
+        if searcher.live is not None:
+            live = [i for i, ok in zip(live, searcher.live, strict=True) if ok]
+        unknown = len(set(allow_ids) - set(live))
+    if unknown:
+        print(
+            f"crossknn search: {unknown:,} of {len(set(allow_ids)):,} --ids are not in the index "
+            "(ignored)",
+            file=sys.stderr,
+        )
 
 
 def _rescore_arg(args) -> tuple[str, int] | None:
