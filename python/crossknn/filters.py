@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from crossknn.metadata import MISSING_MS, ItemMetadata, parse_date
+from crossknn.metadata import (
+    MISSING_MS,
+    ItemMetadata,
+    kind_name,
+    number_problem,
+    parse_date,
+)
 
 __all__ = ["ID_FIELD", "Filter", "FilterError", "filter_key", "parse_filter"]
 
@@ -77,6 +83,15 @@ def _type_name(v: Any) -> str:
     return "null" if v is None else type(v).__name__
 
 
+def _short(v: Any, limit: int = 60) -> str:
+    """A value as a message shows it: its repr, cut to ``limit`` characters (a huge integer by
+    its size, never converted to text in full)."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 200:
+        return f"(an integer of about {int(v.bit_length() * 0.30103) + 1} digits)"
+    text = repr(v)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 class _Parser:
     def __init__(self, fields: Mapping[str, str]) -> None:
         self.fields = dict(fields)
@@ -96,8 +111,10 @@ class _Parser:
         for key, value in spec.items():
             at = f"{where}.{key}"
             if key in ("$and", "$or"):
-                if not isinstance(value, list) or not value:
+                if not isinstance(value, list):
                     self.fail(at, f"expected a non-empty list of filters; got {_type_name(value)}")
+                if not value:
+                    self.fail(at, "expected a non-empty list of filters; got an empty list")
                 subs = [self.node(v, f"{at}[{i}]", depth + 1) for i, v in enumerate(value)]
                 parts.append(_Node(key, tuple(subs)))
             elif key == "$not":
@@ -131,7 +148,7 @@ class _Parser:
             if op not in _COMPARE:
                 self.fail(at, f"unknown operator {op!r}; expected one of {', '.join(_COMPARE)}")
             if op not in _OPS[kind]:
-                self.fail(at, f"{op} does not apply to a {kind} field")
+                self.fail(at, f"{op} does not apply to a {kind_name(kind)} field")
             if op == "$exists":
                 if not isinstance(value, bool):
                     self.fail(at, f"expected true or false; got {_type_name(value)}")
@@ -148,23 +165,33 @@ class _Parser:
         return out
 
     def value(self, kind: str, v: Any, where: str):
+        if v is None:
+            self.fail(
+                where,
+                "null is not a value to compare with; use {'$exists': false} for the items "
+                "without the field",
+            )
         if kind in ("string", "strings", "id"):
             if not isinstance(v, str):
-                self.fail(where, f"expected a string; got {_type_name(v)} {v!r}")
+                self.fail(where, f"expected a string; got {_type_name(v)} {_short(v)}")
             return v
         if kind == "number":
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-                self.fail(where, f"expected a number; got {_type_name(v)} {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                self.fail(where, f"expected a number; got {_type_name(v)} {_short(v)}")
+            why = number_problem(v)
+            if why is not None:
+                self.fail(where, f"expected a number; got {why}")
             return float(v)
         if kind == "bool":
             if not isinstance(v, bool):
-                self.fail(where, f"expected true or false; got {_type_name(v)} {v!r}")
+                self.fail(where, f"expected true or false; got {_type_name(v)} {_short(v)}")
             return v
         ms = parse_date(v)
         if ms is None:
             self.fail(
                 where,
-                f"expected an ISO 8601 date ('2024-05-01', '2024-05-01T12:00:00Z'); got {v!r}",
+                f"expected an ISO 8601 date ('2024-05-01', '2024-05-01T12:00:00Z'); got "
+                f"{_type_name(v)} {_short(v)}",
             )
         return ms
 
@@ -268,4 +295,6 @@ def parse_filter(spec: Any, fields: Mapping[str, str], *, where: str = "filter")
             raise FilterError(
                 f"{where}: not valid JSON ({exc.msg} at character {exc.pos})"
             ) from None
+        except ValueError as exc:  # an integer of more than 4300 digits
+            raise FilterError(f"{where}: not a filter this reads ({str(exc)[:80]})") from None
     return Filter(_Parser(fields).node(spec, where, 0), spec)

@@ -143,9 +143,11 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
         _check_new(index, items)
         item_meta = None  # every item's metadata, its kinds checked before any model runs
         if items.metadata is not None or index.metadata.columns:
-            item_meta = ItemMetadata.from_records(
-                index.metadata.records() + list(items.metadata or [None] * len(items)),
-                ids=list(index.corpus.ids) + list(items.ids),
+            # the stored columns kept as they are (kinds and values), the new items' appended
+            item_meta = index.metadata.extended(
+                list(items.metadata or [None] * len(items)),
+                ids=index.corpus.ids,
+                new_ids=items.ids,
             )
         if "R" in index.arrays:
             raise ValueError(
