@@ -14,6 +14,7 @@ The index comes from :func:`crossknn.corpus.build.build_corpus_index`; the metho
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from collections import OrderedDict
@@ -38,7 +39,7 @@ from crossknn.ce.model_base import on_cpu
 from crossknn.cmc import CmcRetriever
 from crossknn.corpus_folder import CorpusIndex, open_index
 from crossknn.exact_cache import ExactScores
-from crossknn.filters import ID_FIELD, parse_filter
+from crossknn.filters import parse_filter
 from crossknn.index.auto import auto_index_of
 from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
@@ -83,6 +84,10 @@ class Hits:
             calls (also counted in ``ce_calls``).
         plan (dict | None): what ran: the method, its rounds, the CE calls of each round
             (:meth:`Searcher.plan_info`).
+        allowed (int | None): with a filter, ``ids`` or removed items: how many items the
+            query could be given (None: every item).
+        unknown_ids (int): how many distinct ids of the query's id allow-list (``ids``) the
+            index does not hold (never added, or removed); 0 without ``ids``.
     """
 
     query: str
@@ -107,6 +112,7 @@ class Hits:
     # the items this query could be given (its filter / ids, less removed items): None when it
     # could be given every item; fewer than k: every one of them came back
     allowed: int | None = None
+    unknown_ids: int = 0
 
     def __repr__(self) -> str:
         """The fields, with ``texts`` (each cut at 60 characters) when the search returned them."""
@@ -149,6 +155,7 @@ class Hits:
             out["rescore_calls"] = int(self.rescore_calls)
         if self.allowed is not None:
             out["allowed"] = int(self.allowed)
+        out["unknown_ids"] = int(self.unknown_ids)
         if self.exact_ids is not None:
             out["exact"] = {
                 "ids": self.exact_ids,
@@ -410,7 +417,8 @@ class Searcher:
         self.dead = tombstones_of(index)
         self._n_dead = 0 if self.dead is None else int(self.dead.sum())
         self.live = None if self.dead is None else ~self.dead
-        self._masks: OrderedDict[str, np.ndarray] = OrderedDict()  # filter key -> allowed
+        self._masks = _MaskCache()  # filter key hash -> allowed items
+        self._id_pos: dict[str, int] | None = None  # item id -> position (made at first need)
         self.record_paid = False  # Hits.paid: the query log's entries (crossknn.corpus.query_log)
         self.qvec = _QueryVectors(self.de)
         # what the rounds search: exact, the folder's MIPS index, or shards (search.round_index)
@@ -698,7 +706,7 @@ class Searcher:
         rounds = self.rounds if rounds is None else int(rounds)
         show = progress if show_progress_bar is None else bool(show_progress_bar)
         t_masks = time.perf_counter()
-        masks = self.allow_masks(len(qs), filter=filter, ids=ids)
+        masks, unknown = self._allow(len(qs), filter, ids)
         t_masks = (time.perf_counter() - t_masks) / max(len(qs), 1)  # in each query's other time
         search = self._make(method, rounds)
         plan = self.plan_info(method, budget=budget, rounds=rounds)
@@ -716,8 +724,7 @@ class Searcher:
                     group = qs[lo : lo + query_batch]
                     t0 = time.perf_counter()
                     self.qvec.prefetch(group)
-                    timed = TimedScorer(self.ce)
-                    scorer = _PaidRecorder(timed) if self.record_paid else timed
+                    scorer = timed = TimedScorer(self.ce)
                     want = max(k, n_rescore)
                     allow = None if masks is None else masks[lo : lo + query_batch]
                     res = search.search(
@@ -742,10 +749,11 @@ class Searcher:
                                 qid=qids[lo + i],
                                 rescore_calls=calls if self.rescore_ce is not None else None,
                                 plan=plan,
-                                paid=scorer.paid(q) if self.record_paid else None,
+                                paid=_paid(res, i) if self.record_paid else None,
                                 allowed=None
                                 if allow is None or allow[i] is None
                                 else int(allow[i].sum()),
+                                unknown_ids=unknown[lo + i],
                             )
                         )
                     pairs += sum(h.ce_calls for h in hits[-n:])
@@ -756,11 +764,10 @@ class Searcher:
             if batch_size is not None:
                 self.ce.batch_size = old_bs
         if exact:
-            rows = self._exact(qs, progress=show, cache_dir=exact_cache)
+            rows = self._exact_rows(qs, masks, progress=show, cache_dir=exact_cache)
             for j, (h, row) in enumerate(zip(hits, rows, strict=True)):
                 n_ok = self.n_items
                 if masks is not None and masks[j] is not None:  # within the items it may get
-                    row = np.where(masks[j], row, -np.inf)
                     n_ok = int(masks[j].sum())
                 top = exact_top_k(row, min(k, n_ok)).astype(np.int64)
                 h.exact_ids = [self.corpus.ids[j] for j in top]
@@ -797,59 +804,110 @@ class Searcher:
         order = np.lexsort((idx, -new))[:k]  # by rescore CE score, ties to the lower index
         return idx[order], new[order], int(idx.size), time.perf_counter() - t0
 
-    #: bytes of filter masks kept between searches (a service sees the same filters again)
+    #: bytes of filter masks kept between searches (a service sees the same filters again),
+    #: their keys included (:class:`_MaskCache`)
     MASK_CACHE_BYTES = 64 << 20
 
     def filter_mask(self, spec: Any) -> np.ndarray:
         """The items a filter allows (boolean (N,); :mod:`crossknn.filters`, checked against
         this index's metadata fields), kept for the next search with the same filter."""
         f = parse_filter(spec, self.index.metadata.fields)
-        key = f.key
-        if key in self._masks:
-            self._masks.move_to_end(key)
-            return self._masks[key]
-        mask = f.mask(self.index.metadata, self.corpus.ids)
-        mask.setflags(write=False)
-        self._masks[key] = mask
-        while len(self._masks) > 1 and sum(m.nbytes for m in self._masks.values()) > (
-            self.MASK_CACHE_BYTES
-        ):
-            self._masks.popitem(last=False)
+        key = _mask_key(f.key)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = f.mask(self.index.metadata, self.corpus.ids)
+            mask.setflags(write=False)
+            self._masks.put(key, mask, self.MASK_CACHE_BYTES)
         return mask
 
     def ids_mask(self, ids: Sequence[str]) -> np.ndarray:
         """The items of an id allow-list (boolean (N,); ids the index lacks allow nothing)."""
+        return self._ids_mask(ids)[0]
+
+    def _ids_mask(self, ids: Sequence[str]) -> tuple[np.ndarray, int]:
+        """(the items of an id allow-list, how many of its distinct ids the index does not hold:
+        never added, or removed)."""
         if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
             raise ValueError("ids must be a list of item id strings")
-        return self.filter_mask({ID_FIELD: {"$in": list(ids)}})
+        if self._id_pos is None:  # once per searcher: the position of every item id
+            self._id_pos = {iid: j for j, iid in enumerate(self.corpus.ids)}
+        wanted = set(ids)
+        pos = np.fromiter((j for j in map(self._id_pos.get, wanted) if j is not None), np.int64)
+        if self.live is not None:  # a removed item is not held
+            pos = pos[self.live[pos]]
+        mask = np.zeros(self.n_items, bool)
+        mask[pos] = True
+        return mask, len(wanted) - int(pos.size)
 
     def allow_masks(
-        self, n_queries: int, *, filter: Any = None, ids: Sequence[str] | None = None
+        self, n_queries: int, *, filter: Any = None, ids: Sequence | None = None
     ) -> list[np.ndarray | None] | None:
         """One boolean (N,) allow mask per query: its filter (one for all, or a list of one
-        filter or None per query) and ``ids``, less the removed items (None for a query that
-        may be given every item); None when every query may."""
-        per_query = isinstance(filter, list)
-        if per_query and len(filter) != n_queries:
-            raise ValueError(f"{len(filter)} filters for {n_queries} queries")
-        filters = filter if per_query else [filter] * n_queries
-        base = self.live
-        if ids is not None:
-            m = self.ids_mask(ids)
-            base = m if base is None else base & m
-        if base is None and all(f is None for f in filters):
-            return None
-        out = []
-        for f in filters:
-            m = base if f is None else self.filter_mask(f)
-            if f is not None and base is not None:
-                m = m & base
+        filter or None per query) and ``ids`` (one id list for all, or a list of one id list or
+        None per query), less the removed items (None for a query that may be given every
+        item); None when every query may."""
+        return self._allow(n_queries, filter, ids)[0]
+
+    def _allow(
+        self, n_queries: int, filter: Any, ids: Sequence | None
+    ) -> tuple[list[np.ndarray | None] | None, list[int]]:
+        """:meth:`allow_masks` and the unknown ids of each query (0 without ids)."""
+        if isinstance(filter, list):
+            if len(filter) != n_queries:
+                raise ValueError(f"{len(filter)} filters for {n_queries} queries")
+            filters = filter
+        else:
+            filters = [filter] * n_queries
+        if _per_query_ids(ids):
+            if len(ids) != n_queries:
+                raise ValueError(f"{len(ids)} id lists for {n_queries} queries")
+            id_lists = list(ids)
+        else:
+            id_lists = [ids] * n_queries
+        unknown = [0] * n_queries
+        if (
+            self.live is None
+            and all(f is None for f in filters)
+            and all(i is None for i in id_lists)
+        ):
+            return None, unknown
+        out: list[np.ndarray | None] = []
+        seen: dict[int, tuple[np.ndarray, int]] = {}  # one id list given for many queries
+        for q, (f, i) in enumerate(zip(filters, id_lists, strict=True)):
+            m = self.live
+            if i is not None:
+                if id(i) not in seen:
+                    seen[id(i)] = self._ids_mask(i)
+                im, unknown[q] = seen[id(i)]
+                m = im if m is None else m & im
+            if f is not None:
+                fm = self.filter_mask(f)
+                m = fm if m is None else m & fm
             out.append(m)
-        return out
+        return out, unknown
 
     def exact_scores(self, query: str) -> np.ndarray:
         """CE scores of ``query`` against every item (N CE calls)."""
         return np.asarray(self.ce.score(query, np.arange(self.n_items, dtype=np.int64)), np.float32)
+
+    def _exact_rows(self, queries, masks, *, progress: bool, cache_dir) -> list[np.ndarray]:
+        """Each query's exact CE scores over every item (``-inf`` where it may not be given
+        one): a query with an allow mask scores only its allowed items; the others every item
+        (through the exact-score cache)."""
+        masked = [] if masks is None else [j for j, m in enumerate(masks) if m is not None]
+        free = sorted(set(range(len(queries))) - set(masked))
+        rows: list[np.ndarray | None] = [None] * len(queries)
+        if free:
+            got = self._exact([queries[j] for j in free], progress=progress, cache_dir=cache_dir)
+            for j, row in zip(free, got, strict=True):
+                rows[j] = row
+        for j in masked:
+            allowed = np.flatnonzero(masks[j]).astype(np.int64)
+            row = np.full(self.n_items, -np.inf, np.float32)
+            if allowed.size:
+                row[allowed] = np.asarray(self.ce.score(queries[j], allowed), np.float32)
+            rows[j] = row
+        return rows
 
     def _exact(self, queries, *, progress: bool, cache_dir) -> list[np.ndarray]:
         exact = ExactScores(
@@ -884,27 +942,64 @@ def tombstones_of(index: CorpusIndex) -> np.ndarray | None:
     return mask if mask.any() else None
 
 
-class _PaidRecorder:
-    """A scorer proxy that keeps every (item, score) a search paid for, per query text."""
+def _paid(res, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """(item indices, CE scores) of every item the search ``res`` scored for its query ``i``
+    (the loop's own record of that query: never another query's, whatever its text)."""
+    return (
+        np.asarray(res.scored_items[i], np.int64).ravel(),
+        np.asarray(res.scored_scores[i], np.float32).ravel(),
+    )
 
-    def __init__(self, scorer) -> None:
-        self.scorer, self.n_items = scorer, scorer.n_items
-        self._seen: dict[str, dict[int, float]] = {}
 
-    def score(self, query, items):
-        return self.score_batch([query], [items])[0]
+def _mask_key(key: str) -> bytes:
+    """A filter mask's cache key: a 16-byte hash of the filter's canonical text (a filter can
+    be a megabyte of ids; its text is never kept)."""
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
-    def score_batch(self, queries, items):
-        out = self.scorer.score_batch(queries, items)
-        for q, it, sc in zip(queries, items, out, strict=True):
-            got = self._seen.setdefault(q, {})
-            for i, v in zip(np.asarray(it).ravel().tolist(), np.asarray(sc).ravel(), strict=True):
-                got[int(i)] = float(v)
-        return out
 
-    def paid(self, query: str) -> tuple[np.ndarray, np.ndarray]:
-        got = self._seen.get(query, {})
-        return np.fromiter(got, np.int64, len(got)), np.fromiter(got.values(), np.float32, len(got))
+def _per_query_ids(ids) -> bool:
+    """Whether ``ids`` is one id list (or None) per query rather than one list for all."""
+    return (
+        isinstance(ids, (list, tuple))
+        and len(ids) > 0
+        and all(i is None or isinstance(i, (list, tuple)) for i in ids)
+    )
+
+
+class _MaskCache:
+    """Filter masks by key hash, the least recently used first out: at most ``max_bytes`` of
+    masks and keys (with a per-entry overhead), always at least the newest."""
+
+    ENTRY_BYTES = 200  # an entry's own cost besides its mask and key (dict slot, objects)
+
+    def __init__(self) -> None:
+        self._d: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self.nbytes = 0
+
+    def _size(self, key: bytes, mask: np.ndarray) -> int:
+        return len(key) + int(mask.nbytes) + self.ENTRY_BYTES
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        mask = self._d.get(key)
+        if mask is not None:
+            self._d.move_to_end(key)
+        return mask
+
+    def put(self, key: bytes, mask: np.ndarray, max_bytes: int) -> None:
+        if key in self._d:
+            return
+        self._d[key] = mask
+        self.nbytes += self._size(key, mask)
+        while len(self._d) > 1 and self.nbytes > max_bytes:
+            k, m = self._d.popitem(last=False)
+            self.nbytes -= self._size(k, m)
+
+    def clear(self) -> None:
+        self._d.clear()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
 
 
 def _open_rescore(index: CorpusIndex, ce, model, rescore, opts: dict[str, Any]):

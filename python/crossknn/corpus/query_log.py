@@ -340,9 +340,9 @@ def read_log(path: str | os.PathLike, *, quiet: bool = False) -> list[LoggedQuer
                 hashes = [str(x) for x in hashes]
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             if not quiet:
-                what = "torn" if not line.endswith(b"\n") else "unreadable"
+                what = "a torn" if not line.endswith(b"\n") else "an unreadable"
                 print(
-                    f"crossknn: {path}:{no}: skipping a {what} query-log record ({exc})",
+                    f"crossknn: {path}:{no}: skipping {what} query-log record ({exc})",
                     file=sys.stderr,
                 )
             continue

@@ -122,8 +122,17 @@ class _StatusMetrics:
             self.metrics.requests.labels(label, str(status["code"])).inc()
 
 
+INTERNAL_ERROR = "internal error (logged)"  # a 500's detail: never a traceback or a path
+
+
 def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """Anything that escapes a route: ``500`` in the JSON shape of every other error (not
+    Starlette's ``text/plain``), with no traceback in the body (the log has it)."""
+    return _error(500, INTERNAL_ERROR)
 
 
 async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -365,6 +374,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
+    # (Starlette's outermost middleware answers with it, then re-raises: uvicorn logs the error)
+    app.add_exception_handler(Exception, _internal_error)
     if config.api_key_file:
         app.add_middleware(_BearerAuth, key=read_api_key(config.api_key_file))
         warning = key_file_warning(config.api_key_file) if warn_key_file else None
@@ -461,6 +472,9 @@ def create_app(
             req = parse(body)
         except RequestError as exc:
             return _error(exc.status, exc.detail)
+        except Exception:  # a check that broke: logged, answered in the JSON error shape
+            log.exception("crossknn serve: checking a %s request failed", what)
+            return _error(500, INTERNAL_ERROR)
         decision = admit(req)
         if not decision.admitted:
             metrics.rejected.inc()
@@ -533,7 +547,7 @@ def create_app(
             return _error(422, [{"loc": ["body"], "msg": str(exc), "type": "value_error"}])
         except Exception:
             log.exception("crossknn serve: %s failed", what)
-            return _error(500, "internal error (logged)")
+            return _error(500, INTERNAL_ERROR)
         metrics.latency.observe(time.perf_counter() - t0)
         headers = {"Server-Timing": ctx.server_timing(t0)}
         if isinstance(result, dict) and result.get("index_version") is not None:

@@ -17,7 +17,9 @@ of item indices: its pieces queue with the others, and every batch runs its text
 ``ce.predict`` call (the model's activation applied, as ``ce.rank``) beside the one
 ``score_batch`` call of its item pieces.
 
-A job whose request was cancelled (timeout, client gone) is dropped before its pairs are run.
+A job whose request was cancelled (timeout, client gone) is dropped before its pairs are run. A
+merged batch that fails is run again job by job: only the job whose own pairs fail gets the
+error, never the requests it happened to share a batch with.
 Text pairs can be long (a ``/rerank`` text of hundreds of tokens), so the text pieces of a batch
 run in chunks of at most ``text_chunk_pairs`` pairs (default: twice the CE's batch size), the
 cancellation checked before each: a client that leaves costs at most one chunk more of CE work.
@@ -310,6 +312,24 @@ class Batcher:
                 out[j] = s
         return out
 
+    def _apart(self, group: list[_Piece], run, exc: Exception) -> list:
+        """After a merged batch failed with ``exc``: the pieces of each job run again on their
+        own; per piece its scores, None (cancelled), or its job's own exception."""
+        jobs: dict[int, list[int]] = {}
+        for i, p in enumerate(group):
+            jobs.setdefault(id(p.job), []).append(i)
+        if len(jobs) == 1:  # one job: the error is its own
+            return [exc] * len(group)
+        out: list = [None] * len(group)
+        for where in jobs.values():
+            try:
+                got = run([group[i] for i in where])
+            except Exception as own:
+                got = [own] * len(where)
+            for i, s in zip(where, got, strict=True):
+                out[i] = s
+        return out
+
     def _loop(self) -> None:
         if self._warmup is not None:
             try:
@@ -349,12 +369,12 @@ class Batcher:
                     scores = run(group)
                 except Exception as exc:  # a bad job must not take the worker down
                     log.exception("crossknn.serve: CE batch of %d pieces failed", len(group))
-                    for p in group:
-                        p.job.error = exc
-                        self._finish(p)
-                    continue
+                    scores = self._apart(group, run, exc)
                 for p, s in zip(group, scores, strict=True):
-                    if s is None:  # cancelled while the batch ran: never scored
+                    if isinstance(s, BaseException):  # this job's own pairs failed
+                        p.job.error = s
+                        ran.discard(p)
+                    elif s is None:  # cancelled while the batch ran: never scored
                         dropped_late += p.n
                         ran.discard(p)
                     else:

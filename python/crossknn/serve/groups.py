@@ -18,6 +18,12 @@ Each query's results are those of searching it alone (the loop seeds every query
 text; ``tests/test_serve_groups.py`` checks them). A follower keeps its own deadline: when it is
 cancelled (timeout, client gone) its thread answers at once; the group stops early only when
 every one of its requests is cancelled.
+
+One request's failure is its own: ``run`` answers, per payload, a result or the exception of
+that payload alone (it is raised in that request's thread only); and when the lockstep search
+itself fails (any exception but a cancellation: a filter a swap made invalid, a MemoryError),
+each request of the group is searched again alone, so that only the one that fails alone gets
+an error (``tests/test_tenant_isolation.py``).
 """
 
 from __future__ import annotations
@@ -154,19 +160,36 @@ class QueryGroups:
             self._starting = [m for m in self._starting if m in keep]
         return group
 
+    def _alone(self, m: _Member, ctx: RequestContext) -> Any:
+        """``m`` searched alone under ``ctx``: its result, or its own exception."""
+        try:
+            with bind(ctx, holding=True):
+                return self._run([m.payload], ctx)[0]
+        except Exception as exc:
+            return exc
+
     def _lead(self, group: list[_Member]) -> Any:
         me = group[0]
         if len(group) == 1:  # alone: the request's own context, as without groups
-            with bind(me.ctx, holding=True):
-                results = self._run([me.payload], me.ctx)
             self.groups += 1
-            return results[0]
+            got = self._alone(me, me.ctx)
+            if isinstance(got, BaseException):
+                raise got
+            return got
         ctx = GroupContext(group, self.engine_lock)
         t_start = time.perf_counter()
         try:
             with bind(ctx, holding=True):
                 results = self._run([m.payload for m in group], ctx)
-        except BaseException as exc:  # the followers fail with the leader
+        except Cancelled as exc:  # every request of the group was cancelled
+            for m in group[1:]:
+                m.error = exc
+                m.done.set()
+            raise
+        except Exception:  # whose? each request again alone: only its own error reaches it
+            # (each under a context of its own: a follower's thread still waits on its member)
+            results = [self._alone(m, GroupContext([m], self.engine_lock)) for m in group]
+        except BaseException as exc:  # (KeyboardInterrupt, SystemExit) the process is going
             for m in group[1:]:
                 m.error = exc
                 m.done.set()
@@ -187,6 +210,11 @@ class QueryGroups:
             mc.ce_run_seconds += ctx.ce_run_seconds
             mc.ce_wake_seconds += ctx.ce_wake_seconds
             mc.ce_pairs += round(ctx.ce_pairs * m.n_queries / n_total)
-            m.result = res
+            if isinstance(res, BaseException):
+                m.error = res
+            else:
+                m.result = res
             m.done.set()
+        if me.error is not None:
+            raise me.error
         return me.result

@@ -33,6 +33,7 @@ from typing import Any
 
 import crossknn
 from crossknn.corpus.versions import index_version
+from crossknn.serve.arrays import hold_arrays
 from crossknn.serve.memory import release_memory
 
 log = logging.getLogger("crossknn.serve")
@@ -182,6 +183,7 @@ class IndexFollower:
                     self.last_error = None
                     return {"status": "unchanged", "version": old_v, "index_id": old_id}
                 new = crossknn.open_index(svc.config.index)
+                held = hold_arrays(new)  # as at start: small indexes read into memory
                 if folder_index_id(svc.config.index) != new_id:
                     raise RuntimeError("a newer version committed while this one loaded")
                 new.check_models(ce=svc.ce, de=svc.de)
@@ -210,6 +212,7 @@ class IndexFollower:
                 }
             self.stamp = stamp
             self.index_id = new_id
+            svc.arrays_held = held
             self.swaps += 1
             self.last_error = None
             rec = {

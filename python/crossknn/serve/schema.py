@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from crossknn.ce.tokenize import check_encodable
-from crossknn.filters import ID_FIELD, FilterError, parse_filter
+from crossknn.filters import FilterError, parse_filter
 from crossknn.search import registry
 from crossknn.text import is_blank  # one rule for queries, rerank texts and added items
 
@@ -112,12 +112,8 @@ class SearchRequest(BaseModel):
     def texts(self) -> list[str]:
         return [self.query] if self.query is not None else list(self.queries or [])
 
-    def allow_filter(self) -> dict[str, Any] | None:
-        """``filter`` and ``ids`` as one filter (None: every item)."""
-        parts = [] if self.filter is None else [self.filter]
-        if self.ids is not None:
-            parts.append({ID_FIELD: {"$in": list(self.ids)}})
-        return None if not parts else parts[0] if len(parts) == 1 else {"$and": parts}
+    # ``filter`` and ``ids`` reach the searcher as they came (two allow masks, combined there):
+    # the limits checked here at parse time are the limits of what runs; nothing is rewritten
 
 
 class RequestError(Exception):
@@ -402,7 +398,52 @@ def parse_search_request(
         try:
             parse_filter(req.filter, fields or {}, where="filter")
         except FilterError as exc:
-            where, _, msg = str(exc).partition(": ")
-            loc = ["body", *where.replace("[", ".").replace("]", "").split(".")]
+            loc, msg = filter_error_loc(str(exc), req.filter)
             raise RequestError([{"loc": loc, "msg": msg, "type": "value_error"}]) from None
     return req
+
+
+def filter_error_loc(text: str, spec: Any) -> tuple[list, str]:
+    """``(loc, msg)`` of a :class:`~crossknn.filters.FilterError` ``"filter.a.$gte: msg"`` on
+    the filter ``spec``: the path is read against the filter itself, so a field name holding
+    ``": "``, ``"."`` or ``"["`` stays one element (the message is split after the longest
+    prefix that is a path into ``spec``; a path that matches nothing: split at the first
+    ``": "``)."""
+    start = 0
+    best = None
+    while True:
+        cut = text.find(": ", start)
+        if cut < 0:
+            break
+        where = text[:cut]
+        if where.startswith("filter"):
+            path = _path_in(spec, where[len("filter") :])
+            if path is not None:
+                best = (["body", "filter", *path], text[cut + 2 :])
+        start = cut + 1
+    if best is not None:
+        return best
+    where, _, msg = text.partition(": ")
+    return ["body", *where.replace("[", ".").replace("]", "").split(".")], msg
+
+
+def _path_in(node: Any, rest: str) -> list | None:
+    """The keys and list positions of ``rest`` (``".a[2].b"``) walked from ``node``; None when
+    it is not a path of ``node``."""
+    if not rest:
+        return []
+    if rest.startswith(".") and isinstance(node, Mapping):
+        for key in sorted((k for k in node if isinstance(k, str)), key=len, reverse=True):
+            if rest[1:].startswith(key):
+                tail = _path_in(node[key], rest[1 + len(key) :])
+                if tail is not None:
+                    return [key, *tail]
+        return None
+    if rest.startswith("[") and isinstance(node, list):
+        end = rest.find("]")
+        num = rest[1:end] if end > 0 else ""
+        if num.isdigit() and int(num) < len(node):
+            tail = _path_in(node[int(num)], rest[end + 1 :])
+            if tail is not None:
+                return [int(num), *tail]
+    return None

@@ -29,6 +29,7 @@ from crossknn.corpus.query_log import QueryLog
 from crossknn.corpus.versions import index_version
 from crossknn.search import registry
 from crossknn.serve.admission import Admission, Decision, Ticket, request_cost
+from crossknn.serve.arrays import held_line, hold_arrays
 from crossknn.serve.batcher import Batcher
 from crossknn.serve.de_thread import DEThread
 from crossknn.serve.engine_lock import ENGINE_ORDERS, engine_lock
@@ -241,6 +242,8 @@ class SearchService:
             max_queue=config.max_queue, timeout_s=config.timeout_s, within=config.admit_within
         )
         self._loader: threading.Thread | None = None
+        # how the index's arrays are held (crossknn.serve.arrays): read into memory or mapped
+        self.arrays_held: dict | None = None
         self.follower: IndexFollower | None = None  # new index versions (made at load)
         # --log-queries (opened by the CLI before anything loads, or first thing in load())
         self.query_log: QueryLog | None = query_log
@@ -263,6 +266,8 @@ class SearchService:
             # from here on only self.index holds it: the version loaded at start is released
             # after its swap like any other (crossknn.serve.reload)
             self._index = None
+            # a small index is read into memory: a file cut in place cannot kill the server
+            self.arrays_held = hold_arrays(index)
             threads = c.threads
             ce, de = open_index_models(
                 index,
@@ -362,12 +367,13 @@ class SearchService:
         self.ready.set()
         self.follower.start()
         log.info(
-            "crossknn serve: ready in %.1f s (%d items, CE %s %s on %s)",
+            "crossknn serve: ready in %.1f s (%d items, CE %s %s on %s; %s)",
             self.load_seconds,
             len(index),
             ce.model_id,
             ce.precision,
             ce.provider,
+            held_line(self.arrays_held),
         )
 
     def _measure_service_time(self) -> None:
@@ -446,16 +452,32 @@ class SearchService:
         """What requests must share to be searched in one lockstep group."""
         return (req.method, req.k, req.budget, req.rounds or self.config.rounds, req.seed)
 
-    def _search_group(self, reqs: list[SearchRequest], ctx: RequestContext) -> list[list]:
+    def _search_group(self, reqs: list[SearchRequest], ctx: RequestContext) -> list:
         """One lockstep search of every query of ``reqs`` (same group key), in the leading
-        request's thread, holding the engine lock; the hits of each request."""
+        request's thread, holding the engine lock; per request its hits, or the exception that
+        request alone raised (:class:`~crossknn.serve.groups.QueryGroups` answers it to that
+        request only). A request whose allow masks cannot be made (a filter a swap made
+        invalid, no memory for its ids) is left out of the lockstep search."""
         ctx.check()
-        first = reqs[0]
-        texts = [t for r in reqs for t in r.texts()]
         # the version serving now (the requests of the group are pinned to it or to one whose
         # items it extends: a swap that moves items waits for them, crossknn.serve.reload)
         searcher, index = self.searcher, self.index
-        filters = [r.allow_filter() for r in reqs for _ in r.texts()]
+        out: list = [None] * len(reqs)
+        ok = []
+        for i, r in enumerate(reqs):
+            try:  # each request's own filter and ids, checked before any CE work
+                searcher.allow_masks(len(r.texts()), filter=r.filter, ids=r.ids)
+            except Exception as exc:
+                out[i] = exc
+            else:
+                ok.append(i)
+        if not ok:
+            return out
+        good = [reqs[i] for i in ok]
+        first = good[0]
+        texts = [t for r in good for t in r.texts()]
+        filters = [r.filter for r in good for _ in r.texts()]
+        ids = [r.ids for r in good for _ in r.texts()]
         hits = searcher.search(
             texts,
             k=first.k,
@@ -465,12 +487,13 @@ class SearchService:
             seed=first.seed,
             query_batch=len(texts),
             filter=filters if any(f is not None for f in filters) else None,
+            ids=ids if any(i is not None for i in ids) else None,
         )
         self._log(hits, searcher, index)
-        out, lo = [], 0
-        for r in reqs:
+        lo = 0
+        for i, r in zip(ok, good, strict=True):
             n = len(r.texts())
-            out.append(hits[lo : lo + n])
+            out[i] = hits[lo : lo + n]
             lo += n
         return out
 
@@ -495,7 +518,8 @@ class SearchService:
                         rounds=req.rounds or self.config.rounds,
                         seed=req.seed,
                         exact=req.exact,
-                        filter=req.allow_filter(),
+                        filter=req.filter,
+                        ids=req.ids,
                     )
                     self._log(hits, searcher, index)
         wall = time.perf_counter() - t
@@ -596,6 +620,8 @@ class SearchService:
                 "metadata_fields": idx.metadata.fields,
                 "items_sha256": idx.info.get("items_sha256"),
                 "arrays": sorted(idx.arrays),
+                # "memory" (read at load) or "mapped" (crossknn.serve.arrays)
+                "arrays_held": (self.arrays_held or {}).get("held"),
                 "params": {k: v for k, v in idx.params.items() if k != "calibration"},
                 "methods": registry.available(self.index_kinds),
                 "version": index_version(idx),
