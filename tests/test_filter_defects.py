@@ -242,3 +242,13 @@ def test_errors_say_what_to_do(spec, want):
     assert "None" not in str(err.value) and "strings field" not in str(err.value).replace(
         "list of strings field", ""
     )
+
+
+def test_an_offset_with_60_or_more_minutes_is_no_date():
+    """Found by the differential fuzz (tests/filter_fuzz.py): '+05:60' read as +06:00."""
+    assert parse_date("2024-05-01T12:00+05:60") is None
+    assert parse_date("2024-05-01T12:00+0575") is None
+    assert parse_date("2024-05-01T12:00+05:59") == parse_date("2024-05-01T06:01Z")
+    meta, _ = _meta([{"published": "2024-05-01"}])
+    with pytest.raises(FilterError, match=r"filter\.published\.\$lt: expected an ISO 8601 date"):
+        parse_filter({"published": {"$lt": "2024-05-01T12:00+05:60"}}, meta.fields)

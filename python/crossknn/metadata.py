@@ -52,7 +52,7 @@ MAX_NAME = 128
 MISSING_MS = np.iinfo(np.int64).min
 PARAMS_KEY = "metadata"
 _DATE = re.compile(
-    r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?)?", re.ASCII
+    r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?[0-5]\d)?)?", re.ASCII
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _NAIVE_EPOCH = datetime(1970, 1, 1)
