@@ -113,11 +113,14 @@ def test_unknown_ids_are_said_in_one_stderr_line(idx, tmp_path, stub_models, cap
     assert _search(idx, "w1 w2", "-k", "3", "--ids", str(f), "--json") == 0
     got = capsys.readouterr()
     assert got.err.strip() == "crossknn search: 2 of 6 --ids are not in the index (ignored)"
-    hit = json.loads(got.out)["hits"][0]
-    assert hit["allowed"] == 4 and {r["id"] for r in hit["results"]} <= {"d1", "d2", "d3", "d9"}
+    hits = json.loads(got.out)["hits"]
+    assert [h["unknown_ids"] for h in hits] == [2]
+    assert hits[0]["allowed"] == 4
+    assert {r["id"] for r in hits[0]["results"]} <= {"d1", "d2", "d3", "d9"}
     f.write_text("d1\nd2\n", encoding="utf-8")
-    assert _search(idx, "w1 w2", "-k", "3", "--ids", str(f), "--json") == 0
-    assert capsys.readouterr().err == ""
+    assert _search(idx, "w1 w2", "w3", "-k", "3", "--ids", str(f), "--json") == 0
+    got = capsys.readouterr()
+    assert got.err == "" and [h["unknown_ids"] for h in json.loads(got.out)["hits"]] == [0, 0]
 
 
 def test_an_ids_file_with_a_byte_order_mark_keeps_its_first_id(idx, tmp_path, stub_models, capsys):

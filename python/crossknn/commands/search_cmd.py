@@ -214,7 +214,7 @@ def _search(args, index, ids, queries, qrels, rescore, filters, allow_ids, log) 
     if log is not None:
         _log_queries(log, searcher, hits)
     if allow_ids is not None:
-        _say_unknown_ids(searcher, hits, allow_ids)
+        _say_unknown_ids(hits, allow_ids)
     tag = run_tag(searcher.method, args.budget)
     # what ran: the method, its rounds, the plan's steps and why (auto's round choice)
     plan = hits[0].plan if hits else searcher.plan_info(budget=args.budget, rounds=args.rounds)
@@ -314,15 +314,10 @@ def _first_stage(searcher, ids, queries, k: int, filters, allow_ids) -> list[tup
     ]
 
 
-def _say_unknown_ids(searcher, hits, allow_ids: list[str]) -> None:
+def _say_unknown_ids(hits, allow_ids: list[str]) -> None:
     """One stderr line when ids of ``--ids`` are not in the index (never added, or removed):
-    they allow nothing, and the JSON answer's ``unknown_ids`` counts them."""
-    unknown = getattr(hits[0], "unknown_ids", None) if hits else None
-    if unknown is None:  # a Hits without the count: the ids not among the live items
-        live = searcher.corpus.ids
-        if searcher.live is not None:
-            live = [i for i, ok in zip(live, searcher.live, strict=True) if ok]
-        unknown = len(set(allow_ids) - set(live))
+    they allow nothing; each JSON hit's ``unknown_ids`` counts them (``Hits.unknown_ids``)."""
+    unknown = hits[0].unknown_ids if hits else 0
     if unknown:
         print(
             f"crossknn search: {unknown:,} of {len(set(allow_ids)):,} --ids are not in the index "
