@@ -243,6 +243,11 @@ class SearchHits(BaseModel):
         description="with a filter or ids (or removed items): how many items the query could be "
         "given; fewer than k: every one of them is in results",
     )
+    unknown_ids: int = Field(
+        0,
+        description="how many distinct ids of the request's 'ids' the index does not hold "
+        "(never added, or removed); 0 without ids",
+    )
 
 
 class SearchResponse(BaseModel):
