@@ -3,6 +3,8 @@
     .venv/bin/python bench/filter_bench.py                  # every part (~30 min on 2 cores)
     .venv/bin/python bench/filter_bench.py --part matrices  # cisi + nfcorpus filters, tombstones
     .venv/bin/python bench/filter_bench.py --part scale     # 10^6 items, IVF rounds (~15 min)
+    .venv/bin/python bench/filter_bench.py fuzz     # the filter language against an oracle
+    .venv/bin/python bench/filter_bench.py tenant   # one tenant's request never hurts another
 
 ``matrices``: on each shared score matrix (``cisi-minilm``, ``nfcorpus-minilm-gpu``) a corpus
 index is built the way ``crossknn build --train-queries`` builds one (the default index budget's
@@ -537,4 +539,14 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # the filter language's differential fuzz (bench/_filter_fuzz.py) and one tenant's request
+    # against the others on a real server (bench/_tenant.py): each with its own arguments
+    if sys.argv[1:2] == ["fuzz"]:
+        from _filter_fuzz import main as fuzz
+
+        sys.exit(fuzz(sys.argv[2:]))
+    if sys.argv[1:2] == ["tenant"]:
+        from _tenant import main as tenant
+
+        sys.exit(tenant(sys.argv[2:]))
     sys.exit(main())

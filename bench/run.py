@@ -13,7 +13,8 @@ Suites:
   embedded CE's nDCG on BEIR and its maximum length against speed (``beir_bench``,
   ``beir_bench max-length``), CMC quality (``cmc_bench``), the default build's
   pseudo-query rows against keyword and train-query rows (``recall_bench day-one``; SciFact's exact
-  scores are computed once, hours on 2 cores). No model timing.
+  scores are computed once, hours on 2 cores), the filter language against an evaluator from
+  the docs (``filter_bench fuzz``). No model timing.
 - ``cpu``: speed on this CPU: round engine (``core_bench``), non-CE time per query
   (``overhead_bench``), CE runtime and int8 recipes (``ce_bench``), CMC latency, and the living
   index's recall after refine / add / remove (``lifecycle_bench --part recall``), two default
@@ -23,7 +24,8 @@ Suites:
   host side against a stand-in device (``gpu_bench --standin-device``), serving through index
   swaps (``lifecycle_bench --part swap``), the living index under chaos (``lifecycle_bench
   --part chaos``: kill -9 of its commands, log rotation, a full disk), the API contract under
-  generated requests and kill -9 (``api_contract_bench``).
+  generated requests and kill -9 (``api_contract_bench``), one tenant's failing request among
+  grouped ones and the server's memory per MB of body (``filter_bench tenant``).
 - ``scale``: FAISS round indexes from 10^5 to 10^7 items (``scale_bench``; about an hour).
 - ``train``: trained cross-encoders (``train_ce_bench``; 45 minutes of training per CE kind).
 
@@ -158,6 +160,11 @@ SUITES: dict[str, list[Step]] = {
             needs=(CISI, NFCORPUS_MATRIX),
         ),
         Step(
+            "the filter language against an evaluator from the docs (10^5 cases)",
+            ("bench/filter_bench.py", "fuzz"),
+            uses=("bench/_filter_fuzz.py",),
+        ),
+        Step(
             "day-one rows: pseudo-query kinds on train splits",
             ("bench/recall_bench.py", "day-one", "--part", "choose"),
             needs=(CISI, NFCORPUS_MATRIX, SCIFACT),
@@ -245,6 +252,11 @@ SUITES: dict[str, list[Step]] = {
             "API contract: kill -9 under load",
             ("bench/api_contract_bench.py", "--kill", "20"),
             optional=True,
+        ),
+        Step(
+            "one tenant's failing request among grouped ones; peak RSS per MB of body",
+            ("bench/filter_bench.py", "tenant"),
+            uses=("bench/_tenant.py",),
         ),
     ],
     "scale": [

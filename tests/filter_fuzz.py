@@ -2,7 +2,7 @@
 of docs/filters.md, the engine's allow mask (the path a Searcher takes: ``flatten`` per item,
 ``ItemMetadata.from_records``, the index arrays and back, ``parse_filter(...).mask(...)``)
 against the independent evaluator of tests/filter_oracle.py. Used by
-tests/test_filter_fuzz_small.py (a few hundred cases) and bench/filter_fuzz_bench.py (10^5).
+tests/test_filter_fuzz_small.py (a few hundred cases) and bench/filter_bench.py fuzz (10^5).
 
 Tables have 5-40 items and 1-6 fields of every kind (strings with NULs, spaces and non-ASCII,
 numbers near 2**53 and 2**64, booleans, dates in every documented form with offsets, lists of

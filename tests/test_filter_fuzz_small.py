@@ -1,6 +1,6 @@
 """The differential fuzz of the filter language (tests/filter_fuzz.py), a few hundred cases with a
 fixed seed: the engine's allow mask against the evaluator written from docs/filters.md
-(tests/filter_oracle.py). bench/filter_fuzz_bench.py runs 10^5."""
+(tests/filter_oracle.py). bench/filter_bench.py fuzz runs 10^5."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ adversarial bodies. Writes the ``cross_request_failures`` and ``max_extra_rss_mb
 goals (and a ``tenant_bench`` section) into bench/results/filter_fuzz.json, keeping what other
 benches wrote there.
 
-    python bench/tenant_bench.py            # about 5 minutes on a 2-core CPU
-    python bench/tenant_bench.py --waves 20 --distinct 20   # a quick look
+    python bench/filter_bench.py tenant           # about 5 minutes on a 2-core CPU
+    python bench/filter_bench.py tenant --waves 20 --distinct 20   # a quick look
 
 The bench builds a small index (stdlib docstrings, ``N_ITEMS`` items, each with a ``tenant``
 field) with ``crossknn build`` and starts ``crossknn serve`` on it on 127.0.0.1 (a free port,
@@ -395,13 +395,13 @@ def write_goals(section: dict, goals: dict) -> None:
     print(f"wrote {OUT}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--waves", type=int, default=130, help="waves of grouped requests")
     ap.add_argument("--distinct", type=int, default=100, help="distinct 0.9 MB id lists sent")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--index", type=Path, help="an index this bench built before (not rebuilt)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tenant-bench-") as tmp:
         root = Path(tmp)
         t = time.perf_counter()

@@ -1,8 +1,8 @@
 """A differential fuzz of the filter language (issue 64's goals ``mismatches`` and ``cases``),
 and the memory a long string costs a filter.
 
-    .venv/bin/python bench/filter_fuzz_bench.py               # 10^5 cases (~1 min on 2 cores)
-    .venv/bin/python bench/filter_fuzz_bench.py --cases 2000 --no-before
+    .venv/bin/python bench/filter_bench.py fuzz   # 10^5 cases (~1 min on 2 cores)
+    .venv/bin/python bench/filter_bench.py fuzz --cases 2000 --no-before
 
 ``fuzz``: random (item table, filter) pairs from the grammar of docs/filters.md
 (tests/filter_fuzz.py: every operator on every field kind and on ``id``, missing values, lists,
