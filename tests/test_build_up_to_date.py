@@ -83,8 +83,10 @@ def test_a_changed_input_builds_again(tmp_path, change):
 def test_an_index_changed_since_its_build_is_built_again(tmp_path):
     out = tmp_path / "idx"
     _build(out)
-    remove_items(out, ["d3"])  # version 2
-    again, ce = _build(out)
+    remove_items(out, ["d3"])  # version 2: a living index, never replaced without force
+    with pytest.raises(ValueError, match="living index"):
+        _build(out)
+    again, ce = _build(out, force=True)
     assert ce.calls > 0 and again.info.get("version", 1) == 1
     assert len(again.corpus) == len(corpus("A"))
 
