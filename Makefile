@@ -21,7 +21,7 @@ RUNTIME := numpy tqdm scikit-learn bm25s matplotlib onnxruntime tokenizers ir_me
            threadpoolctl onnx safetensors
 BUILD_TOOLS := scikit-build-core pybind11 cmake ninja
 
-.PHONY: venv run-deps deps install install-run demo test ctest pytest lint docs report report-check bench bench-quick bench-recall bench-cpu bench-gpu bench-serve bench-scale bench-train dist clean
+.PHONY: venv run-deps deps install install-run demo test test-steps ctest pytest lint docs report report-check bench bench-quick bench-recall bench-cpu bench-gpu bench-serve bench-scale bench-train dist clean
 
 # a pip that shows a bar while it installs (the one a venv starts with shows none)
 $(BIN)/python:
@@ -42,7 +42,7 @@ run-deps: $(RUN_DEPS)
 # the rest (make test): torch first and pinned, then everything that depends on it
 $(DEPS): $(RUN_DEPS)
 	$(PIPI) torch==2.13.0
-	$(PIPI) transformers sentence-transformers pytest hypothesis scipy ray ruff \
+	$(PIPI) transformers sentence-transformers pytest pytest-xdist hypothesis scipy ray ruff \
 	        fastapi uvicorn prometheus_client httpx 'ray[serve]' faiss-cpu schemathesis
 	touch $@
 
@@ -70,11 +70,26 @@ ctest: $(DEPS)
 	PATH=$(CURDIR)/$(BIN):$$PATH cmake --build build/ctest -j2
 	PATH=$(CURDIR)/$(BIN):$$PATH ctest --test-dir build/ctest --output-on-failure
 
-# tests/test_docs.py builds the site: the docs tools come with the test dependencies
+# tests/test_docs.py builds the site: the docs tools come with the test dependencies.
+# TEST_WORKERS pytest-xdist workers (one per core here), each taking the next whole test file
+# (module fixtures built once), the longest files first (tests/conftest.py); the tests marked
+# `serial` (CPU time against a limit) run before them, alone; TEST_WORKERS=0 runs everything in
+# one process. TEST_JUNIT=FILE.xml writes JUnit XML (the serial tests' to FILE.serial.xml) for
+# bench/_test_times.py. The ten slowest tests are listed at the end.
+TEST_WORKERS ?= 2
+TEST_JUNIT ?=
+PARALLEL := $(filter-out 0,$(TEST_WORKERS))
 pytest: install $(DOCS_DEPS)
-	$(BIN)/python -m pytest
+	$(if $(PARALLEL),$(BIN)/python -m pytest -m serial $(if $(TEST_JUNIT),--junitxml=$(TEST_JUNIT:.xml=.serial.xml)))
+	$(BIN)/python -m pytest $(if $(PARALLEL),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial") $(if $(TEST_JUNIT),--junitxml=$(TEST_JUNIT)) --durations=10
 
-test: lint report-check ctest pytest docs
+# make test prints its own wall time last (docs/design/test-times.md says where the time goes)
+test:
+	@start=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory test-steps || status=$$?; \
+	echo "== make test: $$(( $$(date +%s) - start )) s (exit $$status)"; exit $$status
+
+test-steps: lint report-check ctest docs pytest
 
 # style cannot drift: make test fails on a lint error or an unformatted file (a second or two)
 lint: $(DEPS)

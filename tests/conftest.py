@@ -11,14 +11,18 @@ cannot find its data fails instead, so CI runs all of them.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+TEST_TIMES = REPO / "bench" / "results" / "test_times.json"
 
 HOW_TO_GET_DATA = (
     "no test data: set CROSSKNN_DATA to a folder holding data/<name> (BEIR layout: corpus.jsonl, "
@@ -44,7 +48,10 @@ def in_ci() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test that asks for ``shared_dir`` carries the ``data`` marker (and only those)."""
+    """Every test that asks for ``shared_dir`` carries the ``data`` marker (and only those).
+    In a parallel run (pytest-xdist), the test files are put in order of their measured time,
+    longest first (:func:`file_seconds`), so that the workers, each taking the next whole file
+    as it finishes one (``--dist loadfile``), end together."""
     for item in items:
         if "shared_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.data)
@@ -52,6 +59,21 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(
                 f"{item.nodeid} is marked 'data' but does not ask for the shared_dir fixture"
             )
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: the same collection
+        seconds = file_seconds()
+        unknown = sorted(seconds.values())[len(seconds) // 2] if seconds else 0.0  # the median
+        items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], unknown))
+
+
+def file_seconds() -> dict[str, float]:
+    """Seconds each test file took in the newest measured run of the whole suite
+    (bench/results/test_times.json, written by bench/test_times.py); empty if there is none."""
+    try:
+        runs = json.loads(TEST_TIMES.read_text(encoding="utf-8"))["runs"]
+        run = runs.get("after") or runs["before"]
+        return {name: float(row["seconds"]) for name, row in run["per_file"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def pytest_report_header(config):
@@ -94,10 +116,51 @@ _SKIP_LINE = next(
 )
 
 
+def run_tmp(tmp_path_factory) -> Path:
+    """The temporary folder of this whole test run: the one pytest-xdist's workers share (each
+    worker's own base folder sits inside it), or the session's base folder without workers."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def run_lock(tmp_path_factory, name: str):
+    """An exclusive lock held across the run's workers (an ``flock`` on a file of
+    :func:`run_tmp`): what one worker makes inside it, the others wait for, then reuse."""
+    with open(run_tmp(tmp_path_factory) / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory) -> Path:
-    """One cache directory for the embedded models, exported once per test session."""
-    return tmp_path_factory.mktemp("crossknn-models")
+    """One cache directory for the embedded models, exported once per test run: shared by the
+    workers of a parallel run, the fp32 CE and DE exported by the first worker that asks while
+    the others wait (the int8 copy: :func:`model_cache_int8`; the cache's atomic rename makes
+    two exports of one model safe in any case)."""
+    from crossknn.ce.models import DEFAULT_CE, DEFAULT_DE, ensure_model
+
+    root = run_tmp(tmp_path_factory) / "crossknn-models"
+    with run_lock(tmp_path_factory, "crossknn-models"):
+        root.mkdir(exist_ok=True)
+        for name in (DEFAULT_CE, DEFAULT_DE):
+            ensure_model(name, cache_dir=root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def model_cache_int8(model_cache, tmp_path_factory) -> Path:
+    """:func:`model_cache` with the embedded CE's int8 copy in it too (its export calibrates and
+    checks fidelity: a minute or more), exported by the first worker that asks while the others
+    wait."""
+    from crossknn.ce.models import DEFAULT_CE, ensure_model
+
+    with run_lock(tmp_path_factory, "crossknn-models"):
+        ensure_model(DEFAULT_CE, precision="int8", cache_dir=model_cache)
+    return model_cache
 
 
 @pytest.fixture(scope="module")

@@ -2,15 +2,57 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import shutil
+import types
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from crossknn.data import Corpus, load_corpus
 from crossknn.demo_corpus import stdlib_docstrings
 from crossknn.scorers import MatrixScorer
+
+
+class _LazyModule(types.ModuleType):
+    """A module imported on its first attribute use (see :func:`lazy_importorskip`)."""
+
+    def __getattr__(self, attr: str):
+        # what collection asks of every module global (a test? a fixture? a mock? a wrapper?):
+        # private names and these dunders are answered without the import
+        if (attr.startswith("_") and not attr.startswith("__")) or attr in _PROBED:
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+_PROBED = {"__test__", "__bases__", "__wrapped__", "__signature__", "__call__", "pytestmark"}
+
+
+def lazy_module(name: str) -> types.ModuleType:
+    """``name`` (a module of crossknn that imports torch), imported when a test first uses it."""
+    return _LazyModule(name)
+
+
+def lazy_importorskip(name: str, reason: str | None = None) -> types.ModuleType:
+    """``pytest.importorskip(name)`` without the import at collection: the test module is skipped
+    when ``name`` is not installed, and the module (torch, transformers, ...) is imported when a
+    test first uses it, so that collecting the suite imports none of them."""
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(reason or f"could not import {name!r}: not installed", allow_module_level=True)
+    return _LazyModule(name)
+
+
+def copy_models(cache: Path, into: Path) -> Path:
+    """A model cache of one's own at ``into`` holding copies (not links: a test may damage them)
+    of the complete entries of ``cache`` (the run's :func:`model_cache`), so that a test module
+    that changes its cache exports nothing the run already exported."""
+    for entry in sorted((cache / "models").iterdir()):
+        if entry.is_dir() and not entry.name.startswith(".") and ".broken" not in entry.name:
+            shutil.copytree(entry, into / "models" / entry.name)
+    return into
 
 
 def write_jsonl_corpus(corpus: Corpus, path: Path) -> Corpus:

@@ -103,6 +103,7 @@ def _split(raw: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the server's estimate of its CE time against the actual one
 def test_case01_lone_oversized_rerank_is_429_at_once(server):
     # one /rerank of 16 such texts first: the service time the server measures is then that of
     # long texts, not only of its warm-up search over short items

@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from shared_fixtures import lazy_importorskip
+
+torch = lazy_importorskip("torch")
+transformers = lazy_importorskip("transformers")
 
 from crossknn.ce.backends import BACKENDS, get_backend  # noqa: E402
 from crossknn.ce.folders import model_record, open_cross_encoder, open_dual_encoder  # noqa: E402

@@ -23,6 +23,7 @@ from crossknn.ce import (
     ensure_model,
 )
 from crossknn.ce.manifest import MANIFEST
+from shared_fixtures import copy_models
 
 pytestmark = pytest.mark.slow  # the tests that read data carry the data marker (conftest)
 
@@ -58,8 +59,10 @@ def cisi(shared_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("crossknn-cache")
+def cache(tmp_path_factory, model_cache) -> Path:
+    """This module's own cache (its tests damage and rebuild entries), starting from copies of
+    the run's exported models."""
+    return copy_models(model_cache, tmp_path_factory.mktemp("crossknn-cache"))
 
 
 @pytest.fixture(scope="module")
@@ -334,10 +337,11 @@ def test_concurrent_callers_get_the_same_scores(ce, cisi):
         np.testing.assert_allclose(results[k], cisi["scores"][q, items], atol=1e-4, rtol=0)
 
 
-def test_int8_tracks_fp32(cache, cisi, ce):
+def test_int8_tracks_fp32(model_cache_int8, cisi, ce):
     from scipy.stats import spearmanr
 
-    int8 = default_cross_encoder(cache_dir=cache, precision="int8", items=cisi["items"])
+    # the int8 export of the run's cache (made once, also searched by tests/test_rescore.py)
+    int8 = default_cross_encoder(cache_dir=model_cache_int8, precision="int8", items=cisi["items"])
     assert int8.precision == "int8" and int8.model_hash != ce.model_hash
     items = np.arange(0, 1460, 15)
     a = ce.score(cisi["queries"][9], items)
@@ -348,7 +352,7 @@ def test_int8_tracks_fp32(cache, cisi, ce):
     from crossknn.ce import fidelity_record
     from crossknn.ce.quantize import DEFAULT_INT8
 
-    rec = fidelity_record(ensure_model(precision="int8", cache_dir=cache), "int8")
+    rec = fidelity_record(ensure_model(precision="int8", cache_dir=model_cache_int8), "int8")
     assert rec["recipe"] == DEFAULT_INT8 and rec["calibration"]["pairs"] == 128
     assert 0.5 < rec["fidelity"]["top10_agreement"] <= 1.0
     assert 0 < rec["fidelity"]["max_abs_diff"] < 0.1

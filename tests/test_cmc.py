@@ -7,17 +7,22 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from shared_fixtures import lazy_importorskip
+
+torch = lazy_importorskip("torch")
 
 from crossknn.cli import main  # noqa: E402
 from crossknn.cmc import CmcReranker, CmcRetriever  # noqa: E402
 from crossknn.cmc.data import CmcData, matrix_data, sample_candidates  # noqa: E402
 from crossknn.cmc.evaluate import ndcg_at, recall_at  # noqa: E402
 from crossknn.cmc.export import export_onnx  # noqa: E402
-from crossknn.cmc.model import CmcConfig, CmcModel  # noqa: E402
-from crossknn.cmc.train import TrainConfig, load_model, train  # noqa: E402
 from crossknn.retrievers import make_retriever  # noqa: E402
 from crossknn.synthetic import write_synthetic_matrix  # noqa: E402
+from shared_fixtures import lazy_module  # noqa: E402
+
+# the model and its training import torch: imported when a test first uses them
+cmc_model = lazy_module("crossknn.cmc.model")
+cmc_train = lazy_module("crossknn.cmc.train")
 
 DIM = 16
 TINY = dict(k=12, pool=40, epochs=3, batch_size=4, checkpoint_every=2, seed=3)
@@ -30,7 +35,7 @@ def _unit(rng, shape):
 
 def _model(seed=0, gate=0.5):
     torch.manual_seed(seed)
-    m = CmcModel(CmcConfig(dim=DIM, layers=2, heads=2))
+    m = cmc_model.CmcModel(cmc_model.CmcConfig(dim=DIM, layers=2, heads=2))
     with torch.no_grad():
         m.gate.fill_(gate)  # a non-trivial contextualization (the gate starts at 0)
     return m.eval()
@@ -47,11 +52,11 @@ def synth(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(synth, tmp_path_factory):
     out = tmp_path_factory.mktemp("cmc-model")
-    info = train(
+    info = cmc_train.train(
         matrix_data(synth),
         out,
-        model_cfg=CmcConfig(dim=DIM, layers=2, heads=2),
-        cfg=TrainConfig(**TINY),
+        model_cfg=cmc_model.CmcConfig(dim=DIM, layers=2, heads=2),
+        cfg=cmc_train.TrainConfig(**TINY),
         progress=False,
         threads=1,
     )
@@ -100,7 +105,7 @@ def test_model_rejects_bad_shapes():
     with pytest.raises(ValueError, match=r"\(B, K, d\)"):
         m(torch.zeros(1, DIM), torch.zeros(3, DIM))
     with pytest.raises(ValueError, match="divisible"):
-        CmcConfig(dim=10, heads=4)
+        cmc_model.CmcConfig(dim=10, heads=4)
 
 
 def test_sample_candidates_top_sampled_and_gold():
@@ -124,25 +129,39 @@ def test_training_writes_the_model_and_trains_the_gate(trained):
     assert (out / "model.pt").is_file() and (out / "model.onnx").is_file()
     saved = json.loads((out / "cmc.json").read_text())
     assert saved["onnx"]["parity"] <= 1e-4
-    model, _ = load_model(out)
+    model, _ = cmc_train.load_model(out)
     assert float(model.gate.detach().abs().max()) > 0  # the contextualization was trained
 
 
 def test_resume_gives_the_uninterrupted_result(synth, tmp_path):
     data = matrix_data(synth)
-    mcfg = CmcConfig(dim=DIM, layers=1, heads=2)
-    train(data, tmp_path / "a", model_cfg=mcfg, cfg=TrainConfig(**TINY), progress=False, threads=1)
-    part = train(
+    mcfg = cmc_model.CmcConfig(dim=DIM, layers=1, heads=2)
+    cmc_train.train(
+        data,
+        tmp_path / "a",
+        model_cfg=mcfg,
+        cfg=cmc_train.TrainConfig(**TINY),
+        progress=False,
+        threads=1,
+    )
+    part = cmc_train.train(
         data,
         tmp_path / "b",
         model_cfg=mcfg,
-        cfg=TrainConfig(**TINY),
+        cfg=cmc_train.TrainConfig(**TINY),
         progress=False,
         stop_after=5,
         threads=1,
     )
     assert not part["finished"] and not (tmp_path / "b" / "model.pt").exists()
-    train(data, tmp_path / "b", model_cfg=mcfg, cfg=TrainConfig(**TINY), progress=False, threads=1)
+    cmc_train.train(
+        data,
+        tmp_path / "b",
+        model_cfg=mcfg,
+        cfg=cmc_train.TrainConfig(**TINY),
+        progress=False,
+        threads=1,
+    )
     a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
     assert a.keys() == b.keys()
@@ -152,12 +171,12 @@ def test_resume_gives_the_uninterrupted_result(synth, tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_another_encoder(synth, tmp_path):
     data = matrix_data(synth)
-    mcfg = CmcConfig(dim=DIM, layers=1, heads=2)
-    train(
+    mcfg = cmc_model.CmcConfig(dim=DIM, layers=1, heads=2)
+    cmc_train.train(
         data,
         tmp_path,
         model_cfg=mcfg,
-        cfg=TrainConfig(**TINY),
+        cfg=cmc_train.TrainConfig(**TINY),
         progress=False,
         stop_after=1,
         threads=1,
@@ -172,13 +191,20 @@ def test_resume_refuses_a_checkpoint_of_another_encoder(synth, tmp_path):
         scores=data.scores,
     )
     with pytest.raises(ValueError, match="another-encoder"):
-        train(other, tmp_path, model_cfg=mcfg, cfg=TrainConfig(**TINY), progress=False, threads=1)
+        cmc_train.train(
+            other,
+            tmp_path,
+            model_cfg=mcfg,
+            cfg=cmc_train.TrainConfig(**TINY),
+            progress=False,
+            threads=1,
+        )
 
 
 @pytest.mark.parametrize("k", [1, 5, 60])
 def test_onnx_runtime_matches_pytorch(trained, k):
     out, _ = trained
-    model, _ = load_model(out)
+    model, _ = cmc_train.load_model(out)
     rng = np.random.default_rng(k)
     q, c = _unit(rng, (5, DIM)), _unit(rng, (5, k, DIM))
     with torch.no_grad():
@@ -234,7 +260,9 @@ def test_bad_inputs_have_clear_errors(trained, synth):
             data.item_vectors, np.ones((24, 8), np.float32), "x", [0], [1], "ce", scores=data.scores
         )
     with pytest.raises(ValueError, match="only 60 items"):
-        train(data, out / "never", cfg=TrainConfig(k=61), progress=False, threads=1)
+        cmc_train.train(
+            data, out / "never", cfg=cmc_train.TrainConfig(k=61), progress=False, threads=1
+        )
     with pytest.raises(ValueError, match="needs a trained model"):
         make_retriever("cmc", item_vectors=data.item_vectors)
     with pytest.raises(FileNotFoundError, match="cmc.json is missing"):
@@ -375,11 +403,11 @@ def test_gold_label_training_and_qrels_metrics(synth, tmp_path):
     gold = CmcData(
         m.item_vectors, m.query_vectors, m.encoder_id, m.train, m.test, "gold", relevant=rel
     )
-    info = train(
+    info = cmc_train.train(
         gold,
         tmp_path,
-        model_cfg=CmcConfig(dim=DIM, layers=1, heads=2),
-        cfg=TrainConfig(**TINY),
+        model_cfg=cmc_model.CmcConfig(dim=DIM, layers=1, heads=2),
+        cfg=cmc_train.TrainConfig(**TINY),
         progress=False,
         threads=1,
     )

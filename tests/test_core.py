@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from crossknn import _core
 from crossknn.core import ItemFeatures, RoundState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ref_core  # noqa: E402
+from shared_fixtures import lazy_module  # noqa: E402
+
+stats = lazy_module("scipy.stats")  # imported by the first test that uses it
 
 STORAGES = ["float32", "float16", "int8"]
 HSET = settings(

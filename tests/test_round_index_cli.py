@@ -7,9 +7,9 @@ import pytest
 
 from crossknn.cli import main
 from crossknn.index.files import load_index
-from shared_fixtures import made_corpus
+from shared_fixtures import lazy_importorskip, made_corpus
 
-pytest.importorskip("faiss")
+lazy_importorskip("faiss")
 pytestmark = pytest.mark.slow
 
 N_ITEMS = 40

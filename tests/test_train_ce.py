@@ -14,12 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from shared_fixtures import lazy_importorskip
+
+torch = lazy_importorskip("torch")
+transformers = lazy_importorskip("transformers")
 
 from crossknn.cli import main  # noqa: E402
-from crossknn.train import TrainConfig, train_cross_encoder  # noqa: E402
-from crossknn.train.checkpoint import load_state  # noqa: E402
+from shared_fixtures import lazy_module  # noqa: E402
+
+# training imports torch: imported when a test first uses it
+ck_train = lazy_module("crossknn.train")
+ck_checkpoint = lazy_module("crossknn.train.checkpoint")
 
 TOPICS = 8
 WORDS = [f"w{t}x{k}" for t in range(TOPICS) for k in range(6)] + [f"filler{k}" for k in range(10)]
@@ -92,7 +97,7 @@ def setup(tmp_path_factory):
     return {"root": root, "base": base, "de": de, "data": _beir(root / "beir")}
 
 
-def _cfg(**kw) -> TrainConfig:
+def _cfg(**kw) -> ck_train.TrainConfig:
     d = dict(
         max_steps=24,
         batch_size=4,
@@ -108,13 +113,13 @@ def _cfg(**kw) -> TrainConfig:
         threads=1,
     )
     d.update(kw)
-    return TrainConfig(**d)
+    return ck_train.TrainConfig(**d)
 
 
 def _train(setup, out, cfg, **kw):
     """Train with the checkpoints kept in OUT/train (the tests read them)."""
     kw = {"work_dir": out / "train", "keep_checkpoints": True, **kw}
-    return train_cross_encoder(
+    return ck_train.train_cross_encoder(
         setup["data"],
         out,
         cfg,
@@ -155,7 +160,7 @@ def test_training_lowers_the_loss(setup, tmp_path, kind, loss):
     teacher = _teacher_matrix(setup) if loss == "distill" else None
     cfg = _cfg(kind=kind, loss=loss, max_steps=48, eval_every=16)
     rec = _train(setup, tmp_path / "m", cfg, teacher=teacher)
-    losses = load_state(tmp_path / "m" / "train" / "checkpoint.pt")["losses"]
+    losses = ck_checkpoint.load_state(tmp_path / "m" / "train" / "checkpoint.pt")["losses"]
     assert rec["steps"] == 48 and len(losses) == 48
     first, last = np.mean(losses[:8]), np.mean(losses[-8:])
     assert last < 0.9 * first, (first, last)
@@ -175,11 +180,11 @@ def test_bf16_training_lowers_the_loss_and_exports_float32(setup, tmp_path, kind
         pytest.skip("this CPU has no bfloat16 support")
     cfg = _cfg(kind=kind, loss="listwise", max_steps=48, eval_every=16, bf16=True)
     rec = _train(setup, tmp_path / "m", cfg)
-    losses = load_state(tmp_path / "m" / "train" / "checkpoint.pt")["losses"]
+    losses = ck_checkpoint.load_state(tmp_path / "m" / "train" / "checkpoint.pt")["losses"]
     assert np.mean(losses[-8:]) < 0.9 * np.mean(losses[:8])
     assert rec["config"]["bf16"] is True
     # the master weights and the exported graph stay float32
-    state = load_state(tmp_path / "m" / "train" / "checkpoint.pt")["model"]
+    state = ck_checkpoint.load_state(tmp_path / "m" / "train" / "checkpoint.pt")["model"]
     assert {t.dtype for t in state.values() if t.is_floating_point()} == {torch.float32}
     graph = onnx.load(str(tmp_path / "m" / "model.onnx")).graph
     assert {t.data_type for t in graph.initializer} <= {
@@ -218,12 +223,12 @@ def test_resume_is_bitwise(setup, tmp_path):
 
     with pytest.raises(Killed):
         _train(setup, tmp_path / "b", cfg, on_step=kill)
-    assert load_state(tmp_path / "b" / "train" / "checkpoint.pt")["step"] == 4
+    assert ck_checkpoint.load_state(tmp_path / "b" / "train" / "checkpoint.pt")["step"] == 4
     with pytest.raises(FileExistsError, match="--resume"):
         _train(setup, tmp_path / "b", cfg)
     _train(setup, tmp_path / "b", cfg, resume=True)
-    a = load_state(tmp_path / "a" / "train" / "checkpoint.pt")
-    b = load_state(tmp_path / "b" / "train" / "checkpoint.pt")
+    a = ck_checkpoint.load_state(tmp_path / "a" / "train" / "checkpoint.pt")
+    b = ck_checkpoint.load_state(tmp_path / "b" / "train" / "checkpoint.pt")
     assert a["losses"] == b["losses"] and a["curve"] == b["curve"]
     for name, t in a["model"].items():
         assert torch.equal(t, b["model"][name]), name
@@ -244,8 +249,8 @@ def test_resume_goes_past_a_spent_time_budget(setup, tmp_path):
     assert b1["steps"] == 0 and b1["stopped"].startswith("time budget")
     assert "step-0 dev evaluation" in b1["stopped"]
     _train(setup, tmp_path / "b", cfg, resume=True)
-    b = load_state(tmp_path / "b" / "train" / "checkpoint.pt")
-    a = load_state(tmp_path / "a" / "train" / "checkpoint.pt")
+    b = ck_checkpoint.load_state(tmp_path / "b" / "train" / "checkpoint.pt")
+    a = ck_checkpoint.load_state(tmp_path / "a" / "train" / "checkpoint.pt")
     assert b["step"] == 8 and b["stopped"] is None
     assert a["losses"] == b["losses"]
     for name, t in a["model"].items():
@@ -389,7 +394,7 @@ def test_jsonl_pairs(setup, tmp_path):
     rows.append({"query": "orphan", "item": beir.item_texts[0], "label": 0})
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rec = train_cross_encoder(
+    rec = ck_train.train_cross_encoder(
         path,
         tmp_path / "m",
         _cfg(max_steps=4, dev_fraction=0.25),
@@ -467,7 +472,7 @@ def test_checkpoints_go_beside_the_output_and_are_removed_on_success(setup, tmp_
     with pytest.raises(Killed):
         _train(setup, out, cfg, on_step=kill, **plain)
     work = tmp_path / "m.train"
-    assert load_state(work / "checkpoint.pt")["step"] == 2
+    assert ck_checkpoint.load_state(work / "checkpoint.pt")["step"] == 2
     with pytest.raises(FileExistsError, match=r"m.train exists and is not empty \(pass --resume"):
         _train(setup, out, cfg, **plain)
     rec = _train(setup, out, cfg, resume=True, **plain)

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from shared_fixtures import lazy_importorskip
+
+torch = lazy_importorskip("torch")
+transformers = lazy_importorskip("transformers")
 ir_measures = pytest.importorskip("ir_measures")
 
 from crossknn.cli import main  # noqa: E402

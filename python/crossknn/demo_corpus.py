@@ -7,6 +7,7 @@ docstring, ids are qualified names.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import sysconfig
 from pathlib import Path
@@ -52,9 +53,25 @@ def stdlib_docstrings(*, max_items: int | None = None, min_chars: int = 80) -> C
 
     Nothing is imported or executed. Items are ``module.Class.function`` ids with their docstrings;
     tests, IDLE, tkinter and third-party packages are skipped. With ``max_items`` a deterministic
-    evenly spaced subset (by sorted id) is kept.
+    evenly spaced subset (by sorted id) is kept. The library is parsed once per process (a few
+    seconds); later calls take their items from that parse.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
+    found = _parsed(str(root), min_chars)
+    ids = sorted(found)
+    if not ids:
+        raise ValueError(f"no docstrings found under {root}")
+    if max_items is not None and len(ids) > max_items:
+        step = len(ids) / max_items
+        ids = [ids[int(i * step)] for i in range(max_items)]
+    return Corpus(ids, [found[i] for i in ids], f"stdlib docstrings ({root})")
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(root_dir: str, min_chars: int) -> dict[str, str]:
+    """Every docstring of at least ``min_chars`` under the standard library ``root_dir``, by id
+    (the caller copies what it keeps: never change the returned dict)."""
+    root = Path(root_dir)
     found: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(
@@ -74,10 +91,4 @@ def stdlib_docstrings(*, max_items: int | None = None, min_chars: int = 80) -> C
                 doc = " ".join(doc.split())
                 if len(doc) >= min_chars and not name.split(".")[-1].startswith("_"):
                     found.setdefault(name, doc)
-    ids = sorted(found)
-    if not ids:
-        raise ValueError(f"no docstrings found under {root}")
-    if max_items is not None and len(ids) > max_items:
-        step = len(ids) / max_items
-        ids = [ids[int(i * step)] for i in range(max_items)]
-    return Corpus(ids, [found[i] for i in ids], f"stdlib docstrings ({root})")
+    return found
