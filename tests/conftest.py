@@ -51,7 +51,7 @@ def pytest_collection_modifyitems(config, items):
     """Every test that asks for ``shared_dir`` carries the ``data`` marker (and only those).
     In a parallel run (pytest-xdist), the test files are put in order of their measured time,
     longest first (:func:`file_seconds`), so that the workers, each taking the next whole file
-    as it finishes one (``--dist loadfile``), end together."""
+    as it finishes one (:func:`pytest_xdist_make_scheduler`), end together."""
     for item in items:
         if "shared_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.data)
@@ -63,6 +63,23 @@ def pytest_collection_modifyitems(config, items):
         seconds = file_seconds()
         unknown = sorted(seconds.values())[len(seconds) // 2] if seconds else 0.0  # the median
         items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], unknown))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``, by whole test files: a worker takes a test file at a time (its module
+    fixtures built once), and the tests marked ``xdist_group(NAME)`` form one unit with NAME
+    across files (``ray``: the tests that start a local Ray cluster, one at a time)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # an xdist_group's tests
+                return nodeid.split("@")[-1]
+            return nodeid.split("::", 1)[0]
+
+    return FileScheduling(config, log)
 
 
 def file_seconds() -> dict[str, float]:

@@ -16,6 +16,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time (tests/conftest.py)
 def test_ray_backend_equals_local(tmp_path):
     ray = pytest.importorskip("ray")
     lazy = LazyScorer(

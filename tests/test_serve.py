@@ -322,6 +322,7 @@ def test_sigterm_drains_in_flight_requests_and_leaves_the_index_unchanged(env):
     assert _tree_hash(env["index_dir"]) == before
 
 
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time (tests/conftest.py)
 def test_ray_serve_two_replicas(env, searcher):
     """``crossknn serve --ray --replicas 2``: the same app on Ray Serve, two replicas."""
     pytest.importorskip("ray.serve", exc_type=ImportError)
@@ -343,6 +344,7 @@ def test_ray_serve_two_replicas(env, searcher):
     assert len({by for _, by, _ in answers}) == 2, answers
 
 
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time (tests/conftest.py)
 def test_serve_with_item_shards_equals_in_process_searcher(env, searcher, monkeypatch):
     """``crossknn serve --shards 2``: the rounds' top-k over two local Ray actors, the hits of
     the single-process searcher exactly."""

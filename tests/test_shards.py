@@ -33,6 +33,7 @@ def ray_local():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time (tests/conftest.py)
 @pytest.mark.parametrize("shards", [2, 4])
 def test_sharded_search_equals_single_process(ray_local, shards):
     rng = np.random.default_rng(0)
@@ -76,6 +77,7 @@ def test_sharded_search_equals_single_process(ray_local, shards):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time (tests/conftest.py)
 def test_searcher_features_with_shards(ray_local):
     """What `crossknn search --shards S` gives the rounds: exact shards of the folder's items."""
     from types import SimpleNamespace
