@@ -9,8 +9,9 @@
   missing says which one, in one line.
 
 The wheel is ``$CROSSKNN_WHEEL`` when set (e.g. the manylinux wheel of ``make dist``), else built
-here from the working tree (no build isolation: the venv has the build backend). Everything,
-the pip cache included, lives under pytest's tmp folder. Slow (minutes): pip downloads the
+here from the working tree (no build isolation: the venv has the build backend; CMake's build
+folder is the project's own, ``build/{wheel_tag}``, as for a plain ``pip wheel .``). Everything
+else, the pip cache included, lives under pytest's tmp folder. Slow (minutes): pip downloads the
 dependencies into the fresh venv.
 """
 
@@ -104,11 +105,14 @@ def wheel(tmp_path_factory) -> Path:
                 "--no-build-isolation",
                 "-w",
                 out,
+                # the project's own build folder (pyproject.toml), which the editable install
+                # of make test built: the wheel's compile is incremental
                 "-C",
-                f"build-dir={out / 'build'}",
+                "build-dir=build/{wheel_tag}",
                 REPO,
             ],
             env=env,
+            cwd=REPO,
         )
     )
     (whl,) = out.glob("crossknn-*.whl")
