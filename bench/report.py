@@ -484,6 +484,91 @@ def render_filter_scale() -> str:
     return table(header, out, "lrrrrl")
 
 
+TENANT_GOALS = {
+    "mismatches": ("0", lambda v: v == 0),
+    "cases": ("≥ 100,000", lambda v: v >= 100_000),
+    "max_extra_rss_mb_per_mb_body": ("≤ 20", lambda v: v <= 20),
+    "cross_request_failures": ("0", lambda v: v == 0),
+}
+
+
+def render_tenant_goals() -> str:
+    return goals_table("filter_fuzz.json", TENANT_GOALS)
+
+
+# where the suite's time goes: test files by what costs them their time (docs/design/test-times.md)
+TEST_TIME_KINDS = {
+    "the docs walk (each step a `crossknn` process)": ["test_docs_walk"],
+    "the embedded CE: its int8 export, parity": ["test_rescore", "test_ce"],
+    "the wheel in a fresh venv": ["test_wheel_install"],
+    "tokenizer parity (standard-library texts)": ["test_ce_tokenize", "test_corpus", "test_data"],
+    "real servers (`crossknn serve`)": [
+        "test_serve",
+        "test_serve_reload",
+        "test_api_contract",
+        "test_serve_filters",
+        "test_serve_groups",
+        "test_serve_rerank",
+        "test_reliability_serve",
+        "test_lifecycle_defects",
+        "test_tenant_isolation",
+    ],
+    "index builds and searches with the real CE": [
+        "test_auto_build",
+        "test_searcher",
+        "test_hub_models",
+        "test_embedded_onnx",
+        "test_demo",
+        "test_round_index_cli",
+        "test_examples",
+    ],
+    "kill -9 and rerun (reliability)": ["test_reliability_lifecycle", "test_reliability_build"],
+    "Ray clusters": ["test_shards", "test_jobs_ray"],
+}
+
+
+def render_test_times() -> str:
+    """make test and pytest wall times before and after, and seconds by kind of cost."""
+    runs = load(RESULTS / "test_times.json").get("runs") or {}
+    if "before" not in runs:
+        raise ReportError("test_times.json: no 'before' run (bench/_test_times.py --label before)")
+    labels = [label for label in ("before", "after") if label in runs]
+    out = []
+    for label in labels:
+        r = runs[label]
+        out.append(
+            [
+                label,
+                r.get("date", "")[:10],
+                f"{r.get('make_test_s', '–')}",
+                f"{r['pytest_s']:.0f}",
+                f"{r['tests']:,}",
+                f"{r['test_seconds_total']:.0f}",
+            ]
+        )
+    head = ["run", "date", "make test s", "pytest s", "tests", "test seconds (sum)"]
+    first = table(head, out, "llrrrr")
+    kinds = []
+    for kind, files in TEST_TIME_KINDS.items():
+        cells = []
+        for label in labels:
+            per_file = runs[label]["per_file"]
+            cells.append(
+                f"{sum(per_file.get(f'tests/{f}.py', {}).get('seconds', 0) for f in files):.0f}"
+            )
+        kinds.append([kind, *cells])
+    named = {f"tests/{f}.py" for files in TEST_TIME_KINDS.values() for f in files}
+    rest = []
+    for label in labels:
+        per_file = runs[label]["per_file"]
+        rest.append(f"{sum(v['seconds'] for k, v in per_file.items() if k not in named):.0f}")
+    kinds.append(["every other test file", *rest])
+    second = table(
+        ["where the time goes", *[f"{x} s" for x in labels]], kinds, "l" + "r" * len(labels)
+    )
+    return first + "\n" + second
+
+
 def render_lifecycle_chaos() -> str:
     return goals_table("lifecycle_chaos.json", CHAOS_GOALS)
 
@@ -745,6 +830,14 @@ BLOCKS: dict[str, Block] = {
         render_filter_scale, "filter_bench.json", "filtered IVF rounds on 10^6 items"
     ),
     "filter-goals": Block(render_filter_goals, "filter_bench.json", "filtered search: goals"),
+    "tenant-goals": Block(
+        render_tenant_goals,
+        "filter_fuzz.json",
+        "one tenant never hurts another: the filter fuzz and the grouped server's goals",
+    ),
+    "test-times": Block(
+        render_test_times, "test_times.json", "make test's time before and after, by kind"
+    ),
     "lifecycle-chaos": Block(
         render_lifecycle_chaos,
         "lifecycle_chaos.json",
