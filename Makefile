@@ -73,16 +73,14 @@ ctest: $(DEPS)
 # tests/test_docs.py builds the site: the docs tools come with the test dependencies.
 # TEST_WORKERS pytest-xdist workers (one per core here), each taking the next whole test file
 # (module fixtures built once; tests/conftest.py), the longest files first, the tests of one
-# xdist_group (a local Ray cluster) together; the tests marked
-# `serial` (CPU time against a limit) run before them, alone; TEST_WORKERS=0 runs everything in
-# one process. TEST_JUNIT=FILE.xml writes JUnit XML (the serial tests' to FILE.serial.xml) for
-# bench/_test_times.py. The ten slowest tests are listed at the end.
+# xdist_group (a local Ray cluster) together; TEST_WORKERS=0 runs everything in one process.
+# TEST_JUNIT=FILE.xml writes JUnit XML for bench/_test_times.py. The ten slowest tests are
+# listed at the end.
 TEST_WORKERS ?= 2
 TEST_JUNIT ?=
 PARALLEL := $(filter-out 0,$(TEST_WORKERS))
 pytest: install $(DOCS_DEPS)
-	$(if $(PARALLEL),$(BIN)/python -m pytest -m serial $(if $(TEST_JUNIT),--junitxml=$(TEST_JUNIT:.xml=.serial.xml)))
-	$(BIN)/python -m pytest $(if $(PARALLEL),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial") $(if $(TEST_JUNIT),--junitxml=$(TEST_JUNIT)) --durations=10
+	$(BIN)/python -m pytest $(if $(PARALLEL),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(if $(TEST_JUNIT),--junitxml=$(TEST_JUNIT)) --durations=10
 
 # make test prints its own wall time last (docs/design/test-times.md says where the time goes)
 test:

@@ -29,7 +29,7 @@ OUT = RESULTS / "test_times.json"
 
 def read_junit(paths: list[Path]) -> dict:
     """Per-file seconds and counts, the slowest tests and the outcome counts of JUnit XML files
-    (the phases of one run: the serial tests', the parallel ones')."""
+    (one run may write several: ``--junitxml`` of each pytest call)."""
     files: dict[str, dict] = defaultdict(lambda: {"seconds": 0.0, "tests": 0})
     tests, outcomes = [], defaultdict(int)
     cases = [case for path in paths for case in ET.parse(path).getroot().iter("testcase")]

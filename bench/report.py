@@ -527,12 +527,16 @@ TEST_TIME_KINDS = {
 }
 
 
-def render_test_times() -> str:
-    """make test and pytest wall times before and after, and seconds by kind of cost."""
+def _test_runs() -> tuple[dict, list[str]]:
     runs = load(RESULTS / "test_times.json").get("runs") or {}
     if "before" not in runs:
         raise ReportError("test_times.json: no 'before' run (bench/_test_times.py --label before)")
-    labels = [label for label in ("before", "after") if label in runs]
+    return runs, [label for label in ("before", "after") if label in runs]
+
+
+def render_test_times() -> str:
+    """make test's and pytest's wall times before and after."""
+    runs, labels = _test_runs()
     out = []
     for label in labels:
         r = runs[label]
@@ -547,26 +551,28 @@ def render_test_times() -> str:
             ]
         )
     head = ["run", "date", "make test s", "pytest s", "tests", "test seconds (sum)"]
-    first = table(head, out, "llrrrr")
-    kinds = []
+    return table(head, out, "llrrrr")
+
+
+def render_test_time_kinds() -> str:
+    """The test seconds of each run by what costs them (:data:`TEST_TIME_KINDS`)."""
+    runs, labels = _test_runs()
+    rows = []
     for kind, files in TEST_TIME_KINDS.items():
         cells = []
         for label in labels:
             per_file = runs[label]["per_file"]
-            cells.append(
-                f"{sum(per_file.get(f'tests/{f}.py', {}).get('seconds', 0) for f in files):.0f}"
-            )
-        kinds.append([kind, *cells])
+            total = sum(per_file.get(f"tests/{f}.py", {}).get("seconds", 0) for f in files)
+            cells.append(f"{total:.0f}")
+        rows.append([kind, *cells])
     named = {f"tests/{f}.py" for files in TEST_TIME_KINDS.values() for f in files}
     rest = []
     for label in labels:
         per_file = runs[label]["per_file"]
         rest.append(f"{sum(v['seconds'] for k, v in per_file.items() if k not in named):.0f}")
-    kinds.append(["every other test file", *rest])
-    second = table(
-        ["where the time goes", *[f"{x} s" for x in labels]], kinds, "l" + "r" * len(labels)
-    )
-    return first + "\n" + second
+    rows.append(["every other test file", *rest])
+    head = ["where the test seconds go", *[f"{x} s" for x in labels]]
+    return table(head, rows, "l" + "r" * len(labels))
 
 
 def render_lifecycle_chaos() -> str:
@@ -835,8 +841,9 @@ BLOCKS: dict[str, Block] = {
         "filter_fuzz.json",
         "one tenant never hurts another: the filter fuzz and the grouped server's goals",
     ),
-    "test-times": Block(
-        render_test_times, "test_times.json", "make test's time before and after, by kind"
+    "test-times": Block(render_test_times, "test_times.json", "make test's time before and after"),
+    "test-time-kinds": Block(
+        render_test_time_kinds, "test_times.json", "the test seconds by what costs them"
     ),
     "lifecycle-chaos": Block(
         render_lifecycle_chaos,

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import pytest
 
+# the test workers share the cores: ONNX Runtime's threads sleep between runs instead of
+# spin-waiting (crossknn.ce.spinning; tests/test_spinning.py); the subprocesses inherit it
+os.environ.setdefault("CROSSKNN_ORT_SPINNING", "0")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TEST_TIMES = REPO / "bench" / "results" / "test_times.json"

@@ -108,7 +108,6 @@ def _split(raw: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # the server's estimate of its CE time against the actual one
 def test_case01_lone_oversized_rerank_is_429_at_once(wide):
     server = wide
     # one /rerank of 16 such texts first: the service time the server measures is then that of

@@ -11,8 +11,9 @@ brings is in the working folder: ``corpus.jsonl`` (150 standard-library docstrin
 ``DATA/nfcorpus`` (made here, small), ``~/models/my-ce`` (a tiny Hugging Face cross-encoder
 folder in a temporary ``$HOME``), and the checkout's ``.venv``. curl runs with ``fail-with-body``
 in that ``~/.curlrc``, so an HTTP error answer is a failed step. Substituted through documented
-environment variables only: ``PORT`` (a free port; the blocks use ``${PORT:-8080}``) and
-``CROSSKNN_DEMO_ITEMS`` (the demo indexes 60 docstrings). The install steps (``pip install``,
+environment variables only: ``PORT`` (a free port; the blocks use ``${PORT:-8080}``),
+``CROSSKNN_DEMO_ITEMS`` (the demo indexes 60 docstrings) and ``CROSSKNN_ORT_SPINNING`` (as the
+test run has it: tests/conftest.py). The install steps (``pip install``,
 ``make demo``/``make test``) are checked, not run, by tests/docs_walk_check.py: the packages are
 installed and the make targets expand (``make -n``). A block marked ``<!-- walk: needs a GPU -->``
 is skipped on a machine without one.
@@ -165,6 +166,7 @@ def test_the_page_runs_as_written(page, tmp_path, model_cache):
         PORT=str(_free_port()),
         CROSSKNN_CACHE=str(model_cache),
         CROSSKNN_DEMO_ITEMS="60",
+        CROSSKNN_ORT_SPINNING=os.environ.get("CROSSKNN_ORT_SPINNING", ""),
         HF_HUB_OFFLINE="1",
         WALK_PY=sys.executable,
         WALK_CHECK=str(REPO / "tests" / "docs_walk_check.py"),

@@ -28,6 +28,7 @@ import numpy as np
 
 from crossknn.ce.manifest import read_manifest
 from crossknn.ce.model_base import length_batches
+from crossknn.ce.spinning import set_spinning
 from crossknn.ce.tokenize import IdStore, TokenizerPlan, assemble_pairs, longest_first
 from crossknn.demo_corpus import stdlib_docstrings
 
@@ -102,6 +103,7 @@ def score_feeds(onnx_path: str | os.PathLike, feeds, order, *, threads: int | No
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = int(threads or 0)
     so.log_severity_level = 3
+    set_spinning(so)
     sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
     n = sum(len(b) for b in order)

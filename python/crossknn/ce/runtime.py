@@ -48,6 +48,7 @@ from crossknn.ce.model_base import (
     check_positive,
 )
 from crossknn.ce.rewrite import fp16_graph
+from crossknn.ce.spinning import set_spinning
 
 __all__ = [
     "FP16",
@@ -282,6 +283,7 @@ class _Session:
         so.intra_op_num_threads = int(threads or 0)  # 0: one per physical core
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        set_spinning(so)  # CROSSKNN_ORT_SPINNING
         avail = available_providers()
         src = self.model_dir / self.file
 

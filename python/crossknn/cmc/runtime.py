@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from crossknn.ce.spinning import set_spinning
 from crossknn.retrievers import DenseRetriever, query_masks
 
 __all__ = ["DEFAULT_CANDIDATES", "FORMAT", "CmcReranker", "CmcRetriever", "read_info"]
@@ -52,6 +53,7 @@ class CmcReranker:
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = int(threads)
+        set_spinning(opts)  # CROSSKNN_ORT_SPINNING
         self._sess = ort.InferenceSession(str(onnx), opts, providers=["CPUExecutionProvider"])
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
