@@ -546,12 +546,15 @@ def render_test_times() -> str:
                 r.get("date", "")[:10],
                 f"{r.get('make_test_s', '–')}",
                 f"{r['pytest_s']:.0f}",
+                "–"
+                if not r.get("collection_s")
+                else f"{min(r['collection_s']):.1f}–{max(r['collection_s']):.1f}",
                 f"{r['tests']:,}",
                 f"{r['test_seconds_total']:.0f}",
             ]
         )
-    head = ["run", "date", "make test s", "pytest s", "tests", "test seconds (sum)"]
-    return table(head, out, "llrrrr")
+    head = ["run", "date", "make test s", "pytest s", "collection s", "tests", "test seconds (sum)"]
+    return table(head, out, "llrrrrr")
 
 
 def render_test_time_kinds() -> str:
