@@ -166,3 +166,49 @@ def test_cli_add_and_remove(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'not-there'" in err[0]
     assert [h["op"] for h in open_index(idx).info["history"]] == ["add", "remove"]
+
+
+@pytest.mark.parametrize("op", ["add", "remove"])
+def test_a_rerun_after_a_kill_between_commit_and_collect_removes_the_old_files(
+    tmp_path, monkeypatch, op
+):
+    """kill -9 right after the commit (index.json renamed) and before the previous version's
+    files are removed: the rerun finds the operation applied and removes them, so the folder
+    equals that of an uninterrupted run (seen in CI: tests/test_reliability_lifecycle.py)."""
+    import crossknn.corpus.versions as versions
+
+    full = corpus(130)
+    base = Corpus(full.ids[:120], full.texts[:120], "base")
+    new = Corpus(full.ids[120:], full.texts[120:], "new")
+
+    def run(idx):
+        if op == "add":
+            return add_items(idx, new, ce=StubCE(), de=StubDE())
+        return remove_items(idx, ["d3", "d7"], compact_at=0.0)
+
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    for d in (clean, killed):
+        build(d, base, rows=2)
+    run(clean)
+
+    class Killed(BaseException):
+        pass
+
+    def killed_collect(*_):
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(versions, "_collect", killed_collect)
+        with pytest.raises(Killed):
+            run(killed)
+
+    def files(d):  # every file of the index, index.json by the arrays it lists
+        snap = index_files(d)
+        snap["index.json"] = snap["index.json"]["arrays"]
+        return snap
+
+    assert index_version(open_index(killed)) == 2  # committed, the old files still there
+    assert files(killed) != files(clean)
+    r = run(killed)
+    assert r["already"] and r["version"] == 2
+    assert files(killed) == files(clean)

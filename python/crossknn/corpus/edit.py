@@ -25,6 +25,7 @@ from crossknn.corpus.versions import (
     WORK_DIR,
     already_applied,
     clean_work,
+    collect_superseded,
     index_lock,
     index_version,
     items_jsonl,
@@ -139,6 +140,7 @@ def add_items(path, items: Corpus, *, ce, de, progress: bool = False) -> dict:
         if done is not None:
             # a run killed after its commit, before its clean-up, left its work behind
             clean_work(path, "add")
+            collect_superseded(path)
             return {"version": done, "already": True, "added": len(items)}
         _check_new(index, items)
         item_meta = None  # every item's metadata, its kinds checked before any model runs
@@ -241,6 +243,7 @@ def remove_items(path, ids, *, compact_at: float = COMPACT_AT, progress: bool = 
         key = fingerprint({"op": "remove", "ids": sorted(set(ids))})
         done = already_applied(index, key)
         if done is not None:
+            collect_superseded(path)  # what a run killed after its commit left
             return {"version": done, "already": True, "removed": len(set(ids))}
         pos: dict[str, list[int]] = {}
         for j, iid in enumerate(index.corpus.ids):

@@ -35,6 +35,7 @@ from crossknn.corpus.versions import (
     WORK_DIR,
     already_applied,
     clean_work,
+    collect_superseded,
     index_lock,
     index_version,
     write_version,
@@ -294,6 +295,7 @@ def refine_index(
         if done is not None:
             # a run killed after its commit, before its clean-up, left its work behind
             clean_work(path, "refine")
+            collect_superseded(path)
             return RefineResult(version=done, already=True, index_calls=index_calls)
         # the log's paid-for entries of this CE, by query text and item position: each only
         # for the item it scored

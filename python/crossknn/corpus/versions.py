@@ -172,8 +172,25 @@ def _files(doc: Mapping) -> set[str]:
 def _collect(path: Path, old: Mapping, new: Mapping) -> None:
     """Removes the files only the previous version listed, and versioned files of attempts that
     never committed."""
-    keep = _files(new)
-    gone = _files(old) - keep
+    _unlink_unlisted(path, _files(new), _files(old))
+
+
+def collect_superseded(path: str | os.PathLike) -> None:
+    """What a run killed between its commit and its clean-up left: the files the committed
+    version supersedes (an array's or the item texts' unversioned file where the version lists a
+    versioned one) and versioned files it does not list. A rerun that finds its operation
+    applied calls it, so the folder is that of an uninterrupted run."""
+    path = Path(path)
+    doc = json.loads((path / "index.json").read_bytes().decode("utf-8"))
+    gone = {f"{name}.npy" for name, e in doc["arrays"].items() if e["file"] != f"{name}.npy"}
+    if doc["info"].get("items_file", ITEMS_FILE) != ITEMS_FILE:
+        gone.add(ITEMS_FILE)
+    _unlink_unlisted(path, _files(doc), gone)
+
+
+def _unlink_unlisted(path: Path, keep: set[str], gone: set[str]) -> None:
+    """Removes the files of ``path`` in ``gone`` or named as versioned files, unless in
+    ``keep``."""
     for f in path.iterdir():
         if f.name in keep or not f.is_file():
             continue
