@@ -43,7 +43,8 @@ run-deps: $(RUN_DEPS)
 $(DEPS): $(RUN_DEPS)
 	$(PIPI) torch==2.13.0
 	$(PIPI) transformers sentence-transformers pytest pytest-xdist hypothesis scipy ray ruff \
-	        fastapi uvicorn prometheus_client httpx 'ray[serve]' faiss-cpu schemathesis
+	        fastapi uvicorn prometheus_client httpx 'ray[serve]' faiss-cpu schemathesis \
+	        langchain-core llama-index-core haystack-ai python-terrier pyterrier-adaptive
 	touch $@
 
 deps: $(DEPS)
