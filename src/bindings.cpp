@@ -326,7 +326,8 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
                     const std::string& solve, const py::object& inv_penalties, double penalty_decay,
                     bool final_retrieved, const py::object& selector,
                     const py::object& first_features, const py::object& first_queries,
-                    double first_vmax, const py::object& allow) {
+                    double first_vmax, const py::object& allow, double stop_threshold,
+                    bool stop_trace) {
   if (!f) throw py::type_error("features must be a crossknn._core.Features");
   if (!PyCallable_Check(scorer.ptr())) throw py::type_error("scorer must be callable");
   std::vector<crossknn::Step> plan;
@@ -350,6 +351,8 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
   }
   o.penalty_decay = penalty_decay;
   o.final_retrieved = final_retrieved;
+  o.stop_threshold = stop_threshold;
+  o.stop_trace = stop_trace;
   std::unique_ptr<PySelector> sel;
   if (!selector.is_none()) {
     sel = std::make_unique<PySelector>(selector, f->dim(), f->n_items());
@@ -404,8 +407,12 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
   }
   py::array_t<float> S({Q, k});
   py::array_t<int64_t> I({Q, k}), calls(Q);
-  py::list items, scores;
+  py::array_t<int8_t> stopped(Q);
+  py::list items, scores, chances;
   for (int64_t i = 0; i < Q; ++i) {
+    stopped.mutable_data()[i] = static_cast<int8_t>(res[i].stopped);
+    chances.append(py::array_t<double>(static_cast<py::ssize_t>(res[i].stop_chance.size()),
+                                       res[i].stop_chance.data()));
     std::copy(res[i].scores.begin(), res[i].scores.end(), S.mutable_data() + i * k);
     std::copy(res[i].ids.begin(), res[i].ids.end(), I.mutable_data() + i * k);
     calls.mutable_data()[i] = res[i].calls;
@@ -420,6 +427,8 @@ py::dict run_search(std::shared_ptr<Features> f, py::object scorer,
   out["ce_calls"] = calls;
   out["scored_items"] = items;
   out["scored_scores"] = scores;
+  out["stopped"] = stopped;  // 0 budget, 1 found, 2 allowed (crossknn::StopReason)
+  out["stop_chance"] = chances;
   return out;
 }
 
@@ -571,11 +580,15 @@ PYBIND11_MODULE(_core, m) {
         py::arg("final_retrieved") = false, py::arg("selector") = py::none(),
         py::arg("first_features") = py::none(), py::arg("first_queries") = py::none(),
         py::arg("first_vmax") = 0.0, py::arg("allow") = py::none(),
+        py::arg("stop_threshold") = 0.0, py::arg("stop_trace") = false,
         "The C++ round loop (crossknn/search.h) for a batch of queries; scorer(queries, items) "
         "-> list of float arrays is called once per step with the GIL held. first_features / "
         "first_queries (float32 (Q, d)) / first_vmax: a dense first stage run by the loop (the "
         "top items of ItemFeatures.top_k), instead of first_items. allow: packed allow masks "
-        "(uint64, mask_words(N) words: one for every query, or Q x words).");
+        "(uint64, mask_words(N) words: one for every query, or Q x words). stop_threshold > 0: "
+        "a query stops before a step whose estimated chance of changing its top-k is below it "
+        "(out['stopped']: 0 budget, 1 found, 2 allowed); stop_trace: out['stop_chance'] holds "
+        "each query's estimate per step (NaN where none).");
 
   py::class_<Features, std::shared_ptr<Features>>(m, "Features",
                                                   "Item features V (N x d) in one storage type.")

@@ -210,6 +210,9 @@ void check_plan(const std::vector<Step>& plan, const SearchOptions& o, int64_t n
   if (!(o.temperature > 0.0) || !std::isfinite(o.temperature))
     throw std::invalid_argument("temperature must be a finite number > 0; got " +
                                 std::to_string(o.temperature));
+  if (!(o.stop_threshold >= 0.0 && o.stop_threshold <= 1.0))
+    throw std::invalid_argument("stop_threshold (a chance) must be in [0, 1]; got " +
+                                std::to_string(o.stop_threshold));
   if (!std::isfinite(o.score_alpha) || std::fabs(o.score_alpha) < 1e-12 ||
       !std::isfinite(o.score_beta))
     throw std::invalid_argument("score_alpha must be finite and non-zero, score_beta finite");
@@ -425,6 +428,26 @@ class PriorRidge {
 
 }  // namespace
 
+double stop_chance(const double* candidates, int64_t n, double kth, const double* errors,
+                   int64_t n_errors) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (n_errors < kStopMinErrors || !std::isfinite(kth)) return nan;
+  double mu = 0.0;
+  for (int64_t t = 0; t < n_errors; ++t) mu += errors[t];
+  mu /= static_cast<double>(n_errors);
+  double var = 0.0;
+  for (int64_t t = 0; t < n_errors; ++t) var += (errors[t] - mu) * (errors[t] - mu);
+  const double sigma =
+      std::max(std::sqrt(var / static_cast<double>(n_errors - 1)), 1e-12 * (1.0 + std::fabs(kth)));
+  double log_keep = 0.0;  // log of the chance that no candidate passes s_k
+  for (int64_t j = 0; j < n; ++j) {
+    const double p = 0.5 * std::erfc(-(candidates[j] + mu - kth) / (sigma * std::sqrt(2.0)));
+    if (p >= 1.0) return 1.0;
+    log_keep += std::log1p(-p);
+  }
+  return -std::expm1(log_keep);
+}
+
 // crossknn.core's query scaling constants (_SCORE_EXP, _U_EXP, _LOW_EXP, _TARGET_EXP)
 constexpr double kScoreExp = 100, kLowExp = -60, kTargetExp = 64;
 constexpr int kUExp = 120;
@@ -513,7 +536,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
     small[i] = allow[i] != nullptr && n_allowed[i] <= o.budget;
     if (!small[i]) act.push_back(i);
   }
-  const int64_t Qa = static_cast<int64_t>(act.size());
+  int64_t Qa = static_cast<int64_t>(act.size());  // shrinks as queries stop early
   std::vector<const uint64_t*> allow_act(static_cast<size_t>(Qa));
   for (int64_t a = 0; a < Qa; ++a) allow_act[a] = allow[act[a]];
   const uint64_t* const* allow_act_p = masked ? allow_act.data() : nullptr;
@@ -578,10 +601,32 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
   std::vector<int64_t> chosen, ex_ids, ex_off, items, offs;
   std::vector<float> U, keys, new_scores;
   std::vector<double> u(static_cast<size_t>(d)), targets;
+  // early stop (stop_chance): per query, whether it stopped, the approximate scores (score
+  // scale) of the items its current step chose, and the out-of-sample errors of earlier steps
+  const bool stop_on = o.stop_threshold > 0.0 || o.stop_trace;
+  std::vector<char> done(static_cast<size_t>(Q), 0);
+  std::vector<std::vector<double>> pred(stop_on ? static_cast<size_t>(Q) : 0),
+      errs(stop_on ? static_cast<size_t>(Q) : 0);
+  std::vector<double> cand;
+  std::vector<int64_t> cand_ids;
+  std::vector<float> cand_keys, kth_buf;
+  for (int64_t i = 0; i < Q; ++i) {
+    if (small[i]) res[i].stopped = StopReason::Allowed;
+    if (stop_on)
+      res[i].stop_chance.assign(plan.size(), std::numeric_limits<double>::quiet_NaN());
+  }
   for (size_t r = 0; r < plan.size(); ++r) {
     const Step& step = plan[r];
     const int64_t n = step.n;
-    if (r > 0 && Qa == 0) break;  // every query scored its allowed items in the first step
+    if (r > 0 && stop_on) {  // the queries that stopped in the last step take no more steps
+      act.erase(std::remove_if(act.begin(), act.end(), [&](int64_t i) { return done[i] != 0; }),
+                act.end());
+      Qa = static_cast<int64_t>(act.size());
+      allow_act.resize(static_cast<size_t>(Qa));
+      for (int64_t a = 0; a < Qa; ++a) allow_act[a] = allow[act[a]];
+      allow_act_p = masked ? allow_act.data() : nullptr;
+    }
+    if (r > 0 && Qa == 0) break;  // every query scored its allowed items or stopped
     chosen.assign(static_cast<size_t>(Qa * n), -1);
     if (step.kind == StepKind::First && o.first_features && Qa > 0) {
       // the DE's top items (crossknn.retrievers.DenseRetriever.retrieve), all queries at once
@@ -675,11 +720,62 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
             features.sample_random(1, n, ex1, rs, chosen.data() + a * n);
         }
       }
+      if (stop_on) {
+        // the early stop's test (stop_chance): the step's candidates against the k-th exact
+        // score, with the errors of the earlier steps' approximate scores (all in score scale)
+        auto approx = [&](int64_t a, const int64_t* its, int64_t m, std::vector<double>& out) {
+          rowbuf.resize(static_cast<size_t>(m * d));
+          features.rows(its, m, rowbuf.data());
+          out.assign(static_cast<size_t>(m), 0.0);
+          const float* ua = U.data() + a * d;
+          for (int64_t t = 0; t < m; ++t) {
+            double acc = 0.0;
+            for (int64_t j = 0; j < d; ++j) acc += rowbuf[t * d + j] * static_cast<double>(ua[j]);
+            out[t] = o.score_alpha * acc + o.score_beta;
+          }
+        };
+        for (int64_t a = 0; a < Qa; ++a) {
+          const int64_t i = act[a];
+          approx(a, chosen.data() + a * n, n, pred[i]);
+          const auto& sc = res[i].scored_scores;
+          const int64_t m_sc = static_cast<int64_t>(sc.size());
+          const int64_t n_err = static_cast<int64_t>(errs[i].size());
+          if (m_sc < o.k || n_err < kStopMinErrors) continue;
+          kth_buf.assign(sc.begin(), sc.end());
+          std::nth_element(kth_buf.begin(), kth_buf.begin() + (o.k - 1), kth_buf.end(),
+                           std::greater<float>());
+          const double kth = kth_buf[o.k - 1];
+          if (strategy == Strategy::TopK) {
+            cand = pred[i];
+          } else {  // the n best unscored items by approximate score
+            const int64_t off1[2] = {0, ex_off[a + 1] - ex_off[a]};
+            const ExcludeLists ex1{ex_ids.data() + ex_off[a], off1, allow_one(a)};
+            cand_ids.assign(static_cast<size_t>(n), -1);
+            cand_keys.resize(static_cast<size_t>(n));
+            if (o.selector)
+              o.selector->top_k(U.data() + a * d, 1, n, ex1, cand_keys.data(), cand_ids.data());
+            else
+              features.top_k(U.data() + a * d, 1, n, ex1, cand_keys.data(), cand_ids.data());
+            int64_t got = 0;
+            while (got < n && cand_ids[got] >= 0) ++got;
+            approx(a, cand_ids.data(), got, cand);
+          }
+          const int64_t w = std::min(n_err, std::max(kStopWindow, n));
+          const double chance = stop_chance(cand.data(), static_cast<int64_t>(cand.size()), kth,
+                                            errs[i].data() + (n_err - w), w);
+          res[i].stop_chance[r] = chance;
+          if (chance < o.stop_threshold) {  // NaN: no stop
+            done[i] = 1;
+            res[i].stopped = StopReason::Found;
+          }
+        }
+      }
       if (step.kind == StepKind::Retrieve && o.final_retrieved) {
         // rank the retrieved items and the earlier ones whose approximate score reaches the
         // lowest retrieved one (approximate scores in double, as the Python reference)
         for (int64_t a = 0; a < Qa; ++a) {
           const int64_t i = act[a];
+          if (done[i]) continue;  // stopped before this step: every scored item is ranked
           use_ranked[i] = 1;
           const float* ui = U.data() + a * d;
           auto approx = [&](const int64_t* its, int64_t m, std::vector<double>& out) {
@@ -722,8 +818,9 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
             throw std::logic_error("search: the allowed items of query " + std::to_string(i) +
                                    " changed while it was searched");
         }
-      } else {
-        items.insert(items.end(), chosen.begin() + a * n, chosen.begin() + (a + 1) * n);
+      } else if (a < Qa && act[a] == i) {
+        if (!done[i])
+          items.insert(items.end(), chosen.begin() + a * n, chosen.begin() + (a + 1) * n);
         ++a;
       }
       offs.push_back(static_cast<int64_t>(items.size()));
@@ -772,7 +869,12 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
       R.scored_scores.insert(R.scored_scores.end(), new_scores.begin() + b,
                              new_scores.begin() + b + m);
       R.calls += m;
-      if (rounds && r < last_solve && !small[i]) {
+      if (stop_on && m > 0 && static_cast<int64_t>(pred[i].size()) == m) {
+        for (int64_t t = 0; t < m; ++t)
+          errs[i].push_back(static_cast<double>(new_scores[b + t]) - pred[i][t]);
+        pred[i].clear();
+      }
+      if (rounds && r < last_solve && !small[i] && m > 0) {
         targets.resize(static_cast<size_t>(m));
         for (int64_t t = 0; t < m; ++t)
           targets[t] = (static_cast<double>(new_scores[b + t]) - o.score_beta) / o.score_alpha;

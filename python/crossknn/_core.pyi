@@ -18,6 +18,8 @@ class RunSearchResult(TypedDict):
     ce_calls: npt.NDArray[np.int64]  # (Q,)
     scored_items: list[npt.NDArray[np.int64]]  # per query, in scoring order
     scored_scores: list[npt.NDArray[np.float32]]
+    stopped: npt.NDArray[np.int8]  # (Q,): 0 budget, 1 found (early stop), 2 allowed
+    stop_chance: list[npt.NDArray[np.float64]]  # per query, one per step (NaN: none)
 
 def run_search(
     features: Features,
@@ -46,6 +48,9 @@ def run_search(
     first_features: Features | None = None,  # a dense first stage run by the loop
     first_queries: npt.NDArray[np.float32] | None = None,  # (Q, d) of first_features
     first_vmax: float = 0.0,  # an upper bound of max|first_features| (ItemFeatures._vmax)
+    allow: npt.NDArray[np.uint64] | None = None,  # packed allow masks
+    stop_threshold: float = 0.0,  # > 0: stop a query when its chance of a change is below it
+    stop_trace: bool = False,  # record every step's chance (stop_chance)
 ) -> RunSearchResult: ...
 
 class Features:

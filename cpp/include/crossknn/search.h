@@ -130,7 +130,34 @@ struct SearchOptions {
   // uniform random items.
   const Features* first_features = nullptr;
   double first_vmax = 0.0;
+  // Early stop (stop_chance below; off by default: every query runs the whole plan). Before a
+  // Round/Retrieve step scores anything, a query whose estimated chance that the step changes
+  // its top-k is below stop_threshold takes no more steps (SearchResult::stopped = Found): B
+  // stays the ceiling, the calls not spent are simply not made. 0: never stop.
+  double stop_threshold = 0.0;
+  // record each query's estimate per step (SearchResult::stop_chance) even when not stopping
+  // (calibration: one run at the full budget gives the result of every threshold)
+  bool stop_trace = false;
 };
+
+// Why a query's search ended: it ran its whole plan (Budget), the early stop found its top-k
+// (Found), or its allow mask allowed at most B items, all scored in one step (Allowed).
+enum class StopReason { Budget, Found, Allowed };
+
+// The estimate of the early stop for one query before a Round/Retrieve step (search.cpp):
+//   s_k    the k-th best exact score so far, in the least squares' target scale
+//          (score - score_beta) / score_alpha;
+//   e      the out-of-sample errors of the approximate scores of the items the last rounds
+//          chose (target - x_j u at the step that chose j; at least kStopMinErrors of them, the
+//          most recent max(kStopWindow, n)): their mean mu and standard deviation sigma;
+//   c_j    the approximate scores x_j u of the step's candidates (the n best unscored items by
+//          approximate score: the TopK choice, else computed for the test);
+//   chance = 1 - prod_j (1 - Phi((c_j + mu - s_k) / sigma)).
+// NaN (no stop) with fewer than k items scored or fewer than kStopMinErrors errors.
+constexpr int64_t kStopMinErrors = 4;
+constexpr int64_t kStopWindow = 16;
+double stop_chance(const double* candidates, int64_t n, double kth, const double* errors,
+                   int64_t n_errors);
 
 struct SearchQuery {
   uint64_t id = 0;                       // seeds: query_seed(options.seed, id)
@@ -150,6 +177,10 @@ struct SearchResult {
   int64_t calls = 0;                  // scorer calls spent (<= budget)
   std::vector<int64_t> scored_items;  // every item scored, in scoring order
   std::vector<float> scored_scores;
+  StopReason stopped = StopReason::Budget;
+  // with stop_threshold > 0 or stop_trace: the estimate before each step of the plan (NaN where
+  // none was made: First steps, too little evidence, steps after the query stopped)
+  std::vector<double> stop_chance;
 };
 
 // The query a dense first stage searches with: u (d floats) times the power of two 2^a that

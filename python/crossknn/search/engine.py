@@ -91,11 +91,17 @@ def search_rounds(
     seed: int = 0,
     query_ids: Sequence | None = None,
     allow=None,
+    stop: float | None = None,
+    stop_trace: bool = False,
 ) -> SearchResult:
     """Runs ``method`` (a :class:`crossknn.search.methods.RoundMethod`) for a batch of queries
     on the C++ loop; one ``scorer.score_batch`` per step for all of them. ``allow``: None, a
     boolean array (N,) for every query, or a list of Q boolean arrays (N,) or None (see the
-    module docstring)."""
+    module docstring). ``stop``: the early stop's threshold, a chance in (0, 1] (None or 0: off,
+    every query runs its whole plan; ``crossknn.search.stopping``): a query stops before a step
+    whose estimated chance of changing its top-k is below it; ``budget`` stays the ceiling.
+    ``stop_trace``: record every step's estimate (``SearchResult.stop_chance``) without
+    stopping unless ``stop`` is given."""
     queries = list(queries)
     nq = len(queries)
     n_items = int(scorer.n_items)
@@ -108,6 +114,9 @@ def search_rounds(
         raise ValueError(f"k={k} exceeds the budget B={budget}: at most B items can be ranked")
     if budget > n_items:
         raise ValueError(f"the budget B={budget} exceeds the number of items ({n_items})")
+    stop = 0.0 if stop is None else float(stop)
+    if not 0.0 <= stop <= 1.0:
+        raise ValueError(f"the stop threshold is a chance in [0, 1]; got {stop}")
     if method.n_items is not None and method.n_items != n_items:
         raise ValueError(
             f"the method's index has {method.n_items} items but the scorer has {n_items}"
@@ -124,7 +133,12 @@ def search_rounds(
     check_plan(plan, budget, n_items)
     if nq == 0:
         empty = np.empty((0, k))
-        return SearchResult(empty.astype(np.float32), empty.astype(np.int64), np.zeros(0, np.int64))
+        return SearchResult(
+            empty.astype(np.float32),
+            empty.astype(np.int64),
+            np.zeros(0, np.int64),
+            stopped=np.zeros(0, np.int8),
+        )
 
     masks = query_allow(allow, nq, n_items)
     words = None if masks is None else pack_allow(masks, nq, n_items)
@@ -188,6 +202,8 @@ def search_rounds(
         final_retrieved=method.final == "retrieved",
         selector=_selector(features) if rounds else None,
         allow=words,
+        stop_threshold=stop,
+        stop_trace=bool(stop_trace),
         **(dense or {}),
     )
     return SearchResult(
@@ -196,4 +212,6 @@ def search_rounds(
         out["ce_calls"],
         list(out["scored_items"]),
         list(out["scored_scores"]),
+        stopped=out["stopped"],
+        stop_chance=list(out["stop_chance"]),
     )

@@ -24,9 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["SearchResult", "Step", "check_plan", "query_seed", "split_sizes"]
+__all__ = ["STOP_REASONS", "SearchResult", "Step", "check_plan", "query_seed", "split_sizes"]
 
 STEP_KINDS = ("first", "round", "retrieve")
+#: why a query's search ended (``SearchResult.stopped``, ``Hits.stopped``): it ran its whole plan
+#: (``budget``), the early stop found its top-k (``found``; ``crossknn.search.stopping``), or its
+#: allow mask allowed at most B items, all scored in one step (``allowed``)
+STOP_REASONS = ("budget", "found", "allowed")
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,10 @@ class SearchResult:
 
     ``scores`` float32 (Q, k) exact CE scores, ``indices`` int64 (Q, k), padded with -inf / -1 when
     fewer than k items were scored; ``ce_calls`` int64 (Q,); ``scored_items`` / ``scored_scores``:
-    every item scored for each query (in scoring order) and its CE score.
+    every item scored for each query (in scoring order) and its CE score; ``stopped`` int8 (Q,)
+    codes of :data:`STOP_REASONS` (:meth:`stop_reason`); ``stop_chance``: with a stop threshold
+    or trace, each query's estimated chance per step that the step changes its top-k (NaN where
+    none was made).
     """
 
     scores: np.ndarray
@@ -49,6 +56,12 @@ class SearchResult:
     ce_calls: np.ndarray
     scored_items: list[np.ndarray] = field(default_factory=list)
     scored_scores: list[np.ndarray] = field(default_factory=list)
+    stopped: np.ndarray | None = None
+    stop_chance: list[np.ndarray] = field(default_factory=list)
+
+    def stop_reason(self, i: int) -> str:
+        """Why query ``i``'s search ended: one of :data:`STOP_REASONS`."""
+        return "budget" if self.stopped is None else STOP_REASONS[int(self.stopped[i])]
 
     def __iter__(self):  # scores, indices = method.search(...)
         return iter((self.scores, self.indices))
