@@ -342,7 +342,7 @@ def test_one_registry_feeds_every_method_list():
     body = json.dumps({"query": "x", "method": "auto"}).encode()
     with pytest.raises(schema.RequestError, match="--index-calls"):
         schema.parse_search_request(body, n_items=500, has_cur=True, indexes={"cur"})
-    assert registry.available(set()) == ["axn", "rnr"]
+    assert registry.available(set()) == ["axn", "rnr", "gar"]
     assert "auto" in registry.available({"auto"})
     with pytest.raises(ValueError, match="unknown method 'bm42'"):
         registry.get("bm42")

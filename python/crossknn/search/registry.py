@@ -25,6 +25,7 @@ import numpy as np
 
 from crossknn.score_map import ScoreMap
 from crossknn.search.auto import AUTO
+from crossknn.search.gar import DEFAULT_BATCH, GAR
 from crossknn.search.methods import (
     ADACUR,
     ANNCUR,
@@ -93,6 +94,7 @@ class Resources:
     anchor_seed: int = 0
     n_items: int | None = None
     auto_index: Any = None
+    graph: Any = None  # GAR's corpus graph (N x k); None: built from the DE item vectors
 
     def get(self, name: str, defaults: Mapping[str, Any]) -> Any:
         value = getattr(self, name)
@@ -178,6 +180,32 @@ def _auto(r: Resources, spec: MethodSpec) -> RoundMethod:
     return AUTO(index, prior=r.prior, first=r.first, rounds=r.rounds)
 
 
+def _de_item_vectors(r: Resources, spec: MethodSpec) -> np.ndarray:
+    """The DE item vectors at hand: the DE first stage's, else ``item_vectors``."""
+    from crossknn.core import ItemFeatures
+    from crossknn.retrievers import DenseRetriever
+
+    first = r.first.features if isinstance(r.first, DenseRetriever) else None
+    for feats in (first, r.item_vectors):
+        if isinstance(feats, np.ndarray) and feats.ndim == 2:
+            return feats
+        if type(feats) is ItemFeatures:
+            return feats._f.rows(np.arange(feats.n_items, dtype=np.int64)).astype(np.float32)
+    raise ValueError(
+        f"method {spec.name!r} needs its corpus graph or the DE item vectors to build it from "
+        "(a DE first stage, --first de); crossknn build writes the graph into a corpus index"
+    )
+
+
+def _gar(r: Resources, spec: MethodSpec) -> RoundMethod:
+    # the corpus graph: the index's, else built from the DE item vectors on first use (in memory)
+    from crossknn.index.graph import graph_for
+
+    d = spec.defaults
+    graph = r.graph if r.graph is not None else graph_for(_de_item_vectors(r, spec), d["k"])
+    return GAR(graph, first=r.first, batch_size=d["batch_size"], n_items=r.n_items)
+
+
 _CUR = {"ridge": DEFAULT_RIDGE, "rounds": 5, "temperature": 1.0, "split": None}
 
 #: every method, by name (the order is the one help texts and ``/info`` show)
@@ -203,6 +231,14 @@ REGISTRY: dict[str, MethodSpec] = {
             defaults={"rounds": 5, "ridge": 0.0},
         ),
         MethodSpec("rnr", "rerank the first stage's top-B items", "none", _rnr),
+        MethodSpec(
+            "gar",
+            "GAR: batches of b alternating the first stage's ranking and the corpus-graph "
+            "neighbours (DE k-NN) of the best items scored",
+            "none",
+            _gar,
+            defaults={"batch_size": DEFAULT_BATCH, "k": 16},
+        ),
         MethodSpec(
             "adacur",
             "ADACUR: adaptive anchors over rounds (TopK), all B calls in the rounds",
