@@ -12,6 +12,21 @@ and every key must hold::
     {"$or": [{"lang": "en"}, {"lang": "de"}]}       $and, $or (a non-empty list), $not (a filter)
     {"id": {"$in": ["d1", "d7"]}}                   the item ids: an id allow-list
 
+The same filters in Qdrant's form (an object of ``must`` / ``should`` / ``must_not`` lists) are
+read into the same conditions, so a Qdrant filter and its MongoDB twin allow the same items::
+
+    {"must": [{"key": "lang", "match": {"value": "en"}}]}          {"lang": "en"}
+    {"must": [{"key": "tenant", "match": {"any": ["acme"]}}]}      {"tenant": {"$in": ["acme"]}}
+    {"must": [{"key": "tenant", "match": {"except": ["acme"]}}]}   {"tenant": {"$nin": ["acme"]}}
+    {"must": [{"key": "year", "range": {"gte": 2019, "lt": 2024}}]}  {"year": {"$gte": 2019, ...}}
+    {"should": [A, B]}   {"$or": [A, B]};   {"must_not": [A, B]}   {"$not": {"$or": [A, B]}}
+    {"must": [{"is_null": {"key": "summary"}}]}     {"summary": {"$exists": false}}
+    {"must": [{"is_empty": {"key": "tags"}}]}       no field, or an empty list
+    {"must": [{"has_id": ["d1", "d7"]}]}            {"id": {"$in": ["d1", "d7"]}}
+
+A construct of Qdrant's that has no meaning here (``match.text``, ``geo_radius``, ``nested``,
+``values_count``, ``min_should`` ...) is refused naming it.
+
 A range or equality on an item without the field is false; ``$ne``/``$nin`` are true there
 (MongoDB's rule). Values must have the field's kind (:mod:`crossknn.metadata`): strings for
 string and list fields, numbers for number fields, ISO 8601 strings for dates, booleans for bool
@@ -54,6 +69,35 @@ _OPS = {
     "bool": ("$eq", "$ne", "$in", "$nin", "$exists"),
     "id": ("$eq", "$ne", "$in", "$nin"),
 }
+
+
+# Qdrant's form: its clauses, condition keys, match kinds (-> our operator), range bounds
+_Q_CLAUSES = ("must", "should", "must_not", "min_should")
+_Q_CONDITION = ("key", "match", "range", "is_empty", "is_null", "has_id")
+_Q_MATCH = {"value": "$eq", "any": "$in", "except": "$nin"}
+_Q_RANGE = {"gt": "$gt", "gte": "$gte", "lt": "$lt", "lte": "$lte"}
+# Qdrant's constructs with no meaning here, and why
+_Q_REFUSED = {
+    "geo_radius": "there are no geo fields",
+    "geo_bounding_box": "there are no geo fields",
+    "geo_polygon": "there are no geo fields",
+    "values_count": "a list field is matched by its values, not counted",
+    "nested": "items have no arrays of objects (nested objects are dotted fields)",
+    "has_vector": "every item has its vectors",
+    "datetime_range": "use range with ISO 8601 dates on a date field",
+    "filter": "write the nested filter itself (must, should, must_not) as the condition",
+    "min_should": "should needs one of its conditions; write 'at least n of' with should of must",
+}
+_Q_REFUSED_MATCH = {
+    "text": "there is no full-text index on item fields",
+    "text_any": "there is no full-text index on item fields",
+    "phrase": "there is no full-text index on item fields",
+}
+
+
+def _q_refused(name: str) -> str:
+    why = _Q_REFUSED.get(name) or _Q_REFUSED_MATCH.get(name.removeprefix("match."))
+    return f"Qdrant's {name} has no meaning here ({why})"
 
 
 class FilterError(ValueError):
@@ -107,6 +151,8 @@ class _Parser:
             self.fail(where, f"expected an object {{field: condition}}; got {_type_name(spec)}")
         if not spec:
             self.fail(where, "an empty filter object; leave the filter out to allow every item")
+        if self.is_qdrant(spec):
+            return self.qdrant_filter(spec, where, depth)
         parts = []
         for key, value in spec.items():
             at = f"{where}.{key}"
@@ -126,9 +172,7 @@ class _Parser:
         return parts[0] if len(parts) == 1 else _Node("$and", tuple(parts))
 
     def field(self, name: str, cond: Any, where: str) -> list:
-        self.conditions += 1
-        if self.conditions > MAX_CONDITIONS:
-            self.fail(where, f"more than {MAX_CONDITIONS} conditions in one filter")
+        self.count(where)
         if name == ID_FIELD:
             kind = "id"
         elif name in self.fields:
@@ -147,22 +191,156 @@ class _Parser:
             at = f"{where}.{op}"
             if op not in _COMPARE:
                 self.fail(at, f"unknown operator {op!r}; expected one of {', '.join(_COMPARE)}")
-            if op not in _OPS[kind]:
-                self.fail(at, f"{op} does not apply to a {kind_name(kind)} field")
-            if op == "$exists":
-                if not isinstance(value, bool):
-                    self.fail(at, f"expected true or false; got {_type_name(value)}")
-                out.append(_Cond(name, kind, op, value))
-            elif op in ("$in", "$nin"):
-                if not isinstance(value, list):
-                    self.fail(at, f"expected a list of values; got {_type_name(value)}")
-                if len(value) > MAX_VALUES:
-                    self.fail(at, f"{len(value)} values; at most {MAX_VALUES}")
-                vals = tuple(self.value(kind, v, f"{at}[{i}]") for i, v in enumerate(value))
-                out.append(_Cond(name, kind, op, vals))
-            else:
-                out.append(_Cond(name, kind, op, self.value(kind, value, at)))
+            out.append(self.op_cond(name, kind, op, value, at, op))
         return out
+
+    def op_cond(self, name: str, kind: str, op: str, value: Any, at: str, label: str) -> _Cond:
+        """One operator's condition on a field of ``kind`` (``label``: the operator as the
+        filter wrote it, for the message)."""
+        if op not in _OPS[kind]:
+            self.fail(at, f"{label} does not apply to a {kind_name(kind)} field")
+        if op == "$exists":
+            if not isinstance(value, bool):
+                self.fail(at, f"expected true or false; got {_type_name(value)}")
+            return _Cond(name, kind, op, value)
+        if op in ("$in", "$nin"):
+            if not isinstance(value, list):
+                self.fail(at, f"expected a list of values; got {_type_name(value)}")
+            if len(value) > MAX_VALUES:
+                self.fail(at, f"{len(value)} values; at most {MAX_VALUES}")
+            vals = tuple(self.value(kind, v, f"{at}[{i}]") for i, v in enumerate(value))
+            return _Cond(name, kind, op, vals)
+        return _Cond(name, kind, op, self.value(kind, value, at))
+
+    # ---- Qdrant's form: must / should / must_not over key + match / range, is_empty, is_null,
+    # has_id and nested filters, read into the same _Node / _Cond tree as the MongoDB form
+
+    def is_qdrant(self, spec: Mapping) -> bool:
+        """An object whose keys are Qdrant's clauses (a field of that name wins: the index's)."""
+        return all(k in _Q_CLAUSES and k not in self.fields for k in spec)
+
+    def qdrant_filter(self, spec: Mapping, where: str, depth: int):
+        parts = []
+        for clause, value in spec.items():
+            at = f"{where}.{clause}"
+            if clause == "min_should":
+                self.fail(at, _q_refused("min_should"))
+            conds = [value] if isinstance(value, Mapping) else value
+            if not isinstance(conds, list):
+                self.fail(at, f"expected a list of conditions; got {_type_name(value)}")
+            if not conds:
+                self.fail(at, f"an empty list of conditions; leave {clause} out")
+            subs = tuple(
+                self.qdrant_condition(c, f"{at}[{i}]" if conds is value else at, depth + 1)
+                for i, c in enumerate(conds)
+            )
+            if clause == "must":
+                parts.extend(subs)
+            elif clause == "should":
+                parts.append(subs[0] if len(subs) == 1 else _Node("$or", subs))
+            else:  # must_not: none of them
+                parts.append(_Node("$not", (subs[0] if len(subs) == 1 else _Node("$or", subs),)))
+        return parts[0] if len(parts) == 1 else _Node("$and", tuple(parts))
+
+    def qdrant_condition(self, cond: Any, where: str, depth: int):
+        if depth > MAX_DEPTH:
+            self.fail(where, f"nested deeper than {MAX_DEPTH} levels")
+        if not isinstance(cond, Mapping):
+            self.fail(where, f"expected a condition object; got {_type_name(cond)}")
+        if not cond:
+            self.fail(where, "an empty condition; expected key with match or range, is_empty, "
+                      "is_null, has_id or a filter (must, should, must_not)")  # fmt: skip
+        if all(k in _Q_CLAUSES for k in cond):
+            return self.qdrant_filter(cond, where, depth)
+        for k in cond:
+            if k in _Q_REFUSED:
+                self.fail(f"{where}.{k}", _q_refused(k))
+            if k not in _Q_CONDITION:
+                self.fail(
+                    f"{where}.{k}",
+                    f"unknown condition key {_short(k)}; expected key with match or range, "
+                    "is_empty, is_null, has_id or a filter (must, should, must_not)",
+                )
+        if "key" in cond:
+            return self.qdrant_field(cond, where)
+        if len(cond) != 1:
+            self.fail(where, f"one condition per object; got {', '.join(map(str, cond))}")
+        ((k, v),) = cond.items()
+        at = f"{where}.{k}"
+        if k == "has_id":
+            if not isinstance(v, list):
+                self.fail(at, f"expected a list of item ids; got {_type_name(v)}")
+            return self.qdrant_cond(ID_FIELD, "$in", v, at)
+        if k in ("is_empty", "is_null"):  # null and absent are one here: no value
+            if not isinstance(v, Mapping) or set(v) != {"key"}:
+                self.fail(at, f'expected {{"key": FIELD}}; got {_short(v)}')
+            name, kind = self.field_kind(v["key"], f"{at}.key")
+            if "$exists" not in _OPS[kind]:
+                self.fail(at, f"{k} does not apply to the id (every item has one)")
+            if k == "is_empty" and kind == "strings":
+                self.count(at)
+                return _Cond(name, kind, "$empty", True)
+            return self.qdrant_cond(name, "$exists", False, at)
+        self.fail(where, f"expected key with match or range; got {k!r} without key")
+
+    def qdrant_field(self, cond: Mapping, where: str):
+        """``{"key": FIELD, "match": {...}}`` and/or ``"range": {...}``."""
+        extra = [k for k in cond if k not in ("key", "match", "range")]
+        if extra:
+            self.fail(f"{where}.{extra[0]}", f"{extra[0]} does not go with key; expected match "
+                      "or range")  # fmt: skip
+        if "match" not in cond and "range" not in cond:
+            self.fail(where, "key without a condition; expected match or range")
+        name, _kind = self.field_kind(cond["key"], f"{where}.key")
+        out = []
+        if "match" in cond:
+            m, at = cond["match"], f"{where}.match"
+            if not isinstance(m, Mapping) or len(m) != 1:
+                self.fail(at, 'expected one of {"value": V}, {"any": [...]}, {"except": [...]}; '
+                          f"got {_short(m)}")  # fmt: skip
+            ((k, v),) = m.items()
+            if k in _Q_REFUSED_MATCH:
+                self.fail(f"{at}.{k}", _q_refused(f"match.{k}"))
+            if k not in _Q_MATCH:
+                self.fail(f"{at}.{k}", f"unknown match {_short(k)}; expected value, any or except")
+            out.append(self.qdrant_cond(name, _Q_MATCH[k], v, f"{at}.{k}"))
+        if "range" in cond:
+            r, at = cond["range"], f"{where}.range"
+            if not isinstance(r, Mapping) or not r:
+                self.fail(at, f"expected an object of gt, gte, lt, lte; got {_short(r)}")
+            for k, v in r.items():
+                if k not in _Q_RANGE:
+                    self.fail(f"{at}.{k}", f"unknown range bound {_short(k)}; expected gt, gte, "
+                              "lt or lte")  # fmt: skip
+                if v is not None:  # Qdrant's "no bound"
+                    out.append(self.qdrant_cond(name, _Q_RANGE[k], v, f"{at}.{k}", "range"))
+            if not any(v is not None for v in r.values()):
+                self.fail(at, "a range without a bound")
+        return out[0] if len(out) == 1 else _Node("$and", tuple(out))
+
+    def field_kind(self, name: Any, where: str) -> tuple[str, str]:
+        if not isinstance(name, str):
+            self.fail(where, f"expected a field name; got {_type_name(name)} {_short(name)}")
+        if name.endswith("[]"):
+            self.fail(where, f"{name!r}: the [] projection has no meaning here (a list field "
+                      "matches when one of its values does)")  # fmt: skip
+        if name == ID_FIELD:
+            return name, "id"
+        if name not in self.fields:
+            known = ", ".join(sorted(self.fields)) or "none"
+            self.fail(where, f"unknown field {name!r} (the index's fields: {known}; and id)")
+        return name, self.fields[name]
+
+    def qdrant_cond(self, name: str, op: str, value: Any, where: str, label: str = "") -> _Cond:
+        """One condition, checked as its MongoDB twin ``{name: {op: value}}`` is."""
+        self.count(where)
+        kind = "id" if name == ID_FIELD else self.fields[name]
+        return self.op_cond(name, kind, op, value, where, label or where.rsplit(".", 1)[-1])
+
+    def count(self, where: str) -> None:
+        self.conditions += 1
+        if self.conditions > MAX_CONDITIONS:
+            self.fail(where, f"more than {MAX_CONDITIONS} conditions in one filter")
 
     def value(self, kind: str, v: Any, where: str):
         if v is None:
@@ -246,6 +424,9 @@ def _cond(c: _Cond, col, n: int) -> np.ndarray:
         )
         if c.op == "$exists":
             return present if c.value else ~present
+        if c.op == "$empty":  # Qdrant's is_empty on a list field: no list, or an empty one
+            off = np.asarray(a["offsets"])
+            return ~present | (off[1:] == off[:-1])
         vals = c.value if isinstance(c.value, tuple) else (c.value,)
         codes = col.codes_of(vals)
         if c.kind == "string":
