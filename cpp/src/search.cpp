@@ -745,19 +745,22 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
           std::nth_element(kth_buf.begin(), kth_buf.begin() + (o.k - 1), kth_buf.end(),
                            std::greater<float>());
           const double kth = kth_buf[o.k - 1];
-          if (strategy == Strategy::TopK) {
+          // the candidates: the max(n, kStopCandidates k) best unscored items, within the budget
+          const int64_t nc = std::max<int64_t>(
+              1, std::min(o.budget - res[i].calls, std::max(n, kStopCandidates * o.k)));
+          if (strategy == Strategy::TopK && nc == n) {
             cand = pred[i];
-          } else {  // the n best unscored items by approximate score
+          } else {  // the nc best unscored items by approximate score
             const int64_t off1[2] = {0, ex_off[a + 1] - ex_off[a]};
             const ExcludeLists ex1{ex_ids.data() + ex_off[a], off1, allow_one(a)};
-            cand_ids.assign(static_cast<size_t>(n), -1);
-            cand_keys.resize(static_cast<size_t>(n));
+            cand_ids.assign(static_cast<size_t>(nc), -1);
+            cand_keys.resize(static_cast<size_t>(nc));
             if (o.selector)
-              o.selector->top_k(U.data() + a * d, 1, n, ex1, cand_keys.data(), cand_ids.data());
+              o.selector->top_k(U.data() + a * d, 1, nc, ex1, cand_keys.data(), cand_ids.data());
             else
-              features.top_k(U.data() + a * d, 1, n, ex1, cand_keys.data(), cand_ids.data());
+              features.top_k(U.data() + a * d, 1, nc, ex1, cand_keys.data(), cand_ids.data());
             int64_t got = 0;
-            while (got < n && cand_ids[got] >= 0) ++got;
+            while (got < nc && cand_ids[got] >= 0) ++got;
             approx(a, cand_ids.data(), got, cand);
           }
           const int64_t w = std::min(n_err, std::max(kStopWindow, n));

@@ -148,14 +148,16 @@ enum class StopReason { Budget, Found, Allowed };
 //   s_k    the k-th best exact score so far, in the least squares' target scale
 //          (score - score_beta) / score_alpha;
 //   e      the out-of-sample errors of the approximate scores of the items the last rounds
-//          chose (target - x_j u at the step that chose j; at least kStopMinErrors of them, the
+//          chose (score - x_j u at the step that chose j; at least kStopMinErrors of them, the
 //          most recent max(kStopWindow, n)): their mean mu and standard deviation sigma;
-//   c_j    the approximate scores x_j u of the step's candidates (the n best unscored items by
-//          approximate score: the TopK choice, else computed for the test);
+//   c_j    the approximate scores x_j u of the candidates: the max(n, kStopCandidates k) best
+//          unscored items by approximate score (at most the calls left), an extra top-k pass
+//          unless they are the step's own TopK choice;
 //   chance = 1 - prod_j (1 - Phi((c_j + mu - s_k) / sigma)).
 // NaN (no stop) with fewer than k items scored or fewer than kStopMinErrors errors.
 constexpr int64_t kStopMinErrors = 4;
-constexpr int64_t kStopWindow = 16;
+constexpr int64_t kStopWindow = 32;
+constexpr int64_t kStopCandidates = 2;
 double stop_chance(const double* candidates, int64_t n, double kth, const double* errors,
                    int64_t n_errors);
 
