@@ -776,6 +776,33 @@ def render_gpu() -> str:
     return table(["what", "GPU", "measured"], out, "llr")
 
 
+# ---- the harness: RNR vs GAR vs auto (bench/_harness.py) ------------------------------------
+
+HARNESS_GOALS = {
+    "gar_equals_reference": ("1.0", lambda v: v == 1.0),
+    "auto_vs_gar_min": ("≥ 0.05", lambda v: v >= 0.05),
+    "calls_to_match_gar_200": ("≤ 0.4", lambda v: v <= 0.4),
+}
+
+
+def render_harness() -> str:
+    d = load(RESULTS / "harness.json")
+    out = []
+    for v in d["matrices"].values():
+        rec, calls = v["recall"], v["ce_calls_max"]
+        for b in ("50", "100", "200"):
+            used = max(calls[m][b] for m in ("rnr", "gar", "auto"))
+            cells = [f3(rec[m][b]) for m in ("rnr", "gar", "auto")]
+            out.append([f"{v['matrix']} ({v['n_test']} test queries)", b, *cells, str(used)])
+    header = ["score matrix", "B", "RNR (DE top-B)", "GAR (DE graph k=16, b=16)"]
+    header += ["auto (default build)", "CE calls per query (max)"]
+    return table(header, out, "lrrrrr")
+
+
+def render_harness_goals() -> str:
+    return goals_table("harness.json", HARNESS_GOALS)
+
+
 @dataclass(frozen=True)
 class Block:
     render: Callable[[], str]
@@ -866,6 +893,10 @@ BLOCKS: dict[str, Block] = {
         "day_one_rows.json",
         "day-one rows: pseudo-query candidates on train queries (B = 50 / 100 / 200)",
     ),
+    "harness": Block(
+        render_harness, "harness.json", "Top-10-Recall: RNR vs GAR vs auto at equal CE calls"
+    ),
+    "harness-goals": Block(render_harness_goals, "harness.json", "GAR and the harness: goals"),
 }
 
 

@@ -174,6 +174,12 @@ SUITES: dict[str, list[Step]] = {
             ("bench/recall_bench.py", "day-one", "--part", "final"),
             needs=(CISI, NFCORPUS_MATRIX, SCIFACT),
         ),
+        Step(
+            "RNR vs GAR vs auto on the matrices; gar against pyterrier-adaptive",
+            ("bench/recall_bench.py", "harness", "--part", "matrices", "--part", "reference"),
+            needs=(CISI, NFCORPUS_MATRIX),
+            uses=("bench/_harness.py",),
+        ),
     ],
     "cpu": [
         Step("round engine", ("bench/core_bench.py",)),
