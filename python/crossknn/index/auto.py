@@ -271,4 +271,5 @@ def auto_index_of(index) -> AutoIndex | None:
         prior_kernel_tau=float(params.get("prior_kernel_tau", PRIOR_KERNEL_TAU)),
         # absent in indexes built before the rounds curve: their rounds run (no time trade)
         rounds_curve=params.get("rounds_curve"),
+        stop_curve=params.get("stop_curve"),
     )

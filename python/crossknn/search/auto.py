@@ -260,6 +260,9 @@ class AutoIndex:
     # {rounds: cross-validated recall} over the complete rows (rounds_curve; None: not known,
     # indexes built before it or with fewer than 4 rows): what choose_rounds trades for time
     rounds_curve: dict | None = None
+    # the early stop's table (crossknn.search.stopping.stop_curve over the complete rows; None:
+    # not calibrated, indexes built before it or with fewer than 4 rows)
+    stop_curve: dict | None = None
     # what row_prior reads for every query, computed once (see prior_tables); the arrays above are
     # not changed after construction
     _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
@@ -391,6 +394,7 @@ class AutoIndex:
             "rounds_curve": None
             if self.rounds_curve is None
             else {str(r): v for r, v in sorted(self.rounds_curve.items())},
+            "stop_curve": self.stop_curve,
         }
 
     def prior_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -555,6 +559,13 @@ class AUTO(RoundMethod):
         self.rounds = int(self.index.rounds if rounds is None else rounds)
         self._choices = {}
 
+    def stop_threshold(self, target_recall: float) -> float:
+        """The early stop's threshold for ``target_recall`` from the index's calibration
+        (:func:`crossknn.search.stopping.stop_threshold`)."""
+        from crossknn.search.stopping import stop_threshold
+
+        return stop_threshold(self.index.stop_curve, target_recall)
+
     def choice(self, budget: int) -> RoundChoice:
         """The rounds a search of ``budget`` CE calls runs, and why (computed once a budget)."""
         b = int(budget)
@@ -620,6 +631,7 @@ def build_auto_index(
     progress: bool = False,
     curve_rounds: Sequence[int] | None = ROUNDS_GRID,
     stop_rows: Callable[[int, float], bool] | None = None,
+    stop_targets: Sequence[float] | None = None,
 ) -> AutoIndex:
     """Reads at most ``index_calls`` CE entries of the train queries and returns the index.
 
@@ -636,8 +648,10 @@ def build_auto_index(
     (:func:`rounds_curve`, with 4 rows or more; None or empty: no curve); ``stop_rows(j,
     seconds)``: asked before the j-th complete row (``seconds`` spent on the rows so far), True
     stops reading rows there (a time cap): the index is made of the j rows read, with the
-    choices of j rows and no partial rows (None: every planned row is read).
-    """
+    choices of j rows and no partial rows (None: every planned row is read); ``stop_targets``:
+    the targets of the early stop's calibration (:func:`crossknn.search.stopping.stop_curve`, with
+    4 rows or more; None: :data:`crossknn.search.stopping.TARGETS`, empty: none).
+        """
     budgets = CV_BUDGETS if budgets is None else budgets
     partial_items = PARTIAL_ITEMS if partial_items is None else int(partial_items)
     ks = CV_KS if ks is None else ks
@@ -728,6 +742,9 @@ def build_auto_index(
         cv=table,
         query_dirs=A,
         rounds_curve=curve,
+        stop_curve=_stop_curve(
+            R, Q[pos], V, (rho_d, rho_r, rounds, first, decay), prior_alpha, A, stop_targets, seed
+        ),
     )
     if n_part == 0:
         return idx
@@ -741,6 +758,43 @@ def build_auto_index(
         prior_ridge=PRIOR_RIDGE,
         prior_kernel_tau=PRIOR_KERNEL_TAU,
     )
+
+
+def _stop_curve(R, Qr, V, choice, alpha, query_dirs, targets, seed) -> dict | None:
+    """The early stop's table over the m complete rows (m >= 4; cross-validated folds as
+    :func:`rounds_curve`, the row prior kept, the learned prior not); None with fewer rows."""
+    from crossknn.search import stopping
+
+    targets = stopping.TARGETS if targets is None else tuple(targets)
+    m = R.shape[0]
+    if m < 4 or not targets:
+        return None
+    rho_d, rho_r, rounds, first, decay = choice
+    de = make_retriever("de", item_vectors=V, query_vectors=Qr)
+    cov = item_covariance(V) if alpha > 0 else None
+    chol = None if cov is None else packed_cholesky(cov)
+
+    def method_for(fold):
+        keep = np.setdiff1d(np.arange(m), fold)
+        idx = AutoIndex(
+            V,
+            R[keep],
+            rho_d=rho_d,
+            rho_r=rho_r,
+            rounds=rounds,
+            first_share=first,
+            decay=decay,
+            row_vectors=Qr[keep],
+            prior_alpha=alpha,
+            query_dirs=query_dirs,
+            item_cov=cov,
+        )
+        if chol is not None:
+            idx._chol = chol
+        return AUTO(idx, prior=Qr, first=de)
+
+    folds = _cv_folds(m, n_folds=6, max_dev=stopping.MAX_ROWS, seed=seed)
+    return stopping.stop_curve(method_for, MatrixScorer(R), folds, seed=seed, targets=targets)
 
 
 def partial_plan(index_calls: int, n_items: int, n_train: int, items: int = PARTIAL_ITEMS):
