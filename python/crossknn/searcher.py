@@ -83,8 +83,10 @@ class Hits:
         recall (float | None): with ``exact=True``: the Top-k-Recall of ``ids``.
         rescore_calls (int | None): with a rescore (:class:`Searcher`'s ``rescore``): its CE
             calls (also counted in ``ce_calls``).
-        plan (dict | None): what ran: the method, its rounds, the CE calls of each round
-            (:meth:`Searcher.plan_info`).
+        plan (dict | None): what ran for this query: the method, the rounds it ran and the CE
+            calls each step spent (``plan``; :meth:`Searcher.plan_info` as spent: a filter
+            allowing at most B items is one round of as many calls, an early stop ends it
+            sooner).
         allowed (int | None): with a filter, ``ids`` or removed items: how many items the
             query could be given (None: every item).
         unknown_ids (int): how many distinct ids of the query's id allow-list (``ids``) the
@@ -154,6 +156,9 @@ class Hits:
         }
         if self.rescore_calls is not None:
             out["rescore_calls"] = int(self.rescore_calls)
+        if self.plan is not None:  # what this query ran: its rounds, each step's CE calls
+            out["rounds"] = int(self.plan["rounds"])
+            out["round_calls"] = [int(n) for n in self.plan["plan"]]
         if self.allowed is not None:
             out["allowed"] = int(self.allowed)
         out["unknown_ids"] = int(self.unknown_ids)
@@ -711,6 +716,7 @@ class Searcher:
         t_masks = (time.perf_counter() - t_masks) / max(len(qs), 1)  # in each query's other time
         search = self._make(method, rounds)
         plan = self.plan_info(method, budget=budget, rounds=rounds)
+        kinds = [st.kind for st in search.plan(int(budget))]  # the plan's steps, as plan_info's
         n_rescore = self._rescore_n(rescore_top, k, budget)
         hits: list[Hits] = []
         old_bs = self.ce.batch_size if batch_size is not None else None
@@ -749,7 +755,7 @@ class Searcher:
                                 texts=[self.corpus.texts[j] for j in idx],
                                 qid=qids[lo + i],
                                 rescore_calls=calls if self.rescore_ce is not None else None,
-                                plan=plan,
+                                plan=_as_spent(plan, kinds, res, i),
                                 paid=_paid(res, i) if self.record_paid else None,
                                 allowed=None
                                 if allow is None or allow[i] is None
@@ -945,6 +951,31 @@ def tombstones_of(index: CorpusIndex) -> np.ndarray | None:
         return None
     mask = np.asarray(t, bool)
     return mask if mask.any() else None
+
+
+def _as_spent(plan: dict, kinds: list[str], res, i: int) -> dict:
+    """``plan`` (:meth:`Searcher.plan_info`) as query ``i`` of ``res`` spent it: its rounds and
+    the CE calls of each step it ran. A query whose allow mask allowed at most B items scored
+    them all in one round; one stopped early ran the steps its CE calls paid for; the others
+    ran the whole plan (the loop spends each step's calls in full then)."""
+    calls = int(res.ce_calls[i])
+    reason = res.stop_reason(i) if hasattr(res, "stop_reason") else "budget"
+    if reason == "allowed":
+        steps, ran = [calls], ["first"]
+    else:
+        steps, ran, total = [], [], 0
+        for n, kind in zip(plan["plan"], kinds, strict=True):
+            if total + n > calls:
+                break
+            steps.append(int(n))
+            ran.append(kind)
+            total += n
+        if total < calls:  # a step cut short (never on the C++ loop): its calls as spent
+            steps.append(calls - total)
+            ran.append("round")
+    if steps == plan["plan"]:
+        return plan
+    return {**plan, "rounds": sum(1 for k in ran if k != "retrieve"), "plan": steps}
 
 
 def _paid(res, i: int) -> tuple[np.ndarray, np.ndarray]:

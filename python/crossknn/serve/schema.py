@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from crossknn.ce.tokenize import check_encodable
 from crossknn.filters import FilterError, parse_filter
 from crossknn.search import registry
+from crossknn.search.round_plan import ROUNDS_GRID
 from crossknn.text import is_blank  # one rule for queries, rerank texts and added items
 
 __all__ = [
@@ -34,6 +35,9 @@ __all__ = [
 METHODS = registry.names()  # every method `crossknn search` runs (crossknn.search.registry)
 NEEDS_CUR = tuple(n for n, s in registry.REGISTRY.items() if s.index == "cur")
 MAX_QUERIES = 64  # queries in one request
+# the most rounds a request may ask for: the most auto chooses (round_plan.ROUNDS_GRID), so that
+# a request may ask for the rounds an answer reports
+MAX_ROUNDS = max(ROUNDS_GRID)
 MAX_RERANK_TEXTS = 1000  # texts in one /rerank request (serve --max-rerank-texts)
 # characters in one query (serve --max-query-chars): the CE reads at most its max_length tokens of
 # a pair (128 for the embedded CE; 512 tokens are about 2,000 characters of English), so a longer
@@ -75,7 +79,7 @@ class SearchRequest(BaseModel):
     rounds: StrictInt | None = Field(
         None,
         description="rounds of adaptive methods (default: the method's own: 5 for axn; auto: "
-        "its index's, or those its latency target allows)",
+        f"its index's, or those its latency target allows); at most {MAX_ROUNDS} and the budget",
     )
     exact: StrictBool = Field(
         False, description="also score every item (N CE calls per query) and report the recall"
@@ -248,6 +252,10 @@ class SearchHits(BaseModel):
         description="how many distinct ids of the request's 'ids' the index does not hold "
         "(never added, or removed); 0 without ids",
     )
+    rounds: int | None = Field(None, description="the rounds this query ran")
+    round_calls: list[int] | None = Field(
+        None, description="the CE calls each step of this query spent, in order"
+    )
 
 
 class SearchResponse(BaseModel):
@@ -256,7 +264,11 @@ class SearchResponse(BaseModel):
     method: str
     k: int
     budget: int
-    rounds: int | None = Field(None, description="the rounds that ran (Searcher.plan_info)")
+    rounds: int | None = Field(
+        None,
+        description="the rounds that ran (the first hit's: a filter allowing at most B items "
+        "runs one round, an early stop fewer; each hit has its own rounds and round_calls)",
+    )
     plan: dict[str, Any] | None = Field(
         None,
         description="what ran: method, rounds, new items per step, and auto's round choice "
@@ -324,7 +336,7 @@ def parse_search_request(
     n_items: int,
     has_cur: bool,
     max_queries: int = MAX_QUERIES,
-    max_rounds: int = 20,
+    max_rounds: int = MAX_ROUNDS,
     indexes: Sequence[str] | None = None,
     max_query_chars: int = MAX_QUERY_CHARS,
     fields: Mapping[str, str] | None = None,

@@ -37,7 +37,7 @@ from crossknn.serve.groups import QueryGroups
 from crossknn.serve.metrics import Metrics
 from crossknn.serve.proxy import BatchedCE, RequestContext
 from crossknn.serve.reload import IndexFollower, VersionCE
-from crossknn.serve.schema import RerankRequest, SearchRequest
+from crossknn.serve.schema import MAX_ROUNDS, RerankRequest, SearchRequest
 
 __all__ = ["ServeConfig", "SearchService"]
 
@@ -99,7 +99,8 @@ class ServeConfig:
     # auto's latency target per query (ms; crossknn.search.round_plan): "auto" is 8 on a GPU
     # provider and none on a CPU; None or 0: none (the index's rounds)
     latency_target_ms: float | str | None = "auto"
-    max_rounds: int = 20  # each distinct rounds value keeps a method object (and its features)
+    # each distinct rounds value keeps a method object (and its features); at least auto's most
+    max_rounds: int = MAX_ROUNDS
     round_index: str = "auto"  # the folder's MIPS round index (auto), or exact rounds
     shards: int = 0  # > 0: the items sharded over this many Ray actors
     ray_address: str | None = None  # the Ray cluster of the shards (default: a local one)
