@@ -69,3 +69,30 @@ def allowed_ids(index_dir, spec) -> set[str]:
     index = open_index(index_dir)
     mask = parse_filter(spec, index.metadata.fields).mask(index.metadata, index.corpus.ids)
     return {i for i, ok in zip(index.corpus.ids, mask, strict=True) if ok}
+
+
+def open_source(kind: str, env: dict, server):
+    """A :class:`~crossknn.integrations.source.Source` over the index folder (``local``: the
+    embedded models) or over ``server`` (``server``)."""
+    from crossknn.integrations.source import Source
+
+    return Source(server.url if kind == "server" else env["index_dir"])
+
+
+def direct(source, query: str, **options) -> list[tuple[str, float]]:
+    """``(id, score)`` of the same search made directly: ``Searcher.search`` on a local source,
+    ``client.search`` on a server (crossknn's own filter language)."""
+    from crossknn import client
+
+    if source.url is not None:
+        out = client.search(source.url, query, **options)
+        return [(r["id"], r["score"]) for r in out["hits"][0]["results"]]
+    hits = source.searcher.search(query, **options)
+    return [(i, float(s)) for i, s in zip(hits.ids, hits.scores, strict=True)]
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc``, asserted to be one line."""
+    text = str(exc)
+    assert text and "\n" not in text, text
+    return text
