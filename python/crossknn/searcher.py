@@ -46,6 +46,7 @@ from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
 from crossknn.search import DEFAULT_MIX, CurIndex, registry
+from crossknn.search.engine import search_rounds
 from crossknn.search.features import search_features
 from crossknn.search.round_index import (
     TUNE_CANDIDATES,
@@ -54,6 +55,7 @@ from crossknn.search.round_index import (
     tune_round_widths,
 )
 from crossknn.search.round_plan import DEFAULT_GPU_TARGET_MS, RoundCost, measure_round_cost
+from crossknn.search.rounds import SearchResult
 from crossknn.topk import exact_top_k
 
 __all__ = ["METHODS", "Hits", "Searcher"]
@@ -91,6 +93,9 @@ class Hits:
             query could be given (None: every item).
         unknown_ids (int): how many distinct ids of the query's id allow-list (``ids``) the
             index does not hold (never added, or removed); 0 without ``ids``.
+        stopped (str): why the search ended: ``budget`` (its whole plan ran), ``found`` (the
+            early stop of ``target_recall`` found its top-k before the budget) or ``allowed``
+            (its filter allowed at most B items, all scored).
     """
 
     query: str
@@ -116,6 +121,7 @@ class Hits:
     # could be given every item; fewer than k: every one of them came back
     allowed: int | None = None
     unknown_ids: int = 0
+    stopped: str = "budget"
 
     def __repr__(self) -> str:
         """The fields, with ``texts`` (each cut at 60 characters) when the search returned them."""
@@ -162,6 +168,7 @@ class Hits:
         if self.allowed is not None:
             out["allowed"] = int(self.allowed)
         out["unknown_ids"] = int(self.unknown_ids)
+        out["stopped"] = self.stopped
         if self.exact_ids is not None:
             out["exact"] = {
                 "ids": self.exact_ids,
@@ -224,6 +231,29 @@ class _QueryVectors:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         self.prefetch(texts)
         return np.stack([self.cache[t] for t in texts])
+
+
+def _target_recall(value) -> float | None:
+    """``target_recall`` checked: None (off) or a share in (0, 1]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
+        raise ValueError(f"target_recall must be a number in (0, 1] or None; got {value!r}")
+    if not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"target_recall must be in (0, 1]; got {value}")
+    return float(value)
+
+
+def _stop_threshold(method, name: str, target: float | None) -> float | None:
+    """The early stop's threshold of ``method`` for ``target`` (None: off)."""
+    if target is None:
+        return None
+    if not hasattr(method, "stop_threshold"):
+        raise ValueError(
+            f"target_recall needs a method whose index calibrated the early stop (auto); "
+            f"{name!r} has none: search it without target_recall"
+        )
+    return method.stop_threshold(target)
 
 
 def _latency_target(value, ce) -> float | None:
@@ -357,6 +387,10 @@ class Searcher:
             (``Hits.rescore_calls``, counted in ``Hits.ce_calls``).
         latency_target_ms: auto's round choice: the most recall predicted within this many ms
             per query (``"auto"``: a target on a GPU provider, none on a CPU; None: none).
+        target_recall: the early stop (:mod:`crossknn.search.stopping`): a query stops once
+            another round is unlikely to change its top-k, keeping on average this share of the
+            top-k the whole budget finds (calibrated on the index's own rows at build time; the
+            budget stays the ceiling). None: off, every query spends its budget.
     """
 
     def __init__(
@@ -384,6 +418,7 @@ class Searcher:
         max_batch_tokens: int | None = None,
         rescore: tuple[str, int] | None = None,
         latency_target_ms: float | str | None = "auto",
+        target_recall: float | None = None,
     ) -> None:
         if not isinstance(index, CorpusIndex):
             index = open_index(index)
@@ -413,6 +448,7 @@ class Searcher:
         self.method, self.mix = method, float(mix)
         self.rounds = None if rounds is None else int(rounds)  # None: each method's own
         self.latency_target_ms = _latency_target(latency_target_ms, self.ce)
+        self.target_recall = _target_recall(target_recall)
         self._round_cost: RoundCost | None = None
         self.ce.set_items(list(self.corpus.texts))
         if self.rescore_ce is not None:
@@ -629,6 +665,7 @@ class Searcher:
         rescore_top: int | None = None,
         filter: Any = None,
         ids: Sequence[str] | None = None,
+        target_recall: float | None = None,
     ) -> Hits | list[Hits]:
         """Top-k items by exact CE score for each query, spending at most ``budget`` CE calls
         each. Queries are searched ``query_batch`` at a time (default 1: every query's own CE
@@ -650,7 +687,10 @@ class Searcher:
         are allow masks inside the engine (removed items are never allowed): no other item is
         scored or returned, a query whose filter allows at most ``budget`` items gets its exact
         top-k, and one that allows fewer than k gets them all (``Hits.allowed`` says how many
-        it could be given)."""
+        it could be given).
+
+        ``target_recall``: this call's early stop (None: the searcher's; see :class:`Searcher`);
+        ``Hits.ce_calls`` is what each query spent, ``Hits.stopped`` why it ended."""
         k = _top_k(k, top_k)
         hits = self._search_list(
             [queries] if isinstance(queries, str) else queries,
@@ -669,6 +709,7 @@ class Searcher:
             rescore_top=rescore_top,
             filter=filter,
             ids=ids,
+            target_recall=target_recall,
         )
         if not return_documents:
             hits = [dataclasses.replace(h, texts=[]) for h in hits]
@@ -693,6 +734,7 @@ class Searcher:
         rescore_top: int | None,
         filter: Any = None,
         ids: Sequence[str] | None = None,
+        target_recall: float | None = None,
     ) -> list[Hits]:
         """The body of :meth:`search` for a list of queries: one :class:`Hits` each."""
         qs = list(queries)
@@ -715,6 +757,8 @@ class Searcher:
         masks, unknown = self._allow(len(qs), filter, ids)
         t_masks = (time.perf_counter() - t_masks) / max(len(qs), 1)  # in each query's other time
         search = self._make(method, rounds)
+        target = self.target_recall if target_recall is None else _target_recall(target_recall)
+        stop = _stop_threshold(search, method, target)
         plan = self.plan_info(method, budget=budget, rounds=rounds)
         kinds = [st.kind for st in search.plan(int(budget))]  # the plan's steps, as plan_info's
         n_rescore = self._rescore_n(rescore_top, k, budget)
@@ -734,9 +778,21 @@ class Searcher:
                     scorer = timed = TimedScorer(self.ce)
                     want = max(k, n_rescore)
                     allow = None if masks is None else masks[lo : lo + query_batch]
-                    res = search.search(
-                        scorer, group, budget=budget, k=want, seed=seed, allow=allow
-                    )
+                    if stop is None:
+                        res = search.search(
+                            scorer, group, budget=budget, k=want, seed=seed, allow=allow
+                        )
+                    else:  # the early stop: the round loop itself (RoundMethod.search's)
+                        res = search_rounds(
+                            search,
+                            scorer,
+                            group,
+                            budget=budget,
+                            k=want,
+                            seed=seed,
+                            allow=allow,
+                            stop=stop,
+                        )
                     extra = [self._rescore(q, res, i, k, n_rescore) for i, q in enumerate(group)]
                     total = time.perf_counter() - t0
                     n = len(group)
@@ -761,6 +817,9 @@ class Searcher:
                                 if allow is None or allow[i] is None
                                 else int(allow[i].sum()),
                                 unknown_ids=unknown[lo + i],
+                                stopped=res.stop_reason(i)
+                                if isinstance(res, SearchResult)
+                                else "budget",
                             )
                         )
                     pairs += sum(h.ce_calls for h in hits[-n:])

@@ -194,6 +194,7 @@ def _search(args, index, ids, queries, qrels, rescore, filters, allow_ids, log) 
         **forward(args, "shards", "ray_address"),
         rescore=rescore,
         latency_target_ms="auto" if args.latency_target_ms is None else args.latency_target_ms,
+        target_recall=args.target_recall,
     )
     say_fidelity(args, searcher.ce)
     searcher.record_paid = bool(args.log_queries)

@@ -84,6 +84,14 @@ class SearchRequest(BaseModel):
     exact: StrictBool = Field(
         False, description="also score every item (N CE calls per query) and report the recall"
     )
+    target_recall: float | None = Field(
+        None,
+        description="the early stop: a query stops once another round is unlikely to change its "
+        "top-k, keeping on average this share of what the whole budget finds (calibrated on the "
+        "index's rows; the budget stays the ceiling; each hit's 'stopped' says why it ended); "
+        "default: the server's --target-recall (none: off)",
+        json_schema_extra={"exclusiveMinimum": 0, "maximum": 1},
+    )
     seed: StrictInt = Field(
         0,
         description="seed of the random choices (same seed, same result)",
@@ -253,6 +261,11 @@ class SearchHits(BaseModel):
         "(never added, or removed); 0 without ids",
     )
     rounds: int | None = Field(None, description="the rounds this query ran")
+    stopped: str = Field(
+        "budget",
+        description="why the search ended: budget (its whole plan ran), found (the early stop "
+        "of target_recall), allowed (its filter allowed at most budget items, all scored)",
+    )
     round_calls: list[int] | None = Field(
         None, description="the CE calls each step of this query spent, in order"
     )
@@ -409,6 +422,8 @@ def parse_search_request(
         )
     if req.seed < 0:
         raise _err("seed", f"seed must be >= 0; got {req.seed}")
+    if req.target_recall is not None and not 0 < req.target_recall <= 1:
+        raise _err("target_recall", f"target_recall must be in (0, 1]; got {req.target_recall}")
     if req.ids is not None and len(req.ids) > MAX_IDS:
         raise _err("ids", f"at most {MAX_IDS} ids per request; got {len(req.ids)}")
     if req.filter is not None:

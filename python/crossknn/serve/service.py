@@ -99,6 +99,8 @@ class ServeConfig:
     # auto's latency target per query (ms; crossknn.search.round_plan): "auto" is 8 on a GPU
     # provider and none on a CPU; None or 0: none (the index's rounds)
     latency_target_ms: float | str | None = "auto"
+    # the early stop of requests that ask for none (crossknn.search.stopping; None: off)
+    target_recall: float | None = None
     # each distinct rounds value keeps a method object (and its features); at least auto's most
     max_rounds: int = MAX_ROUNDS
     round_index: str = "auto"  # the folder's MIPS round index (auto), or exact rounds
@@ -329,6 +331,7 @@ class SearchService:
                     method=c.method,
                     rounds=c.rounds,
                     latency_target_ms=c.latency_target_ms,
+                    target_recall=c.target_recall,
                     round_index=c.round_index,
                     shards=c.shards,
                     ray_address=c.ray_address,
@@ -451,7 +454,16 @@ class SearchService:
     # -- searching (in a request thread) --------------------------------------------------------
     def _group_key(self, req: SearchRequest) -> tuple:
         """What requests must share to be searched in one lockstep group."""
-        return (req.method, req.k, req.budget, req.rounds or self.config.rounds, req.seed)
+        # the early stop is one threshold per lockstep search: queries that stop at different
+        # rounds stay in one group (the loop drops each as it stops)
+        return (
+            req.method,
+            req.k,
+            req.budget,
+            req.rounds or self.config.rounds,
+            req.seed,
+            req.target_recall,
+        )
 
     def _search_group(self, reqs: list[SearchRequest], ctx: RequestContext) -> list:
         """One lockstep search of every query of ``reqs`` (same group key), in the leading
@@ -486,6 +498,7 @@ class SearchService:
             method=first.method,
             rounds=first.rounds or self.config.rounds,
             seed=first.seed,
+            target_recall=first.target_recall,
             query_batch=len(texts),
             filter=filters if any(f is not None for f in filters) else None,
             ids=ids if any(i is not None for i in ids) else None,
@@ -521,6 +534,7 @@ class SearchService:
                         exact=req.exact,
                         filter=req.filter,
                         ids=req.ids,
+                        target_recall=req.target_recall,
                     )
                     self._log(hits, searcher, index)
         wall = time.perf_counter() - t

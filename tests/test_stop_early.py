@@ -1,0 +1,193 @@
+"""The early stop (crossknn.search.stopping, SearchOptions::stop_threshold in the C++ loop): off is
+today's loop exactly; on, the budget stays a ceiling, a stopped query's answer is the top-k of
+what it scored, a batch equals its queries alone, and the calibration's replay of a traced search
+is what the loop does at that threshold."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from crossknn.cli import main
+from crossknn.corpus_folder import open_index
+from crossknn.retrievers import make_retriever
+from crossknn.scorers import MatrixScorer
+from crossknn.search import stopping
+from crossknn.search.auto import AUTO, IndexCallBudget, build_auto_index
+from crossknn.search.engine import search_rounds
+from crossknn.search.methods import ADACUR, AXN, CurIndex
+from shared_fixtures import made_corpus
+
+N, D, NQ = 400, 12, 48
+TRAIN, TEST = np.arange(24), np.arange(24, NQ)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(69)
+    A, B = rng.normal(size=(NQ, D)), rng.normal(size=(D, N))
+    S = (A @ B + 0.8 * rng.normal(size=(NQ, N))).astype(np.float32)
+    de_q = (A + 0.5 * rng.normal(size=A.shape)).astype(np.float32)
+    de_i = (B.T + 0.5 * rng.normal(size=B.T.shape)).astype(np.float32)
+    return S, de_q, de_i
+
+
+@pytest.fixture(scope="module")
+def methods(data):
+    S, de_q, de_i = data
+    reader = IndexCallBudget(MatrixScorer(S), TRAIN.tolist(), 8 * N)
+    idx = build_auto_index(
+        reader, TRAIN.tolist(), de_i, de_q[TRAIN], index_calls=reader.limit, seed=0
+    )
+    de = make_retriever("de", item_vectors=de_i, query_vectors=de_q)
+    return {
+        "auto": AUTO(idx, prior=de_q, first=de),
+        "adacur": ADACUR(CurIndex.from_matrix(S, TRAIN, test_rows=TEST), rounds=8, first=de),
+        "axn": AXN(de_i, prior=de_q, rounds=8, first=de),
+    }
+
+
+def _topk(items, scores, k):
+    order = np.lexsort((items, -scores.astype(np.float64)))[:k]
+    return items[order]
+
+
+@pytest.mark.parametrize("name", ["auto", "adacur", "axn"])
+def test_off_is_todays_loop_and_on_stays_under_the_ceiling(data, methods, name):
+    S, _, _ = data
+    meth, sc, qs = methods[name], MatrixScorer(S), TEST.tolist()
+    base = meth.search(sc, qs, budget=60, k=10, seed=1)
+    traced = search_rounds(meth, sc, qs, budget=60, k=10, seed=1, stop_trace=True)
+    for other in (traced, search_rounds(meth, sc, qs, budget=60, k=10, seed=1, stop=0.0)):
+        assert np.array_equal(other.indices, base.indices)
+        assert np.array_equal(other.scores, base.scores)
+        assert np.array_equal(other.ce_calls, base.ce_calls)
+        assert [other.stop_reason(i) for i in range(len(qs))] == ["budget"] * len(qs)
+    assert all(np.isnan(c[0]) for c in traced.stop_chance)  # no estimate before the first step
+    assert any(np.isfinite(c).any() for c in traced.stop_chance)
+    res = search_rounds(meth, sc, qs, budget=60, k=10, seed=1, stop=0.5)
+    assert (res.ce_calls <= 60).all() and (res.ce_calls >= 10).all()
+    reasons = [res.stop_reason(i) for i in range(len(qs))]
+    assert set(reasons) <= {"found", "budget"} and "found" in reasons
+    for i, why in enumerate(reasons):
+        assert (res.ce_calls[i] < 60) == (why == "found")
+        assert len(res.scored_items[i]) == res.ce_calls[i]
+        # each item scored once, its score the CE's, the answer the top-k of what was scored
+        assert len(set(res.scored_items[i].tolist())) == res.ce_calls[i]
+        assert np.array_equal(res.scored_scores[i], S[qs[i], res.scored_items[i]])
+        assert np.array_equal(res.indices[i], _topk(res.scored_items[i], res.scored_scores[i], 10))
+        # a stopped search is a prefix of the full one
+        n = int(res.ce_calls[i])
+        assert np.array_equal(res.scored_items[i], base.scored_items[i][:n])
+
+
+def test_a_batch_equals_its_queries_alone_stopping_at_different_rounds(data, methods):
+    S, _, _ = data
+    meth, sc, qs = methods["auto"], MatrixScorer(S), TEST.tolist()
+    batch = search_rounds(meth, sc, qs, budget=80, k=10, seed=2, stop=0.2)
+    assert len(set(batch.ce_calls.tolist())) > 2  # the queries stopped at different rounds
+    for i, q in enumerate(qs):
+        one = search_rounds(meth, sc, [q], budget=80, k=10, seed=2, stop=0.2)
+        assert np.array_equal(one.indices[0], batch.indices[i])
+        assert one.ce_calls[0] == batch.ce_calls[i]
+
+
+def test_a_mask_of_at_most_b_items_is_allowed(data, methods):
+    S, _, _ = data
+    allow = np.zeros(N, bool)
+    allow[:30] = True
+    masks = [allow, None]
+    res = search_rounds(
+        methods["auto"], MatrixScorer(S), TEST[:2].tolist(), budget=50, k=10, allow=masks, stop=0.5
+    )
+    assert res.stop_reason(0) == "allowed" and res.ce_calls[0] == 30
+    assert res.stop_reason(1) in ("found", "budget")
+
+
+@pytest.mark.parametrize("threshold", [0.02, 0.1, 0.4])
+def test_the_calibration_replays_what_the_loop_does(data, methods, threshold):
+    S, _, _ = data
+    meth, sc, qs = methods["auto"], MatrixScorer(S), TEST.tolist()
+    traced = search_rounds(meth, sc, qs, budget=70, k=10, seed=0, stop_trace=True)
+    sizes = [s.n for s in meth.plan(70)]
+    kept, share = stopping.kept_by_threshold(traced, sizes, 10, np.array([threshold]), 70)
+    run = search_rounds(meth, sc, qs, budget=70, k=10, seed=0, stop=threshold)
+    assert np.array_equal(np.rint(share[0] * 70), run.ce_calls)
+    full = [set(r.tolist()) for r in traced.indices]
+    assert np.allclose(
+        kept[0], [len(full[i] & set(run.indices[i].tolist())) / 10 for i in range(len(qs))]
+    )
+
+
+def test_the_index_stores_a_calibration_and_targets_map_to_thresholds(methods):
+    idx = methods["auto"].index
+    curve = idx.stop_curve
+    assert curve is not None and idx.meta()["stop_curve"] == curve
+    assert (
+        curve["queries"] == idx.n_rows * 3
+        and curve["budgets"] == [50, 100, 200]
+        and curve["k"] == 10
+    )
+    thr = [curve["thresholds"][str(t)] for t in stopping.TARGETS]
+    assert all(a >= b for a, b in zip(thr, thr[1:], strict=False))  # stricter target, lower
+    kept = [curve["kept"][str(t)] for t in stopping.TARGETS]
+    assert all(k >= t - 1e-9 for k, t in zip(kept, stopping.TARGETS, strict=True))
+    meth = methods["auto"]
+    assert meth.stop_threshold(0.95) == curve["thresholds"]["0.95"]
+    assert meth.stop_threshold(0.97) == curve["thresholds"]["0.98"]  # the stricter neighbour
+    assert meth.stop_threshold(0.9999) == 0.0  # above every target: never stop
+    with pytest.raises(ValueError, match=r"target_recall must be in \(0, 1\]; got 1.5"):
+        meth.stop_threshold(1.5)
+    with pytest.raises(ValueError, match="calibrated the early stop"):
+        stopping.stop_threshold(None, 0.9)
+
+
+def test_a_stop_threshold_outside_zero_one_is_refused(data, methods):
+    S, _, _ = data
+    with pytest.raises(ValueError, match=r"stop threshold is a chance in \[0, 1\]; got 2.0"):
+        search_rounds(methods["axn"], MatrixScorer(S), [30], budget=40, k=5, stop=2.0)
+
+
+N_ITEMS = 120
+
+
+@pytest.fixture(scope="module")
+def auto_index_dir(model_cache, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CROSSKNN_CACHE", str(model_cache))
+    root = tmp_path_factory.mktemp("stop_early")
+    path = root / "corpus.jsonl"
+    made_corpus(N_ITEMS, path)
+    out = root / "idx"
+    argv = ["build", str(path), str(out), "--calibration-items", "8", "--quiet"]
+    assert main([*argv, "--calibration-queries", "4", "--index-calls", str(5 * N_ITEMS)]) == 0
+    yield out
+    mp.undo()
+
+
+@pytest.mark.slow
+def test_searcher_and_cli_expose_the_target(auto_index_dir, capsys):
+    from crossknn import Searcher
+
+    idx = open_index(auto_index_dir)
+    assert idx.params["auto"]["stop_curve"]["thresholds"]  # calibrated by the build
+    s = Searcher(idx)
+    full = s.search(["library automation", "indexing of documents"], k=5, budget=60)
+    assert [h.stopped for h in full] == ["budget", "budget"] and full[0].ce_calls == 60
+    hits = s.search(
+        ["library automation", "indexing of documents"], k=5, budget=60, target_recall=0.9
+    )
+    for h in hits:
+        assert h.stopped in ("found", "budget") and h.ce_calls <= 60
+        assert (h.ce_calls < 60) == (h.stopped == "found")
+        assert h.to_dict()["stopped"] == h.stopped
+    with pytest.raises(ValueError, match="target_recall needs a method"):
+        s.search("library automation", k=5, budget=60, method="rnr", target_recall=0.9)
+    capsys.readouterr()
+    argv = ["search", str(auto_index_dir), "library automation", "--budget", "60", "--json"]
+    assert main([*argv, "-k", "5", "--quiet", "--target-recall", "0.9"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hits"][0]["stopped"] == hits[0].stopped
+    assert doc["hits"][0]["ce_calls"] == hits[0].ce_calls
