@@ -21,6 +21,7 @@
 #include "crossknn/version.h"
 
 namespace py = pybind11;
+void bind_index(py::module_& m);  // bindings_index.cpp
 using crossknn::ExcludeLists;
 using crossknn::Features;
 using crossknn::LeastSquares;
@@ -539,6 +540,7 @@ double packed_lower_t_norm2(
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "crossknn C++ core (round engine)";
+  bind_index(m);
   m.def("version", &crossknn::version, "Version of the C++ core.");
   m.def("kernel_name", &crossknn::kernel_name,
         "Kernel set in use: 'avx512', 'avx2' or 'generic' (CROSSKNN_SIMD=avx2 or generic, or "

@@ -266,11 +266,11 @@ class AutoIndex:
     # what row_prior reads for every query, computed once (see prior_tables); the arrays above are
     # not changed after construction
     _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
-    _deltas64: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
-    # the kernel ridge's mean correction and dual coefficients (prior_tables; prior_ridge > 0)
-    _kernel: tuple | None = field(default=None, init=False, repr=False, compare=False)
     # C's Cholesky factor packed for spread() (packed_cholesky), False where C has none
     _chol: np.ndarray | bool | None = field(default=None, init=False, repr=False, compare=False)
+    # the prior's C++ object (prior_core): the one copy of prior_vector's arithmetic, shared with
+    # the C++ crossknn::Searcher (crossknn/auto_index.h)
+    _core_prior: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         V = np.asarray(self.item_vectors, np.float32)
@@ -358,14 +358,11 @@ class AutoIndex:
         return 0 if self.query_dirs is None else self.query_dirs.shape[1]
 
     def features(self) -> np.ndarray:
-        """``X = [V | zrows(R)ᵀ | V A | 1]`` (N x (d + m + r + 1)), float32."""
-        blocks = [self.item_vectors.astype(np.float64)]
-        if self.n_rows:
-            blocks.append(zrows(self.rows).T)
-        if self.n_dirs:
-            blocks.append(blocks[0] @ self.query_dirs.astype(np.float64))
-        blocks.append(np.ones((self.n_items, 1)))
-        return np.ascontiguousarray(np.hstack(blocks), np.float32)
+        """``X = [V | zrows(R)ᵀ | V A | 1]`` (N x (d + m + r + 1)), float32, computed in double
+        by the core (``_core.auto_features``, crossknn/auto_index.h: the same bits as the C++
+        ``crossknn::Searcher``)."""
+        A = self.query_dirs if self.n_dirs else np.zeros((self.dim, 0), np.float32)
+        return _core.auto_features(self.item_vectors, self.rows, A)
 
     def penalties(self) -> np.ndarray:
         return np.r_[
@@ -410,13 +407,6 @@ class AutoIndex:
             W = np.ascontiguousarray(W, np.float32)
             wn = np.linalg.norm(W.astype(np.float64), axis=1)
             self._tables = (W, np.maximum(wn, 1e-12))
-            self._deltas64 = self.prior_deltas.astype(np.float64) if learned else None
-            if learned and self.prior_ridge > 0:
-                Wn = W / self._tables[1][:, None]
-                K = np.exp(self.prior_kernel_tau * (Wn @ Wn.T - 1.0))
-                mu = self._deltas64.mean(axis=0)
-                K[np.diag_indices_from(K)] += self.prior_ridge
-                self._kernel = (mu, np.linalg.solve(K, self._deltas64 - mu))
         if self.item_cov is None:
             self.item_cov = item_covariance(self.item_vectors)
         if self._chol is None:
@@ -438,6 +428,31 @@ class AutoIndex:
             return float(np.sqrt(max(float(v @ (C @ v)), 0.0)))
         return float(np.sqrt(_core.packed_lower_t_norm2(self._chol, v)))
 
+    def prior_core(self):
+        """The prior's C++ object (``_core.AutoPrior``, crossknn/auto_index.h), made once:
+        :meth:`prior_vector` runs its arithmetic, the same instructions as the C++
+        ``crossknn::Searcher`` over this index's folder."""
+        if self._core_prior is None:
+            learned = self.prior_deltas is not None
+            W = cov = chol = None
+            if learned or (self.prior_alpha > 0 and self.n_rows):
+                W, _, cov = self.prior_tables()
+                chol = self._chol if isinstance(self._chol, np.ndarray) else None
+            self._core_prior = _core.AutoPrior(
+                self.dim,
+                self.n_rows,
+                self.n_dirs,
+                W=W,
+                deltas=self.prior_deltas if learned else None,
+                alpha=float(self.prior_alpha),
+                tau=float(self.prior_tau),
+                ridge=float(self.prior_ridge),
+                kernel_tau=float(self.prior_kernel_tau),
+                cov=cov,
+                chol=chol,
+            )
+        return self._core_prior
+
     def row_prior(self, v: np.ndarray) -> np.ndarray:
         """The prior's CE-row block for DE query vector ``v``:
         ``alpha * sd(V v) * softmax(tau * cos(v, row query j))`` (zeros when alpha is 0); the
@@ -445,9 +460,8 @@ class AutoIndex:
         float64 rounding."""
         if self.prior_alpha == 0 or self.n_rows == 0 or self.prior_deltas is not None:
             return np.zeros(self.n_rows)
-        cos = self.cosines(v)
-        w = np.exp(self.prior_tau * (cos - cos.max()))
-        return self.prior_alpha * self.spread(v) * w / w.sum()
+        p = self.prior_core().prior(np.asarray(v, np.float64))
+        return p[self.dim : self.dim + self.n_rows]
 
     def prior_vector(self, v: np.ndarray) -> np.ndarray:
         """The prior ``p0`` (d + m + r + 1) of DE query vector ``v`` (float64, shape (d,)).
@@ -461,51 +475,22 @@ class AutoIndex:
         kernel ridge regression: ``f(v) = mean_j delta_j + k(v)ᵀ (K + prior_ridge I)^-1 (delta -
         mean)``, ``k(x, y) = exp(prior_kernel_tau * (cos(x, y) - 1))``; with 0 (indexes built
         before) ``f(v) = sum_j softmax(prior_tau * cos(v, v_j)) delta_j``. About P (d + m + r)
-        operations a query."""
-        v = np.asarray(v, np.float64)
-        if self.prior_deltas is None:
-            return np.concatenate((v, self.row_prior(v), np.zeros(self.n_dirs + 1)))
-        cos = self.cosines(v)
-        spread = self.spread(v)
-        if self.prior_ridge > 0:
-            mu, dual = self._kernel
-            p = spread * (mu + np.exp(self.prior_kernel_tau * (cos - 1.0)) @ dual)
-        else:
-            w = np.exp(self.prior_tau * (cos - cos.max()))
-            p = (spread / w.sum()) * (w @ self._deltas64)
-        p[: self.dim] += v
-        return p
+        operations a query, in the core (:meth:`prior_core`)."""
+        return self.prior_core().prior(np.asarray(v, np.float64))
 
 
 def packed_cholesky(C) -> np.ndarray | bool:
     """``C = L Lᵀ``'s factor ``L`` packed by columns (column j: ``L[j:, j]``; the d (d + 1) / 2
     entries ``_core.packed_lower_t_norm2`` reads); False where ``C`` is not positive definite
     (fewer items than dimensions, repeated columns)."""
-    try:
-        with threadpool_limits(1):  # d x d: threads only contend on a shared machine
-            L = np.linalg.cholesky(np.asarray(C, np.float64))
-    except np.linalg.LinAlgError:
-        return False
-    if not np.all(np.isfinite(L)):
-        return False
-    return np.ascontiguousarray(L.T[np.triu_indices(L.shape[0])])
+    ap = _core.packed_cholesky(np.ascontiguousarray(C, np.float64))  # crossknn/auto_index.h
+    return False if ap is None else ap
 
 
 def item_covariance(V) -> np.ndarray:
     """The population covariance (d x d, float64) of the rows of ``V`` (N x d): ``var(V v) =
-    v C v``. Over blocks of rows: no float64 copy of a large V."""
-    V = np.asarray(V)
-    n, d = V.shape
-    step = 1 << 16
-    mean = np.zeros(d)
-    for lo in range(0, n, step):
-        mean += V[lo : lo + step].astype(np.float64).sum(axis=0)
-    mean /= max(n, 1)
-    C = np.zeros((d, d))
-    for lo in range(0, n, step):
-        X = V[lo : lo + step].astype(np.float64) - mean
-        C += X.T @ X
-    return C / max(n, 1)
+    v C v``, computed by the core (the same sums as the C++ reader of an index lacking it)."""
+    return _core.item_covariance(np.ascontiguousarray(V, np.float32))  # crossknn/auto_index.h
 
 
 class AUTO(RoundMethod):
@@ -651,7 +636,7 @@ def build_auto_index(
     choices of j rows and no partial rows (None: every planned row is read); ``stop_targets``:
     the targets of the early stop's calibration (:func:`crossknn.search.stopping.stop_curve`, with
     4 rows or more; None: :data:`crossknn.search.stopping.TARGETS`, empty: none).
-        """
+    """
     budgets = CV_BUDGETS if budgets is None else budgets
     partial_items = PARTIAL_ITEMS if partial_items is None else int(partial_items)
     ks = CV_KS if ks is None else ks
