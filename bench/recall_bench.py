@@ -294,6 +294,10 @@ if __name__ == "__main__":
         from _day_one import main as day_one
 
         raise SystemExit(day_one(sys.argv[2:]))
+    if sys.argv[1:2] == ["stop-early"]:  # the early stop against fixed B (bench/_stop_early.py)
+        from _stop_early import main as stop_early
+
+        raise SystemExit(stop_early(sys.argv[2:]))
     if sys.argv[1:2] == ["harness"]:  # RNR vs GAR vs auto (bench/_harness.py), its own arguments
         from _harness import main as harness
 

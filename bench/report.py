@@ -803,6 +803,40 @@ def render_harness_goals() -> str:
     return goals_table("harness.json", HARNESS_GOALS)
 
 
+STOP_GOALS = {
+    "calls_ratio_100": ("≤ 0.85", lambda v: v <= 0.85),
+    "calls_ratio_200": ("≤ 0.65", lambda v: v <= 0.65),
+    "recall_drop_worst": ("≥ -0.005", lambda v: v >= -0.005),
+    "over_ceiling": ("0", lambda v: v == 0),
+    "calibrated_from_index": ("true", lambda v: v is True),
+}
+
+
+def render_stop_early() -> str:
+    d = load(RESULTS / "stop_early.json")
+    out = []
+    for v in d["corpora"].values():
+        for b, c in v["ceilings"].items():
+            out.append(
+                [
+                    f"{v['matrix']} ({v['test_queries']} test queries, {v['index_rows']} rows)",
+                    b,
+                    f3(c["fixed_recall"]),
+                    f3(c["stop_recall"]),
+                    f"{c['recall_change']:+.4f}",
+                    f"{c['stop_calls']:.1f}",
+                    f"{c['calls_ratio']:.3f}",
+                ]
+            )
+    header = ["score matrix", "B (ceiling)", "recall, fixed B", "recall, early stop"]
+    header += ["change", "CE calls per query", "calls ÷ B"]
+    return table(header, out, "lrrrrrr")
+
+
+def render_stop_goals() -> str:
+    return goals_table("stop_early.json", STOP_GOALS)
+
+
 @dataclass(frozen=True)
 class Block:
     render: Callable[[], str]
@@ -897,6 +931,10 @@ BLOCKS: dict[str, Block] = {
         render_harness, "harness.json", "Top-10-Recall: RNR vs GAR vs auto at equal CE calls"
     ),
     "harness-goals": Block(render_harness_goals, "harness.json", "GAR and the harness: goals"),
+    "stop-early": Block(
+        render_stop_early, "stop_early.json", "the early stop against fixed B (target_recall)"
+    ),
+    "stop-early-goals": Block(render_stop_goals, "stop_early.json", "the early stop: goals"),
 }
 
 

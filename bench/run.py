@@ -175,6 +175,12 @@ SUITES: dict[str, list[Step]] = {
             needs=(CISI, NFCORPUS_MATRIX, SCIFACT),
         ),
         Step(
+            "early stop against fixed budgets (target_recall)",
+            ("bench/recall_bench.py", "stop-early"),
+            needs=(CISI, NFCORPUS_MATRIX),
+            uses=("bench/_stop_early.py",),
+        ),
+        Step(
             "RNR vs GAR vs auto on the matrices; gar against pyterrier-adaptive",
             ("bench/recall_bench.py", "harness", "--part", "matrices", "--part", "reference"),
             needs=(CISI, NFCORPUS_MATRIX),
