@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from crossknn.core import ItemFeatures
+from crossknn.index.graph import graph_for
+from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.search.auto import AUTO
 from crossknn.search.gar import DEFAULT_BATCH, GAR
@@ -182,9 +185,6 @@ def _auto(r: Resources, spec: MethodSpec) -> RoundMethod:
 
 def _de_item_vectors(r: Resources, spec: MethodSpec) -> np.ndarray:
     """The DE item vectors at hand: the DE first stage's, else ``item_vectors``."""
-    from crossknn.core import ItemFeatures
-    from crossknn.retrievers import DenseRetriever
-
     first = r.first.features if isinstance(r.first, DenseRetriever) else None
     for feats in (first, r.item_vectors):
         if isinstance(feats, np.ndarray) and feats.ndim == 2:
@@ -199,8 +199,6 @@ def _de_item_vectors(r: Resources, spec: MethodSpec) -> np.ndarray:
 
 def _gar(r: Resources, spec: MethodSpec) -> RoundMethod:
     # the corpus graph: the index's, else built from the DE item vectors on first use (in memory)
-    from crossknn.index.graph import graph_for
-
     d = spec.defaults
     graph = r.graph if r.graph is not None else graph_for(_de_item_vectors(r, spec), d["k"])
     return GAR(graph, first=r.first, batch_size=d["batch_size"], n_items=r.n_items)
