@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,7 @@ class Source:
         if self.url is not None:
             self.api_key, self.timeout = api_key, float(timeout)
             self.client = _client.Client(self.url, api_key=api_key, timeout=timeout)
+            weakref.finalize(self, self.client.close)  # its connections, when the source goes
             self.searcher = None
         else:
             if isinstance(where, Searcher):
