@@ -319,4 +319,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["cpp-index"]:  # the C++ searcher of an index folder (bench/_cpp_index.py)
+        from _cpp_index import main as cpp_index
+
+        raise SystemExit(cpp_index(sys.argv[2:]))
     raise SystemExit(main())

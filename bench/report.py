@@ -837,6 +837,35 @@ def render_stop_goals() -> str:
     return goals_table("stop_early.json", STOP_GOALS)
 
 
+CPP_INDEX_GOALS = {
+    "cpp_vs_python_other_p50": ("≤ 0.5", lambda v: v <= 0.5),
+    "equal_answer_share": ("1.0", lambda v: v == 1.0),
+}
+
+
+def render_cpp_index() -> str:
+    d = load(RESULTS / "cpp_index.json")
+    ix = d["index"]
+    where = f"{d['matrix']} ({ix['n_items']} items, {ix['rows']} + {ix['partial_rows']} part rows)"
+    out = [
+        [
+            r["door"],
+            where,
+            f"{r['method']}, B = {r['budget']}, k = {r['k']}",
+            str(r["queries"]),
+            f"{r['other_ms_p50']:.3f}",
+            f"{r['other_ms_p99']:.3f}",
+        ]
+        for r in d["rows"]
+    ]
+    header = ["searcher", "index", "search", "queries", "non-CE ms p50", "p99"]
+    return table(header, out, "lllrrr")
+
+
+def render_cpp_index_goals() -> str:
+    return goals_table("cpp_index.json", CPP_INDEX_GOALS)
+
+
 @dataclass(frozen=True)
 class Block:
     render: Callable[[], str]
@@ -935,6 +964,12 @@ BLOCKS: dict[str, Block] = {
         render_stop_early, "stop_early.json", "the early stop against fixed B (target_recall)"
     ),
     "stop-early-goals": Block(render_stop_goals, "stop_early.json", "the early stop: goals"),
+    "cpp-index": Block(
+        render_cpp_index, "cpp_index.json", "non-CE ms per query: the C++ searcher vs Python's"
+    ),
+    "cpp-index-goals": Block(
+        render_cpp_index_goals, "cpp_index.json", "the C++ searcher of an index folder: goals"
+    ),
 }
 
 

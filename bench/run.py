@@ -195,6 +195,12 @@ SUITES: dict[str, list[Step]] = {
             needs=(NFCORPUS_MATRIX,),
         ),
         Step(
+            "C++ searcher of an index folder vs Python's",
+            ("bench/overhead_bench.py", "cpp-index"),
+            needs=(NFCORPUS_MATRIX,),
+            uses=("bench/_cpp_index.py",),
+        ),
+        Step(
             "CE runtime", ("bench/ce_bench.py", "--pairs", "128", "--rounds", "3"), needs=(SCIFACT,)
         ),
         Step("int8 recipes", ("bench/ce_bench.py", "--recipes"), needs=(SCIFACT, NFCORPUS)),
