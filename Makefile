@@ -97,12 +97,16 @@ lint: $(DEPS)
 	$(BIN)/ruff format --check python tests bench
 
 # the docs site (mkdocs.yml): user guide from docs/*.md, reference pages generated from the
-# argparse parsers and the docstrings (docs/hooks/reference.py); offline, warnings are errors
-$(DOCS_DEPS): constraints.txt | $(DEPS)
+# argparse parsers and the docstrings (docs/hooks/reference.py; committed as docs/reference/*.md,
+# which tests/test_newcomer_reference.py holds to the code); offline, warnings are errors. It
+# needs crossknn (make demo's install, no torch) and the docs tools only.
+$(DOCS_DEPS): constraints.txt | $(RUN_DEPS)
 	$(PIPI) mkdocs==1.6.1 'mkdocstrings[python]==1.0.8' mkdocstrings-python==2.0.11
 	touch $@
 
-docs: install $(DOCS_DEPS)
+# (within make test: the test install, made once for docs and pytest)
+DOCS_INSTALL := $(if $(filter test test-steps,$(MAKECMDGOALS)),install,install-run)
+docs: $(DOCS_INSTALL) $(DOCS_DEPS)
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
 # benchmarks (never run by make test): bench/run.py runs a suite of the maintained benches, each

@@ -4,6 +4,7 @@ precision each model runs on, a quantized CE's recorded fidelity."""
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import sys
 
@@ -15,6 +16,7 @@ __all__ = [
     "plural",
     "print_hits",
     "provider_line",
+    "quiet_notes",
     "say_fidelity",
     "say_providers",
     "terminal_safe",
@@ -79,9 +81,31 @@ def provider_line(*models) -> str:
 
 
 def say_providers(args: argparse.Namespace, *models) -> None:
-    """:func:`provider_line` on stderr, unless ``--quiet``."""
+    """:func:`provider_line` on stderr, unless ``--quiet`` (which also silences the models'
+    notes: :func:`quiet_notes`)."""
     if not args.quiet:
         print(terminal_safe(provider_line(*models)), file=sys.stderr)
+    quiet_notes(args)
+
+
+class _NoTruncationNote(logging.Filter):
+    """Drops the CE's once-per-scorer note that inputs were truncated to its maximum length
+    (``build`` states the maximum length and how many items are longer)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "longer than max_length" not in str(record.msg)
+
+
+_QUIET = _NoTruncationNote()
+
+
+def quiet_notes(args: argparse.Namespace) -> None:
+    """With ``--quiet``: the models' notes (the truncation note of ``crossknn.ce``) are not
+    printed for the rest of the command; errors still are."""
+    if getattr(args, "quiet", False):
+        logger = logging.getLogger("crossknn.ce")
+        if _QUIET not in logger.filters:
+            logger.addFilter(_QUIET)
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

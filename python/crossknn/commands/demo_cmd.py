@@ -25,7 +25,7 @@ import numpy as np
 from crossknn.ce import cache_root
 from crossknn.ce.models import minilm_checkpoint_dir
 from crossknn.commands._numbers import positive_int
-from crossknn.commands._printing import print_hits, terminal_safe
+from crossknn.commands._printing import print_hits, quiet_notes, terminal_safe
 from crossknn.corpus.build import build_corpus_index
 from crossknn.corpus_folder import open_index
 from crossknn.demo_corpus import stdlib_docstrings
@@ -46,8 +46,11 @@ Use your own trained CE (crossknn export needs the 'export' extra):
 
 # the default of --max-items, for a quick run (the docs' walk test sets it)
 ITEMS_ENV = "CROSSKNN_DEMO_ITEMS"
-# auto's index of the demo: rows' worth of CE calls (a minute or two of CE time on 2 CPU cores)
+# auto's index of the demo: rows' worth of CE calls (half a minute of CE time on 2 CPU cores)
 DEMO_ROWS = 2
+# the demo corpus: an evenly spaced subset of the docstrings (the same on every run), sized so
+# that the whole demo from an empty cache takes well under a minute on 2 quiet CPU cores
+DEMO_ITEMS = 1500
 
 EXAMPLE_QUERIES = [
     "parse a date string into a datetime object",
@@ -67,20 +70,49 @@ def _items_from_env() -> int | None:
         raise ValueError(f"${ITEMS_ENV}: {exc}") from None
 
 
+def _step(text: str) -> float:
+    """Print what starts now (its line ends when :func:`_done` prints its time)."""
+    print(text, end=" ... ", flush=True)
+    return time.perf_counter()
+
+
+def _done(t: float, what: str = "done") -> None:
+    print(f"{what} in {time.perf_counter() - t:.1f} s", flush=True)
+
+
+def _models():
+    """The embedded CE and DE, a line each: their ONNX graphs are built on first use."""
+    from crossknn.ce.models import (
+        DEFAULT_CE,
+        DEFAULT_DE,
+        default_cross_encoder,
+        default_dual_encoder,
+    )
+
+    t = _step(f"models: the embedded CE {DEFAULT_CE} (its ONNX graph is built on first use)")
+    ce = default_cross_encoder()
+    _done(t, "ready")
+    t = _step(f"models: the embedded DE {DEFAULT_DE} (the same weights as a dual encoder)")
+    de = default_dual_encoder(show_progress_bar=False)
+    _done(t, "ready")
+    return ce, de
+
+
 def run(args: argparse.Namespace) -> int:
     minilm_checkpoint_dir()  # the embedded model's weights: one line saying how to install them
+    quiet_notes(args)
     if args.max_items is None:
-        args.max_items = _items_from_env()
+        args.max_items = _items_from_env() or DEMO_ITEMS
 
     t0 = time.perf_counter()
+    t = _step(f"corpus: reading the docstrings of the Python {sys.version.split()[0]} stdlib")
     corpus = stdlib_docstrings(max_items=args.max_items)
+    _done(t, f"{len(corpus):,} docstrings")
     key = hashlib.sha256("\0".join(corpus.ids).encode()).hexdigest()[:12]
     root = Path(args.cache_dir) if args.cache_dir else cache_root() / "demo"
     name = f"stdlib-py{sys.version_info[0]}{sys.version_info[1]}-{len(corpus)}-{key}"
     index_dir = root / f"{name}-r{args.index_rows}"
-    print(
-        f"corpus: {len(corpus)} docstrings of the Python {sys.version.split()[0]} standard library"
-    )
+    ce, de = _models()
     index = None
     if (index_dir / "index.json").is_file() and not args.rebuild:
         try:
@@ -101,25 +133,31 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"index: building {terminal_safe(index_dir)}: dual-encoder vectors, CE score "
-            f"calibration, {what}"
+            f"calibration, {what}",
+            flush=True,
         )
         t = time.perf_counter()
         index = build_corpus_index(
-            corpus, index_dir, progress=not args.quiet, index_calls=calls or None
+            corpus, index_dir, ce=ce, de=de, progress=not args.quiet, index_calls=calls or None
         )
         print(f"index: built in {time.perf_counter() - t:.1f} s, {index.ce_calls:,} CE calls")
 
     if args.budget is None:
         args.budget = max(min(100, len(corpus) // 2), min(args.k, len(corpus)))
-    searcher = Searcher(index, method=args.method, rounds=args.rounds)
+    searcher = Searcher(index, ce=ce, de=de, method=args.method, rounds=args.rounds)
     queries = args.query or EXAMPLE_QUERIES
-    hits = searcher.search(queries, k=args.k, budget=args.budget)
     default = "" if args.method else ", the default"
     print(
         f"\nsearch: method {searcher.method}{default}; budget {args.budget} CE calls per query "
-        f"({args.budget / len(corpus):.1%} of the corpus), top-{args.k}"
+        f"({args.budget / len(corpus):.1%} of the corpus), top-{args.k}",
+        flush=True,
     )
-    print_hits(hits)
+    hits = []
+    for i, q in enumerate(queries, start=1):  # one at a time: each printed when it is found
+        h = searcher.search([q], k=args.k, budget=args.budget, query_ids=[str(i)])[0]
+        print_hits([h])
+        sys.stdout.flush()
+        hits.append(h)
     if args.exact:
         _exact_check(searcher, hits, args, index_dir / "exact")
     else:
