@@ -104,8 +104,9 @@ class SearchRequest(BaseModel):
         None,
         description="only items whose metadata match it may be returned (and scored): a JSON "
         'filter such as {"lang": "en", "year": {"$gte": 2020}}, with $eq $ne $in $nin $gt $gte '
-        "$lt $lte $exists $and $or $not and the field id (docs: Filtered search); applies to "
-        "every query of the request",
+        "$lt $lte $exists $and $or $not and the field id, or the same in Qdrant's form "
+        '({"must": [{"key": "lang", "match": {"value": "en"}}]}; docs: Filtered search); '
+        "applies to every query of the request",
         examples=[
             {"lang": "en"},
             {"year": {"$gte": 2020, "$lt": 2024}, "tags": {"$in": ["email", "csv"]}},
