@@ -161,3 +161,24 @@ def test_pipeline_in_pt_experiment(searcher, topics):
     )
     assert table.name.tolist() == ["rnr", "gar", "auto", "crossknn"]
     assert table["nDCG@10"].between(0, 1).all()
+
+
+def test_build_writes_the_corpus_graph(index_dir, tmp_path):
+    from crossknn.corpus.edit import add_items
+    from crossknn.index.graph import GRAPH_ARRAY, graph_of_index, knn_graph
+
+    index = open_index(index_dir)
+    V = np.asarray(index["de_items"], np.float32)
+    G = index.arrays[GRAPH_ARRAY]
+    assert G.dtype == np.int64 and G.shape == (400, 16)
+    np.testing.assert_array_equal(G, knn_graph(V, 16))
+    assert graph_of_index(index) is not None and index.params["gar_graph"]["k"] == 16
+    np.testing.assert_array_equal(graph_of_index(index), G)
+    # items added since the build: the stored graph no longer matches, one is made anew
+    out = tmp_path / "idx"
+    build(out, corpus(120), rows=2)
+    add_items(out, corpus(5, prefix="n"), ce=StubCE(), de=StubDE(), progress=False)
+    grown = open_index(out)
+    V2 = np.asarray(grown["de_items"], np.float32)
+    assert V2.shape[0] == 125
+    np.testing.assert_array_equal(graph_of_index(grown), knn_graph(V2, 16))

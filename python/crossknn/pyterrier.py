@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from crossknn.index.auto import auto_index_of
-from crossknn.index.graph import DEFAULT_GRAPH_K, GRAPH_ARRAY, check_graph, graph_for
+from crossknn.index.graph import DEFAULT_GRAPH_K, graph_of_index
 from crossknn.retrievers import Bm25Retriever
 from crossknn.score_map import ScoreMap
 from crossknn.search import registry
@@ -98,12 +98,10 @@ def _topics(df: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 def index_graph(searcher: Searcher, k: int = DEFAULT_GRAPH_K) -> np.ndarray:
-    """GAR's corpus graph of the searcher's index: the index's own array when it holds one for
-    its items, else built from its DE item vectors (:func:`crossknn.index.graph.graph_for`)."""
-    arr = searcher.index.arrays.get(GRAPH_ARRAY)
-    if arr is not None and arr.shape == (searcher.n_items, k):
-        return check_graph(arr, searcher.n_items)
-    return graph_for(searcher.V, k)
+    """GAR's corpus graph of the searcher's index: the array ``crossknn build`` wrote while it
+    matches the index's items, else made from its DE item vectors
+    (:func:`crossknn.index.graph.graph_of_index`)."""
+    return graph_of_index(searcher.index, k)
 
 
 class _Rows:

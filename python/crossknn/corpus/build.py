@@ -46,6 +46,7 @@ from crossknn.index.auto import (
 )
 from crossknn.index.cur import score_dense
 from crossknn.index.files import save_index, update_params
+from crossknn.index.graph import graph_arrays
 from crossknn.jobs import JobOptions
 from crossknn.metadata import PARAMS_KEY as METADATA_KEY
 from crossknn.metadata import ItemMetadata
@@ -666,6 +667,11 @@ def _build_locked(
         ItemFeatures(V), round_index, progress=progress
     )
     arrays.update(rarrays)
+    # GAR's corpus graph: each item's 16 nearest items by DE vectors (crossknn.index.graph)
+    garrays, gparams = graph_arrays(V)
+    arrays.update(garrays)
+    if gparams is not None:
+        params["gar_graph"] = gparams
     arrays.update(meta_arrays)
     if meta_params is not None:
         params[METADATA_KEY] = meta_params
@@ -699,6 +705,7 @@ def _build_locked(
             "auto_item_cov",
             "auto_prior_vectors",
             "auto_prior_deltas",
+            "gar_graph",
         ),
     )
     shutil.rmtree(work, ignore_errors=True)

@@ -7,14 +7,18 @@ graph is one int32 array ``(N, k)``: row ``i`` holds ``i``'s neighbours, most si
 never ``i`` itself (ties broken by the smaller item index). With fewer than ``k + 1`` items a row
 has ``N - 1`` neighbours.
 
-``crossknn build`` writes it into a corpus index as the array :data:`GRAPH_ARRAY` (hashed like
-every index array, ``crossknn.index.files``); a method given only DE vectors builds it on first
-use and keeps it in memory under the vectors' hash (:func:`graph_for`). Exact search (numpy
+``crossknn build`` writes it into a corpus index as the array :data:`GRAPH_ARRAY` (int64, hashed
+like every index array, ``crossknn.index.files``), with ``params["gar_graph"]`` naming k and the
+sha256 of the ``de_items`` it was made from (:func:`graph_arrays`); :func:`graph_of_index` reads
+it back only while it matches the index's items (an index whose items changed since, by ``add``
+or a compaction, gets a graph made anew). A method given only DE vectors builds the graph on
+first use and keeps it in memory under the vectors' hash (:func:`graph_for`). Exact search (numpy
 blocks) up to :data:`EXACT_MAX_ITEMS` items, FAISS (HNSW over inner products) above.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections import OrderedDict
 
@@ -27,7 +31,9 @@ __all__ = [
     "EXACT_MAX_ITEMS",
     "GRAPH_ARRAY",
     "check_graph",
+    "graph_arrays",
     "graph_for",
+    "graph_of_index",
     "knn_graph",
 ]
 
@@ -145,3 +151,41 @@ def graph_for(vectors, k: int = DEFAULT_GRAPH_K) -> np.ndarray:
         while len(_cache) > _CACHE_MAX:
             _cache.popitem(last=False)
     return G
+
+
+def _faiss_available() -> bool:
+    return importlib.util.find_spec("faiss") is not None
+
+
+def graph_arrays(vectors, k: int = DEFAULT_GRAPH_K) -> tuple[dict[str, np.ndarray], dict | None]:
+    """``({GRAPH_ARRAY: graph int64}, params)`` for a corpus index over ``vectors`` (its
+    ``de_items``), or ``({}, None)`` above :data:`EXACT_MAX_ITEMS` items without FAISS (the
+    graph is then made at first use)."""
+    V = _vectors(vectors)
+    if V.shape[0] > EXACT_MAX_ITEMS and not _faiss_available():
+        return {}, None
+    G = knn_graph(V, k).astype(np.int64)
+    params = {
+        "k": int(G.shape[1]),
+        "similarity": "inner product of de_items",
+        "method": "faiss-hnsw" if V.shape[0] > EXACT_MAX_ITEMS else "exact",
+        "de_items_sha256": sha256_array(V),
+    }
+    return {GRAPH_ARRAY: G}, params
+
+
+def graph_of_index(index, k: int = DEFAULT_GRAPH_K) -> np.ndarray:
+    """The corpus graph of a corpus index (``crossknn.corpus_folder.CorpusIndex`` or
+    ``crossknn.index.files.Index``): its :data:`GRAPH_ARRAY` when it was made with ``k``
+    neighbours from the index's current ``de_items``, else :func:`graph_for` of them."""
+    V = np.asarray(index["de_items"], np.float32)
+    params = index.params.get("gar_graph") or {}
+    G = index.arrays.get(GRAPH_ARRAY)
+    n = V.shape[0]
+    if (
+        G is not None
+        and G.shape == (n, min(int(k), n - 1))
+        and params.get("de_items_sha256") == sha256_array(V)
+    ):
+        return check_graph(G, n)
+    return graph_for(V, k)
