@@ -177,6 +177,7 @@ def test_allow_masks(synthetic):
     assert sorted(res.scored_items[1].tolist()) == np.flatnonzero(tiny).tolist()
     assert res.indices[1, 7:].tolist() == [-1, -1, -1] and np.isneginf(res.scores[1, 7:]).all()
     assert res.ce_calls[2] == 60
+    assert [res.stop_reason(i) for i in range(3)] == ["budget", "allowed", "budget"]
     # a mask that excludes nothing changes nothing
     full = method.search(MatrixScorer(ce), [2], budget=60, k=10, allow=np.ones(n, bool))
     np.testing.assert_array_equal(full.scored_items[0], res.scored_items[2])

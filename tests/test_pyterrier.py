@@ -182,3 +182,12 @@ def test_build_writes_the_corpus_graph(index_dir, tmp_path):
     V2 = np.asarray(grown["de_items"], np.float32)
     assert V2.shape[0] == 125
     np.testing.assert_array_equal(graph_of_index(grown), knn_graph(V2, 16))
+
+
+def test_retriever_runs_gar_from_the_registry(searcher, topics):
+    from crossknn.pyterrier import CrossknnRetriever
+
+    res = CrossknnRetriever(searcher, method="gar", budget=48, k=5).transform(topics)
+    assert (res.ce_calls == 48).all() and res.groupby("qid").size().tolist() == [5] * 6
+    assert (res.groupby("qid").score.diff().dropna() <= 0).all()
+    assert len(searcher.ce.pairs) == 48 * len(topics) == len(set(searcher.ce.pairs))

@@ -37,7 +37,7 @@ import numpy as np
 from crossknn.index.graph import check_graph
 from crossknn.search.engine import query_allow
 from crossknn.search.methods import RoundMethod
-from crossknn.search.rounds import SearchResult, Step, query_seed
+from crossknn.search.rounds import STOP_REASONS, SearchResult, Step, query_seed
 
 __all__ = ["DEFAULT_BATCH", "GAR"]
 
@@ -249,6 +249,8 @@ def _result(nq: int, k: int, states: dict, scored_small: dict) -> SearchResult:
     scores = np.full((nq, k), -np.inf, np.float32)
     indices = np.full((nq, k), -1, np.int64)
     calls = np.zeros(nq, np.int64)
+    # why each query ended: its budget (or both sources empty), or a mask allowing <= B items
+    stopped = np.full(nq, STOP_REASONS.index("budget"), np.int8)
     items_all: list[np.ndarray] = []
     scores_all: list[np.ndarray] = []
     for q in range(nq):
@@ -258,6 +260,7 @@ def _result(nq: int, k: int, states: dict, scored_small: dict) -> SearchResult:
             sc = np.fromiter(d.values(), np.float64, len(d))
         else:
             it, sc = scored_small.get(q, (np.empty(0, np.int64), np.empty(0)))
+            stopped[q] = STOP_REASONS.index("allowed")
         sc32 = sc.astype(np.float32)
         top = np.lexsort((it, -sc32))[:k]  # by exact CE score, then the smaller item
         scores[q, : top.size] = sc32[top]
@@ -265,4 +268,4 @@ def _result(nq: int, k: int, states: dict, scored_small: dict) -> SearchResult:
         calls[q] = it.size
         items_all.append(it)
         scores_all.append(sc32)
-    return SearchResult(scores, indices, calls, items_all, scores_all)
+    return SearchResult(scores, indices, calls, items_all, scores_all, stopped=stopped)
