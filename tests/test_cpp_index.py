@@ -93,6 +93,23 @@ def test_every_method_equals_python_bit_for_bit(built, kind):
     assert n >= 4 * (1 + len(cpp.methods))
 
 
+@pytest.mark.parametrize("n_items", [150, 60])
+def test_small_builds_one_row_and_no_auto_index(tmp_path, n_items):
+    """150 items: one complete row (the first share's plan); 60: no auto index (axn with the
+    score map is the default)."""
+    index_dir = fx.build("default", tmp_path / "small", n_items=n_items)
+    cpp = _core.IndexSearcher(str(index_dir))
+    py = Searcher(open_index(index_dir), ce=fx.StubCE(), de=fx.StubDE())
+    assert cpp.default_method == py.method == ("auto" if n_items >= 100 else "axn")
+    if n_items >= 100:
+        assert py.index.params["auto"]["first_share"] is not None
+        assert cpp.plan("auto", 40) == py.plan_info("auto", budget=40)["plan"]
+    for method in cpp.methods:
+        for text in fx.queries(2, seed=17):
+            want = _python(py, text, k=5, budget=40, method=method)
+            _same(_cpp(cpp, index_dir, text, method=method, k=5, budget=40), want)
+
+
 def test_tombstones_and_versions_after_add_remove_refine(built):
     index_dir = built["edited"]
     cpp = _core.IndexSearcher(str(index_dir))

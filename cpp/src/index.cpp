@@ -215,6 +215,7 @@ struct IndexOpener {
       a.name = name;
       a.file = file->text;
       a.dtype = dtype->text;
+      a.sha256 = sha->text;
       for (const Json& s : shape->items) a.shape.push_back(s.as_int(meta + ": arrays." + name + ".shape"));
       const std::string where = dir + "/" + a.file;
       std::shared_ptr<const MappedFile> map;
@@ -398,6 +399,16 @@ struct IndexOpener {
                                std::fabs(st->score_offset) <= 1e12))
       fail(pw + "score_map is out of range");
     st->has_cur = idx->has("R");
+    if (idx->has("gar_graph")) {  // crossknn.index.graph.graph_of_index's rule (k = 16)
+      const IndexArray& g = idx->array("gar_graph");
+      const Json* gp = params.get("gar_graph");
+      const Json* vs = gp ? gp->get("de_items_sha256") : nullptr;
+      const int64_t n = idx->n_items_;
+      st->has_gar_graph = g.shape.size() == 2 && g.shape[0] == n &&
+                          g.shape[1] == std::min<int64_t>(16, n - 1) &&
+                          (g.dtype == "<i8" || g.dtype == "<i4") && vs &&
+                          vs->type == Json::String && vs->text == idx->array("de_items").sha256;
+    }
     if (const Json* ri = params.get("round_index"); ri && ri->type == Json::Object)
       if (const Json* k = ri->get("kind"); k && k->type == Json::String) idx->round_index_ = k->text;
     idx->default_method_ = st->has_auto ? "auto" : "axn";
@@ -439,6 +450,7 @@ std::vector<std::string> Index::methods() const {
   out.push_back("rnr");
   if (settings_->has_cur)
     for (const char* m : {"adacur", "adacur-split", "adacur-random", "anncur"}) out.push_back(m);
+  if (settings_->has_gar_graph) out.push_back("gar");
   return out;
 }
 

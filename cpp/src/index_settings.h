@@ -19,7 +19,8 @@ struct Index::Settings {
   // the CE -> DE score map (crossknn.score_map.ScoreMap.from_params): AXN's normalization
   bool has_score_map = false;
   double score_scale = 1.0, score_offset = 0.0;
-  bool has_cur = false;  // the dense CUR rows R
+  bool has_cur = false;        // the dense CUR rows R
+  bool has_gar_graph = false;  // GAR's corpus graph, made from the current de_items
   // params.auto.stop_curve.thresholds (crossknn.search.stopping): (target recall, threshold)
   // sorted by target; empty: the build calibrated no early stop
   std::vector<std::pair<double, double>> stop_table;

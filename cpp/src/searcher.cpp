@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "index_settings.h"
+#include "searcher_gar.h"
 
 namespace crossknn {
 
@@ -153,6 +154,13 @@ std::vector<Step> Searcher::plan(const std::string& method_in, int64_t budget,
     return plan;
   }
   if (method == "rnr") return {{StepKind::First, budget}};
+  if (method == "gar") {  // GAR.plan: batches of b, the last what is left
+    std::vector<Step> plan;
+    for (int64_t lo = 0; lo < budget; lo += detail::kGarBatch)
+      plan.push_back({lo == 0 ? StepKind::First : StepKind::Round,
+                      std::min(detail::kGarBatch, budget - lo)});
+    return plan;
+  }
   if (method == "anncur") {
     const int64_t ki = n_anchors(0.5, budget);
     std::vector<Step> plan{{StepKind::First, ki}};
@@ -247,6 +255,16 @@ Hits Searcher::search(Scorer& scorer, const SearchRequest& q) const {
     }
     if (N & 63) mask[W - 1] &= (uint64_t{1} << (N & 63)) - 1;
     allow = mask.data();
+  }
+  if (method == "gar") {
+    const IndexArray& g = ix.array("gar_graph");
+    detail::GarGraph graph;
+    graph.k = g.shape[1];
+    if (g.dtype == "<i8")
+      graph.g64 = g.i64();
+    else
+      graph.g32 = g.i32();
+    return detail::gar_search(de_, de_vmax_, graph, scorer, q, allow);
   }
   SearchQuery sq;
   sq.id = q.query_id;

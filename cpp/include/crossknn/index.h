@@ -32,7 +32,7 @@ namespace crossknn {
 // One array of the index: mapped read-only, its numpy dtype string ("<f4", "|u1", "<i8", ...)
 // and shape as recorded.
 struct IndexArray {
-  std::string name, file, dtype;
+  std::string name, file, dtype, sha256;  // sha256: the recorded content hash
   std::vector<int64_t> shape;
   std::shared_ptr<const MappedFile> map;
   int64_t offset = 0;  // of the data in the file
@@ -89,7 +89,9 @@ class Index {
   int64_t n_removed() const noexcept { return n_removed_; }
 
   // The methods this index serves (those of Python's registry that need no Python model) and
-  // the default one ("auto" when the index has auto's rows, else "axn").
+  // the default one ("auto" when the index has auto's rows, else "axn"). `gar` is served when
+  // the index holds GAR's corpus graph made from its current de_items (Python computes a
+  // missing or stale one at first use; the C++ searcher refuses gar then).
   std::vector<std::string> methods() const;
   const std::string& default_method() const noexcept { return default_method_; }
   // The index's round index kind: "exact" or a FAISS kind ("ivf", "hnsw").

@@ -10,8 +10,8 @@
 //
 // The CE is a crossknn::Scorer (crossknn/search.h): the loop calls score_batch once per round
 // with the round's new items (query 0). Methods: those of Python's registry that need no
-// Python model (Index::methods(): auto, axn, rnr and, with the CUR rows, adacur, adacur-split,
-// adacur-random, anncur); defaults (method, rounds, first step, penalties, score map) are the
+// Python model (Index::methods(): auto, axn, rnr, gar with the index's corpus graph and, with the
+// CUR rows, adacur, adacur-split, adacur-random, anncur); defaults (method, rounds, first step, penalties, score map) are the
 // ones the index records, as in Python. For an index built by Python, the same DE vector, CE
 // scores, seed and query id give the same ids, scores and CE calls as crossknn.Searcher.search,
 // bit for bit: both run the same C++ code (the loop, crossknn/auto_index.h).
