@@ -323,4 +323,8 @@ if __name__ == "__main__":
         from _cpp_index import main as cpp_index
 
         raise SystemExit(cpp_index(sys.argv[2:]))
+    if sys.argv[1:2] == ["frameworks"]:  # what a framework adapter adds (bench/_frameworks.py)
+        from _frameworks import main as frameworks
+
+        raise SystemExit(frameworks(sys.argv[2:]))
     raise SystemExit(main())

@@ -803,6 +803,26 @@ def render_harness_goals() -> str:
     return goals_table("harness.json", HARNESS_GOALS)
 
 
+def render_harness_ndcg() -> str:
+    d = load(RESULTS / "harness.json")
+    if "ndcg" not in d:
+        raise ReportError("harness.json: no ndcg section (recall_bench.py harness --part ndcg)")
+    budgets = [str(b) for b in d["ndcg"]["budgets"]]
+    out = []
+    for c in d["ndcg"]["corpora"].values():
+        where = f"{c['corpus']} ({c['n_items']:,} items)"
+        for label, by_b in c["rows"].items():
+            cells = []
+            for b in budgets:
+                calls = by_b[b]["ce_calls_per_query"]
+                cells += [f3(by_b[b]["nDCG@10"]), "–" if calls is None else f"{calls:g}"]
+            out.append([where, label, *cells])
+    header = ["corpus", "system"]
+    for b in budgets:
+        header += [f"nDCG@10 B={b}", "CE calls/query"]
+    return table(header, out, "ll" + "rr" * len(budgets))
+
+
 STOP_GOALS = {
     "calls_ratio_100": ("≤ 0.85", lambda v: v <= 0.85),
     "calls_ratio_200": ("≤ 0.65", lambda v: v <= 0.65),
@@ -864,6 +884,29 @@ def render_cpp_index() -> str:
 
 def render_cpp_index_goals() -> str:
     return goals_table("cpp_index.json", CPP_INDEX_GOALS)
+
+
+def render_frameworks() -> str:
+    d = load(RESULTS / "frameworks.json")
+    names = {"langchain": "LangChain", "llamaindex": "LlamaIndex", "haystack": "Haystack"}
+    where = {"local": "local (Searcher.search)", "http": "HTTP (client.search)"}
+    out = [
+        [
+            names[r["framework"]],
+            where[r["source"]],
+            f"{r['added_ms_p50']:.3f}",
+            f"{r['ratio_p50']:.3f}",
+            f"{r['direct_ms_p50']:.3f}",
+            f"{r['adapter_ms_p50']:.3f}",
+            f"{r['same_answers']} / {r['calls']}",
+            r["goal"],
+            "yes" if r["met"] else "no",
+        ]
+        for r in d["rows"]
+    ]
+    header = ["framework", "source", "added ms, p50", "× direct, p50", "direct ms, p50"]
+    header += ["adapter ms, p50", "same ids and scores", "goal", "met"]
+    return table(header, out, "llrrrrrll")
 
 
 @dataclass(frozen=True)
@@ -960,6 +1003,9 @@ BLOCKS: dict[str, Block] = {
         render_harness, "harness.json", "Top-10-Recall: RNR vs GAR vs auto at equal CE calls"
     ),
     "harness-goals": Block(render_harness_goals, "harness.json", "GAR and the harness: goals"),
+    "harness-ndcg": Block(
+        render_harness_ndcg, "harness.json", "nDCG@10 through pt.Experiment: RNR, GAR, auto"
+    ),
     "stop-early": Block(
         render_stop_early, "stop_early.json", "the early stop against fixed B (target_recall)"
     ),
@@ -969,6 +1015,9 @@ BLOCKS: dict[str, Block] = {
     ),
     "cpp-index-goals": Block(
         render_cpp_index_goals, "cpp_index.json", "the C++ searcher of an index folder: goals"
+    ),
+    "frameworks": Block(
+        render_frameworks, "frameworks.json", "what a LangChain/LlamaIndex/Haystack adapter adds"
     ),
 }
 

@@ -201,6 +201,11 @@ SUITES: dict[str, list[Step]] = {
             uses=("bench/_cpp_index.py",),
         ),
         Step(
+            "LangChain / LlamaIndex / Haystack adapters vs the direct call",
+            ("bench/overhead_bench.py", "frameworks"),
+            uses=("bench/_frameworks.py",),
+        ),
+        Step(
             "CE runtime", ("bench/ce_bench.py", "--pairs", "128", "--rounds", "3"), needs=(SCIFACT,)
         ),
         Step("int8 recipes", ("bench/ce_bench.py", "--recipes"), needs=(SCIFACT, NFCORPUS)),

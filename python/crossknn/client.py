@@ -214,7 +214,7 @@ class _Base:
         timeout: float = 60.0,
         retries: int = RETRIES,
         max_retry_wait: float = MAX_RETRY_WAIT,
-        http=None,
+        http: Any = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://; got {url!r}")
@@ -414,7 +414,7 @@ def search(
     api_key: str | None = None,
     timeout: float = 60.0,
     retries: int = RETRIES,
-    http=None,
+    http: Any = None,
 ) -> dict[str, Any]:
     """``POST {url}/search``: one query (a string) or several (a list). ``method`` and
     ``rounds`` None: the server's defaults (its ``--method``, else the index's default path);
@@ -444,7 +444,7 @@ def rerank(
     api_key: str | None = None,
     timeout: float = 60.0,
     retries: int = RETRIES,
-    http=None,
+    http: Any = None,
     **fields: Any,
 ) -> Any:
     """``POST {url}/rerank``: the texts by CE score, best first (TEI's list of ``{index, score,
@@ -454,13 +454,13 @@ def rerank(
 
 
 def info(
-    url: str, *, api_key: str | None = None, timeout: float = 10.0, http=None
+    url: str, *, api_key: str | None = None, timeout: float = 10.0, http: Any = None
 ) -> dict[str, Any]:
     """``GET {url}/info``: index size, models and hashes, precision, provider, limits."""
     return _one_call(url, {"api_key": api_key, "timeout": timeout, "http": http}, Client.info)
 
 
-def health(url: str, *, timeout: float = 5.0, http=None) -> bool:
+def health(url: str, *, timeout: float = 5.0, http: Any = None) -> bool:
     """True if ``GET {url}/readyz`` says ready."""
     return _one_call(url, {"timeout": timeout, "http": http}, Client.health)
 
