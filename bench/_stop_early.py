@@ -23,7 +23,7 @@ from _common import RESULTS, SHARED, write_json
 from crossknn.eval import EvalConfig, _Context
 from crossknn.index.auto import default_index_rows
 from crossknn.matrix import load_score_matrix
-from crossknn.search import registry
+from crossknn.search import registry, stopping
 from crossknn.search.engine import search_rounds
 from crossknn.topk import topk_recall
 
@@ -50,7 +50,6 @@ def corpus_run(name: str, target: float, seed: int) -> dict:
     build_s = time.perf_counter() - t0
     meth = ctx.make("auto", first="de", rounds=None, rows=None)
     assert registry.get("auto").index == "auto" and idx.stop_curve is not None
-    thr = meth.stop_threshold(target)
     qs = m.test.tolist()
     out = {
         "matrix": MATRICES[name],
@@ -61,10 +60,10 @@ def corpus_run(name: str, target: float, seed: int) -> dict:
         "build_s": round(build_s, 2),
         "stop_curve": idx.stop_curve,
         "target_recall": target,
-        "threshold": thr,
         "ceilings": {},
     }
     for B in CEILINGS:
+        thr = meth.stop_threshold(target, B)
         fixed = search_rounds(meth, ctx.scorer, qs, budget=B, k=K, seed=seed)
         stop = search_rounds(meth, ctx.scorer, qs, budget=B, k=K, seed=seed, stop=thr)
         r_fixed = float(topk_recall(m.scores, m.test, fixed.indices, K).mean())
@@ -79,8 +78,19 @@ def corpus_run(name: str, target: float, seed: int) -> dict:
             "recall_change": round(r_stop - r_fixed, 5),
             "over_ceiling": int((stop.ce_calls > B).sum()),
             "stopped_found": reasons.count("found"),
+            "threshold": thr,
         }
         c = out["ceilings"][str(B)]
+        c["by_target"] = {}  # the trade the other calibrated targets make
+        for t in stopping.TARGETS:
+            res = search_rounds(
+                meth, ctx.scorer, qs, budget=B, k=K, seed=seed, stop=meth.stop_threshold(t, B)
+            )
+            r_t = float(topk_recall(m.scores, m.test, res.indices, K).mean())
+            c["by_target"][str(t)] = {
+                "calls_ratio": round(float(res.ce_calls.mean()) / B, 4),
+                "recall_change": round(r_t - r_fixed, 5),
+            }
         print(
             f"{name:9s} B={B}: fixed recall {r_fixed:.4f}; stop (target {target}) calls "
             f"{c['stop_calls']:.1f} ({c['calls_ratio']:.3f} of B), recall {r_stop:.4f} "

@@ -112,36 +112,45 @@ def test_the_calibration_replays_what_the_loop_does(data, methods, threshold):
     meth, sc, qs = methods["auto"], MatrixScorer(S), TEST.tolist()
     traced = search_rounds(meth, sc, qs, budget=70, k=10, seed=0, stop_trace=True)
     sizes = [s.n for s in meth.plan(70)]
-    kept, share = stopping.kept_by_threshold(traced, sizes, 10, np.array([threshold]), 70)
+    found, share, ref = stopping.kept_by_threshold(traced, sizes, 10, np.array([threshold]), 70)
     run = search_rounds(meth, sc, qs, budget=70, k=10, seed=0, stop=threshold)
     assert np.array_equal(np.rint(share[0] * 70), run.ce_calls)
     full = [set(r.tolist()) for r in traced.indices]
-    assert np.allclose(
-        kept[0], [len(full[i] & set(run.indices[i].tolist())) / 10 for i in range(len(qs))]
+    assert np.array_equal(ref, [10] * len(qs))  # the reference: the full run's own top-k
+    assert np.array_equal(
+        found[0], [len(full[i] & set(run.indices[i].tolist())) for i in range(len(qs))]
     )
+    # against the exact top-k: the stopped top-k's hits among them
+    exact = [np.argsort(-S[q], kind="stable")[:10] for q in qs]
+    found_x, _, ref_x = stopping.kept_by_threshold(
+        traced, sizes, 10, np.array([threshold]), 70, exact
+    )
+    assert np.array_equal(ref_x, [len(set(e.tolist()) & full[i]) for i, e in enumerate(exact)])
+    got = [len(set(e.tolist()) & set(run.indices[i].tolist())) for i, e in enumerate(exact)]
+    assert np.array_equal(found_x[0], got)
 
 
 def test_the_index_stores_a_calibration_and_targets_map_to_thresholds(methods):
     idx = methods["auto"].index
     curve = idx.stop_curve
     assert curve is not None and idx.meta()["stop_curve"] == curve
-    assert (
-        curve["queries"] == idx.n_rows * 3
-        and curve["budgets"] == [50, 100, 200]
-        and curve["k"] == 10
-    )
-    thr = [curve["thresholds"][str(t)] for t in stopping.TARGETS]
-    assert all(a >= b for a, b in zip(thr, thr[1:], strict=False))  # stricter target, lower
-    kept = [curve["kept"][str(t)] for t in stopping.TARGETS]
-    assert all(k >= t - 1e-9 for k, t in zip(kept, stopping.TARGETS, strict=True))
+    assert curve["budgets"] == [50, 100, 200] and curve["k"] == 10
+    assert curve["queries"] == idx.n_rows * 3  # every complete row at every budget
+    for table in curve["by_budget"].values():
+        thr = [table["thresholds"][str(t)] for t in stopping.TARGETS]
+        assert all(a >= b for a, b in zip(thr, thr[1:], strict=False))  # stricter target, lower
+        kept = [table["kept"][str(t)] for t in stopping.TARGETS]
+        assert all(k >= t - 1e-9 for k, t in zip(kept, stopping.TARGETS, strict=True))
     meth = methods["auto"]
-    assert meth.stop_threshold(0.95) == curve["thresholds"]["0.95"]
-    assert meth.stop_threshold(0.97) == curve["thresholds"]["0.98"]  # the stricter neighbour
-    assert meth.stop_threshold(0.9999) == 0.0  # above every target: never stop
+    at100 = curve["by_budget"]["100"]["thresholds"]
+    assert meth.stop_threshold(0.95, 100) == at100["0.95"]
+    assert meth.stop_threshold(0.97, 120) == at100["0.98"]  # the nearest budget, stricter target
+    assert meth.stop_threshold(0.95, 180) == curve["by_budget"]["200"]["thresholds"]["0.95"]
+    assert meth.stop_threshold(0.9999, 100) == 0.0  # above every target: never stop
     with pytest.raises(ValueError, match=r"target_recall must be in \(0, 1\]; got 1.5"):
-        meth.stop_threshold(1.5)
+        meth.stop_threshold(1.5, 100)
     with pytest.raises(ValueError, match="calibrated the early stop"):
-        stopping.stop_threshold(None, 0.9)
+        stopping.stop_threshold(None, 0.9, 100)
 
 
 def test_a_stop_threshold_outside_zero_one_is_refused(data, methods):
@@ -172,7 +181,7 @@ def test_searcher_and_cli_expose_the_target(auto_index_dir, capsys):
     from crossknn import Searcher
 
     idx = open_index(auto_index_dir)
-    assert idx.params["auto"]["stop_curve"]["thresholds"]  # calibrated by the build
+    assert idx.params["auto"]["stop_curve"]["by_budget"]  # calibrated by the build
     s = Searcher(idx)
     full = s.search(["library automation", "indexing of documents"], k=5, budget=60)
     assert [h.stopped for h in full] == ["budget", "budget"] and full[0].ce_calls == 60

@@ -740,7 +740,7 @@ std::vector<SearchResult> search(const Features& features, Scorer& scorer,
           const auto& sc = res[i].scored_scores;
           const int64_t m_sc = static_cast<int64_t>(sc.size());
           const int64_t n_err = static_cast<int64_t>(errs[i].size());
-          if (m_sc < o.k || n_err < kStopMinErrors) continue;
+          if (m_sc < o.k || n_err < std::max(kStopMinErrors, kStopCandidates * o.k)) continue;
           kth_buf.assign(sc.begin(), sc.end());
           std::nth_element(kth_buf.begin(), kth_buf.begin() + (o.k - 1), kth_buf.end(),
                            std::greater<float>());

@@ -244,8 +244,8 @@ def _target_recall(value) -> float | None:
     return float(value)
 
 
-def _stop_threshold(method, name: str, target: float | None) -> float | None:
-    """The early stop's threshold of ``method`` for ``target`` (None: off)."""
+def _stop_threshold(method, name: str, target: float | None, budget: int) -> float | None:
+    """The early stop's threshold of ``method`` for ``target`` at ``budget`` (None: off)."""
     if target is None:
         return None
     if not hasattr(method, "stop_threshold"):
@@ -253,7 +253,7 @@ def _stop_threshold(method, name: str, target: float | None) -> float | None:
             f"target_recall needs a method whose index calibrated the early stop (auto); "
             f"{name!r} has none: search it without target_recall"
         )
-    return method.stop_threshold(target)
+    return method.stop_threshold(target, int(budget))
 
 
 def _latency_target(value, ce) -> float | None:
@@ -758,7 +758,7 @@ class Searcher:
         t_masks = (time.perf_counter() - t_masks) / max(len(qs), 1)  # in each query's other time
         search = self._make(method, rounds)
         target = self.target_recall if target_recall is None else _target_recall(target_recall)
-        stop = _stop_threshold(search, method, target)
+        stop = _stop_threshold(search, method, target, budget)
         plan = self.plan_info(method, budget=budget, rounds=rounds)
         kinds = [st.kind for st in search.plan(int(budget))]  # the plan's steps, as plan_info's
         n_rescore = self._rescore_n(rescore_top, k, budget)

@@ -154,7 +154,9 @@ enum class StopReason { Budget, Found, Allowed };
 //          unscored items by approximate score (at most the calls left), an extra top-k pass
 //          unless they are the step's own TopK choice;
 //   chance = 1 - prod_j (1 - Phi((c_j + mu - s_k) / sigma)).
-// NaN (no stop) with fewer than k items scored or fewer than kStopMinErrors errors.
+// NaN (no stop) with fewer than k items scored or fewer than max(kStopMinErrors,
+// kStopCandidates k) errors in all (a first round's errors are biased: the solve after the first
+// stage's items alone is poorly scaled).
 constexpr int64_t kStopMinErrors = 4;
 constexpr int64_t kStopWindow = 32;
 constexpr int64_t kStopCandidates = 2;

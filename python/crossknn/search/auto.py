@@ -544,12 +544,12 @@ class AUTO(RoundMethod):
         self.rounds = int(self.index.rounds if rounds is None else rounds)
         self._choices = {}
 
-    def stop_threshold(self, target_recall: float) -> float:
-        """The early stop's threshold for ``target_recall`` from the index's calibration
-        (:func:`crossknn.search.stopping.stop_threshold`)."""
+    def stop_threshold(self, target_recall: float, budget: int) -> float:
+        """The early stop's threshold for ``target_recall`` at ``budget`` from the index's
+        calibration (:func:`crossknn.search.stopping.stop_threshold`)."""
         from crossknn.search.stopping import stop_threshold
 
-        return stop_threshold(self.index.stop_curve, target_recall)
+        return stop_threshold(self.index.stop_curve, target_recall, budget)
 
     def choice(self, budget: int) -> RoundChoice:
         """The rounds a search of ``budget`` CE calls runs, and why (computed once a budget)."""
@@ -779,7 +779,7 @@ def _stop_curve(R, Qr, V, choice, alpha, query_dirs, targets, seed) -> dict | No
         return AUTO(idx, prior=Qr, first=de)
 
     folds = _cv_folds(m, n_folds=6, max_dev=stopping.MAX_ROWS, seed=seed)
-    return stopping.stop_curve(method_for, MatrixScorer(R), folds, seed=seed, targets=targets)
+    return stopping.stop_curve(method_for, R, folds, seed=seed, targets=targets)
 
 
 def partial_plan(index_calls: int, n_items: int, n_train: int, items: int = PARTIAL_ITEMS):
