@@ -111,6 +111,8 @@ def test_the_key_comes_from_the_argument_or_the_environment(server, monkeypatch)
         ({"budget": 10_000}, ("body", "budget"), "exceeds the number of items"),
         ({"k": 30, "budget": 20}, ("body", "k"), "exceeds the budget"),
         ({"method": "nope"}, ("body", "method"), "nope"),
+        # a field a newer server may take is sent as given; this one takes no such field
+        ({"no_such_field": 1}, ("body", "no_such_field"), "Extra inputs are not permitted"),
     ],
 )
 def test_one_typed_error_with_the_servers_message_and_loc(server, fields, loc, msg):
@@ -240,6 +242,8 @@ def test_bodies_leave_out_what_was_not_given():
     )
     assert body["queries"] == ["a", "b"] and body["ids"] == ["d1"] and body["return_documents"]
     assert client.rerank_body("q", ["a"], top_n=0) == {"query": "q", "texts": ["a"], "top_n": 0}
+    assert client.search_body("q", target_recall=0.99, stopped=None)["target_recall"] == 0.99
+    assert "stopped" not in client.search_body("q", stopped=None)
     with pytest.raises(TypeError, match="ids must be a list"):
         client.search_body("q", ids="d1")
     with pytest.raises(ValueError, match="http:// or https://"):

@@ -114,9 +114,11 @@ def search_body(
     filter: Mapping[str, Any] | None = None,
     ids: Sequence[str] | None = None,
     return_documents: bool = False,
+    **extra: Any,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /search`` (one filter and one id list for all its queries);
-    None fields are left out (the server's defaults)."""
+    None fields are left out (the server's defaults); ``extra``: fields a newer server takes,
+    sent as given (a server that does not know one answers 422 naming it)."""
     body: dict[str, Any] = {"k": k, "budget": budget, "exact": exact, "seed": seed}
     if isinstance(query, str):
         body["query"] = query
@@ -133,6 +135,7 @@ def search_body(
         body["ids"] = list(ids)
     if return_documents:
         body["return_documents"] = True
+    body.update({name: value for name, value in extra.items() if value is not None})
     return body
 
 
@@ -148,6 +151,7 @@ def rerank_body(
     raw_scores: bool | None = None,
     truncate: bool | None = None,
     model: str | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /rerank``: ``texts`` (TEI; the answer is a list of ``{index,
     score, text?}``) or ``documents`` (Cohere; the answer is ``{results: [...]}``); None fields
@@ -167,6 +171,7 @@ def rerank_body(
         ("raw_scores", raw_scores),
         ("truncate", truncate),
         ("model", model),
+        *extra.items(),
     ):
         if value is not None:
             body[name] = value
@@ -415,12 +420,14 @@ def search(
     timeout: float = 60.0,
     retries: int = RETRIES,
     http: Any = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     """``POST {url}/search``: one query (a string) or several (a list). ``method`` and
     ``rounds`` None: the server's defaults (its ``--method``, else the index's default path);
     ``filter``: a JSON filter on the items' metadata (docs: Filtered search) or a list of them,
     one per query; ``ids``: an id allow-list (or one per query); ``return_documents``: each
-    result also carries its item's ``text``. Raises :class:`ServeError` on a non-200 answer."""
+    result also carries its item's ``text``; ``extra``: fields a newer server takes, sent as
+    given. Raises :class:`ServeError` on a non-200 answer."""
     fields = {
         "k": k,
         "budget": budget,
@@ -431,6 +438,7 @@ def search(
         "filter": filter,
         "ids": ids,
         "return_documents": return_documents,
+        **extra,
     }
     opts = {"api_key": api_key, "timeout": timeout, "retries": retries, "http": http}
     return _one_call(url, opts, lambda c: c.search(query, **fields))

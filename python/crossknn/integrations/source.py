@@ -19,9 +19,6 @@ from crossknn.searcher import Searcher
 
 __all__ = ["Item", "Source", "missing_framework"]
 
-# what a search takes besides the query (Searcher.search's and /search's names)
-SEARCH_KEYS = ("k", "budget", "method", "rounds", "seed", "filter", "ids")
-
 
 def missing_framework(module: str, extra: str) -> ImportError:
     """The one-line error of an adapter whose framework is not installed."""
@@ -102,8 +99,8 @@ class Source:
 
     # -- search ---------------------------------------------------------------------------------
     def search(self, query: str, **options: Any) -> list[Item]:
-        """The top-k items of ``query`` (``options``: k, budget, method, rounds, seed, filter,
-        ids; None: the default)."""
+        """The top-k items of ``query`` (``options``: ``Searcher.search``'s and ``/search``'s:
+        k, budget, method, rounds, seed, filter, ids ...; None: the default)."""
         opts = _options(options)
         if self.client is not None:
             out = self.client.search(query, return_documents=True, **opts)
@@ -162,11 +159,8 @@ class Source:
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(SEARCH_KEYS))
-    if unknown:
-        raise TypeError(
-            f"unknown search option {unknown[0]!r}; expected some of {', '.join(SEARCH_KEYS)}"
-        )
+    """The options given (None: the default), passed on as they are: an option a newer
+    ``Searcher.search`` or server takes goes through; an unknown one is refused there."""
     return {k: v for k, v in options.items() if v is not None}
 
 
