@@ -184,3 +184,24 @@ def test_without_langchain_the_import_names_the_extra_and_crossknn_imports_none(
         "crossknn.integrations.langchain needs the langchain extra: "
         "pip install 'crossknn[langchain]'"
     )
+
+
+def test_a_servers_metadata_is_asked_for_once_it_has_the_field(server, monkeypatch):
+    """A server whose /search takes ``return_metadata`` (its /openapi.json says so) is asked for
+    each result's metadata; this server's has no such field, so none is sent."""
+    import httpx
+
+    from crossknn.integrations import source as src
+
+    spec = httpx.get(server.url + "/openapi.json", timeout=30).json()
+    assert src._takes_metadata(spec) is False
+    monkeypatch.setattr(src, "METADATA_FIELD", "return_documents")  # a field it has
+    assert src._takes_metadata(spec) is True
+    monkeypatch.undo()
+    s = src.Source(server.url)
+    assert s.search(QUERIES[0], k=2, budget=BUDGET) and s._sends_metadata is False
+    s.close()
+    row = {"id": "d1", "score": 0.5, "text": "t", "metadata": {"lang": "en"}, "new_field": 1}
+    answer = {"hits": [{"results": [row], "stopped": True}], "target_recall": 0.9}
+    (item,) = src.remote_items(answer)  # fields this code does not know are left alone
+    assert (item.id, item.score, item.rank, item.metadata) == ("d1", 0.5, 1, {"lang": "en"})

@@ -19,6 +19,10 @@ from crossknn.searcher import Searcher
 
 __all__ = ["Item", "Source", "missing_framework"]
 
+# the /search field that adds each result's metadata fields, on a server that has it (its
+# /openapi.json lists it); without it, a server source's documents carry no metadata fields
+METADATA_FIELD = "return_metadata"
+
 
 def missing_framework(module: str, extra: str) -> ImportError:
     """The one-line error of an adapter whose framework is not installed."""
@@ -64,6 +68,7 @@ class Source:
         self.where = where
         self.url: str | None = where.rstrip("/") if is_url(where) else None
         self._fields: dict[str, str] | None = None
+        self._sends_metadata: bool | None = None  # the server takes METADATA_FIELD (asked once)
         self._lock = threading.Lock()  # one search at a time on a local Searcher
         if self.url is not None:
             self.api_key, self.timeout = api_key, float(timeout)
@@ -103,6 +108,10 @@ class Source:
         k, budget, method, rounds, seed, filter, ids ...; None: the default)."""
         opts = _options(options)
         if self.client is not None:
+            if self._sends_metadata is None:
+                self._sends_metadata = _takes_metadata(_spec(self.client.request))
+            if self._sends_metadata:
+                opts[METADATA_FIELD] = True
             out = self.client.search(query, return_documents=True, **opts)
             return remote_items(out)
         with self._lock:
@@ -114,6 +123,10 @@ class Source:
         if self.client is None:
             return await asyncio.to_thread(self.search, query, **opts)
         async with _client.AsyncClient(self.url, api_key=self.api_key, timeout=self.timeout) as c:
+            if self._sends_metadata is None:
+                self._sends_metadata = _takes_metadata(await _aspec(c.request))
+            if self._sends_metadata:
+                opts[METADATA_FIELD] = True
             out = await c.search(query, return_documents=True, **opts)
         return remote_items(out)
 
@@ -162,6 +175,29 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options given (None: the default), passed on as they are: an option a newer
     ``Searcher.search`` or server takes goes through; an unknown one is refused there."""
     return {k: v for k, v in options.items() if v is not None}
+
+
+def _spec(request) -> Any:
+    try:
+        return request("GET", "/openapi.json")
+    except _client.ServeError:  # no schema served: take the fields every server has
+        return None
+
+
+async def _aspec(request) -> Any:
+    try:
+        return await request("GET", "/openapi.json")
+    except _client.ServeError:
+        return None
+
+
+def _takes_metadata(spec: Any) -> bool:
+    """Whether the server's ``/search`` takes :data:`METADATA_FIELD` (its OpenAPI schema)."""
+    try:
+        body = spec["paths"]["/search"]["post"]["requestBody"]["content"]["application/json"]
+        return METADATA_FIELD in body["schema"]["properties"]
+    except (KeyError, TypeError):
+        return False
 
 
 def _order(scores: list[float]) -> list[tuple[int, float]]:
