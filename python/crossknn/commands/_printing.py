@@ -99,10 +99,10 @@ class _NoTruncationNote(logging.Filter):
 _QUIET = _NoTruncationNote()
 
 
-def quiet_notes(args: argparse.Namespace) -> None:
-    """With ``--quiet``: the models' notes (the truncation note of ``crossknn.ce``) are not
-    printed for the rest of the command; errors still are."""
-    if getattr(args, "quiet", False):
+def quiet_notes(args: argparse.Namespace | None = None) -> None:
+    """With ``--quiet`` (or ``args`` None: always): the models' notes (the truncation note of
+    ``crossknn.ce``) are not printed for the rest of the command; errors still are."""
+    if args is None or getattr(args, "quiet", False):
         logger = logging.getLogger("crossknn.ce")
         if _QUIET not in logger.filters:
             logger.addFilter(_QUIET)

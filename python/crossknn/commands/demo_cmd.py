@@ -100,7 +100,7 @@ def _models():
 
 def run(args: argparse.Namespace) -> int:
     minilm_checkpoint_dir()  # the embedded model's weights: one line saying how to install them
-    quiet_notes(args)
+    quiet_notes()  # the truncation note would break the bars' lines: the index line says it
     if args.max_items is None:
         args.max_items = _items_from_env() or DEMO_ITEMS
 
@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"index: building {terminal_safe(index_dir)}: dual-encoder vectors, CE score "
-            f"calibration, {what}",
+            f"calibration, {what} (texts longer than the models' {ce.max_length} tokens are "
+            "cut to it)",
             flush=True,
         )
         t = time.perf_counter()
