@@ -123,6 +123,10 @@ def test_tombstones_and_versions_after_add_remove_refine(built):
         got = _cpp(cpp, index_dir, text, k=10, budget=100)
         _same(got, _python(py, text, k=10, budget=100))
         assert not removed & {idx.corpus.ids[i] for i in got[0]}
+    # the corpus graph predates the added items: gar is refused, not answered differently
+    assert "gar" not in cpp.methods
+    with pytest.raises(ValueError, match="gar needs the index's corpus graph"):
+        _cpp(cpp, index_dir, "w1 w2 w3", method="gar")
 
 
 @pytest.mark.parametrize("kind", ["default", "edited"])

@@ -367,12 +367,17 @@ struct IndexOpener {
       st->prior_ridge = num("prior_ridge", 0.0);
       st->prior_kernel_tau = num("prior_kernel_tau", 2.0);
       if (const Json* sc = a->get("stop_curve"); sc && sc->type == Json::Object)
-        if (const Json* th = sc->get("thresholds"); th && th->type == Json::Object) {
-          for (const auto& t : th->fields)
-            st->stop_table.emplace_back(std::strtod(t.first.c_str(), nullptr),
-                                        t.second.as_double(pw + "auto.stop_curve.thresholds"));
-          std::sort(st->stop_table.begin(), st->stop_table.end());
-        }
+        if (const Json* bb = sc->get("by_budget"); bb && bb->type == Json::Object)
+          for (const auto& b : bb->fields) {
+            std::vector<std::pair<double, double>> table;
+            if (const Json* th = b.second.get("thresholds"); th && th->type == Json::Object)
+              for (const auto& t : th->fields)
+                table.emplace_back(std::strtod(t.first.c_str(), nullptr),
+                                   t.second.as_double(pw + "auto.stop_curve.by_budget"));
+            std::sort(table.begin(), table.end());
+            st->stop_table.emplace_back(std::strtoll(b.first.c_str(), nullptr, 10),
+                                        std::move(table));
+          }
     }
     auto pair = [&](const Json* v, const std::string& what) {
       if (!v || v->type != Json::Array || v->items.size() != 2 ||

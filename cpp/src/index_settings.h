@@ -21,9 +21,9 @@ struct Index::Settings {
   double score_scale = 1.0, score_offset = 0.0;
   bool has_cur = false;        // the dense CUR rows R
   bool has_gar_graph = false;  // GAR's corpus graph, made from the current de_items
-  // params.auto.stop_curve.thresholds (crossknn.search.stopping): (target recall, threshold)
-  // sorted by target; empty: the build calibrated no early stop
-  std::vector<std::pair<double, double>> stop_table;
+  // params.auto.stop_curve.by_budget (crossknn.search.stopping): per calibrated budget (in the
+  // file's order), its (target recall, threshold) pairs sorted by target; empty: none
+  std::vector<std::pair<int64_t, std::vector<std::pair<double, double>>>> stop_table;
 };
 
 }  // namespace crossknn

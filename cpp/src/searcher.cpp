@@ -132,6 +132,11 @@ std::vector<Step> Searcher::plan(const std::string& method_in, int64_t budget,
   const Index& ix = *index_;
   const std::string method = method_in.empty() ? ix.default_method() : method_in;
   const auto have = ix.methods();
+  if (method == "gar" && !ix.settings().has_gar_graph)
+    bad("gar needs the index's corpus graph (gar_graph) made from its current de_items; index " +
+        ix.path() + " has none, or an older one (items added or removed since the build): Python "
+        "makes it at first use, C++ does not (the same graph needs numpy's sums); rebuild the "
+        "index to search it with gar from C++");
   if (std::find(have.begin(), have.end(), method) == have.end()) {
     std::string list;
     for (const auto& m : have) list += (list.empty() ? "" : ", ") + m;
@@ -236,8 +241,20 @@ Hits Searcher::search(Scorer& scorer, const SearchRequest& q) const {
     if (st.stop_table.empty())
       bad("target_recall needs an index whose build calibrated the early stop (an auto index "
           "with at least 4 complete rows, built by this version); this one has none");
+    // the calibrated budget nearest the budget in ratio (ties: the smaller), then the
+    // calibrated target at or above the asked one
+    const double b = static_cast<double>(std::max<int64_t>(q.budget, 1));
+    const auto* near = &st.stop_table.front();
+    double best = std::fabs(std::log(static_cast<double>(near->first) / b));
+    for (const auto& e : st.stop_table) {
+      const double dist = std::fabs(std::log(static_cast<double>(e.first) / b));
+      if (dist < best || (dist == best && e.first < near->first)) {
+        best = dist;
+        near = &e;
+      }
+    }
     o.stop_threshold = 0.0;
-    for (const auto& tv : st.stop_table)
+    for (const auto& tv : near->second)
       if (tv.first >= q.target_recall - 1e-12) {
         o.stop_threshold = tv.second;
         break;
