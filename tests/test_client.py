@@ -78,6 +78,7 @@ def test_per_query_filters_equal_one_request_each(server):
             for q, f in zip(QUERIES[:3], filters, strict=True)
         ]
     assert [h["query"] for h in out["hits"]] == QUERIES[:3]
+    assert [h["qid"] for h in out["hits"]] == ["1", "2", "3"]  # as one request numbers them
     assert [h["results"] for h in out["hits"]] == [h["results"] for h in one]
     with pytest.raises(ValueError, match="2 entries for 3 queries"):
         client.search(server.url, QUERIES[:3], filter=[None, None], api_key=KEY)

@@ -202,11 +202,12 @@ def _per_query(queries, filter, ids) -> list[tuple[list[int], Any, Any]] | None:
 
 def _merge(n: int, parts: list[tuple[list[int], dict]]) -> dict[str, Any]:
     """One answer from the answers of the per-filter requests: the first one's fields, the hits
-    in the order of the queries."""
+    in the order of the queries (each ``qid`` its position, "1", "2", ..., as one request of
+    all the queries numbers them)."""
     hits: list[Any] = [None] * n
     for positions, out in parts:
         for i, h in zip(positions, out["hits"], strict=True):
-            hits[i] = h
+            hits[i] = {**h, "qid": str(i + 1)} if isinstance(h, dict) and "qid" in h else h
     return {**parts[0][1], "hits": hits}
 
 
