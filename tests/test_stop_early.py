@@ -6,6 +6,7 @@ is what the loop does at that threshold."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -200,3 +201,52 @@ def test_searcher_and_cli_expose_the_target(auto_index_dir, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["hits"][0]["stopped"] == hits[0].stopped
     assert doc["hits"][0]["ce_calls"] == hits[0].ce_calls
+
+
+@pytest.mark.slow
+def test_served_groups_stop_at_different_rounds_as_the_searcher(auto_index_dir, model_cache):
+    pytest.importorskip("fastapi")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from crossknn import Searcher
+    from crossknn.serve.schema import SearchRequest
+    from crossknn.serve.service import SearchService, ServeConfig
+
+    queries = ["library automation", "indexing of documents", "citation analysis", "retrieval"]
+    want = Searcher(auto_index_dir).search(queries, k=5, budget=60, target_recall=0.9)
+    svc = SearchService(
+        ServeConfig(index=str(auto_index_dir), group_queries=4, admit_within=0, timeout_s=300.0)
+    )
+    svc.load()
+
+    def one(q: str) -> dict:
+        req = SearchRequest(query=q, k=5, budget=60, target_recall=0.9)
+        decision = svc.try_admit(req)
+        assert decision.admitted, decision
+        ctx = svc.new_context()
+        try:
+            return svc.search(req, ctx)
+        finally:
+            svc.release(decision.ticket, ctx)
+
+    try:
+        svc.engine_lock.acquire()  # the requests queue, then start as one lockstep group
+        with ThreadPoolExecutor(len(queries)) as pool:
+            futs = []
+            for i, q in enumerate(queries):
+                futs.append(pool.submit(one, q))
+                end = time.monotonic() + 30
+                while svc.engine_lock.waiting < i + 1:
+                    assert time.monotonic() < end, "timed out"
+                    time.sleep(0.002)
+            svc.engine_lock.release()
+            answers = [f.result(120)["hits"][0] for f in futs]
+        assert svc.groups.grouped_queries == len(queries)
+        assert len({w.ce_calls for w in want}) > 1  # they stopped at different rounds
+        for hit, w in zip(answers, want, strict=True):
+            assert [r["id"] for r in hit["results"]] == w.ids
+            assert hit["ce_calls"] == w.ce_calls and hit["stopped"] == w.stopped
+    finally:
+        svc.close()
+    with pytest.raises(ValueError, match="target_recall"):
+        SearchRequest(query="x", target_recall="high")
