@@ -14,7 +14,8 @@ encoded before) and the C++ ``crossknn::Index`` + ``crossknn::Searcher`` (``_cor
 the time of ``Searcher::search`` inside C++, the CE a row lookup). Every answer is compared (ids,
 float32 score bytes, CE calls). Writes bench/results/cpp_index.json: ``rows`` (per door: p50 /
 p99 / mean non-CE ms), ``equal_answers``, ``goals`` (``cpp_vs_python_other_p50`` <= 0.5,
-``equal_answer_share`` 1).
+``equal_answer_share`` 1), and ``loop_ms_per_search``: the round loop's own phases (the core's
+timers), which both doors run.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ def main(argv=None) -> int:
         py.search(warm, **kw)
         cpp.search(de.encode([warm])[0], m.scores[int(warm.split()[1])], **kw)
     py_s, cpp_s, cpp_wall, equal = [], [], [], 0
+    _core.search_profile(True)  # the round loop's phases (CROSSKNN_PROFILE=1: overhead_bench.py)
     for t in texts:
         h = py.search(t, **kw)
         py_s.append(h.seconds_other)
@@ -142,6 +144,10 @@ def main(argv=None) -> int:
             and r["scores"].tobytes() == np.asarray(h.scores, np.float32).tobytes()
             and int(r["ce_calls"]) == int(h.ce_calls)
         )
+    prof = _core.search_profile(True)
+    n_loops = int(prof.pop("searches")) or 1
+    # the round loop's own time per search (both doors run it: 2 searches a query), by phase
+    loop = {k: round(v / n_loops * 1e3, 4) for k, v in prof.items()}
     rows = []
     for door, xs in (
         ("python Searcher", py_s),
@@ -177,6 +183,7 @@ def main(argv=None) -> int:
         },
         "rows": rows,
         "equal_answers": {"equal": equal, "queries": len(texts)},
+        "loop_ms_per_search": {**loop, "total": round(sum(loop.values()), 4)},
         "goals": {
             "cpp_vs_python_other_p50": ratio,
             "equal_answer_share": round(equal / max(len(texts), 1), 4),
