@@ -69,7 +69,7 @@ def test_documents_carry_text_id_score_and_metadata(source, env):
     for rank, d in enumerate(docs, start=1):
         assert d.page_content == text[d.id] and d.metadata["id"] == d.id
         assert d.metadata["rank"] == rank
-        if source.url is None:  # a server's /search sends no metadata fields
+        if source.url is None or source._sends_metadata:  # a server that sends them
             assert {k: d.metadata[k] for k in meta[d.id]} == meta[d.id]
             assert "lang" in d.metadata and "year" in d.metadata
 
@@ -188,18 +188,20 @@ def test_without_langchain_the_import_names_the_extra_and_crossknn_imports_none(
 
 def test_a_servers_metadata_is_asked_for_once_it_has_the_field(server, monkeypatch):
     """A server whose /search takes ``return_metadata`` (its /openapi.json says so) is asked for
-    each result's metadata; this server's has no such field, so none is sent."""
+    each result's metadata, and one without the field is not (today's crossknn serve)."""
     import httpx
 
     from crossknn.integrations import source as src
 
     spec = httpx.get(server.url + "/openapi.json", timeout=30).json()
-    assert src._takes_metadata(spec) is False
+    takes = src._takes_metadata(spec)  # False until crossknn serve has the field
     monkeypatch.setattr(src, "METADATA_FIELD", "return_documents")  # a field it has
     assert src._takes_metadata(spec) is True
     monkeypatch.undo()
     s = src.Source(server.url)
-    assert s.search(QUERIES[0], k=2, budget=BUDGET) and s._sends_metadata is False
+    items = s.search(QUERIES[0], k=2, budget=BUDGET)
+    assert s._sends_metadata is takes and len(items) == 2
+    assert all(("lang" in it.metadata) is takes for it in items)  # every item has a lang
     s.close()
     row = {"id": "d1", "score": 0.5, "text": "t", "metadata": {"lang": "en"}, "new_field": 1}
     answer = {"hits": [{"results": [row], "stopped": True}], "target_recall": 0.9}
