@@ -131,3 +131,87 @@ class LeastSquares:
     def primal(self) -> bool: ...
     @property
     def delta(self) -> float: ...
+
+# crossknn/auto_index.h: auto's features and prior (crossknn.search.auto calls them)
+def auto_features(
+    V: npt.ArrayLike, R: npt.ArrayLike, A: npt.ArrayLike
+) -> npt.NDArray[np.float32]: ...
+def item_covariance(V: npt.ArrayLike) -> npt.NDArray[np.float64]: ...
+def packed_cholesky(C: npt.ArrayLike) -> npt.NDArray[np.float64] | None: ...
+
+class AutoPrior:
+    """auto's prior of a query: [v, row prior, 0, 0] or the learned prior (kernel ridge)."""
+
+    def __init__(
+        self,
+        d: int,
+        m: int,
+        r: int,
+        *,
+        W: npt.ArrayLike | None = None,
+        deltas: npt.ArrayLike | None = None,
+        alpha: float = 0.0,
+        tau: float = 10.0,
+        ridge: float = 0.0,
+        kernel_tau: float = 2.0,
+        cov: npt.ArrayLike | None = None,
+        V: npt.ArrayLike | None = None,
+        chol: npt.ArrayLike | None = None,
+    ) -> None: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def uses_tables(self) -> bool: ...
+    def prior(self, v: npt.ArrayLike) -> npt.NDArray[np.float64]: ...
+    def spread(self, v: npt.ArrayLike) -> float: ...
+    @property
+    def covariance(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def cholesky(self) -> npt.NDArray[np.float64] | None: ...
+
+class IndexSearchResult(TypedDict):
+    indices: npt.NDArray[np.int64]
+    scores: npt.NDArray[np.float32]
+    ce_calls: int
+    allowed: int  # -1: every item
+    seconds: float
+    stopped: str
+
+# crossknn/index.h + crossknn/searcher.h: the C++ search of an index folder
+class IndexSearcher:
+    def __init__(
+        self,
+        path: str,
+        *,
+        round_index: str = "auto",
+        mix: float = 0.5,
+        threads: int = 0,
+        verify: bool = True,
+    ) -> None: ...
+    @property
+    def n_items(self) -> int: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def n_removed(self) -> int: ...
+    @property
+    def ids(self) -> list[str]: ...
+    @property
+    def methods(self) -> list[str]: ...
+    @property
+    def default_method(self) -> str: ...
+    def plan(self, method: str = "", budget: int = 100, rounds: int = 0) -> list[int]: ...
+    def search(
+        self,
+        query_vector: npt.ArrayLike,
+        scores: npt.ArrayLike | Callable[[npt.NDArray[np.int64]], npt.ArrayLike],
+        *,
+        k: int = 10,
+        budget: int = 100,
+        method: str = "",
+        rounds: int = 0,
+        seed: int = 0,
+        query_id: int = 0,
+        allow: npt.NDArray[np.bool_] | None = None,
+        target_recall: float = 0.0,
+    ) -> IndexSearchResult: ...
