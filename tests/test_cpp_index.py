@@ -235,3 +235,29 @@ def test_the_example_prints_pythons_answer(built, tmp_path):
         timeout=60,
     ).stdout.splitlines()
     assert out == fx.output_lines(h.ids, h.scores, h.ce_calls)
+
+
+def test_unicode_ids_and_metadata_read_as_python_wrote_them(tmp_path):
+    """index.json's canonical text (ASCII escapes, surrogate pairs) is rebuilt for its hash."""
+    from crossknn.corpus.build import build_corpus_index
+    from crossknn.data import Corpus
+
+    c = fx.corpus(120)
+    kinds = ["français", "日本語", 'emoji 😀 "q" \\ \t']
+    meta = [dict(m, lang=kinds[i % 3], **{"ключ": i}) for i, m in enumerate(c.metadata)]
+    index_dir = tmp_path / "uni"
+    build_corpus_index(
+        Corpus([f"é{i}" for i in range(120)], c.texts, "uni", metadata=meta),
+        index_dir,
+        ce=fx.StubCE(),
+        de=fx.StubDE(),
+        calibration_items=8,
+        progress=False,
+    )
+    cpp = _core.IndexSearcher(str(index_dir))
+    assert cpp.ids == [f"é{i}" for i in range(120)]
+    py = Searcher(open_index(index_dir), ce=fx.StubCE(), de=fx.StubDE())
+    flt = {"lang": "日本語"}
+    text = fx.queries(1, seed=3)[0]
+    want = _python(py, text, k=5, budget=30, filter=flt)
+    _same(_cpp(cpp, index_dir, text, k=5, budget=30, allow=py.filter_mask(flt)), want)
