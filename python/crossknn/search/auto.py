@@ -453,6 +453,12 @@ class AutoIndex:
             )
         return self._core_prior
 
+    def __getstate__(self) -> dict:
+        """Pickled without the prior's C++ object (made again at first use)."""
+        state = self.__dict__.copy()
+        state["_core_prior"] = None
+        return state
+
     def row_prior(self, v: np.ndarray) -> np.ndarray:
         """The prior's CE-row block for DE query vector ``v``:
         ``alpha * sd(V v) * softmax(tau * cos(v, row query j))`` (zeros when alpha is 0); the
