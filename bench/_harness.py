@@ -1,6 +1,7 @@
 """The harness table: RNR vs GAR vs auto at equal CE calls (issue 66), bench/results/harness.json.
 
     .venv/bin/python bench/recall_bench.py harness [--part matrices|reference|ndcg]
+    .venv/bin/python bench/recall_bench.py harness --part ndcg --ndcg-corpora cisi --ndcg-queries 30
 
 ``matrices``: on each shared score matrix, ``crossknn eval`` (the path every recall table of
 bench/recall_bench.py runs) of ``rnr``, ``gar`` and ``auto`` with the DE first stage, k = 10, at
@@ -10,8 +11,9 @@ budget, crossknn.index.auto.default_index_budget), GAR with its defaults (DE gra
 b = 16). ``reference``: on the same matrices' test queries at B = 50/100/200, the items ``gar``
 scores against the real ``pyterrier_adaptive.GAR`` on the same initial ranking (the DE's top B),
 corpus graph, batch size and budget. ``ndcg``: nDCG@10 through ``pt.Experiment`` on BEIR test
-queries (bench/_harness_ndcg.py). Each part rewrites its section of harness.json; the goals are
-recomputed from what is there.
+queries (bench/_harness_ndcg.py; runs the CE on the CPU, so only when asked). Each part rewrites
+its section of harness.json (ndcg: the corpora it ran); the goals are recomputed from what is
+there.
 """
 
 from __future__ import annotations
@@ -215,13 +217,19 @@ def goals(doc: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--part", action="append", choices=("matrices", "reference", "ndcg"), help="default: all"
+        "--part",
+        action="append",
+        choices=("matrices", "reference", "ndcg"),
+        help="default: matrices and reference",
     )
     ap.add_argument("--ndcg-budgets", default="50,100", help="B of the ndcg part")
-    ap.add_argument("--ndcg-corpora", default="cisi,nfcorpus", help="BEIR corpora of ndcg")
+    ap.add_argument("--ndcg-corpora", default="cisi", help="BEIR corpora of ndcg (comma list)")
     ap.add_argument("--ndcg-queries", type=int, default=None, help="at most this many queries")
+    ap.add_argument(
+        "--ndcg-index-rows", type=int, default=None, help="index budget in rows (default: build's)"
+    )
     args = ap.parse_args(argv)
-    parts = args.part or ["matrices", "reference", "ndcg"]
+    parts = args.part or ["matrices", "reference"]
     doc = _load()
     doc.pop("provenance", None)
     if "matrices" in parts:
@@ -235,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             budgets=[int(b) for b in args.ndcg_budgets.split(",")],
             corpora=args.ndcg_corpora.split(","),
             max_queries=args.ndcg_queries,
+            index_rows=args.ndcg_index_rows,
+            before=doc.get("ndcg"),
         )
     doc["goals"] = goals(doc)
     print("goals:", json.dumps(doc["goals"]))

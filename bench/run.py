@@ -186,6 +186,20 @@ SUITES: dict[str, list[Step]] = {
             needs=(CISI, NFCORPUS_MATRIX),
             uses=("bench/_harness.py",),
         ),
+        Step(
+            "nDCG@10 through pt.Experiment: BM25 >> RNR / GAR vs auto (cisi, default build)",
+            ("bench/recall_bench.py", "harness", "--part", "ndcg", "--ndcg-corpora", "cisi")
+            + ("--ndcg-queries", "30"),
+            needs=(CISI_DATA,),
+            uses=("bench/_harness.py", "bench/_harness_ndcg.py"),
+        ),
+        Step(
+            "nDCG@10 through pt.Experiment: BM25 >> RNR / GAR vs auto (nfcorpus, 2-row index)",
+            ("bench/recall_bench.py", "harness", "--part", "ndcg", "--ndcg-corpora", "nfcorpus")
+            + ("--ndcg-queries", "30", "--ndcg-index-rows", "2"),
+            needs=(NFCORPUS,),
+            uses=("bench/_harness.py", "bench/_harness_ndcg.py"),
+        ),
     ],
     "cpu": [
         Step("round engine", ("bench/core_bench.py",)),
