@@ -91,6 +91,9 @@ def test_every_method_equals_python_bit_for_bit(built, kind):
                 _same(got, want)
                 n += 1
     assert n >= 4 * (1 + len(cpp.methods))
+    if "adacur" not in cpp.methods:  # refused in one line saying how to build it
+        with pytest.raises(ValueError, match=r"needs a CUR index .* --cur"):
+            _cpp(cpp, index_dir, texts[0], method="adacur")
 
 
 @pytest.mark.parametrize("n_items", [150, 60])

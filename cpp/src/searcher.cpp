@@ -137,6 +137,15 @@ std::vector<Step> Searcher::plan(const std::string& method_in, int64_t budget,
         ix.path() + " has none, or an older one (items added or removed since the build): Python "
         "makes it at first use, C++ does not (the same graph needs numpy's sums); rebuild the "
         "index to search it with gar from C++");
+  const bool cur_method = method == "adacur" || method == "adacur-split" ||
+                          method == "adacur-random" || method == "anncur";
+  if (cur_method && !ix.settings().has_cur)
+    bad("method '" + method + "' needs a CUR index (CE scores of train queries x all items), "
+        "which index " + ix.path() + " does not hold; build: crossknn build CORPUS INDEX_DIR "
+        "--train-queries FILE --cur");
+  if (method == "adacur-softmax")
+    bad("method 'adacur-softmax' is served from Python only (its temperature is numpy's spread "
+        "of the CUR rows); search it with crossknn.Searcher");
   if (std::find(have.begin(), have.end(), method) == have.end()) {
     std::string list;
     for (const auto& m : have) list += (list.empty() ? "" : ", ") + m;
