@@ -14,6 +14,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
+import crossknn  # noqa: E402
 from crossknn import client  # noqa: E402
 from frameworks_fixture import BUDGET, K, allowed_ids, shared_index  # noqa: E402
 from serve_fixture import QUERIES, served  # noqa: E402
@@ -249,3 +250,20 @@ def test_bodies_leave_out_what_was_not_given():
         client.search_body("q", ids="d1")
     with pytest.raises(ValueError, match="http:// or https://"):
         client.Client("localhost:8080")
+
+
+def test_metadata_and_target_recall_reach_the_server(server, env):
+    """``return_metadata``: each result carries its item's fields as the index stores them;
+    ``target_recall`` reaches the server (this index's default method has no calibrated early
+    stop, so the server refuses it naming the field)."""
+    index = crossknn.open_index(env["index_dir"])
+    meta = dict(zip(index.corpus.ids, index.metadata.records(), strict=True))
+    out = client.search(server.url, QUERIES[:2], k=3, budget=12, return_metadata=True, api_key=KEY)
+    for h in out["hits"]:
+        for r in h["results"]:
+            assert r["metadata"] == meta[r["id"]]
+    body = client.search_body(QUERIES[0], target_recall=0.9, return_metadata=True)
+    assert body["target_recall"] == 0.9 and body["return_metadata"] is True
+    with pytest.raises(client.ServeError, match="target_recall") as err:
+        client.search(server.url, QUERIES[0], k=3, budget=12, target_recall=0.9, api_key=KEY)
+    assert err.value.status == 422

@@ -70,8 +70,9 @@ def test_documents_carry_text_id_score_and_metadata(source, env):
     meta = dict(zip(index.corpus.ids, index.metadata.records(), strict=True))
     for rank, d in enumerate(docs, start=1):
         assert d.content == text[d.id] and d.meta["rank"] == rank
-        if source.url is None or source._sends_metadata:  # a server that sends them
-            assert {k: v for k, v in d.meta.items() if k != "rank"} == meta[d.id]
+        if source.url is not None:  # the server sends them (return_metadata)
+            assert source._sends_metadata
+        assert {k: v for k, v in d.meta.items() if k != "rank"} == meta[d.id]
 
 
 CASES = [

@@ -69,9 +69,10 @@ def test_documents_carry_text_id_score_and_metadata(source, env):
     for rank, d in enumerate(docs, start=1):
         assert d.page_content == text[d.id] and d.metadata["id"] == d.id
         assert d.metadata["rank"] == rank
-        if source.url is None or source._sends_metadata:  # a server that sends them
-            assert {k: d.metadata[k] for k in meta[d.id]} == meta[d.id]
-            assert "lang" in d.metadata and "year" in d.metadata
+        if source.url is not None:  # the server sends them (return_metadata)
+            assert source._sends_metadata
+        assert {k: d.metadata[k] for k in meta[d.id]} == meta[d.id]
+        assert "lang" in d.metadata and "year" in d.metadata
 
 
 @pytest.mark.parametrize(

@@ -71,8 +71,9 @@ def test_nodes_carry_text_id_score_and_metadata(source, env):
     meta = dict(zip(index.corpus.ids, index.metadata.records(), strict=True))
     for rank, n in enumerate(nodes, start=1):
         assert n.node.get_content() == text[n.node.node_id] and n.node.metadata["rank"] == rank
-        if source.url is None or source._sends_metadata:  # a server that sends them
-            assert {k: v for k, v in n.node.metadata.items() if k != "rank"} == meta[n.node.node_id]
+        if source.url is not None:  # the server sends them (return_metadata)
+            assert source._sends_metadata
+        assert {k: v for k, v in n.node.metadata.items() if k != "rank"} == meta[n.node.node_id]
 
 
 CASES = [

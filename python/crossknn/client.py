@@ -114,6 +114,8 @@ def search_body(
     filter: Mapping[str, Any] | None = None,
     ids: Sequence[str] | None = None,
     return_documents: bool = False,
+    return_metadata: bool = False,
+    target_recall: float | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /search`` (one filter and one id list for all its queries);
@@ -124,7 +126,7 @@ def search_body(
         body["query"] = query
     else:
         body["queries"] = list(query)
-    for name, value in (("method", method), ("rounds", rounds)):
+    for name, value in (("method", method), ("rounds", rounds), ("target_recall", target_recall)):
         if value is not None:
             body[name] = value
     if filter is not None:
@@ -135,6 +137,8 @@ def search_body(
         body["ids"] = list(ids)
     if return_documents:
         body["return_documents"] = True
+    if return_metadata:
+        body["return_metadata"] = True
     body.update({name: value for name, value in extra.items() if value is not None})
     return body
 
@@ -417,6 +421,8 @@ def search(
     filter: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
     ids: Sequence[str] | Sequence[Sequence[str] | None] | None = None,
     return_documents: bool = False,
+    return_metadata: bool = False,
+    target_recall: float | None = None,
     api_key: str | None = None,
     timeout: float = 60.0,
     retries: int = RETRIES,
@@ -427,7 +433,9 @@ def search(
     ``rounds`` None: the server's defaults (its ``--method``, else the index's default path);
     ``filter``: a JSON filter on the items' metadata (docs: Filtered search) or a list of them,
     one per query; ``ids``: an id allow-list (or one per query); ``return_documents``: each
-    result also carries its item's ``text``; ``extra``: fields a newer server takes, sent as
+    result also carries its item's ``text`` (``return_metadata``: its metadata fields);
+    ``target_recall``: stop a query early once its top-k is likely found (auto on a calibrated
+    index; the budget stays the ceiling); ``extra``: fields a newer server takes, sent as
     given. Raises :class:`ServeError` on a non-200 answer."""
     fields = {
         "k": k,
@@ -439,6 +447,8 @@ def search(
         "filter": filter,
         "ids": ids,
         "return_documents": return_documents,
+        "return_metadata": return_metadata,
+        "target_recall": target_recall,
         **extra,
     }
     opts = {"api_key": api_key, "timeout": timeout, "retries": retries, "http": http}

@@ -100,6 +100,9 @@ class SearchRequest(BaseModel):
     return_documents: StrictBool = Field(
         False, description="each result also carries its item's text ('text')"
     )
+    return_metadata: StrictBool = Field(
+        False, description="each result also carries its item's metadata fields ('metadata')"
+    )
     filter: dict[str, Any] | None = Field(
         None,
         description="only items whose metadata match it may be returned (and scored): a JSON "
@@ -240,6 +243,9 @@ class SearchResult(BaseModel):
     score: float
     title: str | None = None
     text: str | None = Field(None, description="the item's text, with return_documents")
+    metadata: dict[str, Any] | None = Field(
+        None, description="the item's metadata fields, with return_metadata"
+    )
 
 
 class SearchHits(BaseModel):

@@ -519,6 +519,8 @@ class SearchService:
         # the index version this request runs on, taken before the engine lock (a swap that
         # moves items waits for the pinned requests: crossknn.serve.reload)
         with self.follower.pinned() as (searcher, index):
+            # the metadata of the version the search runs on
+            columns = index.metadata.columns if req.return_metadata else None
             if self.groups is not None and not req.exact:
                 hits = self.groups.search(self._group_key(req), len(req.texts()), ctx, req)
             else:
@@ -553,6 +555,11 @@ class SearchService:
                 texts = h.texts  # the item texts of the version the search ran on
                 for j, row in enumerate(d["results"]):
                     row["text"] = texts[j]
+        if columns is not None:
+            for h, d in zip(hits, out, strict=True):
+                for pos, row in zip(h.indices.tolist(), d["results"], strict=True):
+                    values = {name: col.value(pos) for name, col in columns.items()}
+                    row["metadata"] = {n: v for n, v in values.items() if v is not None}
         plan = hits[0].plan if hits else None  # what ran: method, rounds, steps, round choice
         ctx.plan = plan
         return {
