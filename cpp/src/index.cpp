@@ -454,7 +454,8 @@ std::vector<std::string> Index::methods() const {
   out.push_back("axn");
   out.push_back("rnr");
   if (settings_->has_cur)
-    for (const char* m : {"adacur", "adacur-split", "adacur-random", "anncur"}) out.push_back(m);
+    for (const char* m : {"adacur", "adacur-split", "adacur-softmax", "adacur-random", "anncur"})
+      out.push_back(m);
   if (settings_->has_gar_graph) out.push_back("gar");
   return out;
 }

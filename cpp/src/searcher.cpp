@@ -49,6 +49,47 @@ int64_t n_anchors(double split, int64_t budget) {  // Python _n_anchors (round h
 
 [[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
 
+// NumPy's pairwise sum of float32 values (float32 accumulators: eight partial sums in blocks of
+// up to 128, halves above), the sum behind ndarray.sum / mean / std of a float32 row
+float pairwise_f32(const float* a, int64_t n) {
+  if (n < 8) {
+    float r = 0.0f;
+    for (int64_t i = 0; i < n; ++i) r += a[i];
+    return r;
+  }
+  if (n <= 128) {
+    float r[8];
+    for (int j = 0; j < 8; ++j) r[j] = a[j];
+    int64_t i = 8;
+    for (; i < n - (n % 8); i += 8)
+      for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+    float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += a[i];
+    return res;
+  }
+  int64_t n2 = n / 2;
+  n2 -= n2 % 8;
+  return pairwise_f32(a, n2) + pairwise_f32(a + n2, n - n2);
+}
+
+// crossknn.search.methods.CurIndex.score_scale: float(R.std(axis=1).mean()) of the float32
+// rows R (kq x n), computed as NumPy does in float32; 1 when not > 0
+double cur_score_scale(const float* R, int64_t kq, int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n)), sd(static_cast<size_t>(kq));
+  const float fn = static_cast<float>(n);
+  for (int64_t j = 0; j < kq; ++j) {
+    const float* row = R + j * n;
+    const float mean = pairwise_f32(row, n) / fn;
+    for (int64_t i = 0; i < n; ++i) {
+      const float c = row[i] - mean;
+      x[i] = c * c;
+    }
+    sd[j] = std::sqrt(pairwise_f32(x.data(), n) / fn);
+  }
+  const double s = static_cast<double>(pairwise_f32(sd.data(), kq) / static_cast<float>(kq));
+  return s > 0.0 ? s : 1.0;
+}
+
 }  // namespace
 
 Searcher::Searcher(std::shared_ptr<const Index> index, SearcherOptions options)
@@ -75,6 +116,7 @@ Searcher::Searcher(std::shared_ptr<const Index> index, SearcherOptions options)
     for (int64_t q = 0; q < kq; ++q)
       for (int64_t i = 0; i < N; ++i) RT[i * kq + q] = r[q * N + i];
     cur_ = std::make_shared<const Features>(RT.data(), N, kq, Storage::Float32, opt_.threads);
+    cur_scale_ = cur_score_scale(r, kq, N);
   }
   if (st.has_auto) {  // crossknn.index.auto.auto_index_of + AutoIndex / AUTO
     int64_t m = 0, r = 0;
@@ -138,14 +180,12 @@ std::vector<Step> Searcher::plan(const std::string& method_in, int64_t budget,
         "makes it at first use, C++ does not (the same graph needs numpy's sums); rebuild the "
         "index to search it with gar from C++");
   const bool cur_method = method == "adacur" || method == "adacur-split" ||
-                          method == "adacur-random" || method == "anncur";
+                          method == "adacur-random" || method == "adacur-softmax" ||
+                          method == "anncur";
   if (cur_method && !ix.settings().has_cur)
     bad("method '" + method + "' needs a CUR index (CE scores of train queries x all items), "
         "which index " + ix.path() + " does not hold; build: crossknn build CORPUS INDEX_DIR "
         "--train-queries FILE --cur");
-  if (method == "adacur-softmax")
-    bad("method 'adacur-softmax' is served from Python only (its temperature is numpy's spread "
-        "of the CUR rows); search it with crossknn.Searcher");
   if (std::find(have.begin(), have.end(), method) == have.end()) {
     std::string list;
     for (const auto& m : have) list += (list.empty() ? "" : ", ") + m;
@@ -188,7 +228,7 @@ std::vector<Step> Searcher::plan(const std::string& method_in, int64_t budget,
     const int64_t ki = n_anchors(0.5, budget);
     return round_steps(ki, R, budget - ki);
   }
-  return round_steps(budget, R, 0);  // axn, adacur, adacur-random
+  return round_steps(budget, R, 0);  // axn, adacur, adacur-random, adacur-softmax
 }
 
 Hits Searcher::search(Scorer& scorer, const SearchRequest& q) const {
@@ -240,6 +280,8 @@ Hits Searcher::search(Scorer& scorer, const SearchRequest& q) const {
     features = cur_.get();
     o.ridge = kCurRidge;
     if (method == "adacur-random") o.strategy = Strategy::Random;
+    if (method == "adacur-softmax") o.strategy = Strategy::SoftMax;
+    if (method != "anncur") o.temperature = 1.0 * cur_scale_;  // ADACUR: 1 x the score scale
   }
   if (q.target_recall != 0.0) {  // crossknn.search.stopping.stop_threshold
     if (!(q.target_recall > 0.0 && q.target_recall <= 1.0))

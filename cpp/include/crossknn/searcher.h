@@ -10,16 +10,17 @@
 //
 // The CE is a crossknn::Scorer (crossknn/search.h): the loop calls score_batch once per round
 // with the round's new items (query 0). Methods: those of Python's registry that need no
-// Python model (Index::methods(): auto, axn, rnr, gar with the index's corpus graph and, with the
-// CUR rows, adacur, adacur-split, adacur-random, anncur); defaults (method, rounds, first step, penalties, score map) are the
-// ones the index records, as in Python. For an index built by Python, the same DE vector, CE
-// scores, seed and query id give the same ids, scores and CE calls as crossknn.Searcher.search,
-// bit for bit: both run the same C++ code (the loop, crossknn/auto_index.h).
+// Python model (Index::methods(): auto, axn, rnr, gar with the index's corpus graph and, with
+// the CUR rows, adacur, adacur-split, adacur-softmax, adacur-random, anncur); defaults (method,
+// rounds, first step, penalties, score map) are the ones the index records, as in Python. For
+// an index built by Python, the same DE vector, CE scores, seed and query id give the same ids,
+// scores and CE calls as crossknn.Searcher.search, bit for bit: both run the same C++ code (the
+// loop, crossknn/auto_index.h).
 //
 // Query ids. Python's Searcher seeds a query's random draws with its text
 // (crossknn.search.engine.query_id_int(text): 8 bytes of BLAKE2b); pass that as query_id. Only
-// methods with random steps (adacur-random) read it; auto, axn, rnr, adacur, adacur-split and
-// anncur with the DE first step draw nothing.
+// methods with random steps (adacur-random, adacur-softmax) read it; auto, axn, rnr, gar,
+// adacur, adacur-split and anncur with the DE first step draw nothing.
 //
 // FAISS round indexes. An index built with a FAISS round index (params.round_index kind "ivf"
 // or "hnsw") serves AXN's rounds through it in Python. This C++ build has no FAISS: such a
@@ -91,6 +92,7 @@ class Searcher {
   std::shared_ptr<const Features> auto_x_, cur_, zeros_;
   std::shared_ptr<const AutoPrior> prior_;
   std::vector<double> auto_inv_;  // 1 / penalties, the free slope's last
+  double cur_scale_ = 1.0;        // ADACUR's SoftMax temperature unit (CurIndex.score_scale)
 };
 
 }  // namespace crossknn
