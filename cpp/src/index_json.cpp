@@ -7,6 +7,11 @@
 #include <cstring>
 #include <stdexcept>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 namespace crossknn {
 namespace detail {
 
@@ -410,6 +415,56 @@ void block(uint32_t h[8], const unsigned char* p) {
   h[7] += k;
 }
 
+#if defined(__x86_64__)
+// The blocks with the SHA extensions (SHA-NI; Intel's and AMD's since Zen): the same digest,
+// several times faster than the portable rounds above on the index's arrays
+__attribute__((target("sha,sse4.1,ssse3"))) void blocks_shani(uint32_t h[8],
+                                                              const unsigned char* p,
+                                                              size_t n_blocks) {
+  const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[0]));
+  __m128i s1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[4]));
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);     // CDAB
+  s1 = _mm_shuffle_epi32(s1, 0x1B);       // EFGH
+  __m128i s0 = _mm_alignr_epi8(tmp, s1, 8);  // ABEF
+  s1 = _mm_blend_epi16(s1, tmp, 0xF0);    // CDGH
+  for (size_t b = 0; b < n_blocks; ++b, p += 64) {
+    const __m128i abef = s0, cdgh = s1;
+    __m128i w[16];
+    for (int g = 0; g < 4; ++g)
+      w[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), mask);
+    for (int g = 4; g < 16; ++g)
+      w[g] = _mm_sha256msg2_epu32(
+          _mm_add_epi32(_mm_sha256msg1_epu32(w[g - 4], w[g - 3]), _mm_alignr_epi8(w[g - 1], w[g - 2], 4)),
+          w[g - 1]);
+    for (int g = 0; g < 16; ++g) {
+      __m128i msg = _mm_add_epi32(w[g], _mm_loadu_si128(reinterpret_cast<const __m128i*>(kK + 4 * g)));
+      s1 = _mm_sha256rnds2_epu32(s1, s0, msg);
+      msg = _mm_shuffle_epi32(msg, 0x0E);
+      s0 = _mm_sha256rnds2_epu32(s0, s1, msg);
+    }
+    s0 = _mm_add_epi32(s0, abef);
+    s1 = _mm_add_epi32(s1, cdgh);
+  }
+  tmp = _mm_shuffle_epi32(s0, 0x1B);     // FEBA
+  s1 = _mm_shuffle_epi32(s1, 0xB1);      // DCHG
+  s0 = _mm_blend_epi16(tmp, s1, 0xF0);   // DCBA
+  s1 = _mm_alignr_epi8(s1, tmp, 8);      // ABEF
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&h[0]), s0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&h[4]), s1);
+}
+
+bool has_shani() {
+  static const bool on = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 19)) || !(c & (1u << 9))) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & (1u << 29)) != 0;
+  }();
+  return on;
+}
+#endif
+
 }  // namespace
 
 Json parse_json(const std::string& text, const std::string& what) {
@@ -427,7 +482,12 @@ std::string sha256_hex(const void* data, size_t n) {
                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   const unsigned char* p = static_cast<const unsigned char*>(data);
   size_t full = n / 64;
-  for (size_t i = 0; i < full; ++i) block(h, p + 64 * i);
+#if defined(__x86_64__)
+  if (has_shani())
+    blocks_shani(h, p, full);
+  else
+#endif
+    for (size_t i = 0; i < full; ++i) block(h, p + 64 * i);
   unsigned char tail[128] = {0};
   const size_t rest = n - 64 * full;
   if (rest) std::memcpy(tail, p + 64 * full, rest);

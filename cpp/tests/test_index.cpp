@@ -74,6 +74,10 @@ int main(int argc, char** argv) {
   CHECK(crossknn::detail::sha256_hex(two.data(), two.size()) ==
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
 
+  const std::string million(1000000, 'a');  // many blocks (the SHA-NI path where the CPU has it)
+  CHECK(crossknn::detail::sha256_hex(million.data(), million.size()) ==
+        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+
   // the pinned fixture files
   {
     std::istringstream sums(slurp(fx / "SHA256SUMS"));
