@@ -231,3 +231,26 @@ def test_registry_entry_and_graph_cache(synthetic):
         make_method("gar", first="random", n_items=items.shape[0])
     with pytest.raises(ValueError, match="one row per item"):
         GAR(np.zeros((3, 2), np.int64), n_items=4)
+
+
+def test_eval_runs_gar_with_the_de_first_stage(shared_dir):
+    from crossknn.eval import EvalConfig, evaluate
+    from crossknn.matrix import load_score_matrix
+    from crossknn.topk import topk_recall
+
+    m = load_score_matrix(shared_dir / "matrices" / "cisi-minilm")
+    cfg = EvalConfig(methods=["gar"], budgets=[40], ks=[10], firsts=("de",))
+    (row,) = evaluate(m, cfg, progress=False)
+    assert (row["method"], row["first"], row["ce_calls_max"], row["index_ce_calls"]) == (
+        "gar",
+        "de",
+        40,
+        0,
+    )
+    first = DenseRetriever(m.de_items, query_vectors=m.de_queries)
+    res = make_method("gar", first=first, n_items=m.n_items).search(
+        MatrixScorer(m.scores), m.test.tolist(), budget=40, k=10
+    )
+    assert row["recall"] == float(topk_recall(m.scores, m.test, res.indices, 10).mean())
+    with pytest.raises(ValueError, match="corpus graph or the DE item vectors"):
+        evaluate(m, EvalConfig(methods=["gar"], budgets=[40], ks=[10]), progress=False)
