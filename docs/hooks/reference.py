@@ -277,7 +277,7 @@ def _params(fn, *, drop_self: bool) -> str:
         star = star or kind == "variadic positional"
         if p.annotation is not None:
             name += f": {p.annotation}"
-        if p.default is not None:
+        if p.default is not None and not kind.startswith("variadic"):
             name += f" = {p.default}" if p.annotation is not None else f"={p.default}"
         parts.append(name)
         if kind == "positional-only" and (
