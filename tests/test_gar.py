@@ -252,5 +252,10 @@ def test_eval_runs_gar_with_the_de_first_stage(shared_dir):
         MatrixScorer(m.scores), m.test.tolist(), budget=40, k=10
     )
     assert row["recall"] == float(topk_recall(m.scores, m.test, res.indices, 10).mean())
-    with pytest.raises(ValueError, match="corpus graph or the DE item vectors"):
-        evaluate(m, EvalConfig(methods=["gar"], budgets=[40], ks=[10]), progress=False)
+    # another first stage (random): the corpus graph still comes from the DE item vectors
+    (rnd,) = evaluate(m, EvalConfig(methods=["gar"], budgets=[40], ks=[10]), progress=False)
+    assert (rnd["first"], rnd["ce_calls_max"]) == ("random", 40)
+    res = make_method("gar", first="random", item_vectors=m.de_items, n_items=m.n_items).search(
+        MatrixScorer(m.scores), m.test.tolist(), budget=40, k=10
+    )
+    assert rnd["recall"] == float(topk_recall(m.scores, m.test, res.indices, 10).mean())

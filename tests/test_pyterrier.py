@@ -191,3 +191,18 @@ def test_retriever_runs_gar_from_the_registry(searcher, topics):
     assert (res.ce_calls == 48).all() and res.groupby("qid").size().tolist() == [5] * 6
     assert (res.groupby("qid").score.diff().dropna() <= 0).all()
     assert len(searcher.ce.pairs) == 48 * len(topics) == len(set(searcher.ce.pairs))
+
+
+def test_searcher_reads_the_graph_build_wrote(index_dir, monkeypatch):
+    """``Searcher`` hands gar the index's stored corpus graph: no k-NN graph is computed."""
+    import crossknn.index.graph as graph_mod
+    import crossknn.search.registry as registry_mod
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the corpus graph was computed again")
+
+    monkeypatch.setattr(graph_mod, "graph_for", refuse)
+    monkeypatch.setattr(registry_mod, "graph_for", refuse)
+    s = Searcher(open_index(index_dir), ce=Recording(), de=StubDE())
+    (hits,) = s.search(queries(1, seed=3), k=5, budget=32, method="gar")
+    assert hits.ce_calls == 32 and len(hits.ids) == 5

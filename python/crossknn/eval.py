@@ -197,6 +197,10 @@ class _Context:
             res.mix = cfg.mix
         elif spec.index == "cur":
             res.cur = self.index(rows)
+        if (
+            spec.name == "gar"
+        ):  # its corpus graph from the DE item vectors, whatever the first stage
+            res.item_vectors = self.m.de_items
         return spec.build(res)
 
 

@@ -42,6 +42,7 @@ from crossknn.corpus_folder import CorpusIndex, open_index
 from crossknn.exact_cache import ExactScores
 from crossknn.filters import parse_filter
 from crossknn.index.auto import auto_index_of
+from crossknn.index.graph import graph_of_index
 from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
@@ -546,6 +547,10 @@ class Searcher:
                         self.index.params, what=f"index {self.index.path}"
                     ),
                     n_items=self.n_items,
+                    # GAR's corpus graph as build wrote it (rebuilt from de_items when stale)
+                    graph=graph_of_index(self.index)
+                    if spec.name == "gar" and "de_items" in self.index.arrays
+                    else None,
                 )
             )
             if rounds is None and self.latency_target_ms is not None and hasattr(made, "set_cost"):
