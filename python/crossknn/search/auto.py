@@ -60,6 +60,7 @@ from crossknn import _core
 from crossknn.core import ItemFeatures
 from crossknn.retrievers import make_retriever
 from crossknn.scorers import BudgetExceededError, MatrixScorer, as_items
+from crossknn.search import stopping
 from crossknn.search.methods import RoundMethod, _round_plan
 from crossknn.search.round_plan import ROUNDS_GRID, RoundChoice, RoundCost, choose_rounds
 from crossknn.search.rounds import Step, split_sizes
@@ -553,9 +554,7 @@ class AUTO(RoundMethod):
     def stop_threshold(self, target_recall: float, budget: int) -> float:
         """The early stop's threshold for ``target_recall`` at ``budget`` from the index's
         calibration (:func:`crossknn.search.stopping.stop_threshold`)."""
-        from crossknn.search.stopping import stop_threshold
-
-        return stop_threshold(self.index.stop_curve, target_recall, budget)
+        return stopping.stop_threshold(self.index.stop_curve, target_recall, budget)
 
     def choice(self, budget: int) -> RoundChoice:
         """The rounds a search of ``budget`` CE calls runs, and why (computed once a budget)."""
@@ -754,8 +753,6 @@ def build_auto_index(
 def _stop_curve(R, Qr, V, choice, alpha, query_dirs, targets, seed) -> dict | None:
     """The early stop's table over the m complete rows (m >= 4; cross-validated folds as
     :func:`rounds_curve`, the row prior kept, the learned prior not); None with fewer rows."""
-    from crossknn.search import stopping
-
     targets = stopping.TARGETS if targets is None else tuple(targets)
     m = R.shape[0]
     if m < 4 or not targets:

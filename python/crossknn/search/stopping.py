@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from crossknn.scorers import MatrixScorer
+from crossknn.search.engine import search_rounds
 from crossknn.search.rounds import STOP_REASONS, SearchResult
 
 __all__ = [
@@ -156,9 +158,6 @@ def stop_curve(
     (positions among the rows) searched by ``method_for(fold)`` (a method over an index of the
     other rows) at each budget, the whole plan with the stop's estimate traced, calibrated per
     budget (:func:`calibrate`) against each row's exact top-k. Uses no CE call beyond the rows."""
-    from crossknn.scorers import MatrixScorer
-    from crossknn.search.engine import search_rounds  # the engine imports this module's users
-
     rows = np.asarray(rows, np.float32)
     scorer, n_items = MatrixScorer(rows), rows.shape[1]
     budgets = [int(b) for b in budgets if k <= int(b) <= n_items]
