@@ -16,6 +16,7 @@ __all__ = [
     "plural",
     "print_hits",
     "provider_line",
+    "query_line",
     "quiet_notes",
     "say_fidelity",
     "say_providers",
@@ -128,13 +129,22 @@ def plan_text(plan: dict) -> str:
     return f"{plan['method']}, {plural(rounds, 'round')} ({steps} CE calls)"
 
 
-def print_hits(hits, *, texts: bool = True, file=None, width: int = 70) -> None:
+def query_line(query: str, qid: str | None = None) -> str:
+    """The line that heads a query's hits: ``query [qid] text``."""
+    tag = f"[{terminal_safe(qid)}] " if qid is not None else ""
+    return f"\nquery {tag}{terminal_safe(query)}"
+
+
+def print_hits(
+    hits, *, texts: bool = True, file=None, width: int = 70, header: bool = True
+) -> None:
     """Hits as aligned columns: rank (``*`` = not in the exact top-k), CE score, id, a snippet
-    of ``width`` characters (whitespace folded, control characters escaped)."""
+    of ``width`` characters (whitespace folded, control characters escaped); each query's
+    :func:`query_line` first (``header=False``: the caller printed it)."""
     file = file or sys.stdout
     for h in hits:
-        qid = f"[{terminal_safe(h.qid)}] " if getattr(h, "qid", None) is not None else ""
-        print(f"\nquery {qid}{terminal_safe(h.query)}", file=file)
+        if header:
+            print(query_line(h.query, getattr(h, "qid", None)), file=file)
         ids = [terminal_safe(i) for i in h.ids]
         id_width = min(max(map(len, ids), default=2), 32)
         for r, (i, s, t) in enumerate(zip(ids, h.scores, h.texts, strict=False), start=1):

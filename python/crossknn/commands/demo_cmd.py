@@ -25,7 +25,7 @@ import numpy as np
 from crossknn.ce import cache_root
 from crossknn.ce.models import minilm_checkpoint_dir
 from crossknn.commands._numbers import positive_int
-from crossknn.commands._printing import print_hits, quiet_notes, terminal_safe
+from crossknn.commands._printing import print_hits, query_line, quiet_notes, terminal_safe
 from crossknn.corpus.build import build_corpus_index
 from crossknn.corpus_folder import open_index
 from crossknn.demo_corpus import stdlib_docstrings
@@ -154,9 +154,10 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     hits = []
-    for i, q in enumerate(queries, start=1):  # one at a time: each printed when it is found
+    for i, q in enumerate(queries, start=1):  # one at a time: its line, then its answer
+        print(query_line(q, str(i)), flush=True)
         h = searcher.search([q], k=args.k, budget=args.budget, query_ids=[str(i)])[0]
-        print_hits([h])
+        print_hits([h], header=False)
         sys.stdout.flush()
         hits.append(h)
     if args.exact:
