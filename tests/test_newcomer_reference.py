@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,22 @@ def test_the_check_runs_as_a_command(griffe):
         [sys.executable, str(HOOK), "--check"], capture_output=True, text=True, timeout=300
     )
     assert got.returncode == 0, got.stdout + got.stderr
+
+
+def _make_n(*goals: str) -> str:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    got = subprocess.run(
+        ["make", "-n", "-B", *goals], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert got.returncode == 0, got.stderr
+    return got.stdout
+
+
+def test_make_docs_needs_no_torch():
+    # -B: every step from a fresh clone, as make would run them
+    steps = _make_n("docs")
+    assert "mkdocs build --strict" in steps
+    assert "torch" not in steps.replace("no torch", ""), steps
+    # within make test, docs and pytest share the one (test) install
+    assert _make_n("test-steps").count("--no-build-isolation --no-deps -e .") == 1
