@@ -273,6 +273,14 @@ def test_a_construct_without_meaning_here_is_refused_naming_it(meta, spec, where
     assert msg.startswith(where + ": ") and named in msg, msg
 
 
+def test_the_two_forms_in_one_object_are_refused_saying_so(meta):
+    with pytest.raises(FilterError, match=r"^filter\.must: Qdrant's must beside MongoDB-form"):
+        parse_filter({"lang": "en", "must": [{"has_id": ["d1"]}]}, meta.fields)
+    # one form inside the other is fine: a Qdrant object in $and, as --filter meets a query's own
+    spec = {"$and": [{"lang": {"$ne": "fr"}}, {"must": [{"has_id": ["d1", "d9"]}]}]}
+    assert filter_fuzz.engine_mask(spec, meta, IDS) == [True, False, True]
+
+
 def test_a_field_named_like_a_clause_is_the_field():
     records = [{"must": "a"}, {"must": "b"}]
     meta = filter_fuzz.engine_meta(records, ["x", "y"])

@@ -177,6 +177,9 @@ class _Parser:
             kind = "id"
         elif name in self.fields:
             kind = self.fields[name]
+        elif name in _Q_CLAUSES:
+            self.fail(where, f"Qdrant's {name} beside MongoDB-form keys; write one object in "
+                      "one form (a field inside must as key + match, or $and)")  # fmt: skip
         else:
             known = ", ".join(sorted(self.fields)) or "none"
             self.fail(where, f"unknown field {name!r} (the index's fields: {known}; and id)")
