@@ -1,4 +1,4 @@
-"""GAR (crossknn.search.gar) and its corpus graph (crossknn.index.graph): the items it scores equal
+"""GAR (crossknn.search.gar) and its corpus graph (crossknn.search.graph): the items it scores equal
 those of the real ``pyterrier_adaptive.GAR`` on the same initial ranking, graph, batch size and
 budget (a random matrix here, cisi-minilm's test queries with the data), and the product's
 contract: at most B CE calls, each item once, one CE batch per step, allow masks honoured."""
@@ -12,11 +12,11 @@ import os
 import numpy as np
 import pytest
 
-from crossknn.index.graph import graph_for, knn_graph
 from crossknn.retrievers import DenseRetriever
 from crossknn.scorers import MatrixScorer
 from crossknn.search import make_method
 from crossknn.search.gar import GAR
+from crossknn.search.graph import graph_for, knn_graph
 from crossknn.search.registry import available, get
 from shared_fixtures import lazy_importorskip
 

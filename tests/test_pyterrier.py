@@ -165,7 +165,7 @@ def test_pipeline_in_pt_experiment(searcher, topics):
 
 def test_build_writes_the_corpus_graph(index_dir, tmp_path):
     from crossknn.corpus.edit import add_items
-    from crossknn.index.graph import GRAPH_ARRAY, graph_of_index, knn_graph
+    from crossknn.search.graph import GRAPH_ARRAY, graph_of_index, knn_graph
 
     index = open_index(index_dir)
     V = np.asarray(index["de_items"], np.float32)
@@ -195,7 +195,7 @@ def test_retriever_runs_gar_from_the_registry(searcher, topics):
 
 def test_searcher_reads_the_graph_build_wrote(index_dir, monkeypatch):
     """``Searcher`` hands gar the index's stored corpus graph: no k-NN graph is computed."""
-    import crossknn.index.graph as graph_mod
+    import crossknn.search.graph as graph_mod
     import crossknn.search.registry as registry_mod
 
     def refuse(*_a, **_k):

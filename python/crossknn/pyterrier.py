@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 
 from crossknn.index.auto import auto_index_of
-from crossknn.index.graph import DEFAULT_GRAPH_K, graph_of_index
 from crossknn.retrievers import Bm25Retriever
 from crossknn.score_map import ScoreMap
 from crossknn.search import registry
+from crossknn.search.graph import DEFAULT_GRAPH_K, graph_of_index
 from crossknn.search.methods import CurIndex
 from crossknn.searcher import Searcher
 
@@ -100,7 +100,7 @@ def _topics(df: pd.DataFrame) -> tuple[list[str], list[str]]:
 def index_graph(searcher: Searcher, k: int = DEFAULT_GRAPH_K) -> np.ndarray:
     """GAR's corpus graph of the searcher's index: the array ``crossknn build`` wrote while it
     matches the index's items, else made from its DE item vectors
-    (:func:`crossknn.index.graph.graph_of_index`)."""
+    (:func:`crossknn.search.graph.graph_of_index`)."""
     return graph_of_index(searcher.index, k)
 
 

@@ -42,13 +42,13 @@ from crossknn.corpus_folder import CorpusIndex, open_index
 from crossknn.exact_cache import ExactScores
 from crossknn.filters import parse_filter
 from crossknn.index.auto import auto_index_of
-from crossknn.index.graph import graph_of_index
 from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.scorers import TimedScorer
 from crossknn.search import DEFAULT_MIX, CurIndex, registry
 from crossknn.search.engine import search_rounds
 from crossknn.search.features import search_features
+from crossknn.search.graph import graph_of_index
 from crossknn.search.round_index import (
     TUNE_CANDIDATES,
     IndexedFeatures,

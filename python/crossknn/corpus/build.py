@@ -46,11 +46,11 @@ from crossknn.index.auto import (
 )
 from crossknn.index.cur import score_dense
 from crossknn.index.files import save_index, update_params
-from crossknn.index.graph import graph_arrays
 from crossknn.jobs import JobOptions
 from crossknn.metadata import PARAMS_KEY as METADATA_KEY
 from crossknn.metadata import ItemMetadata
 from crossknn.score_map import ScoreMap
+from crossknn.search.graph import graph_arrays
 from crossknn.search.round_index import default_round_index, round_index_arrays, round_widths_meta
 from crossknn.searcher import Searcher
 from crossknn.topk import top_k_rows
@@ -667,7 +667,7 @@ def _build_locked(
         ItemFeatures(V), round_index, progress=progress
     )
     arrays.update(rarrays)
-    # GAR's corpus graph: each item's 16 nearest items by DE vectors (crossknn.index.graph)
+    # GAR's corpus graph: each item's 16 nearest items by DE vectors (crossknn.search.graph)
     garrays, gparams = graph_arrays(V)
     arrays.update(garrays)
     if gparams is not None:

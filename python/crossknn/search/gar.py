@@ -2,7 +2,7 @@
 
 GAR spends a budget of ``c = B`` CE calls in batches of ``b`` items, alternating between the
 *initial ranking* (the first stage's top items, best first) and the *frontier*: the corpus-graph
-neighbours (:mod:`crossknn.index.graph`) of the items scored so far, each keyed by the best CE
+neighbours (:mod:`crossknn.search.graph`) of the items scored so far, each keyed by the best CE
 score of a scored item that points to it. It is Algorithm 1 of the paper as
 ``pyterrier_adaptive.GAR`` (0.2.x) runs it, step for step:
 
@@ -34,8 +34,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from crossknn.index.graph import check_graph
 from crossknn.search.engine import query_allow
+from crossknn.search.graph import check_graph
 from crossknn.search.methods import RoundMethod
 from crossknn.search.rounds import STOP_REASONS, SearchResult, Step, query_seed
 
@@ -108,7 +108,7 @@ class _Query:
 
 class GAR(RoundMethod):
     """Graph-based adaptive re-ranking over a corpus graph ``graph`` (N x k item indices,
-    :func:`crossknn.index.graph.knn_graph`), batches of ``batch_size`` (b), the budget B as the
+    :func:`crossknn.search.graph.knn_graph`), batches of ``batch_size`` (b), the budget B as the
     paper's ``c``; ``first``: the initial ranking (a retriever, e.g. the DE's, or ``"random"``).
     """
 

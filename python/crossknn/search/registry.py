@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from crossknn.core import ItemFeatures
-from crossknn.index.graph import graph_for
 from crossknn.retrievers import DenseRetriever
 from crossknn.score_map import ScoreMap
 from crossknn.search.auto import AUTO
 from crossknn.search.gar import DEFAULT_BATCH, GAR
+from crossknn.search.graph import graph_for
 from crossknn.search.methods import (
     ADACUR,
     ANNCUR,
