@@ -273,3 +273,31 @@ def test_overlapped_tokenizing_equals_one_pass_on_both_backends(tiny, monkeypatc
             ce.overlap_tokenize = True
             got = ce.predict(pairs, batch_size=2, apply_activation=act)
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=backend)
+
+
+def test_an_embedded_export_outliving_its_environment_runs_on_torch(embedded, tmp_path):
+    """The model cache outlives the virtual environment that exported the embedded CE (its
+    manifest records a checkpoint path that is gone): the torch backend runs the installed
+    embedded checkpoint when its weights hash as recorded, and still refuses any other."""
+    import shutil
+
+    from crossknn.ce.manifest import MANIFEST
+    from crossknn.ce.models import minilm_checkpoint_dir
+
+    onnx, _ = embedded
+    moved = tmp_path / "model"
+    shutil.copytree(onnx.model_dir, moved)
+    manifest = json.loads((moved / MANIFEST).read_text())
+    manifest["source"]["path"] = str(tmp_path / "gone-venv" / "model")
+    (moved / MANIFEST).write_text(json.dumps(manifest))
+    tch = TorchCrossEncoder(moved, threads=1)
+    try:
+        assert tch.source == str(minilm_checkpoint_dir())
+        pairs = _pairs(1)[:4]
+        assert np.max(np.abs(tch.predict(pairs) - onnx.predict(pairs))) < 1e-4
+    finally:
+        tch.close()
+    manifest["source"]["sha256"] = "0" * 64  # other weights than the installed ones
+    (moved / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(FileNotFoundError, match="which is not there"):
+        TorchCrossEncoder(moved, threads=1)

@@ -45,6 +45,7 @@ from crossknn.ce.model_base import (
     DualEncoderBase,
     check_positive,
 )
+from crossknn.ce.models import DEFAULT_CE, DEFAULT_DE, minilm_checkpoint_dir
 from crossknn.ce.tokenize import assemble_pairs, assemble_single
 
 __all__ = ["DTYPES", "TorchCrossEncoder", "TorchDualEncoder", "check_precision"]
@@ -54,6 +55,19 @@ log = logging.getLogger("crossknn.ce")
 #: the compute precisions of the torch backend
 DTYPES = ("fp32", "fp16", "bf16")
 _PROVIDERS = ("auto", "cpu", "cuda")
+
+
+def _embedded_source(model_id: Any, sha256: Any) -> str | None:
+    """The installed embedded checkpoint, for an embedded model whose recorded source path is
+    gone (the export cache outlived the environment that made it): only when its weights hash
+    as recorded; else None."""
+    if model_id not in (DEFAULT_CE, DEFAULT_DE) or not sha256:
+        return None
+    try:
+        path = minilm_checkpoint_dir()
+    except (ModuleNotFoundError, FileNotFoundError):
+        return None
+    return str(path) if checkpoint_hash(path) == sha256 else None
 
 
 def check_precision(precision: str) -> None:
@@ -99,6 +113,8 @@ class _TorchSession:
         self.model_hash = str(m["files"][variants["fp32"]]["sha256"])
         src = m.get("source") or {}
         self.source = src.get("path")
+        if not self.source or not (Path(self.source) / "config.json").is_file():
+            self.source = _embedded_source(m.get("model_id"), src.get("sha256")) or self.source
         if not self.source or not (Path(self.source) / "config.json").is_file():
             raise FileNotFoundError(
                 f"{self.model_dir}: the torch backend runs the source checkpoint "
