@@ -23,7 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from crossknn.ce import cache_root
-from crossknn.ce.models import minilm_checkpoint_dir
+from crossknn.ce.models import (
+    DEFAULT_CE,
+    DEFAULT_DE,
+    default_cross_encoder,
+    default_dual_encoder,
+    minilm_checkpoint_dir,
+)
 from crossknn.commands._numbers import positive_int
 from crossknn.commands._printing import print_hits, query_line, quiet_notes, terminal_safe
 from crossknn.corpus.build import build_corpus_index
@@ -82,13 +88,6 @@ def _done(t: float, what: str = "done") -> None:
 
 def _models():
     """The embedded CE and DE, a line each: their ONNX graphs are built on first use."""
-    from crossknn.ce.models import (
-        DEFAULT_CE,
-        DEFAULT_DE,
-        default_cross_encoder,
-        default_dual_encoder,
-    )
-
     t = _step(f"models: the embedded CE {DEFAULT_CE} (its ONNX graph is built on first use)")
     ce = default_cross_encoder()
     _done(t, "ready")
