@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 from conftest import in_ci, run_lock, run_tmp
+from serve_fixture import served
 from shared_fixtures import lazy_importorskip
 
 N_ITEMS = 40
@@ -77,6 +78,25 @@ def open_source(kind: str, env: dict, server):
     from crossknn.integrations.source import Source
 
     return Source(server.url if kind == "server" else env["index_dir"])
+
+
+def source_fixtures():
+    """The module fixtures of a framework test module, bound as
+    ``env, server, source = source_fixtures()``: ``env`` (the run's index, :func:`shared_index`),
+    ``server`` (``crossknn serve`` over it) and ``source`` (a Source, once ``local``, once over
+    ``server``: :func:`open_source`)."""
+
+    @pytest.fixture(scope="module")
+    def env(model_env, tmp_path_factory):
+        return shared_index(tmp_path_factory)
+
+    @pytest.fixture(scope="module", params=["local", "server"])
+    def source(request, env, server):
+        src = open_source(request.param, env, server)
+        yield src
+        src.close()
+
+    return env, served(), source
 
 
 def direct(source, query: str, **options) -> list[tuple[str, float]]:

@@ -24,30 +24,16 @@ from frameworks_fixture import (  # noqa: E402
     direct,
     framework,
     one_line,
-    open_source,
-    shared_index,
+    source_fixtures,
 )
-from serve_fixture import QUERIES, served  # noqa: E402
+from serve_fixture import QUERIES  # noqa: E402
 
 haystack = framework("haystack", "haystack")
 
 pytestmark = [pytest.mark.slow]
 ALLOWED = ["crossknn.integrations.haystack"]  # Pipeline.loads' allowlist of component modules
 
-
-@pytest.fixture(scope="module")
-def env(model_env, tmp_path_factory):
-    return shared_index(tmp_path_factory)
-
-
-server = served()
-
-
-@pytest.fixture(scope="module", params=["local", "server"])
-def source(request, env, server):
-    src = open_source(request.param, env, server)
-    yield src
-    src.close()
+env, server, source = source_fixtures()
 
 
 def _retriever(source, **kw):

@@ -23,29 +23,15 @@ from frameworks_fixture import (  # noqa: E402
     direct,
     framework,
     one_line,
-    open_source,
-    shared_index,
+    source_fixtures,
 )
-from serve_fixture import QUERIES, served  # noqa: E402
+from serve_fixture import QUERIES  # noqa: E402
 
 sq = framework("langchain_core.structured_query", "langchain")
 
 pytestmark = [pytest.mark.slow]
 
-
-@pytest.fixture(scope="module")
-def env(model_env, tmp_path_factory):
-    return shared_index(tmp_path_factory)
-
-
-server = served()
-
-
-@pytest.fixture(scope="module", params=["local", "server"])
-def source(request, env, server):
-    src = open_source(request.param, env, server)
-    yield src
-    src.close()
+env, server, source = source_fixtures()
 
 
 def _retriever(source, **search_kwargs):
