@@ -757,29 +757,13 @@ def _stop_curve(R, Qr, V, choice, alpha, query_dirs, targets, seed) -> dict | No
     m = R.shape[0]
     if m < 4 or not targets:
         return None
-    rho_d, rho_r, rounds, first, decay = choice
     de = make_retriever("de", item_vectors=V, query_vectors=Qr)
     cov = item_covariance(V) if alpha > 0 else None
     chol = None if cov is None else packed_cholesky(cov)
 
     def method_for(fold):
         keep = np.setdiff1d(np.arange(m), fold)
-        idx = AutoIndex(
-            V,
-            R[keep],
-            rho_d=rho_d,
-            rho_r=rho_r,
-            rounds=rounds,
-            first_share=first,
-            decay=decay,
-            row_vectors=Qr[keep],
-            prior_alpha=alpha,
-            query_dirs=query_dirs,
-            item_cov=cov,
-        )
-        if chol is not None:
-            idx._chol = chol
-        return AUTO(idx, prior=Qr, first=de)
+        return _fold_method(V, R, Qr, keep, choice, alpha, query_dirs, cov, chol, de)
 
     folds = _cv_folds(m, n_folds=6, max_dev=stopping.MAX_ROWS, seed=seed)
     return stopping.stop_curve(method_for, R, folds, seed=seed, targets=targets)
@@ -959,6 +943,29 @@ def _cv_folds(m: int, *, n_folds: int, max_dev: int, seed: int) -> list[np.ndarr
     return np.array_split(order, min(n_folds, len(order)))
 
 
+def _fold_method(V, R, Qr, keep, choice, alpha, query_dirs, cov, chol, de):
+    """AUTO over an index of the rows ``keep`` of ``R`` (``choice = (rho_d, rho_r, rounds, first
+    share, decay)``), the DE first stage ``de`` and the prior over all rows ``Qr``; ``chol``: the
+    packed Cholesky factor of ``cov`` (None: none), computed once by the caller."""
+    rho_d, rho_r, rounds, first, decay = choice
+    idx = AutoIndex(
+        V,
+        R[keep],
+        rho_d=rho_d,
+        rho_r=rho_r,
+        rounds=rounds,
+        first_share=first,
+        decay=decay,
+        row_vectors=Qr[keep],
+        prior_alpha=alpha,
+        query_dirs=query_dirs,
+        item_cov=cov,
+    )
+    if chol is not None:
+        idx._chol = chol
+    return AUTO(idx, prior=Qr, first=de)
+
+
 def _dev_recall(
     R, Qr, V, folds, choice, *, budgets, ks, seed, alpha, query_dirs, cov, rounds=(None,)
 ) -> list[float]:
@@ -967,29 +974,13 @@ def _dev_recall(
     value per entry of ``rounds`` (None: the choice's rounds), each fold's index built once.
     ``cov``: the item covariance (the row prior's spread), its Cholesky factor packed once."""
     m = R.shape[0]
-    rho_d, rho_r, n_rounds, first, decay = choice
     scorer = MatrixScorer(R)
     de = make_retriever("de", item_vectors=V, query_vectors=Qr)
     chol = None if cov is None else packed_cholesky(cov)
     num = np.zeros(len(rounds))
     for f in folds:
         keep = np.setdiff1d(np.arange(m), f)
-        idx = AutoIndex(
-            V,
-            R[keep],
-            rho_d=rho_d,
-            rho_r=rho_r,
-            rounds=n_rounds,
-            first_share=first,
-            decay=decay,
-            row_vectors=Qr[keep],
-            prior_alpha=alpha,
-            query_dirs=query_dirs,
-            item_cov=cov,
-        )
-        if chol is not None:
-            idx._chol = chol
-        meth = AUTO(idx, prior=Qr, first=de)
+        meth = _fold_method(V, R, Qr, keep, choice, alpha, query_dirs, cov, chol, de)
         for j, r in enumerate(rounds):
             meth.set_rounds(r)
             recs = []
