@@ -29,7 +29,7 @@ from crossknn.core import ItemFeatures, allowed_count, pack_allow
 from crossknn.retrievers import query_masks
 from crossknn.search.rounds import SearchResult, check_plan, query_seed
 
-__all__ = ["query_allow", "query_id_int", "search_rounds"]
+__all__ = ["check_search_args", "query_allow", "query_id_int", "query_id_list", "search_rounds"]
 
 _SOLVES = ("lstsq", "targets", "prior_ridge")
 
@@ -81,6 +81,35 @@ def query_allow(allow, n_queries: int, n_items: int) -> list[np.ndarray | None] 
     return None if all(m is None for m in masks) else masks
 
 
+def check_search_args(scorer, budget, k) -> tuple[int, int, int]:
+    """``(n_items, budget, k)`` as ints, after checking ``1 <= k <= budget <= n_items`` (the
+    scorer's items); a ValueError naming the bound otherwise."""
+    n_items = int(scorer.n_items)
+    budget, k = int(budget), int(k)
+    if k < 1:
+        raise ValueError(f"k must be >= 1; got {k}")
+    if budget < 1:
+        raise ValueError(f"the budget must be >= 1 CE call; got {budget}")
+    if k > budget:
+        raise ValueError(f"k={k} exceeds the budget B={budget}: at most B items can be ranked")
+    if budget > n_items:
+        raise ValueError(f"the budget B={budget} exceeds the number of items ({n_items})")
+    return n_items, budget, k
+
+
+def query_id_list(queries: list, query_ids: Sequence | None) -> list:
+    """The ids of ``queries``: ``query_ids`` (one per query), or by default each query itself
+    where it is an int or a string, else its position."""
+    if query_ids is None:
+        query_ids = [
+            q if isinstance(q, (int, np.integer, str)) else i for i, q in enumerate(queries)
+        ]
+    query_ids = list(query_ids)
+    if len(query_ids) != len(queries):
+        raise ValueError(f"{len(queries)} queries but {len(query_ids)} query ids")
+    return query_ids
+
+
 def search_rounds(
     method,
     scorer,
@@ -104,16 +133,7 @@ def search_rounds(
     stopping unless ``stop`` is given."""
     queries = list(queries)
     nq = len(queries)
-    n_items = int(scorer.n_items)
-    budget, k = int(budget), int(k)
-    if k < 1:
-        raise ValueError(f"k must be >= 1; got {k}")
-    if budget < 1:
-        raise ValueError(f"the budget must be >= 1 CE call; got {budget}")
-    if k > budget:
-        raise ValueError(f"k={k} exceeds the budget B={budget}: at most B items can be ranked")
-    if budget > n_items:
-        raise ValueError(f"the budget B={budget} exceeds the number of items ({n_items})")
+    n_items, budget, k = check_search_args(scorer, budget, k)
     stop = 0.0 if stop is None else float(stop)
     if not 0.0 <= stop <= 1.0:
         raise ValueError(f"the stop threshold is a chance in [0, 1]; got {stop}")
@@ -121,13 +141,7 @@ def search_rounds(
         raise ValueError(
             f"the method's index has {method.n_items} items but the scorer has {n_items}"
         )
-    if query_ids is None:
-        query_ids = [
-            q if isinstance(q, (int, np.integer, str)) else i for i, q in enumerate(queries)
-        ]
-    query_ids = list(query_ids)
-    if len(query_ids) != nq:
-        raise ValueError(f"{nq} queries but {len(query_ids)} query ids")
+    query_ids = query_id_list(queries, query_ids)
     ids = [query_id_int(q) for q in query_ids]
     plan = method.plan(budget)
     check_plan(plan, budget, n_items)

@@ -34,7 +34,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from crossknn.search.engine import query_allow
+from crossknn.search.engine import check_search_args, query_allow, query_id_list
 from crossknn.search.graph import check_graph
 from crossknn.search.methods import RoundMethod
 from crossknn.search.rounds import STOP_REASONS, SearchResult, Step, query_seed
@@ -168,27 +168,13 @@ class GAR(RoundMethod):
         """Top-k items per query by exact CE score after GAR's batches, at most ``budget`` CE
         calls each (``allow`` as in :func:`crossknn.search.engine.search_rounds`)."""
         queries = list(queries)
-        nq, n_items = len(queries), int(scorer.n_items)
-        budget, k = int(budget), int(k)
-        if k < 1:
-            raise ValueError(f"k must be >= 1; got {k}")
-        if budget < 1:
-            raise ValueError(f"the budget must be >= 1 CE call; got {budget}")
-        if k > budget:
-            raise ValueError(f"k={k} exceeds the budget B={budget}: at most B items can be ranked")
-        if budget > n_items:
-            raise ValueError(f"the budget B={budget} exceeds the number of items ({n_items})")
+        nq = len(queries)
+        n_items, budget, k = check_search_args(scorer, budget, k)
         if self.n_items != n_items:
             raise ValueError(
                 f"the method's index has {self.n_items} items but the scorer has {n_items}"
             )
-        if query_ids is None:
-            query_ids = [
-                q if isinstance(q, (int, np.integer, str)) else i for i, q in enumerate(queries)
-            ]
-        query_ids = list(query_ids)
-        if len(query_ids) != nq:
-            raise ValueError(f"{nq} queries but {len(query_ids)} query ids")
+        query_ids = query_id_list(queries, query_ids)
         masks = query_allow(allow, nq, n_items)
         mask_of = [None] * nq if masks is None else masks
         # a query whose mask allows at most B items scores them all in one step (exact)
