@@ -60,6 +60,24 @@ class _Sourced:
     searcher_options: dict[str, Any] | None
     _source: Source | None
 
+    def _set_source(self, source, api_key, timeout, searcher_options) -> None:
+        self.source = source
+        self.api_key = api_key if api_key is not None else _default_key()
+        self.timeout, self.searcher_options = float(timeout), searcher_options
+        self._source = None
+
+    def _to_dict(self, **own: Any) -> dict[str, Any]:
+        """``default_to_dict`` of the component: the source, its own fields, then the key,
+        timeout and searcher options."""
+        return default_to_dict(
+            self,
+            source=self._saved_source(),
+            **own,
+            api_key=self.api_key,
+            timeout=self.timeout,
+            searcher_options=self.searcher_options,
+        )
+
     def warm_up(self) -> None:
         if self._source is None:
             key = self.api_key.resolve_value() if self.api_key is not None else None
@@ -124,21 +142,17 @@ class CrossknnRetriever(_Sourced):
         if top_k <= 0:
             raise ValueError(f"top_k must be > 0; got {top_k}")
         translate(filters)  # a filter with no crossknn equivalent is refused here
-        self.source, self.filters, self.top_k, self.budget = source, filters, top_k, budget
+        self._set_source(source, api_key, timeout, searcher_options)
+        self.filters, self.top_k, self.budget = filters, top_k, budget
         self.method, self.rounds, self.seed = method, rounds, seed
         self.filter_policy = (
             FilterPolicy.from_str(filter_policy)
             if isinstance(filter_policy, str)
             else filter_policy
         )
-        self.api_key = api_key if api_key is not None else _default_key()
-        self.timeout, self.searcher_options = float(timeout), searcher_options
-        self._source: Source | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(
-            self,
-            source=self._saved_source(),
+        return self._to_dict(
             filters=self.filters,
             top_k=self.top_k,
             budget=self.budget,
@@ -146,9 +160,6 @@ class CrossknnRetriever(_Sourced):
             rounds=self.rounds,
             seed=self.seed,
             filter_policy=self.filter_policy.value,
-            api_key=self.api_key,
-            timeout=self.timeout,
-            searcher_options=self.searcher_options,
         )
 
     @classmethod
@@ -206,20 +217,11 @@ class CrossknnRanker(_Sourced):
         timeout: float = 60.0,
         searcher_options: dict[str, Any] | None = None,
     ) -> None:
-        self.source, self.top_k = source, top_k
-        self.api_key = api_key if api_key is not None else _default_key()
-        self.timeout, self.searcher_options = float(timeout), searcher_options
-        self._source: Source | None = None
+        self._set_source(source, api_key, timeout, searcher_options)
+        self.top_k = top_k
 
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(
-            self,
-            source=self._saved_source(),
-            top_k=self.top_k,
-            api_key=self.api_key,
-            timeout=self.timeout,
-            searcher_options=self.searcher_options,
-        )
+        return self._to_dict(top_k=self.top_k)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CrossknnRanker:
