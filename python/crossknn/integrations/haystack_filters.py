@@ -28,18 +28,11 @@ import datetime as _dt
 from collections.abc import Mapping
 from typing import Any
 
+from crossknn.integrations.filter_operators import SYMBOLS
+
 __all__ = ["COMPARISONS", "FilterTranslationError", "translate"]
 
-COMPARISONS = {
-    "==": "$eq",
-    "!=": "$ne",
-    ">": "$gt",
-    ">=": "$gte",
-    "<": "$lt",
-    "<=": "$lte",
-    "in": "$in",
-    "not in": "$nin",
-}
+COMPARISONS = {**SYMBOLS, "not in": "$nin"}
 DOCUMENT_FIELDS = ("content", "embedding", "sparse_embedding", "blob", "score")
 
 

@@ -26,19 +26,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from crossknn.integrations.filter_operators import SYMBOLS
+
 __all__ = ["FilterTranslationError", "OPERATORS", "translate"]
 
-OPERATORS = {
-    "==": "$eq",
-    "!=": "$ne",
-    ">": "$gt",
-    ">=": "$gte",
-    "<": "$lt",
-    "<=": "$lte",
-    "in": "$in",
-    "nin": "$nin",
-    "any": "$in",
-}
+OPERATORS = {**SYMBOLS, "nin": "$nin", "any": "$in"}
 REFUSED = {"text_match": "substring matching", "text_match_insensitive": "substring matching"}
 
 
