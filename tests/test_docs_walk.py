@@ -120,6 +120,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def walk_env(home: Path, model_cache: Path, **extra: str) -> dict[str, str]:
+    """The environment a page's walk runs in: a user's (no pytest, Hugging Face or crossknn
+    variables of this run), this virtual environment's commands on PATH, a free PORT, the run's
+    model cache, offline, the walk's checker; ``extra`` on top."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTEST_", "HF_", "CROSSKNN_", "VIRTUAL_ENV"))
+    }
+    env.update(
+        HOME=str(home),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PORT=str(_free_port()),
+        CROSSKNN_CACHE=str(model_cache),
+        CROSSKNN_ORT_SPINNING=os.environ.get("CROSSKNN_ORT_SPINNING", ""),
+        HF_HUB_OFFLINE="1",
+        WALK_PY=sys.executable,
+        WALK_CHECK=str(REPO / "tests" / "docs_walk_check.py"),
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
 def _user_files(work: Path, home: Path) -> None:
     from crossknn.demo_corpus import stdlib_docstrings
     from shared_fixtures import made_beir, tiny_bert
@@ -155,23 +179,7 @@ def test_the_page_runs_as_written(page, tmp_path, model_cache):
     _user_files(work, home)
     script, where = session(page, work)
     (work / "walk.sh").write_text(script, encoding="utf-8")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PYTEST_", "HF_", "CROSSKNN_", "VIRTUAL_ENV"))
-    }
-    env.update(
-        HOME=str(home),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        PORT=str(_free_port()),
-        CROSSKNN_CACHE=str(model_cache),
-        CROSSKNN_DEMO_ITEMS="60",
-        CROSSKNN_ORT_SPINNING=os.environ.get("CROSSKNN_ORT_SPINNING", ""),
-        HF_HUB_OFFLINE="1",
-        WALK_PY=sys.executable,
-        WALK_CHECK=str(REPO / "tests" / "docs_walk_check.py"),
-        PYTHONUNBUFFERED="1",
-    )
+    env = walk_env(home, model_cache, CROSSKNN_DEMO_ITEMS="60")
     try:
         proc = subprocess.run(
             ["bash", "walk.sh"],

@@ -6,17 +6,15 @@ something. A failing step fails the test, naming the page line."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from frameworks_fixture import framework
-from test_docs_walk import SHELL, _free_port, _user_files, blocks
+from test_docs_walk import SHELL, _user_files, blocks, walk_env
 
 PAGE = "docs/frameworks.md"
 REPO = Path(__file__).resolve().parents[1]
@@ -72,22 +70,7 @@ def test_the_page_runs_as_written(tmp_path, model_cache):
     _user_files(work, home)
     script, where = session(work)
     (work / "walk.sh").write_text(script, encoding="utf-8")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PYTEST_", "HF_", "CROSSKNN_", "VIRTUAL_ENV"))
-    }
-    env.update(
-        HOME=str(home),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        PORT=str(_free_port()),
-        CROSSKNN_CACHE=str(model_cache),
-        CROSSKNN_ORT_SPINNING=os.environ.get("CROSSKNN_ORT_SPINNING", ""),
-        HF_HUB_OFFLINE="1",
-        WALK_PY=sys.executable,
-        WALK_CHECK=str(REPO / "tests" / "docs_walk_check.py"),
-        PYTHONUNBUFFERED="1",
-    )
+    env = walk_env(home, model_cache)
     try:
         proc = subprocess.run(
             ["bash", "walk.sh"], cwd=work, env=env, capture_output=True, text=True, timeout=900
