@@ -853,6 +853,26 @@ def render_stop_early() -> str:
     return table(header, out, "lrrrrrr")
 
 
+def render_stop_targets() -> str:
+    d = load(RESULTS / "stop_early.json")
+    targets = sorted(
+        {t for v in d["corpora"].values() for c in v["ceilings"].values() for t in c["by_target"]},
+        key=float,
+    )
+    out = []
+    for v in d["corpora"].values():
+        for b, c in v["ceilings"].items():
+            row = [v["matrix"], b]
+            for t in targets:
+                r = c["by_target"].get(t)
+                row.append(
+                    "" if r is None else f"{r['calls_ratio']:.3f} ({r['recall_change']:+.4f})"
+                )
+            out.append(row)
+    header = ["score matrix", "B (ceiling)", *(f"target {t}" for t in targets)]
+    return table(header, out, "lr" + "r" * len(targets))
+
+
 def render_stop_goals() -> str:
     return goals_table("stop_early.json", STOP_GOALS)
 
@@ -1008,6 +1028,11 @@ BLOCKS: dict[str, Block] = {
     ),
     "stop-early": Block(
         render_stop_early, "stop_early.json", "the early stop against fixed B (target_recall)"
+    ),
+    "stop-early-targets": Block(
+        render_stop_targets,
+        "stop_early.json",
+        "the early stop: calls ÷ B (recall change) by target",
     ),
     "stop-early-goals": Block(render_stop_goals, "stop_early.json", "the early stop: goals"),
     "cpp-index": Block(
