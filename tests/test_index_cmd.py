@@ -62,7 +62,7 @@ def test_score_matrix_reproduces_cisi_subset(shared_dir, tmp_path):
     assert json.loads((out / "item_ids.json").read_text()) == [str(i) for i in range(1, 41)]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["dataset"] == "cisi" and meta["ce"]["model_id"] == "minilm-l6-joint"
-    assert meta["ce_calls"] == 80
+    assert meta["ce_calls"] == 80 and meta["precision"] == "fp32"
     # an index built from this matrix carries the real CE's identity
     ce, de = matrix_identity(out)
     assert ce == meta["ce"] and de == meta["de_model"]

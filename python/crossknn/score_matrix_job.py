@@ -184,6 +184,7 @@ def build_score_matrix(
             "split_seed": seed,
             "n_train": len(splits["train"]),
             "ce": ce_ident,
+            "precision": precision,  # the CE's (its model_hash differs per precision too)
             "ce_calls": int(scores.size),
             "job_fingerprint": job_fp,
         }
