@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -182,6 +183,31 @@ def model_cache_int8(model_cache, tmp_path_factory) -> Path:
     with run_lock(tmp_path_factory, "crossknn-models"):
         ensure_model(DEFAULT_CE, precision="int8", cache_dir=model_cache)
     return model_cache
+
+
+@pytest.fixture(scope="session")
+def calibrated_auto_index(model_cache, tmp_path_factory) -> Path:
+    """The index ``crossknn build`` makes of 120 made-up items with 4 calibration queries (its
+    auto rows, rounds curve and early-stop table), built once per test run by the first worker
+    that asks while the others wait; tests only read it."""
+    from crossknn.cli import main
+    from shared_fixtures import made_corpus
+
+    n_items = 120
+    root = run_tmp(tmp_path_factory) / "calibrated-auto"
+    out = root / "idx"
+    with run_lock(tmp_path_factory, "calibrated-auto"):
+        if not (root / "done").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            made_corpus(n_items, root / "corpus.jsonl")
+            argv = ["build", str(root / "corpus.jsonl"), str(out), "--calibration-items", "8"]
+            argv += ["--calibration-queries", "4", "--index-calls", str(5 * n_items), "--quiet"]
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("CROSSKNN_CACHE", str(model_cache))
+                assert main(argv) == 0
+            (root / "done").write_text("built\n")
+    return out
 
 
 @pytest.fixture(scope="module")

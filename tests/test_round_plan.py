@@ -14,7 +14,6 @@ from crossknn.scorers import MatrixScorer
 from crossknn.search.auto import AUTO, IndexCallBudget, build_auto_index, rounds_curve
 from crossknn.search.round_plan import RoundCost, choose_rounds, measure_round_cost
 from crossknn.searcher import Searcher
-from shared_fixtures import made_corpus
 
 CURVE = {3: 0.80, 4: 0.82, 5: 0.826, 6: 0.830, 8: 0.837, 10: 0.843, 12: 0.841, 20: 0.842, 30: 0.844}
 
@@ -119,21 +118,10 @@ def test_rounds_curve_on_cisi_rows_and_the_index_keeps_it(shared_dir):
     assert len(calls) == 10 and sum(calls) == 300 and (res.ce_calls == 100).all()
 
 
-N_ITEMS = 120
-
-
 @pytest.fixture(scope="module")
-def auto_index_dir(model_cache, tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    root = tmp_path_factory.mktemp("round_plan")
-    path = root / "corpus.jsonl"
-    made_corpus(N_ITEMS, path)
-    out = root / "idx"
-    argv = ["build", str(path), str(out), "--calibration-items", "8", "--quiet"]
-    assert main([*argv, "--calibration-queries", "4", "--index-calls", str(5 * N_ITEMS)]) == 0
-    yield out
-    mp.undo()
+def auto_index_dir(model_env, calibrated_auto_index):
+    """conftest's calibrated index, with $CROSSKNN_CACHE set for this module (its searches)."""
+    return calibrated_auto_index
 
 
 @pytest.mark.slow

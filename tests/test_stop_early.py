@@ -19,7 +19,6 @@ from crossknn.search import stopping
 from crossknn.search.auto import AUTO, IndexCallBudget, build_auto_index
 from crossknn.search.engine import search_rounds
 from crossknn.search.methods import ADACUR, AXN, CurIndex
-from shared_fixtures import made_corpus
 
 N, D, NQ = 400, 12, 48
 TRAIN, TEST = np.arange(24), np.arange(24, NQ)
@@ -160,21 +159,10 @@ def test_a_stop_threshold_outside_zero_one_is_refused(data, methods):
         search_rounds(methods["axn"], MatrixScorer(S), [30], budget=40, k=5, stop=2.0)
 
 
-N_ITEMS = 120
-
-
 @pytest.fixture(scope="module")
-def auto_index_dir(model_cache, tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CROSSKNN_CACHE", str(model_cache))
-    root = tmp_path_factory.mktemp("stop_early")
-    path = root / "corpus.jsonl"
-    made_corpus(N_ITEMS, path)
-    out = root / "idx"
-    argv = ["build", str(path), str(out), "--calibration-items", "8", "--quiet"]
-    assert main([*argv, "--calibration-queries", "4", "--index-calls", str(5 * N_ITEMS)]) == 0
-    yield out
-    mp.undo()
+def auto_index_dir(model_env, calibrated_auto_index):
+    """conftest's calibrated index, with $CROSSKNN_CACHE set for this module (its searches)."""
+    return calibrated_auto_index
 
 
 @pytest.mark.slow
